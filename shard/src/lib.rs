@@ -1,0 +1,1 @@
+//! ringlog-shard: the thread-per-core runtime arrives with issue 4.

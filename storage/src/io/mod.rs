@@ -1,0 +1,145 @@
+//! The I/O backend trait the partition store runs on, and its two backends.
+//!
+//! The store never touches a file descriptor: it describes I/O as [`Op`]s,
+//! hands a batch to a backend and reads back one [`Completion`] per op. The
+//! io_uring backend ([`uring::UringBackend`]) submits a batch as one ring
+//! submission; the sim backend ([`sim::SimBackend`]) runs it in memory and can
+//! crash at any op, which is what the crash-point tests are built on.
+//!
+//! Metadata calls that are off the hot path (open, create, mkdir, fallocate,
+//! listing) are plain synchronous trait methods.
+
+pub mod buf;
+pub mod sim;
+pub mod uring;
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+pub use buf::{align_down, align_up, AlignedBuf, BufPool, BLOCK_SIZE};
+
+/// A file or directory opened through a backend. Only meaningful to the
+/// backend that returned it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FileId(pub u32);
+
+/// One I/O request. Buffers are moved into the op and handed back in its
+/// [`Completion`], so nothing is copied and nothing dangles while the kernel
+/// owns the memory.
+#[derive(Debug)]
+pub enum Op {
+    /// Writes all of `buf[..buf.len()]` at `offset`; `offset` and the length
+    /// must be multiples of [`BLOCK_SIZE`] (O_DIRECT). Short writes are
+    /// completed by the backend; the result is the byte count written.
+    Write {
+        file: FileId,
+        offset: u64,
+        buf: AlignedBuf,
+    },
+    /// Reads `len` bytes at `offset` into `buf` (capacity >= len), both
+    /// block-aligned. The result is the byte count read, short only at end of
+    /// file; `buf.len()` is set to it.
+    Read {
+        file: FileId,
+        offset: u64,
+        len: usize,
+        buf: AlignedBuf,
+    },
+    /// fdatasync(2) of a regular file.
+    Fdatasync { file: FileId },
+    /// fsync(2), used on directories to make names durable.
+    Fsync { file: FileId },
+    /// rename(2); the target is replaced atomically if it exists.
+    Rename { from: PathBuf, to: PathBuf },
+    /// unlink(2) of a file.
+    Unlink { path: PathBuf },
+    /// rmdir(2) of an empty directory.
+    RemoveDir { path: PathBuf },
+}
+
+impl Op {
+    /// Short name for error messages and metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Op::Write { .. } => "write",
+            Op::Read { .. } => "read",
+            Op::Fdatasync { .. } => "fdatasync",
+            Op::Fsync { .. } => "fsync",
+            Op::Rename { .. } => "rename",
+            Op::Unlink { .. } => "unlink",
+            Op::RemoveDir { .. } => "rmdir",
+        }
+    }
+
+    /// Takes the buffer back out of a finished write or read.
+    pub fn into_buf(self) -> Option<AlignedBuf> {
+        match self {
+            Op::Write { buf, .. } | Op::Read { buf, .. } => Some(buf),
+            _ => None,
+        }
+    }
+}
+
+/// An op submitted as part of a batch. With `link_next`, the following op in
+/// the batch starts only after this one completed (IOSQE_IO_LINK). As on the
+/// kernel, a failed fsync, rename or unlink does NOT stop the chain: callers
+/// must check every completion and never rely on a link for success.
+#[derive(Debug)]
+pub struct Sqe {
+    pub op: Op,
+    pub link_next: bool,
+}
+
+impl Sqe {
+    pub fn new(op: Op) -> Self {
+        Self {
+            op,
+            link_next: false,
+        }
+    }
+
+    pub fn linked(op: Op) -> Self {
+        Self {
+            op,
+            link_next: true,
+        }
+    }
+}
+
+/// The outcome of one [`Op`], with the op (and its buffer) handed back.
+#[derive(Debug)]
+pub struct Completion {
+    pub op: Op,
+    /// Bytes transferred for reads and writes, 0 for the others.
+    pub result: io::Result<usize>,
+}
+
+/// How to open a file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpenMode {
+    /// Open an existing file; NotFound if it does not exist.
+    Existing,
+    /// Create it if missing (the name is durable only after a directory fsync).
+    Create,
+}
+
+/// A storage I/O backend: one per thread (shard), never shared.
+pub trait IoBackend {
+    /// Opens a regular file for O_DIRECT reads and writes.
+    fn open_file(&mut self, path: &Path, mode: OpenMode) -> io::Result<FileId>;
+    /// Opens a directory, for [`Op::Fsync`].
+    fn open_dir(&mut self, path: &Path) -> io::Result<FileId>;
+    fn close(&mut self, file: FileId);
+    /// Creates a directory (durable after an fsync of its parent).
+    fn create_dir(&mut self, path: &Path) -> io::Result<()>;
+    /// The names in a directory, unordered. Only for finding garbage: state is
+    /// never derived from a listing.
+    fn list_dir(&mut self, path: &Path) -> io::Result<Vec<String>>;
+    fn exists(&mut self, path: &Path) -> io::Result<bool>;
+    fn file_size(&mut self, file: FileId) -> io::Result<u64>;
+    /// Reserves `len_bytes` from offset 0 (fallocate mode 0: the size grows).
+    fn allocate(&mut self, file: FileId, len_bytes: u64) -> io::Result<()>;
+    /// Submits a batch and waits for all of it; one completion per op, in
+    /// submission order.
+    fn submit(&mut self, batch: Vec<Sqe>) -> Vec<Completion>;
+}
