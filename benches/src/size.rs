@@ -98,8 +98,14 @@ mod tests {
         assert_eq!(parse_size(""), Err(SizeError::Empty));
         assert_eq!(parse_size("   "), Err(SizeError::Empty));
         assert!(matches!(parse_size("k"), Err(SizeError::BadNumber { .. })));
-        assert!(matches!(parse_size("-1k"), Err(SizeError::BadNumber { .. })));
-        assert!(matches!(parse_size("1.5m"), Err(SizeError::BadSuffix { .. })));
+        assert!(matches!(
+            parse_size("-1k"),
+            Err(SizeError::BadNumber { .. })
+        ));
+        assert!(matches!(
+            parse_size("1.5m"),
+            Err(SizeError::BadSuffix { .. })
+        ));
         assert!(matches!(
             parse_size("64x"),
             Err(SizeError::BadSuffix { suffix, .. }) if suffix == "x"

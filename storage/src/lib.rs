@@ -3,4 +3,5 @@
 
 pub mod io;
 pub mod segment;
+pub mod store;
 pub mod superblock;

@@ -114,9 +114,8 @@ impl SparseIndex {
     /// it is not a valid index of this segment: the caller rebuilds it.
     pub fn decode(bytes: &[u8], base_offset: u64) -> Option<SparseIndex> {
         let header = bytes.get(..INDEX_HEADER_LEN)?;
-        let word = |i: usize| {
-            u64::from_le_bytes(header[i * 8..i * 8 + 8].try_into().expect("8 bytes"))
-        };
+        let word =
+            |i: usize| u64::from_le_bytes(header[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
         if word(0) != INDEX_MAGIC || word(1) != base_offset {
             return None;
         }
@@ -170,7 +169,10 @@ mod tests {
         assert_eq!(idx.entries().len(), 20);
         assert_eq!(idx.position_for(0), 0);
         assert_eq!(idx.position_for(55), 5000);
-        assert_eq!(idx.position_for(10_000), idx.entries().last().unwrap().position);
+        assert_eq!(
+            idx.position_for(10_000),
+            idx.entries().last().unwrap().position
+        );
         let mut bytes = idx.encode(7);
         bytes.resize(8192, 0);
         assert_eq!(SparseIndex::decode(&bytes, 7).unwrap(), idx);

@@ -453,8 +453,11 @@ mod tests {
     fn file_of(states: [&Superblock; COPIES]) -> Vec<u8> {
         let mut file = vec![0u8; FILE_SIZE_BYTES];
         for (i, sb) in states.iter().enumerate() {
-            sb.encode(i as u16, &mut file[i * COPY_SIZE_BYTES..(i + 1) * COPY_SIZE_BYTES])
-                .unwrap();
+            sb.encode(
+                i as u16,
+                &mut file[i * COPY_SIZE_BYTES..(i + 1) * COPY_SIZE_BYTES],
+            )
+            .unwrap();
         }
         file
     }

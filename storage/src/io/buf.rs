@@ -69,7 +69,11 @@ impl AlignedBuf {
 
     /// Sets the logical length. Bytes up to `capacity` are always initialised.
     pub fn set_len(&mut self, len: usize) {
-        assert!(len <= self.capacity, "len {len} > capacity {}", self.capacity);
+        assert!(
+            len <= self.capacity,
+            "len {len} > capacity {}",
+            self.capacity
+        );
         self.len = len;
     }
 
@@ -80,7 +84,11 @@ impl AlignedBuf {
     /// Appends `bytes`; panics if they do not fit (callers size buffers first).
     pub fn extend_from_slice(&mut self, bytes: &[u8]) {
         let end = self.len + bytes.len();
-        assert!(end <= self.capacity, "buffer overflow: {end} > {}", self.capacity);
+        assert!(
+            end <= self.capacity,
+            "buffer overflow: {end} > {}",
+            self.capacity
+        );
         let start = self.len;
         self.full_mut()[start..end].copy_from_slice(bytes);
         self.len = end;

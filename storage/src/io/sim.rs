@@ -327,7 +327,9 @@ impl SimBackend {
         }
         let was_crashed = self.crashed;
         if let Err(e) = self.tick() {
-            if let (false, true, Op::Write { file, offset, buf }) = (was_crashed, self.crashed, &*op) {
+            if let (false, true, Op::Write { file, offset, buf }) =
+                (was_crashed, self.crashed, &*op)
+            {
                 // This write is the one in flight when power failed.
                 if let Ok(inode) = self.file_inode(*file) {
                     self.torn_candidate = Some((inode, *offset, buf.to_vec()));
@@ -354,9 +356,10 @@ impl SimBackend {
                 match self.open.get(&file.0) {
                     Some((path, Node::Dir)) => {
                         let dir = path.clone();
-                        let (done, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut self.pending_names)
-                            .into_iter()
-                            .partition(|c| c.touches_dir(&dir));
+                        let (done, rest): (Vec<_>, Vec<_>) =
+                            std::mem::take(&mut self.pending_names)
+                                .into_iter()
+                                .partition(|c| c.touches_dir(&dir));
                         for change in &done {
                             change.apply(&mut self.durable_names);
                         }
@@ -376,7 +379,7 @@ impl SimBackend {
                     .get(from.as_path())
                     .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
                 self.parent_exists(to)?;
-                if node == Node::Dir && self.names.get(to.as_path()).is_some() {
+                if node == Node::Dir && self.names.contains_key(to.as_path()) {
                     return Err(io::Error::from_raw_os_error(libc::ENOTEMPTY));
                 }
                 self.change_names(NameChange::Rename {
@@ -437,7 +440,7 @@ fn crashed_error() -> io::Error {
 }
 
 fn check_aligned(offset: u64, len: usize) -> io::Result<()> {
-    if offset % BLOCK_SIZE as u64 != 0 || len % BLOCK_SIZE != 0 {
+    if !offset.is_multiple_of(BLOCK_SIZE as u64) || !len.is_multiple_of(BLOCK_SIZE) {
         return Err(io::Error::from_raw_os_error(libc::EINVAL));
     }
     Ok(())
@@ -630,7 +633,7 @@ mod tests {
             assert!(write(&mut io, f, 0, 9).is_err());
             let io = io.reboot();
             let data = io.read_whole(Path::new("/a")).unwrap();
-            if data.iter().any(|&b| b == 9) {
+            if data.contains(&9) {
                 torn += 1;
                 // Torn only at sector granularity.
                 for sector in data.chunks(SECTOR_SIZE) {
@@ -648,7 +651,9 @@ mod tests {
         let root = io.open_dir(Path::new("/")).unwrap();
         sync(&mut io, Op::Fsync { file: root });
         let d = io.open_dir(Path::new("/d")).unwrap();
-        let f = io.open_file(Path::new("/d/x.tmp"), OpenMode::Create).unwrap();
+        let f = io
+            .open_file(Path::new("/d/x.tmp"), OpenMode::Create)
+            .unwrap();
         write(&mut io, f, 0, 5).unwrap();
         sync(&mut io, Op::Fdatasync { file: f });
         sync(

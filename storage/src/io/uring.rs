@@ -1,1 +1,928 @@
-//! io_uring backend (in progress).
+//! io_uring backend: one ring per shard thread.
+//!
+//! [`UringBackend::submit`] turns a batch of [`Sqe`]s into ring entries, waits
+//! for every one of them and hands back one [`Completion`] per op, in
+//! submission order.
+//!
+//! # Ordering
+//!
+//! Only linked ops are ordered: an op with `link_next` starts after it
+//! completed (IOSQE_IO_LINK). Unlinked ops of a batch, and separate chains,
+//! may run concurrently and complete in any order.
+//!
+//! # What the backend completes on its own
+//!
+//! * Short writes are resubmitted for the remainder until the whole buffer is
+//!   written; a write that makes no progress fails with `WriteZero`.
+//! * Short reads are continued until `len` bytes were read or a read returns 0
+//!   (end of file); the result is the total.
+//! * `EINTR` and `EAGAIN` completions are resubmitted, at most
+//!   [`RETRY_LIMIT`] times per op; after that the error is returned.
+//! * The kernel cancels the rest of a link chain (`ECANCELED`) after a failed
+//!   or short read/write (not after a failed fsync, rename or unlink, whose
+//!   chains go on). When the cancelling read/write was only short or
+//!   interrupted and the backend completes it, the cancelled remainder of the
+//!   chain is resubmitted behind it, links preserved. After a genuine failure
+//!   the cancelled ops complete with `ECANCELED`.
+//!
+//! # Bounds
+//!
+//! At most the ring's SQ size (`entries` rounded up to a power of two by the
+//! kernel) ops are in flight at once; larger batches are submitted in pieces
+//! as earlier ops complete. A chain is never split across pieces: a chain
+//! longer than the SQ fails as a whole with `InvalidInput` without being
+//! submitted (other ops of the batch still run). A single read or write
+//! submission is capped at `u32::MAX` rounded down to a block (the kernel caps
+//! it further, at about 2 GiB, and the rest goes through the short-I/O path).
+//!
+//! # Ring failures
+//!
+//! If `io_uring_enter` fails with anything but `EINTR` (retried), or `EBUSY` /
+//! `EAGAIN` (retried at most [`ENTER_BUSY_LIMIT`] times in a row), every op of
+//! the batch that has not completed gets that error. Buffers and paths of ops
+//! the kernel may still own are kept by the backend (the [`Completion`] gets a
+//! fresh empty buffer in their place) until their completion shows up in a
+//! later `submit`, or are leaked when the backend is dropped, so the kernel
+//! never touches freed memory. Such an op may still execute later.
+
+use std::collections::{HashMap, VecDeque};
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::DirBuilderExt;
+use std::path::Path;
+
+use io_uring::{opcode, squeue, types, IoUring};
+
+use super::{align_down, AlignedBuf, Completion, FileId, IoBackend, Op, OpenMode, Sqe};
+
+/// Ring size used by [`UringBackend::with_default_entries`].
+pub const DEFAULT_ENTRIES: u32 = 256;
+
+/// How many times one op is resubmitted after an `EINTR` or `EAGAIN`
+/// completion before the error is returned.
+pub const RETRY_LIMIT: u32 = 16;
+
+/// How many `EBUSY`/`EAGAIN` results of `io_uring_enter` in a row are retried
+/// before the batch is failed.
+pub const ENTER_BUSY_LIMIT: u32 = 1024;
+
+/// Largest length put into a single read/write SQE.
+const MAX_CHUNK: usize = align_down(u32::MAX as u64) as usize;
+
+/// An [`IoBackend`] over one io_uring instance.
+///
+/// Meant to be owned by one shard thread (every method takes `&mut self`). It
+/// can be built on one thread and moved to the thread that uses it.
+pub struct UringBackend {
+    ring: IoUring,
+    /// SQ size; also the bound on ops in flight (the CQ is twice as large).
+    capacity: usize,
+    files: HashMap<u32, OwnedFd>,
+    next_file: u32,
+    /// Tags user_data so completions of an abandoned batch are told apart.
+    generation: u32,
+    /// Resources of ops abandoned after a ring failure that the kernel may
+    /// still use, keyed by user_data.
+    quarantine: HashMap<u64, Quarantined>,
+}
+
+struct Quarantined {
+    _buf: Option<AlignedBuf>,
+    _paths: CPaths,
+}
+
+impl UringBackend {
+    /// Creates a ring with `entries` SQ entries (rounded up to a power of two
+    /// by the kernel; at most 32768).
+    pub fn new(entries: u32) -> io::Result<Self> {
+        // SUBMIT_ALL (5.18) keeps the kernel from stopping submission at the
+        // first SQE that fails to prepare; COOP_TASKRUN (5.19) avoids IPIs,
+        // fine because this thread always enters the kernel to wait.
+        let ring = match IoUring::builder()
+            .setup_submit_all()
+            .setup_coop_taskrun()
+            .build(entries)
+        {
+            Ok(ring) => ring,
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) && entries > 0 => {
+                IoUring::new(entries)?
+            }
+            Err(e) => return Err(e),
+        };
+        let capacity = ring.params().sq_entries() as usize;
+        Ok(Self {
+            ring,
+            capacity,
+            files: HashMap::new(),
+            next_file: 0,
+            generation: 0,
+            quarantine: HashMap::new(),
+        })
+    }
+
+    /// [`UringBackend::new`] with [`DEFAULT_ENTRIES`].
+    pub fn with_default_entries() -> io::Result<Self> {
+        Self::new(DEFAULT_ENTRIES)
+    }
+
+    /// The SQ size: the most ops in flight at once and the longest chain.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    fn fd(&self, file: FileId) -> io::Result<RawFd> {
+        self.files
+            .get(&file.0)
+            .map(|fd| fd.as_raw_fd())
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))
+    }
+
+    fn insert_fd(&mut self, fd: OwnedFd) -> FileId {
+        while self.files.contains_key(&self.next_file) {
+            self.next_file = self.next_file.wrapping_add(1);
+        }
+        let id = self.next_file;
+        self.next_file = self.next_file.wrapping_add(1);
+        self.files.insert(id, fd);
+        FileId(id)
+    }
+
+    fn open_raw(&mut self, path: &Path, flags: libc::c_int) -> io::Result<FileId> {
+        let cpath = c_path(path)?;
+        loop {
+            // SAFETY: cpath is a valid NUL-terminated string for the call.
+            let fd = unsafe { libc::open(cpath.as_ptr(), flags, 0o644 as libc::c_uint) };
+            if fd >= 0 {
+                // SAFETY: open returned a fresh descriptor that nothing else owns.
+                let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+                return Ok(self.insert_fd(fd));
+            }
+            let err = io::Error::last_os_error();
+            if err.raw_os_error() != Some(libc::EINTR) {
+                return Err(err);
+            }
+        }
+    }
+
+    /// Gives up on every unfinished op of the batch after a ring failure.
+    fn abandon(&mut self, slots: &mut [Slot], generation: u32, err: &io::Error) {
+        for (i, slot) in slots.iter_mut().enumerate() {
+            if slot.result.is_some() {
+                continue;
+            }
+            if slot.in_flight {
+                // The kernel may still read or write this op's memory: keep it.
+                let buf = match &mut slot.op {
+                    Op::Write { buf, .. } | Op::Read { buf, .. } => {
+                        Some(std::mem::replace(buf, AlignedBuf::new(0)))
+                    }
+                    _ => None,
+                };
+                let paths = std::mem::replace(&mut slot.paths, CPaths::None);
+                self.quarantine.insert(
+                    user_data(generation, i),
+                    Quarantined {
+                        _buf: buf,
+                        _paths: paths,
+                    },
+                );
+                slot.in_flight = false;
+            }
+            slot.result = Some(Err(copy_err(err)));
+        }
+    }
+}
+
+impl Drop for UringBackend {
+    fn drop(&mut self) {
+        if !self.quarantine.is_empty() {
+            // Ops the kernel may still be running: leak their memory rather
+            // than let it be reused under them.
+            std::mem::forget(std::mem::take(&mut self.quarantine));
+        }
+    }
+}
+
+impl IoBackend for UringBackend {
+    fn open_file(&mut self, path: &Path, mode: OpenMode) -> io::Result<FileId> {
+        let mut flags = libc::O_RDWR | libc::O_DIRECT | libc::O_CLOEXEC;
+        if mode == OpenMode::Create {
+            flags |= libc::O_CREAT;
+        }
+        self.open_raw(path, flags)
+    }
+
+    fn open_dir(&mut self, path: &Path) -> io::Result<FileId> {
+        self.open_raw(path, libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC)
+    }
+
+    fn close(&mut self, file: FileId) {
+        // Dropping the OwnedFd closes it.
+        self.files.remove(&file.0);
+    }
+
+    fn create_dir(&mut self, path: &Path) -> io::Result<()> {
+        std::fs::DirBuilder::new().mode(0o755).create(path)
+    }
+
+    fn list_dir(&mut self, path: &Path) -> io::Result<Vec<String>> {
+        let mut names = Vec::new();
+        for entry in std::fs::read_dir(path)? {
+            let name = entry?.file_name();
+            match name.into_string() {
+                Ok(name) => names.push(name),
+                Err(name) => tracing::warn!(?name, dir = ?path, "skipping non-UTF-8 name"),
+            }
+        }
+        Ok(names)
+    }
+
+    fn exists(&mut self, path: &Path) -> io::Result<bool> {
+        path.try_exists()
+    }
+
+    fn file_size(&mut self, file: FileId) -> io::Result<u64> {
+        let fd = self.fd(file)?;
+        // SAFETY: an all-zero stat is a valid value; fstat only writes into it.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: fd is open (owned by the table) and st is a valid pointer.
+        if unsafe { libc::fstat(fd, &mut st) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(st.st_size as u64)
+    }
+
+    fn allocate(&mut self, file: FileId, len_bytes: u64) -> io::Result<()> {
+        let fd = self.fd(file)?;
+        let len = libc::off_t::try_from(len_bytes)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "allocation too large"))?;
+        if len == 0 {
+            return Ok(());
+        }
+        loop {
+            // SAFETY: plain syscall on a descriptor owned by the table.
+            if unsafe { libc::fallocate(fd, 0, 0, len) } == 0 {
+                return Ok(());
+            }
+            let err = io::Error::last_os_error();
+            if err.raw_os_error() != Some(libc::EINTR) {
+                return Err(err);
+            }
+        }
+    }
+
+    fn submit(&mut self, batch: Vec<Sqe>) -> Vec<Completion> {
+        if batch.is_empty() {
+            return Vec::new();
+        }
+        self.generation = self.generation.wrapping_add(1);
+        let generation = self.generation;
+        let cap = self.capacity;
+
+        let mut slots: Vec<Slot> = batch.into_iter().map(Slot::new).collect();
+        let mut pending: VecDeque<Vec<usize>> = VecDeque::new();
+        let mut start = 0;
+        for i in 0..slots.len() {
+            if !slots[i].link_next || i + 1 == slots.len() {
+                plan_chain(&mut slots, (start..=i).collect(), cap, &mut pending);
+                start = i + 1;
+            }
+        }
+
+        let mut chains: Vec<Chain> = Vec::new();
+        let mut ready: Vec<usize> = Vec::new();
+        let mut in_flight = 0usize;
+        let mut busy = 0u32;
+        loop {
+            // Push whole chains while they fit under the in-flight bound. The
+            // SQ itself always has room: unconsumed SQEs are counted in flight.
+            while pending
+                .front()
+                .is_some_and(|chain| in_flight + chain.len() <= cap)
+            {
+                let Some(members) = pending.pop_front() else {
+                    break;
+                };
+                let entries: Vec<squeue::Entry> = members
+                    .iter()
+                    .enumerate()
+                    .map(|(pos, &i)| {
+                        let link = pos + 1 < members.len();
+                        build_entry(&self.files, &mut slots[i], user_data(generation, i), link)
+                    })
+                    .collect();
+                // SAFETY: every pointer in `entries` points into memory owned by
+                // `slots` (the AlignedBuf inside the slot's Op, or the slot's
+                // path CStrings), whose heap allocations do not move when a
+                // Slot moves. A slot is marked in flight below and its Op is
+                // not handed out or dropped until its CQE has been reaped; if
+                // the batch is abandoned first, `abandon` moves the memory into
+                // `self.quarantine`, which lives until that CQE arrives or is
+                // leaked on drop. File descriptors stay open for the call
+                // because `submit` holds `&mut self`.
+                let pushed = unsafe { self.ring.submission().push_multiple(&entries) };
+                if pushed.is_err() {
+                    pending.push_front(members);
+                    break;
+                }
+                for &i in &members {
+                    slots[i].in_flight = true;
+                    slots[i].chain = chains.len();
+                }
+                in_flight += members.len();
+                chains.push(Chain {
+                    outstanding: members.len(),
+                    members,
+                });
+            }
+            if in_flight == 0 {
+                // Anything still pending fits into an idle ring, so this only
+                // happens once everything is done.
+                debug_assert!(pending.is_empty());
+                break;
+            }
+
+            match self.ring.submit_and_wait(1) {
+                Ok(_) => busy = 0,
+                Err(e) => match e.raw_os_error() {
+                    Some(libc::EINTR) => {}
+                    Some(libc::EBUSY) | Some(libc::EAGAIN) if busy < ENTER_BUSY_LIMIT => {
+                        busy += 1;
+                        std::thread::yield_now();
+                    }
+                    _ => {
+                        tracing::error!(error = %e, "io_uring_enter failed; failing the batch");
+                        self.abandon(&mut slots, generation, &e);
+                        break;
+                    }
+                },
+            }
+
+            for cqe in self.ring.completion() {
+                let ud = cqe.user_data();
+                if (ud >> 32) as u32 != generation {
+                    // Late completion of an abandoned op: its memory is free now.
+                    self.quarantine.remove(&ud);
+                    continue;
+                }
+                let i = (ud & u64::from(u32::MAX)) as usize;
+                let Some(slot) = slots.get_mut(i).filter(|s| s.in_flight) else {
+                    tracing::warn!(user_data = ud, "unexpected io_uring completion");
+                    continue;
+                };
+                slot.in_flight = false;
+                slot.cqe = Some(cqe.result());
+                in_flight -= 1;
+                let chain = &mut chains[slot.chain];
+                chain.outstanding -= 1;
+                if chain.outstanding == 0 {
+                    ready.push(slot.chain);
+                }
+            }
+            for c in ready.drain(..) {
+                let members = std::mem::take(&mut chains[c].members);
+                process_chain(&mut slots, &members, &mut pending);
+            }
+        }
+
+        slots
+            .into_iter()
+            .map(|slot| Completion {
+                op: slot.op,
+                result: slot
+                    .result
+                    .unwrap_or_else(|| Err(io::Error::other("io_uring: op never completed"))),
+            })
+            .collect()
+    }
+}
+
+/// Path arguments of an op as C strings, alive until the op completes.
+enum CPaths {
+    None,
+    One(CString),
+    Two(CString, CString),
+}
+
+/// Per-op state while a batch runs.
+struct Slot {
+    op: Op,
+    link_next: bool,
+    paths: CPaths,
+    /// An error found before submission (bad argument); the op is not run.
+    preset: Option<io::Error>,
+    /// Bytes of a read/write done so far.
+    done: usize,
+    /// Length of the latest read/write submission.
+    requested: usize,
+    /// EINTR/EAGAIN resubmissions so far.
+    tries: u32,
+    in_flight: bool,
+    chain: usize,
+    /// Result of the latest submission, until its chain is processed.
+    cqe: Option<i32>,
+    result: Option<io::Result<usize>>,
+}
+
+impl Slot {
+    fn new(sqe: Sqe) -> Self {
+        let mut preset = None;
+        let paths = match &sqe.op {
+            Op::Rename { from, to } => match (c_path(from), c_path(to)) {
+                (Ok(from), Ok(to)) => CPaths::Two(from, to),
+                (Err(e), _) | (_, Err(e)) => {
+                    preset = Some(e);
+                    CPaths::None
+                }
+            },
+            Op::Unlink { path } | Op::RemoveDir { path } => match c_path(path) {
+                Ok(path) => CPaths::One(path),
+                Err(e) => {
+                    preset = Some(e);
+                    CPaths::None
+                }
+            },
+            Op::Read { len, buf, .. } if *len > buf.capacity() => {
+                preset = Some(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("read of {len} bytes into a {} byte buffer", buf.capacity()),
+                ));
+                CPaths::None
+            }
+            _ => CPaths::None,
+        };
+        Self {
+            op: sqe.op,
+            link_next: sqe.link_next,
+            paths,
+            preset,
+            done: 0,
+            requested: 0,
+            tries: 0,
+            in_flight: false,
+            chain: 0,
+            cqe: None,
+            result: None,
+        }
+    }
+
+    fn is_rw(&self) -> bool {
+        matches!(self.op, Op::Write { .. } | Op::Read { .. })
+    }
+}
+
+struct Chain {
+    members: Vec<usize>,
+    outstanding: usize,
+}
+
+fn user_data(generation: u32, index: usize) -> u64 {
+    (u64::from(generation) << 32) | index as u64
+}
+
+fn c_path(path: &Path) -> io::Result<CString> {
+    CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"))
+}
+
+fn copy_err(err: &io::Error) -> io::Error {
+    match err.raw_os_error() {
+        Some(code) => io::Error::from_raw_os_error(code),
+        None => io::Error::new(err.kind(), err.to_string()),
+    }
+}
+
+fn cancelled() -> io::Error {
+    io::Error::from_raw_os_error(libc::ECANCELED)
+}
+
+/// Queues a chain of the batch, or fails it up front: too long for the ring,
+/// or holding a read/write with a bad argument (which, like on the kernel,
+/// cancels the links after it).
+fn plan_chain(
+    slots: &mut [Slot],
+    mut members: Vec<usize>,
+    cap: usize,
+    pending: &mut VecDeque<Vec<usize>>,
+) {
+    if members.len() > cap {
+        for &i in &members {
+            slots[i].result = Some(Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "link chain of {} ops is longer than the ring ({cap} entries)",
+                    members.len()
+                ),
+            )));
+        }
+        return;
+    }
+    if let Some(k) = members
+        .iter()
+        .position(|&i| slots[i].preset.is_some() && slots[i].is_rw())
+    {
+        let i = members[k];
+        slots[i].result = slots[i].preset.take().map(Err);
+        for &j in &members[k + 1..] {
+            slots[j].result = Some(Err(cancelled()));
+        }
+        members.truncate(k);
+    }
+    if !members.is_empty() {
+        pending.push_back(members);
+    }
+}
+
+/// Builds the SQE for the next submission of `slot`.
+fn build_entry(
+    files: &HashMap<u32, OwnedFd>,
+    slot: &mut Slot,
+    user_data: u64,
+    link: bool,
+) -> squeue::Entry {
+    // An unknown FileId becomes fd -1 so the kernel fails it with EBADF, with
+    // the usual link semantics.
+    let fd = |file: &FileId| types::Fd(files.get(&file.0).map_or(-1, |fd| fd.as_raw_fd()));
+    let Slot {
+        op,
+        paths,
+        preset,
+        done,
+        requested,
+        ..
+    } = slot;
+    let entry = match (op, &*paths) {
+        _ if preset.is_some() => opcode::Nop::new().build(),
+        (Op::Write { file, offset, buf }, _) => {
+            let len = (buf.len() - *done).min(MAX_CHUNK);
+            *requested = len;
+            // SAFETY: done <= buf.len(), so the pointer stays inside the buffer.
+            let ptr = unsafe { buf.as_ptr().add(*done) };
+            opcode::Write::new(fd(file), ptr, len as u32)
+                .offset(*offset + *done as u64)
+                .build()
+        }
+        (
+            Op::Read {
+                file,
+                offset,
+                len,
+                buf,
+            },
+            _,
+        ) => {
+            let want = (*len - *done).min(MAX_CHUNK);
+            *requested = want;
+            // SAFETY: done <= len <= buf.capacity(), so the pointer stays inside
+            // the buffer and `want` more bytes fit.
+            let ptr = unsafe { buf.as_mut_ptr().add(*done) };
+            opcode::Read::new(fd(file), ptr, want as u32)
+                .offset(*offset + *done as u64)
+                .build()
+        }
+        (Op::Fdatasync { file }, _) => opcode::Fsync::new(fd(file))
+            .flags(types::FsyncFlags::DATASYNC)
+            .build(),
+        (Op::Fsync { file }, _) => opcode::Fsync::new(fd(file)).build(),
+        (Op::Rename { .. }, CPaths::Two(from, to)) => opcode::RenameAt::new(
+            types::Fd(libc::AT_FDCWD),
+            from.as_ptr(),
+            types::Fd(libc::AT_FDCWD),
+            to.as_ptr(),
+        )
+        .build(),
+        (Op::Unlink { .. }, CPaths::One(path)) => {
+            opcode::UnlinkAt::new(types::Fd(libc::AT_FDCWD), path.as_ptr()).build()
+        }
+        (Op::RemoveDir { .. }, CPaths::One(path)) => {
+            opcode::UnlinkAt::new(types::Fd(libc::AT_FDCWD), path.as_ptr())
+                .flags(libc::AT_REMOVEDIR)
+                .build()
+        }
+        // Path ops always carry their paths unless they have a preset error.
+        _ => opcode::Nop::new().build(),
+    };
+    let entry = if link {
+        entry.flags(squeue::Flags::IO_LINK)
+    } else {
+        entry
+    };
+    entry.user_data(user_data)
+}
+
+/// What to do with an op after one of its submissions completed.
+#[derive(Debug, PartialEq)]
+enum Next {
+    /// Finished. `resubmit_run`: the kernel cancelled the links after it
+    /// because it was short, but it succeeded (read up to end of file), so the
+    /// cancelled ops go on.
+    Done { resubmit_run: bool },
+    /// Submit it again (remainder or retry); `with_run`: the links the kernel
+    /// cancelled after it follow it in the new chain.
+    Again { with_run: bool },
+}
+
+/// Applies one completion to `slot`; sets `slot.result` when it is final.
+fn evaluate(slot: &mut Slot, res: i32) -> Next {
+    if let Some(err) = slot.preset.take() {
+        slot.result = Some(Err(err));
+        return Next::Done {
+            resubmit_run: false,
+        };
+    }
+    let is_rw = slot.is_rw();
+    if res < 0 {
+        let errno = -res;
+        if (errno == libc::EINTR || errno == libc::EAGAIN) && slot.tries < RETRY_LIMIT {
+            slot.tries += 1;
+            tracing::debug!(op = slot.op.kind(), errno, tries = slot.tries, "retrying");
+            // A failed read/write cancelled its links; a failed fsync, rename
+            // or unlink did not, so only the op itself goes again.
+            return Next::Again { with_run: is_rw };
+        }
+        slot.result = Some(Err(io::Error::from_raw_os_error(errno)));
+        return Next::Done {
+            resubmit_run: false,
+        };
+    }
+    let n = res as usize;
+    let short = n < slot.requested;
+    match &mut slot.op {
+        Op::Write { buf, .. } => {
+            slot.done += n;
+            if slot.done >= buf.len() {
+                slot.result = Some(Ok(buf.len()));
+                Next::Done {
+                    resubmit_run: false,
+                }
+            } else if n == 0 {
+                slot.result = Some(Err(io::Error::new(
+                    io::ErrorKind::WriteZero,
+                    format!("write stopped after {} of {} bytes", slot.done, buf.len()),
+                )));
+                Next::Done {
+                    resubmit_run: false,
+                }
+            } else {
+                Next::Again { with_run: true }
+            }
+        }
+        Op::Read { len, buf, .. } => {
+            slot.done += n;
+            if slot.done >= *len || n == 0 {
+                slot.done = slot.done.min(*len);
+                buf.set_len(slot.done);
+                slot.result = Some(Ok(slot.done));
+                Next::Done {
+                    resubmit_run: short,
+                }
+            } else {
+                Next::Again { with_run: true }
+            }
+        }
+        _ => {
+            slot.result = Some(Ok(0));
+            Next::Done {
+                resubmit_run: false,
+            }
+        }
+    }
+}
+
+/// The members at the start of `rest` that the kernel cancelled.
+fn cancelled_run(slots: &mut [Slot], rest: &[usize]) -> Vec<usize> {
+    let run: Vec<usize> = rest
+        .iter()
+        .copied()
+        .take_while(|&j| slots[j].cqe == Some(-libc::ECANCELED))
+        .collect();
+    for &j in &run {
+        slots[j].cqe = None;
+    }
+    run
+}
+
+/// Handles a chain whose every member has completed: finishes ops, and queues
+/// continuations, retries and the links that were cancelled only because of a
+/// short or interrupted read/write.
+fn process_chain(slots: &mut [Slot], members: &[usize], pending: &mut VecDeque<Vec<usize>>) {
+    let mut k = 0;
+    while k < members.len() {
+        let i = members[k];
+        k += 1;
+        let Some(res) = slots[i].cqe.take() else {
+            slots[i].result = Some(Err(io::Error::other("io_uring: missing completion")));
+            continue;
+        };
+        match evaluate(&mut slots[i], res) {
+            Next::Done { resubmit_run } => {
+                if resubmit_run {
+                    let run = cancelled_run(slots, &members[k..]);
+                    k += run.len();
+                    if !run.is_empty() {
+                        pending.push_back(run);
+                    }
+                }
+            }
+            Next::Again { with_run } => {
+                let mut chain = vec![i];
+                if with_run {
+                    let run = cancelled_run(slots, &members[k..]);
+                    k += run.len();
+                    chain.extend(run);
+                }
+                pending.push_back(chain);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The chain logic against synthetic completions (short writes and
+    //! interrupted ops are hard to provoke on a real file system).
+
+    use super::*;
+    use std::path::PathBuf;
+
+    fn write(len: usize, link: bool) -> Slot {
+        let mut buf = AlignedBuf::new(len);
+        buf.set_len(len);
+        Slot::new(Sqe {
+            op: Op::Write {
+                file: FileId(0),
+                offset: 0,
+                buf,
+            },
+            link_next: link,
+        })
+    }
+
+    fn read(len: usize, link: bool) -> Slot {
+        Slot::new(Sqe {
+            op: Op::Read {
+                file: FileId(0),
+                offset: 0,
+                len,
+                buf: AlignedBuf::new(len),
+            },
+            link_next: link,
+        })
+    }
+
+    fn sync(link: bool) -> Slot {
+        Slot::new(Sqe {
+            op: Op::Fdatasync { file: FileId(0) },
+            link_next: link,
+        })
+    }
+
+    fn rename(link: bool) -> Slot {
+        Slot::new(Sqe {
+            op: Op::Rename {
+                from: PathBuf::from("a"),
+                to: PathBuf::from("b"),
+            },
+            link_next: link,
+        })
+    }
+
+    /// Simulates submitting `members` and getting `results` back.
+    fn complete(slots: &mut [Slot], members: &[usize], results: &[i32]) -> VecDeque<Vec<usize>> {
+        let files = HashMap::new();
+        for (pos, &i) in members.iter().enumerate() {
+            let _ = build_entry(&files, &mut slots[i], 0, pos + 1 < members.len());
+            slots[i].cqe = Some(results[pos]);
+        }
+        let mut pending = VecDeque::new();
+        process_chain(slots, members, &mut pending);
+        pending
+    }
+
+    fn errno(slot: &Slot) -> Option<i32> {
+        slot.result.as_ref()?.as_ref().err()?.raw_os_error()
+    }
+
+    #[test]
+    fn short_write_resubmits_remainder_with_cancelled_links() {
+        let mut slots = vec![write(8192, true), sync(true), rename(false)];
+        let cancel = -libc::ECANCELED;
+        let pending = complete(&mut slots, &[0, 1, 2], &[4096, cancel, cancel]);
+        assert_eq!(pending, [vec![0, 1, 2]]);
+        assert!(slots.iter().all(|s| s.result.is_none()));
+        assert_eq!(slots[0].done, 4096);
+        let pending = complete(&mut slots, &[0, 1, 2], &[4096, 0, 0]);
+        assert!(pending.is_empty());
+        assert_eq!(slots[0].requested, 4096);
+        assert_eq!(*slots[0].result.as_ref().unwrap().as_ref().unwrap(), 8192);
+        assert!(slots[1].result.as_ref().unwrap().is_ok());
+        assert!(slots[2].result.as_ref().unwrap().is_ok());
+    }
+
+    #[test]
+    fn write_zero_fails_and_links_stay_cancelled() {
+        let mut slots = vec![write(8192, true), sync(false)];
+        let pending = complete(&mut slots, &[0, 1], &[0, -libc::ECANCELED]);
+        assert!(pending.is_empty());
+        let err = slots[0].result.as_ref().unwrap().as_ref().unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::WriteZero);
+        assert_eq!(errno(&slots[1]), Some(libc::ECANCELED));
+    }
+
+    #[test]
+    fn genuine_failure_cancels_links() {
+        let mut slots = vec![write(4096, true), sync(true), rename(false)];
+        let cancel = -libc::ECANCELED;
+        let pending = complete(&mut slots, &[0, 1, 2], &[-libc::EIO, cancel, cancel]);
+        assert!(pending.is_empty());
+        assert_eq!(errno(&slots[0]), Some(libc::EIO));
+        assert_eq!(errno(&slots[1]), Some(libc::ECANCELED));
+        assert_eq!(errno(&slots[2]), Some(libc::ECANCELED));
+    }
+
+    #[test]
+    fn interrupted_write_is_retried_with_links_then_gives_up() {
+        let mut slots = vec![write(4096, true), sync(false)];
+        let cancel = -libc::ECANCELED;
+        for _ in 0..RETRY_LIMIT {
+            let pending = complete(&mut slots, &[0, 1], &[-libc::EINTR, cancel]);
+            assert_eq!(pending, [vec![0, 1]]);
+        }
+        let pending = complete(&mut slots, &[0, 1], &[-libc::EAGAIN, cancel]);
+        assert!(pending.is_empty());
+        assert_eq!(errno(&slots[0]), Some(libc::EAGAIN));
+        assert_eq!(errno(&slots[1]), Some(libc::ECANCELED));
+    }
+
+    #[test]
+    fn interrupted_fsync_is_retried_alone() {
+        let mut slots = vec![sync(true), rename(false)];
+        let pending = complete(&mut slots, &[0, 1], &[-libc::EINTR, 0]);
+        assert_eq!(pending, [vec![0]]);
+        assert!(slots[1].result.as_ref().unwrap().is_ok());
+        let pending = complete(&mut slots, &[0], &[0]);
+        assert!(pending.is_empty());
+        assert!(slots[0].result.as_ref().unwrap().is_ok());
+    }
+
+    #[test]
+    fn failed_rename_does_not_stop_the_chain() {
+        let mut slots = vec![rename(true), write(4096, false)];
+        let pending = complete(&mut slots, &[0, 1], &[-libc::ENOENT, 4096]);
+        assert!(pending.is_empty());
+        assert_eq!(errno(&slots[0]), Some(libc::ENOENT));
+        assert!(slots[1].result.as_ref().unwrap().is_ok());
+    }
+
+    #[test]
+    fn short_reads_continue_and_eof_releases_cancelled_links() {
+        let mut slots = vec![read(12288, true), write(4096, false)];
+        let cancel = -libc::ECANCELED;
+        let pending = complete(&mut slots, &[0, 1], &[4096, cancel]);
+        assert_eq!(pending, [vec![0, 1]]);
+        // End of file: the read is done with 8192 bytes; the write still runs.
+        let pending = complete(&mut slots, &[0, 1], &[4096, cancel]);
+        assert_eq!(pending, [vec![0, 1]]);
+        let pending = complete(&mut slots, &[0, 1], &[0, cancel]);
+        assert_eq!(pending, [vec![1]]);
+        assert_eq!(*slots[0].result.as_ref().unwrap().as_ref().unwrap(), 8192);
+        let Op::Read { buf, .. } = &slots[0].op else {
+            unreachable!()
+        };
+        assert_eq!(buf.len(), 8192);
+        let pending = complete(&mut slots, &[1], &[4096]);
+        assert!(pending.is_empty());
+        assert!(slots[1].result.as_ref().unwrap().is_ok());
+    }
+
+    #[test]
+    fn oversized_read_and_long_chain_fail_up_front() {
+        let oversized = Slot::new(Sqe {
+            op: Op::Read {
+                file: FileId(0),
+                offset: 0,
+                len: 8192,
+                buf: AlignedBuf::new(4096),
+            },
+            link_next: true,
+        });
+        let mut slots = vec![sync(true), oversized, sync(false)];
+        let mut pending = VecDeque::new();
+        plan_chain(&mut slots, vec![0, 1, 2], 8, &mut pending);
+        assert_eq!(pending, [vec![0]]);
+        let err = slots[1].result.as_ref().unwrap().as_ref().unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+        assert_eq!(errno(&slots[2]), Some(libc::ECANCELED));
+
+        let mut slots: Vec<Slot> = (0..3).map(|_| sync(true)).collect();
+        let mut pending = VecDeque::new();
+        plan_chain(&mut slots, vec![0, 1, 2], 2, &mut pending);
+        assert!(pending.is_empty());
+        for slot in &slots {
+            let err = slot.result.as_ref().unwrap().as_ref().unwrap_err();
+            assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+        }
+    }
+}

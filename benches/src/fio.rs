@@ -1,0 +1,478 @@
+//! Runs fio for the baseline side of a comparison and parses its JSON.
+//!
+//! The append baseline is one sequential writer doing O_DIRECT writes of one
+//! batch each, every write followed by fdatasync (`--fdatasync=1`), through
+//! io_uring: the same durable-ack contract as a ringlog append with one batch
+//! per flush. It runs over a file that was fully written beforehand (see
+//! [`layout_args`]), because ringlog recycles its segment files and O_DIRECT
+//! overwrites run about twice as fast as writes into fresh space.
+
+use std::io;
+use std::path::Path;
+use std::process::{Command, ExitStatus};
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::stats::{LatencySummary, RunSummary, PERCENTILES};
+
+/// fio's append runs write at least this much, whatever ringlog wrote, so
+/// short runs still give fio enough samples for its percentiles.
+pub const APPEND_MIN_SIZE_BYTES: u64 = 64 << 20;
+
+/// Block size of the un-timed layout pass.
+const LAYOUT_BLOCK_BYTES: u64 = 1 << 20;
+
+#[derive(Debug, thiserror::Error)]
+pub enum FioError {
+    #[error("fio is not installed (not found on PATH); run ci/install-deps")]
+    NotInstalled,
+    #[error("could not run fio: {0}")]
+    Spawn(#[source] io::Error),
+    #[error("fio {args} failed ({status}): {stderr}")]
+    Failed {
+        args: String,
+        status: ExitStatus,
+        stderr: String,
+    },
+    #[error("fio output is not valid JSON: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error("fio JSON has no field {0}")]
+    MissingField(String),
+    #[error("fio JSON field {path} is not {expected}")]
+    WrongType {
+        path: String,
+        expected: &'static str,
+    },
+    #[error("fio job {jobname} reported error {code}")]
+    JobError { jobname: String, code: i64 },
+    #[error("fio path {0:?} is not valid UTF-8")]
+    NonUtf8Path(std::path::PathBuf),
+}
+
+/// Returns `fio --version` (e.g. `fio-3.33`), or [`FioError::NotInstalled`].
+pub fn version() -> Result<String, FioError> {
+    let out = Command::new("fio")
+        .arg("--version")
+        .output()
+        .map_err(spawn_error)?;
+    if !out.status.success() {
+        return Err(FioError::Failed {
+            args: "--version".into(),
+            status: out.status,
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        });
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+fn spawn_error(e: io::Error) -> FioError {
+    if e.kind() == io::ErrorKind::NotFound {
+        FioError::NotInstalled
+    } else {
+        FioError::Spawn(e)
+    }
+}
+
+/// fio splits `--filename` on ':'; escape it.
+fn filename_arg(file: &Path) -> Result<String, FioError> {
+    let s = file
+        .to_str()
+        .ok_or_else(|| FioError::NonUtf8Path(file.to_owned()))?;
+    Ok(format!("--filename={}", s.replace(':', "\\:")))
+}
+
+/// The append baseline: `bs`-sized O_DIRECT writes, each followed by
+/// fdatasync, over `size_bytes` of a pre-written file, capped at `runtime`.
+#[derive(Debug, Clone)]
+pub struct AppendJob<'a> {
+    pub file: &'a Path,
+    pub block_size_bytes: u64,
+    pub size_bytes: u64,
+    pub runtime: Duration,
+}
+
+impl AppendJob<'_> {
+    /// Bytes fio is asked to write: `size_bytes` raised to
+    /// [`APPEND_MIN_SIZE_BYTES`] and rounded up to whole blocks.
+    pub fn effective_size_bytes(&self) -> u64 {
+        let bs = self.block_size_bytes.max(1);
+        self.size_bytes.max(APPEND_MIN_SIZE_BYTES).div_ceil(bs) * bs
+    }
+
+    pub fn args(&self) -> Result<Vec<String>, FioError> {
+        Ok(vec![
+            "--name=append".into(),
+            filename_arg(self.file)?,
+            "--rw=write".into(),
+            format!("--bs={}", self.block_size_bytes),
+            "--ioengine=io_uring".into(),
+            "--direct=1".into(),
+            "--fdatasync=1".into(),
+            format!("--size={}", self.effective_size_bytes()),
+            format!("--runtime={}", self.runtime.as_secs().max(1)),
+            "--time_based=0".into(),
+            // Percentiles for total (submit + completion) latency, not just clat.
+            "--lat_percentiles=1".into(),
+            "--output-format=json".into(),
+        ])
+    }
+
+    /// Runs the timed job (the file must already be laid out: [`layout`]).
+    pub fn run(&self) -> Result<FioResult, FioError> {
+        let args = self.args()?;
+        let json = run_fio(&args)?;
+        let mut result = parse_append(&json)?;
+        result.command = command_line(&args);
+        Ok(result)
+    }
+}
+
+/// The un-timed pass that writes `size_bytes` (rounded up to 1 MiB) of the
+/// file once, so the timed run overwrites written blocks.
+pub fn layout_args(file: &Path, size_bytes: u64) -> Result<Vec<String>, FioError> {
+    Ok(vec![
+        "--name=layout".into(),
+        filename_arg(file)?,
+        "--rw=write".into(),
+        format!("--bs={LAYOUT_BLOCK_BYTES}"),
+        "--ioengine=io_uring".into(),
+        "--direct=1".into(),
+        format!("--size={}", layout_size_bytes(size_bytes)),
+        "--end_fsync=1".into(),
+        "--output-format=json".into(),
+    ])
+}
+
+pub fn layout_size_bytes(size_bytes: u64) -> u64 {
+    size_bytes.max(1).div_ceil(LAYOUT_BLOCK_BYTES) * LAYOUT_BLOCK_BYTES
+}
+
+/// Runs the layout pass; returns the bytes laid out.
+pub fn layout(file: &Path, size_bytes: u64) -> Result<u64, FioError> {
+    let args = layout_args(file, size_bytes)?;
+    run_fio(&args)?;
+    Ok(layout_size_bytes(size_bytes))
+}
+
+/// `fio ARGS...` as one shell-pasteable line.
+pub fn command_line(args: &[String]) -> String {
+    let mut line = String::from("fio");
+    for a in args {
+        line.push(' ');
+        if a.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_=./:,+@%\\".contains(c))
+        {
+            line.push_str(a);
+        } else {
+            line.push('\'');
+            line.push_str(&a.replace('\'', "'\\''"));
+            line.push('\'');
+        }
+    }
+    line
+}
+
+fn run_fio(args: &[String]) -> Result<String, FioError> {
+    let out = Command::new("fio")
+        .args(args)
+        .output()
+        .map_err(spawn_error)?;
+    if !out.status.success() {
+        return Err(FioError::Failed {
+            args: args.join(" "),
+            status: out.status,
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        });
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// What the comparison needs from one fio append run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FioResult {
+    /// `fio version`, e.g. `fio-3.33`.
+    pub version: String,
+    /// `jobs[0].write`: bytes, writes, runtime, fio's own bw_bytes/iops and
+    /// per-write latency (excluding the fdatasync that follows each write).
+    pub write: RunSummary,
+    /// Which fio field [`FioResult::write`]'s latency came from: `lat_ns`
+    /// (submit to completion) when fio ran with `--lat_percentiles=1`,
+    /// otherwise `clat_ns`.
+    pub write_lat_field: &'static str,
+    /// `jobs[0].sync.lat_ns`: the fdatasync after each write.
+    pub sync_lat: LatencySummary,
+    /// Ack-equivalent latency: write + fdatasync, each statistic summed
+    /// (fio has no combined view; see [`LatencySummary::sum_fieldwise`]).
+    pub ack_lat: LatencySummary,
+    /// The fio command line that produced this result (empty when parsed
+    /// from captured output).
+    pub command: String,
+}
+
+/// Parses the JSON of a `--fdatasync=1` write job (first job only). Text
+/// before the JSON object (fio warnings on stdout) is skipped.
+pub fn parse_append(output: &str) -> Result<FioResult, FioError> {
+    let start = json_start(output);
+    let root: Value = serde_json::from_str(&output[start..])?;
+    let version = get(&root, "fio version", "")?
+        .as_str()
+        .ok_or_else(|| wrong_type("fio version", "a string"))?
+        .to_owned();
+    let job = get(&root, "jobs", "")?
+        .as_array()
+        .ok_or_else(|| wrong_type("jobs", "an array"))?
+        .first()
+        .ok_or_else(|| FioError::MissingField("jobs[0]".into()))?;
+    let jobname = get_str(job, "jobname", "jobs[0]")?.to_owned();
+    let code = get_i64(job, "error", "jobs[0]")?;
+    if code != 0 {
+        return Err(FioError::JobError { jobname, code });
+    }
+
+    let write = get(job, "write", "jobs[0]")?;
+    let wp = "jobs[0].write";
+    let bytes = get_u64(write, "io_bytes", wp)?;
+    let ios = get_u64(write, "total_ios", wp)?;
+    let runtime_ms = get_u64(write, "runtime", wp)?;
+    let bw_bytes = get_f64(write, "bw_bytes", wp)?;
+    let iops = get_f64(write, "iops", wp)?;
+    let lat = get(write, "lat_ns", wp)?;
+    let (write_lat, write_lat_field) = if lat.get("percentile").is_some() {
+        (parse_latency(lat, "jobs[0].write.lat_ns")?, "lat_ns")
+    } else {
+        let clat = get(write, "clat_ns", wp)?;
+        (parse_latency(clat, "jobs[0].write.clat_ns")?, "clat_ns")
+    };
+
+    let sync = get(job, "sync", "jobs[0]")?;
+    let sync_lat = parse_latency(get(sync, "lat_ns", "jobs[0].sync")?, "jobs[0].sync.lat_ns")?;
+    let ack_lat = write_lat.sum_fieldwise(&sync_lat);
+
+    Ok(FioResult {
+        version,
+        write: RunSummary {
+            bytes,
+            ios,
+            runtime: Duration::from_millis(runtime_ms),
+            bw_bytes,
+            iops,
+            lat: write_lat,
+        },
+        write_lat_field,
+        sync_lat,
+        ack_lat,
+        command: String::new(),
+    })
+}
+
+fn json_start(output: &str) -> usize {
+    if output.trim_start().starts_with('{') {
+        return 0;
+    }
+    output.find("\n{").map_or(0, |i| i + 1)
+}
+
+fn join(parent: &str, key: &str) -> String {
+    if parent.is_empty() {
+        key.to_owned()
+    } else {
+        format!("{parent}.{key}")
+    }
+}
+
+fn wrong_type(path: &str, expected: &'static str) -> FioError {
+    FioError::WrongType {
+        path: path.to_owned(),
+        expected,
+    }
+}
+
+fn get<'a>(v: &'a Value, key: &str, parent: &str) -> Result<&'a Value, FioError> {
+    v.get(key)
+        .ok_or_else(|| FioError::MissingField(join(parent, key)))
+}
+
+fn get_str<'a>(v: &'a Value, key: &str, parent: &str) -> Result<&'a str, FioError> {
+    get(v, key, parent)?
+        .as_str()
+        .ok_or_else(|| wrong_type(&join(parent, key), "a string"))
+}
+
+fn get_i64(v: &Value, key: &str, parent: &str) -> Result<i64, FioError> {
+    get(v, key, parent)?
+        .as_i64()
+        .ok_or_else(|| wrong_type(&join(parent, key), "an integer"))
+}
+
+fn get_u64(v: &Value, key: &str, parent: &str) -> Result<u64, FioError> {
+    get(v, key, parent)?
+        .as_u64()
+        .ok_or_else(|| wrong_type(&join(parent, key), "an unsigned integer"))
+}
+
+fn get_f64(v: &Value, key: &str, parent: &str) -> Result<f64, FioError> {
+    get(v, key, parent)?
+        .as_f64()
+        .ok_or_else(|| wrong_type(&join(parent, key), "a number"))
+}
+
+/// Parses one of fio's `*_ns` latency objects.
+fn parse_latency(v: &Value, path: &str) -> Result<LatencySummary, FioError> {
+    let samples = get_u64(v, "N", path)?;
+    let min_ns = get_u64(v, "min", path)?;
+    let max_ns = get_u64(v, "max", path)?;
+    let mean_ns = get_f64(v, "mean", path)?;
+    let pct_path = join(path, "percentile");
+    let pct = get(v, "percentile", path)?;
+    let mut percentiles_ns = [0u64; PERCENTILES.len()];
+    for (slot, (_, key)) in percentiles_ns.iter_mut().zip(PERCENTILES) {
+        *slot = get_u64(pct, key, &pct_path)?;
+    }
+    Ok(LatencySummary {
+        samples,
+        min_ns,
+        mean_ns,
+        max_ns,
+        percentiles_ns,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// fio 3.33 on this machine class (ext4 on virtio, kernel 6.18):
+    /// 64 KiB `--fdatasync=1` writes over a pre-written 64 MiB file, trimmed
+    /// to the fields fio normally prints for such a job.
+    const SAMPLE: &str = include_str!("testdata/fio-3.33-append-64k.json");
+
+    #[test]
+    fn parses_captured_append_run() {
+        let r = parse_append(SAMPLE).unwrap();
+        assert_eq!(r.version, "fio-3.33");
+        assert_eq!(r.write.bytes, 64 << 20);
+        assert_eq!(r.write.ios, 1024);
+        assert_eq!(r.write.runtime, Duration::from_millis(601));
+        assert_eq!(r.write.bw_bytes, 111_662_003.0);
+        assert!((r.write.iops - 1703.826955).abs() < 1e-6);
+        assert_eq!(r.write_lat_field, "lat_ns");
+        assert_eq!(r.write.lat.p99_ns(), 1_204_224);
+        assert_eq!(r.write.lat.percentiles_ns[0], 166_912);
+        assert_eq!(r.write.lat.percentiles_ns[4], 19_791_872);
+        assert_eq!(r.sync_lat.samples, 1023);
+        assert_eq!(r.sync_lat.p99_ns(), 2_867_200);
+        assert_eq!(r.ack_lat.p99_ns(), 1_204_224 + 2_867_200);
+        assert_eq!(r.ack_lat.min_ns, r.write.lat.min_ns + r.sync_lat.min_ns);
+    }
+
+    #[test]
+    fn falls_back_to_clat_without_lat_percentiles() {
+        let mut v: Value = serde_json::from_str(SAMPLE).unwrap();
+        let write = &mut v["jobs"][0]["write"];
+        write["lat_ns"]
+            .as_object_mut()
+            .unwrap()
+            .remove("percentile");
+        let clat_p99 = write["clat_ns"]["percentile"]["99.000000"]
+            .as_u64()
+            .unwrap();
+        let r = parse_append(&v.to_string()).unwrap();
+        assert_eq!(r.write_lat_field, "clat_ns");
+        assert_eq!(r.write.lat.p99_ns(), clat_p99);
+    }
+
+    #[test]
+    fn skips_warnings_before_json() {
+        let noisy = format!("fio: some warning\n{SAMPLE}");
+        assert!(parse_append(&noisy).is_ok());
+    }
+
+    #[test]
+    fn missing_and_mistyped_fields_are_typed_errors() {
+        let mut v: Value = serde_json::from_str(SAMPLE).unwrap();
+        v["jobs"][0].as_object_mut().unwrap().remove("sync");
+        match parse_append(&v.to_string()) {
+            Err(FioError::MissingField(f)) => assert_eq!(f, "jobs[0].sync"),
+            other => panic!("unexpected {other:?}"),
+        }
+
+        let mut v: Value = serde_json::from_str(SAMPLE).unwrap();
+        v["jobs"][0]["sync"]["lat_ns"]["percentile"]
+            .as_object_mut()
+            .unwrap()
+            .remove("99.990000");
+        match parse_append(&v.to_string()) {
+            Err(FioError::MissingField(f)) => {
+                assert_eq!(f, "jobs[0].sync.lat_ns.percentile.99.990000")
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+
+        let mut v: Value = serde_json::from_str(SAMPLE).unwrap();
+        v["jobs"][0]["write"]["bw_bytes"] = Value::from("fast");
+        assert!(matches!(
+            parse_append(&v.to_string()),
+            Err(FioError::WrongType { path, .. }) if path == "jobs[0].write.bw_bytes"
+        ));
+
+        let mut v: Value = serde_json::from_str(SAMPLE).unwrap();
+        v["jobs"] = Value::Array(vec![]);
+        assert!(matches!(
+            parse_append(&v.to_string()),
+            Err(FioError::MissingField(f)) if f == "jobs[0]"
+        ));
+
+        let mut v: Value = serde_json::from_str(SAMPLE).unwrap();
+        v["jobs"][0]["error"] = Value::from(5);
+        assert!(matches!(
+            parse_append(&v.to_string()),
+            Err(FioError::JobError { code: 5, .. })
+        ));
+
+        assert!(matches!(parse_append("not json"), Err(FioError::Json(_))));
+    }
+
+    #[test]
+    fn append_args_match_the_baseline_contract() {
+        let job = AppendJob {
+            file: Path::new("/d/fio.dat"),
+            block_size_bytes: 64 << 10,
+            size_bytes: 1 << 20,
+            runtime: Duration::from_secs(10),
+        };
+        // Raised to the 64 MiB floor.
+        assert_eq!(job.effective_size_bytes(), 64 << 20);
+        let args = job.args().unwrap();
+        for want in [
+            "--filename=/d/fio.dat",
+            "--rw=write",
+            "--bs=65536",
+            "--ioengine=io_uring",
+            "--direct=1",
+            "--fdatasync=1",
+            "--size=67108864",
+            "--runtime=10",
+            "--time_based=0",
+            "--output-format=json",
+        ] {
+            assert!(args.iter().any(|a| a == want), "missing {want} in {args:?}");
+        }
+        let odd = AppendJob {
+            size_bytes: (100 << 20) + 1,
+            ..job
+        };
+        assert_eq!(odd.effective_size_bytes(), (100 << 20) + (64 << 10));
+        assert_eq!(layout_size_bytes((100 << 20) + 1), 101 << 20);
+        assert_eq!(
+            filename_arg(Path::new("/a:b/f")).unwrap(),
+            "--filename=/a\\:b/f"
+        );
+    }
+
+    #[test]
+    fn command_line_quotes_only_when_needed() {
+        let args = vec!["--name=append".to_owned(), "--filename=/x y/f".to_owned()];
+        assert_eq!(command_line(&args), "fio --name=append '--filename=/x y/f'");
+    }
+}

@@ -1,0 +1,260 @@
+//! The storage-level append job: group-committed appends straight into
+//! partition stores over one io_uring backend, as a shard would do them.
+//!
+//! Each round appends one batch to every partition, then `flush_all` writes
+//! them (one write per partition) and fdatasyncs every partition in one
+//! submission. A batch's ack latency is the time from its `append()` to the
+//! return of the `flush_all` that made it durable.
+//!
+//! Batches are built once per partition and restamped for each append
+//! (new base offset, op and previous checksum; the header checksum is
+//! recomputed, the body is not rehashed), which is what a primary does.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use ringlog_protocol::{restamp, BatchBuilder, BatchError, Record, Stamp, HEADER_LEN};
+use ringlog_storage::io::uring::UringBackend;
+use ringlog_storage::io::BLOCK_SIZE;
+use crate::jobs::shim::{flush_all, PartitionStore, StoreConfig, StoreError}; // SHIM
+
+use crate::stats::{LatencyRecorder, RunSummary};
+
+/// Encoded size of a record with an empty key, no headers and an empty value
+/// (length field included); matches the protocol's record layout.
+const RECORD_OVERHEAD_BYTES: usize = 4 + 4 + 4 + 4 + 2 + 2 + 4;
+
+/// io_uring SQ entries for the job's backend.
+const RING_ENTRIES: u32 = 256;
+
+#[derive(Debug, thiserror::Error)]
+pub enum AppendError {
+    #[error(
+        "batch size {batch_size} is too small for one {record_size}-byte record \
+         (needs at least {min} bytes: {HEADER_LEN}-byte header, {RECORD_OVERHEAD_BYTES}-byte record framing)"
+    )]
+    BatchTooSmall {
+        batch_size: usize,
+        record_size: usize,
+        min: usize,
+    },
+    #[error("building the batch failed: {0}")]
+    Batch(#[from] BatchError),
+    #[error("io_uring setup failed: {0}")]
+    Ring(#[source] std::io::Error),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+#[derive(Debug, Clone)]
+pub struct AppendConfig {
+    /// Partition stores go in `dir/p<i>`.
+    pub dir: PathBuf,
+    pub partitions: u32,
+    /// Encoded bytes of each batch, header included (what lands on disk).
+    pub batch_size: usize,
+    /// Value bytes of each record.
+    pub record_size: usize,
+    /// Stop after this long...
+    pub duration: Duration,
+    /// ...or after this many batch bytes over all partitions, if set.
+    pub total_bytes: Option<u64>,
+    pub segment_size: u64,
+}
+
+impl AppendConfig {
+    pub fn partition_dir(&self, index: u32) -> PathBuf {
+        self.dir.join(format!("p{index}"))
+    }
+}
+
+/// The result of one run.
+#[derive(Debug, Clone)]
+pub struct AppendResult {
+    /// bytes/ios/runtime over all partitions; lat is per-batch ack latency.
+    pub summary: RunSummary,
+    pub records: u64,
+    pub records_per_batch: u32,
+}
+
+/// One batch of `partition_id`, exactly `batch_size` bytes long: as many
+/// `record_size`-byte values as fit, the last one padded to fill the batch.
+/// Returns the batch and its record count.
+pub fn build_batch(
+    partition_id: u32,
+    batch_size: usize,
+    record_size: usize,
+    timestamp_ms: u64,
+) -> Result<(Vec<u8>, u32), AppendError> {
+    let record_bytes = record_size + RECORD_OVERHEAD_BYTES;
+    let min = HEADER_LEN + record_bytes;
+    if batch_size < min {
+        return Err(AppendError::BatchTooSmall {
+            batch_size,
+            record_size,
+            min,
+        });
+    }
+    let body = batch_size - HEADER_LEN;
+    let count = body / record_bytes;
+    let padding = body - count * record_bytes;
+
+    let mut value = vec![0u8; record_size + padding];
+    // Incompressible-looking payload; the contents do not matter to the disk.
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15 ^ u64::from(partition_id);
+    for b in value.iter_mut() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        *b = x as u8;
+    }
+
+    let mut builder = BatchBuilder::new(partition_id);
+    for i in 0..count {
+        let len = if i + 1 == count {
+            record_size + padding
+        } else {
+            record_size
+        };
+        builder.push(&Record {
+            key: &[],
+            headers: &[],
+            value: &value[..len],
+            timestamp_ms,
+        })?;
+    }
+    let records = builder.record_count();
+    let bytes = builder.finish(&Stamp::default())?;
+    debug_assert_eq!(bytes.len(), batch_size);
+    Ok((bytes, records))
+}
+
+/// The store config for a run: the requested segment size, and a write
+/// buffer large enough for one batch plus the rewritten tail block.
+pub fn store_config(cfg: &AppendConfig) -> StoreConfig {
+    let defaults = StoreConfig::default();
+    let needed = (cfg.batch_size + 2 * BLOCK_SIZE).div_ceil(BLOCK_SIZE) * BLOCK_SIZE;
+    StoreConfig {
+        segment_size_bytes: cfg.segment_size,
+        write_buffer_bytes: defaults.write_buffer_bytes.max(needed),
+        ..defaults
+    }
+}
+
+/// Creates the partition stores under `cfg.dir` (which must exist; the
+/// `p<i>` directories must not) and appends until the duration or the byte
+/// budget runs out.
+pub fn run(cfg: &AppendConfig) -> Result<AppendResult, AppendError> {
+    let now_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let mut batches = Vec::with_capacity(cfg.partitions as usize);
+    let mut records_per_batch = 0;
+    for p in 0..cfg.partitions {
+        let (bytes, records) = build_batch(p, cfg.batch_size, cfg.record_size, now_ms)?;
+        records_per_batch = records;
+        batches.push(bytes);
+    }
+
+    let mut io = UringBackend::new(RING_ENTRIES).map_err(AppendError::Ring)?;
+    let store_cfg = store_config(cfg);
+    let mut stores = Vec::with_capacity(cfg.partitions as usize);
+    for p in 0..cfg.partitions {
+        let store = PartitionStore::create(&mut io, &cfg.partition_dir(p), p, store_cfg.clone())?;
+        stores.push(store);
+    }
+
+    let mut ops = vec![0u64; stores.len()];
+    let mut appended_at = vec![Instant::now(); stores.len()];
+    let mut lat = LatencyRecorder::new();
+    let batch_bytes = cfg.batch_size as u64;
+    let mut bytes = 0u64;
+    let mut ios = 0u64;
+
+    let start = Instant::now();
+    loop {
+        if start.elapsed() >= cfg.duration || cfg.total_bytes.is_some_and(|t| bytes >= t) {
+            break;
+        }
+        for (i, store) in stores.iter_mut().enumerate() {
+            ops[i] += 1;
+            let stamp = Stamp {
+                base_offset: store.next_offset(),
+                vsr_op: ops[i],
+                vsr_view: 0,
+                prev_checksum: store.last_checksum(),
+            };
+            restamp(&mut batches[i], &stamp)?;
+            appended_at[i] = Instant::now();
+            store.append(&mut io, &batches[i])?;
+        }
+        let mut refs: Vec<&mut PartitionStore> = stores.iter_mut().collect();
+        flush_all(&mut io, &mut refs)?;
+        let acked = Instant::now();
+        for t in &appended_at {
+            lat.record(acked - *t);
+        }
+        bytes += batch_bytes * stores.len() as u64;
+        ios += stores.len() as u64;
+    }
+    let runtime = start.elapsed();
+    // Untimed: checkpoint the frontier and close the files.
+    for store in stores {
+        store.close(&mut io)?;
+    }
+
+    Ok(AppendResult {
+        summary: RunSummary::from_counts(bytes, ios, runtime, lat.summary()),
+        records: ios * u64::from(records_per_batch),
+        records_per_batch,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ringlog_protocol::BatchView;
+
+    #[test]
+    fn batches_are_exactly_the_requested_size() {
+        for (batch, record) in [(64 << 10, 1024), (1 << 20, 1024), (4096, 100), (4096, 3000)] {
+            let (bytes, records) = build_batch(3, batch, record, 1_000).unwrap();
+            assert_eq!(bytes.len(), batch);
+            let expected = (batch - HEADER_LEN) / (record + RECORD_OVERHEAD_BYTES);
+            assert_eq!(records as usize, expected);
+            let view = BatchView::parse(&bytes).unwrap();
+            assert_eq!(view.header().partition_id, 3);
+            assert_eq!(view.header().record_count, records);
+        }
+    }
+
+    #[test]
+    fn too_small_batch_is_a_typed_error() {
+        assert!(matches!(
+            build_batch(0, 1000, 1024, 0),
+            Err(AppendError::BatchTooSmall { .. })
+        ));
+    }
+
+    #[test]
+    fn write_buffer_grows_for_large_batches() {
+        let mut cfg = AppendConfig {
+            dir: PathBuf::from("x"),
+            partitions: 1,
+            batch_size: 64 << 10,
+            record_size: 1024,
+            duration: Duration::from_secs(1),
+            total_bytes: None,
+            segment_size: 256 << 20,
+        };
+        let small = store_config(&cfg);
+        assert_eq!(
+            small.write_buffer_bytes,
+            StoreConfig::default().write_buffer_bytes
+        );
+        cfg.batch_size = 8 << 20;
+        let big = store_config(&cfg);
+        assert!(big.batch_bytes_max() >= cfg.batch_size);
+        assert!(big.validate().is_ok());
+    }
+}

@@ -1,0 +1,4 @@
+//! Benchmark jobs that drive ringlog itself.
+
+pub mod append;
+pub mod shim; // SHIM

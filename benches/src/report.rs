@@ -1,0 +1,362 @@
+//! Text and JSON output of a run, and the ringlog/fio ratio lines.
+
+use std::fmt::Write as _;
+
+use serde_json::{json, Map, Value};
+
+use crate::fio::FioResult;
+use crate::jobs::append::AppendResult;
+use crate::size::Bytes;
+use crate::stats::{LatencySummary, RunSummary, Spread, PERCENTILES};
+
+/// How fio's ack latency is derived; printed with every comparison.
+pub const FIO_ACK_NOTE: &str = "fio ack latency = write lat + fdatasync lat, each statistic summed \
+     (fio reports the two separately and has no combined view; summing percentiles is an approximation)";
+
+/// How ringlog's ack latency is measured.
+pub const RINGLOG_ACK_NOTE: &str =
+    "ringlog ack latency = append() of a batch to the return of the flush_all (write + fdatasync) that made it durable";
+
+/// One A/B repetition: ringlog first, then (with --vs-fio) fio.
+#[derive(Debug, Clone)]
+pub struct Rep {
+    pub ringlog: AppendResult,
+    pub fio: Option<FioResult>,
+}
+
+/// Everything a report prints.
+#[derive(Debug, Clone)]
+pub struct Report {
+    /// `name=value` settings of the run, in print order.
+    pub settings: Vec<(&'static str, String)>,
+    /// fio's version, when it ran.
+    pub fio_version: Option<String>,
+    /// Notes on the run's setup, printed after the settings.
+    pub notes: Vec<String>,
+    pub reps: Vec<Rep>,
+}
+
+/// Median/min/max over reps of ringlog/fio throughput and p99 ack latency.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Ratios {
+    pub throughput: Spread,
+    pub p99_ack_latency: Spread,
+}
+
+impl Report {
+    /// `None` unless every rep has a fio run.
+    pub fn ratios(&self) -> Option<Ratios> {
+        let mut throughput = Vec::with_capacity(self.reps.len());
+        let mut p99 = Vec::with_capacity(self.reps.len());
+        for rep in &self.reps {
+            let fio = rep.fio.as_ref()?;
+            let ours = &rep.ringlog.summary;
+            throughput.push(ratio(ours.bw_bytes, fio.write.bw_bytes));
+            p99.push(ratio(ours.lat.p99_ns() as f64, fio.ack_lat.p99_ns() as f64));
+        }
+        Some(Ratios {
+            throughput: Spread::of(&throughput)?,
+            p99_ack_latency: Spread::of(&p99)?,
+        })
+    }
+
+    pub fn text(&self) -> String {
+        let mut out = String::new();
+        let settings: Vec<String> = self
+            .settings
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        let _ = writeln!(out, "ringlog-bench append: {}", settings.join(" "));
+        if let Some(v) = &self.fio_version {
+            let _ = writeln!(out, "fio: {v}");
+        }
+        for note in &self.notes {
+            let _ = writeln!(out, "note: {note}");
+        }
+        let n = self.reps.len();
+        for (i, rep) in self.reps.iter().enumerate() {
+            let _ = writeln!(out);
+            if n > 1 {
+                let _ = writeln!(out, "rep {}/{n}", i + 1);
+            }
+            let r = &rep.ringlog;
+            run_line(&mut out, "ringlog append", &r.summary);
+            let _ = writeln!(
+                out,
+                "    {} records in {} batches of {} ({} records each)",
+                r.records,
+                r.summary.ios,
+                Bytes(batch_bytes(&r.summary)),
+                r.records_per_batch
+            );
+            lat_lines(&mut out, "ack lat", &r.summary.lat);
+            if let Some(f) = &rep.fio {
+                run_line(&mut out, "fio append", &f.write);
+                lat_lines(
+                    &mut out,
+                    &format!("write lat ({})", f.write_lat_field),
+                    &f.write.lat,
+                );
+                lat_lines(&mut out, "sync lat", &f.sync_lat);
+                lat_lines(&mut out, "ack lat ~ write+sync", &f.ack_lat);
+                let _ = writeln!(out, "    command: {}", f.command);
+            }
+        }
+        if let Some(r) = self.ratios() {
+            let _ = writeln!(out);
+            ratio_line(&mut out, "throughput", &r.throughput);
+            ratio_line(&mut out, "p99 ack latency", &r.p99_ack_latency);
+            let _ = writeln!(out, "note: {RINGLOG_ACK_NOTE}");
+            let _ = writeln!(out, "note: {FIO_ACK_NOTE}");
+        }
+        out
+    }
+
+    /// fio-compatible JSON: `jobs[].write.{bw_bytes,iops,lat_ns}` as fio
+    /// names them, plus `ratios`.
+    pub fn json(&self) -> Value {
+        let mut jobs = Vec::new();
+        for (i, rep) in self.reps.iter().enumerate() {
+            let r = &rep.ringlog;
+            jobs.push(json!({
+                "jobname": "append",
+                "engine": "ringlog",
+                "rep": i + 1,
+                "error": 0,
+                "records": r.records,
+                "records_per_batch": r.records_per_batch,
+                "write": write_json(&r.summary),
+            }));
+            if let Some(f) = &rep.fio {
+                jobs.push(json!({
+                    "jobname": "append",
+                    "engine": "fio",
+                    "rep": i + 1,
+                    "error": 0,
+                    "command": f.command,
+                    "write_lat_field": f.write_lat_field,
+                    "write": write_json(&f.write),
+                    "sync": { "lat_ns": lat_json(&f.sync_lat) },
+                    "ack_lat_ns": lat_json(&f.ack_lat),
+                }));
+            }
+        }
+        let settings: Map<String, Value> = self
+            .settings
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), Value::from(v.as_str())))
+            .collect();
+        let mut root = json!({
+            "ringlog-bench version": env!("CARGO_PKG_VERSION"),
+            "global options": settings,
+            "notes": self.notes,
+            "jobs": jobs,
+        });
+        if let Some(v) = &self.fio_version {
+            root["fio version"] = Value::from(v.as_str());
+        }
+        if let Some(r) = self.ratios() {
+            root["ratios"] = json!({
+                "throughput": spread_json(&r.throughput),
+                "p99_ack_latency": spread_json(&r.p99_ack_latency),
+                "notes": [RINGLOG_ACK_NOTE, FIO_ACK_NOTE],
+            });
+        }
+        root
+    }
+}
+
+fn ratio(ours: f64, theirs: f64) -> f64 {
+    if theirs > 0.0 {
+        ours / theirs
+    } else {
+        f64::NAN
+    }
+}
+
+fn batch_bytes(run: &RunSummary) -> u64 {
+    run.bytes.checked_div(run.ios).unwrap_or(0)
+}
+
+const MIB: f64 = 1024.0 * 1024.0;
+const GIB: f64 = 1024.0 * MIB;
+
+fn run_line(out: &mut String, name: &str, run: &RunSummary) {
+    let size = run.bytes as f64;
+    let amount = if size >= GIB {
+        format!("{:.2} GiB", size / GIB)
+    } else {
+        format!("{:.1} MiB", size / MIB)
+    };
+    let _ = writeln!(
+        out,
+        "{name}: bw={:.1} MiB/s, iops={:.1}, {amount} in {:.2} s",
+        run.bw_bytes / MIB,
+        run.iops,
+        run.runtime.as_secs_f64()
+    );
+}
+
+fn us(ns: u64) -> f64 {
+    ns as f64 / 1000.0
+}
+
+fn lat_lines(out: &mut String, name: &str, lat: &LatencySummary) {
+    let _ = writeln!(
+        out,
+        "    {name} (usec): min={:.1}, avg={:.1}, max={:.1}, samples={}",
+        us(lat.min_ns),
+        lat.mean_ns / 1000.0,
+        us(lat.max_ns),
+        lat.samples
+    );
+    let pcts: Vec<String> = PERCENTILES
+        .iter()
+        .zip(lat.percentiles_ns)
+        .map(|((p, _), v)| format!("{p}={:.1}", us(v)))
+        .collect();
+    let _ = writeln!(out, "    {name} percentiles (usec): {}", pcts.join(", "));
+}
+
+fn ratio_line(out: &mut String, what: &str, s: &Spread) {
+    let _ = writeln!(
+        out,
+        "ratio {what} ringlog/fio = {:.2} (median of {} rep{}, min {:.2}, max {:.2})",
+        s.median,
+        s.n,
+        if s.n == 1 { "" } else { "s" },
+        s.min,
+        s.max
+    );
+}
+
+fn lat_json(lat: &LatencySummary) -> Value {
+    let percentile: Map<String, Value> = PERCENTILES
+        .iter()
+        .zip(lat.percentiles_ns)
+        .map(|((_, key), v)| ((*key).to_owned(), Value::from(v)))
+        .collect();
+    json!({
+        "min": lat.min_ns,
+        "max": lat.max_ns,
+        "mean": lat.mean_ns,
+        "N": lat.samples,
+        "percentile": percentile,
+    })
+}
+
+fn write_json(run: &RunSummary) -> Value {
+    json!({
+        "io_bytes": run.bytes,
+        "bw_bytes": run.bw_bytes.round() as u64,
+        "iops": run.iops,
+        "runtime": run.runtime.as_millis() as u64,
+        "total_ios": run.ios,
+        "lat_ns": lat_json(&run.lat),
+    })
+}
+
+fn spread_json(s: &Spread) -> Value {
+    json!({ "median": s.median, "min": s.min, "max": s.max, "reps": s.n })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::fio::parse_append;
+    use crate::stats::LatencyRecorder;
+
+    fn ringlog_run(bw_scale: u64, lat_us: u64) -> AppendResult {
+        let mut rec = LatencyRecorder::new();
+        for _ in 0..100 {
+            rec.record(Duration::from_micros(lat_us));
+        }
+        AppendResult {
+            summary: RunSummary::from_counts(
+                bw_scale * (64 << 20),
+                bw_scale * 1024,
+                Duration::from_secs(1),
+                rec.summary(),
+            ),
+            records: bw_scale * 1024 * 62,
+            records_per_batch: 62,
+        }
+    }
+
+    fn report(with_fio: bool) -> Report {
+        let fio = parse_append(include_str!("testdata/fio-3.33-append-64k.json")).unwrap();
+        Report {
+            settings: vec![("batch_size", "64KiB".into())],
+            fio_version: with_fio.then(|| fio.version.clone()),
+            notes: vec![],
+            reps: (1..=3)
+                .map(|k| Rep {
+                    ringlog: ringlog_run(k, 1000),
+                    fio: with_fio.then(|| fio.clone()),
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn ratios_are_median_min_max_over_reps() {
+        let r = report(true).ratios().unwrap();
+        let fio_bw = 111_662_003.0;
+        let want = |k: f64| k * (64u64 << 20) as f64 / fio_bw;
+        assert_eq!(r.throughput.n, 3);
+        assert!((r.throughput.median - want(2.0)).abs() < 1e-9);
+        assert!((r.throughput.min - want(1.0)).abs() < 1e-9);
+        assert!((r.throughput.max - want(3.0)).abs() < 1e-9);
+        // ringlog p99 = 1 ms (within histogram precision); fio ack p99 =
+        // write p99 + sync p99 from the sample.
+        let fio_p99 = (1_204_224 + 2_867_200) as f64;
+        assert!((r.p99_ack_latency.median - 1_000_000.0 / fio_p99).abs() < 0.001);
+        assert!(report(false).ratios().is_none());
+    }
+
+    #[test]
+    fn text_has_summary_and_ratio_lines() {
+        let text = report(true).text();
+        assert!(text.contains("ringlog append: bw="), "{text}");
+        assert!(
+            text.contains("fio append: bw=106.5 MiB/s, iops=1703.8"),
+            "{text}"
+        );
+        assert!(text.contains("ratio throughput ringlog/fio = "), "{text}");
+        assert!(text.contains("(median of 3 reps, min "), "{text}");
+        assert!(
+            text.contains("ratio p99 ack latency ringlog/fio = "),
+            "{text}"
+        );
+        assert!(text.contains("99.99="), "{text}");
+        assert!(!report(false).text().contains("ratio"));
+    }
+
+    #[test]
+    fn json_uses_fio_field_names() {
+        let v = report(true).json();
+        let job = &v["jobs"][0];
+        assert_eq!(job["jobname"], "append");
+        assert_eq!(job["write"]["bw_bytes"], 64u64 << 20);
+        assert!(job["write"]["iops"].as_f64().is_some());
+        for key in [
+            "50.000000",
+            "90.000000",
+            "99.000000",
+            "99.900000",
+            "99.990000",
+        ] {
+            assert!(job["write"]["lat_ns"]["percentile"][key].is_u64(), "{key}");
+        }
+        for key in ["min", "max", "mean"] {
+            assert!(job["write"]["lat_ns"][key].is_number(), "{key}");
+        }
+        assert_eq!(v["jobs"][1]["engine"], "fio");
+        assert_eq!(v["jobs"][1]["write"]["bw_bytes"], 111_662_003u64);
+        assert_eq!(v["ratios"]["throughput"]["reps"], 3);
+        assert!(report(false).json().get("ratios").is_none());
+    }
+}

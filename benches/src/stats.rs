@@ -1,0 +1,228 @@
+//! Latency and throughput summaries shared by ringlog jobs and fio results.
+
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+
+/// The percentiles every summary carries, with fio's JSON key for each.
+pub const PERCENTILES: [(f64, &str); 5] = [
+    (50.0, "50.000000"),
+    (90.0, "90.000000"),
+    (99.0, "99.000000"),
+    (99.9, "99.900000"),
+    (99.99, "99.990000"),
+];
+
+/// Index of p99 in [`LatencySummary::percentiles_ns`].
+pub const P99_INDEX: usize = 2;
+
+/// min/avg/max and [`PERCENTILES`] of a latency distribution, in nanoseconds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LatencySummary {
+    pub samples: u64,
+    pub min_ns: u64,
+    pub mean_ns: f64,
+    pub max_ns: u64,
+    /// Values at [`PERCENTILES`], same order.
+    pub percentiles_ns: [u64; PERCENTILES.len()],
+}
+
+impl LatencySummary {
+    pub fn p99_ns(&self) -> u64 {
+        self.percentiles_ns[P99_INDEX]
+    }
+
+    /// Adds two distributions field by field (min+min, p99+p99, ...). This is
+    /// NOT the distribution of the sum of two latencies; it is the stated
+    /// approximation for fio's ack latency (write + fdatasync, reported
+    /// separately by fio).
+    pub fn sum_fieldwise(&self, other: &LatencySummary) -> LatencySummary {
+        let mut percentiles_ns = self.percentiles_ns;
+        for (p, o) in percentiles_ns.iter_mut().zip(other.percentiles_ns) {
+            *p = p.saturating_add(o);
+        }
+        LatencySummary {
+            samples: self.samples.min(other.samples),
+            min_ns: self.min_ns.saturating_add(other.min_ns),
+            mean_ns: self.mean_ns + other.mean_ns,
+            max_ns: self.max_ns.saturating_add(other.max_ns),
+            percentiles_ns,
+        }
+    }
+}
+
+/// Records latencies into an HDR histogram (1 ns .. 1 h, 3 significant
+/// digits: 0.1% resolution at every scale).
+pub struct LatencyRecorder {
+    hist: Histogram<u64>,
+}
+
+const HIST_MAX_NS: u64 = 3_600 * 1_000_000_000;
+
+impl LatencyRecorder {
+    pub fn new() -> Self {
+        let hist = Histogram::new_with_bounds(1, HIST_MAX_NS, 3)
+            .expect("static histogram bounds are valid");
+        Self { hist }
+    }
+
+    pub fn record(&mut self, latency: Duration) {
+        let ns = u64::try_from(latency.as_nanos()).unwrap_or(u64::MAX);
+        self.hist.saturating_record(ns.clamp(1, HIST_MAX_NS));
+    }
+
+    pub fn summary(&self) -> LatencySummary {
+        if self.hist.is_empty() {
+            return LatencySummary {
+                samples: 0,
+                min_ns: 0,
+                mean_ns: 0.0,
+                max_ns: 0,
+                percentiles_ns: [0; PERCENTILES.len()],
+            };
+        }
+        let mut percentiles_ns = [0; PERCENTILES.len()];
+        for (slot, (p, _)) in percentiles_ns.iter_mut().zip(PERCENTILES) {
+            *slot = self.hist.value_at_percentile(p);
+        }
+        LatencySummary {
+            samples: self.hist.len(),
+            min_ns: self.hist.min(),
+            mean_ns: self.hist.mean(),
+            max_ns: self.hist.max(),
+            percentiles_ns,
+        }
+    }
+}
+
+impl Default for LatencyRecorder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// One timed run of a write job: what fio calls a job's `write` section.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunSummary {
+    /// Bytes written in the timed region.
+    pub bytes: u64,
+    /// Writes (batches) acknowledged in the timed region.
+    pub ios: u64,
+    pub runtime: Duration,
+    /// Bytes per second (fio's `bw_bytes`).
+    pub bw_bytes: f64,
+    pub iops: f64,
+    /// Per-write latency; for ringlog, append() to durable ack.
+    pub lat: LatencySummary,
+}
+
+impl RunSummary {
+    /// Derives bandwidth and IOPS from the counts.
+    pub fn from_counts(bytes: u64, ios: u64, runtime: Duration, lat: LatencySummary) -> Self {
+        Self {
+            bytes,
+            ios,
+            runtime,
+            bw_bytes: per_second(bytes, runtime),
+            iops: per_second(ios, runtime),
+            lat,
+        }
+    }
+}
+
+fn per_second(count: u64, runtime: Duration) -> f64 {
+    let secs = runtime.as_secs_f64();
+    if secs > 0.0 {
+        count as f64 / secs
+    } else {
+        0.0
+    }
+}
+
+/// Median, min and max of a set of ratios (one per rep).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Spread {
+    pub median: f64,
+    pub min: f64,
+    pub max: f64,
+    pub n: usize,
+}
+
+impl Spread {
+    /// `None` for an empty set or one containing NaN.
+    pub fn of(values: &[f64]) -> Option<Spread> {
+        if values.is_empty() || values.iter().any(|v| v.is_nan()) {
+            return None;
+        }
+        let mut sorted = values.to_vec();
+        sorted.sort_by(f64::total_cmp);
+        let n = sorted.len();
+        let median = if n % 2 == 1 {
+            sorted[n / 2]
+        } else {
+            (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0
+        };
+        Some(Spread {
+            median,
+            min: sorted[0],
+            max: sorted[n - 1],
+            n,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recorder_summarises_min_mean_max_and_percentiles() {
+        let mut rec = LatencyRecorder::new();
+        for us in 1..=1000u64 {
+            rec.record(Duration::from_micros(us));
+        }
+        let s = rec.summary();
+        assert_eq!(s.samples, 1000);
+        // 3 significant digits: values are exact to 0.1%.
+        let close = |got: u64, want: u64| got.abs_diff(want) <= want / 1000 + 1;
+        assert!(close(s.min_ns, 1_000));
+        assert!(close(s.max_ns, 1_000_000));
+        assert!((s.mean_ns - 500_500.0).abs() < 1_000.0);
+        assert!(close(s.percentiles_ns[0], 500_000));
+        assert!(close(s.percentiles_ns[1], 900_000));
+        assert!(close(s.p99_ns(), 990_000));
+        assert!(close(s.percentiles_ns[3], 999_000));
+        assert!(close(s.percentiles_ns[4], 1_000_000));
+    }
+
+    #[test]
+    fn empty_recorder_is_all_zero() {
+        let s = LatencyRecorder::new().summary();
+        assert_eq!(s.samples, 0);
+        assert_eq!(s.p99_ns(), 0);
+    }
+
+    #[test]
+    fn spread_of_odd_and_even_sets() {
+        let s = Spread::of(&[3.0, 1.0, 2.0]).unwrap();
+        assert_eq!((s.median, s.min, s.max, s.n), (2.0, 1.0, 3.0, 3));
+        let s = Spread::of(&[4.0, 1.0, 2.0, 3.0]).unwrap();
+        assert_eq!(s.median, 2.5);
+        assert!(Spread::of(&[]).is_none());
+        assert!(Spread::of(&[1.0, f64::NAN]).is_none());
+    }
+
+    #[test]
+    fn throughput_from_bytes_and_runtime() {
+        let run = RunSummary::from_counts(
+            10 << 20,
+            160,
+            Duration::from_secs(2),
+            LatencyRecorder::new().summary(),
+        );
+        assert_eq!(run.bw_bytes, (5 << 20) as f64);
+        assert_eq!(run.iops, 80.0);
+        let idle = RunSummary::from_counts(1, 1, Duration::ZERO, run.lat);
+        assert_eq!(idle.bw_bytes, 0.0);
+    }
+}

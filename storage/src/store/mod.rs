@@ -1,0 +1,698 @@
+//! The partition store: one partition's log on disk.
+//!
+//! Layout of a partition directory:
+//! ```text
+//! superblock                      the commit point (see crate::superblock)
+//! gen-<generation:020>/           the live generation: segments + indexes
+//!     <base_offset:020>.log
+//!     <base_offset:020>.idx       sealed segments only
+//! recycle/                        unreferenced segment files kept for reuse
+//! ```
+//! Only the superblock defines state: files it does not reference are
+//! garbage, cleaned (or recycled) at open.
+//!
+//! Write path: [`PartitionStore::append`] checks a batch (its offsets were
+//! assigned by the caller: base offset and hash chain must continue the log)
+//! and copies it into an aligned write buffer that starts at the block
+//! holding the durable end, so the partially filled tail block is rewritten
+//! with each flush and small batches waste no disk. A flush is one write and
+//! one fdatasync, linked; [`flush_all`] submits the flushes of many
+//! partitions in one ring submission (group commit). An append is durable,
+//! and may be acknowledged, once a flush that covers it completed.
+//!
+//! The superblock's frontier is a checkpoint, written at seal, purge,
+//! retention and close, not on every flush: recovery scans the active
+//! segment past it (see `open.rs`).
+
+mod config;
+mod error;
+mod group;
+mod open;
+mod read;
+mod retention;
+mod walk;
+
+use std::path::{Path, PathBuf};
+
+use ringlog_protocol::{BatchView, Hasher};
+
+pub use config::StoreConfig;
+pub use error::StoreError;
+pub use group::flush_all;
+pub use read::Fetched;
+pub use retention::RetentionOutcome;
+
+use crate::io::{
+    align_down, align_up, AlignedBuf, Completion, FileId, IoBackend, Op, OpenMode, Sqe,
+};
+use crate::segment::{self, SparseIndex};
+use crate::superblock::{
+    Frontier, SealedSegment, Superblock, SuperblockError, COPIES, COPY_SIZE_BYTES, SEGMENTS_MAX,
+};
+
+const SUPERBLOCK_FILE: &str = "superblock";
+const RECYCLE_DIR: &str = "recycle";
+
+/// Where the log ends: the next offset and the hash chain anchor.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ChainPoint {
+    pub next_offset: u64,
+    pub last_checksum: u64,
+    pub last_op: u64,
+}
+
+/// What an append was given.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Appended {
+    pub base_offset: u64,
+    pub next_offset: u64,
+}
+
+struct SealedFile {
+    meta: SealedSegment,
+    file: FileId,
+    index: SparseIndex,
+}
+
+struct ActiveSegment {
+    base_offset: u64,
+    file: FileId,
+    /// Chain anchor before this segment's first batch.
+    prev_checksum: u64,
+    /// xxh3 over `[0, end_position)`, so sealing never rereads the segment.
+    hasher: Hasher,
+    index: SparseIndex,
+    max_timestamp_ms: u64,
+    /// End of the accepted bytes (durable or not).
+    end_position: u64,
+    /// End of the bytes a completed fdatasync covers.
+    durable_position: u64,
+    /// Bytes `[align_down(flushing or durable end), end_position)`.
+    pending: AlignedBuf,
+}
+
+/// A flush submitted but not completed.
+struct Flushing {
+    end_position: u64,
+    chain: ChainPoint,
+}
+
+pub struct PartitionStore {
+    partition_id: u32,
+    config: StoreConfig,
+    dir: PathBuf,
+    dir_file: FileId,
+    sb_file: FileId,
+    /// The last state made durable.
+    sb: Superblock,
+    generation_dir: PathBuf,
+    generation_dir_file: FileId,
+    sealed: Vec<SealedFile>,
+    active: ActiveSegment,
+    /// Accepted (not necessarily durable) end of the log.
+    chain: ChainPoint,
+    /// Durable end of the log.
+    durable: ChainPoint,
+    flushing: Option<Flushing>,
+    /// The second write buffer, swapped in while the first is in flight.
+    spare: Option<AlignedBuf>,
+    /// Unreferenced segment files available for reuse.
+    recycled: Vec<PathBuf>,
+    /// Set on the first write or fsync failure: fail-stop.
+    fenced: Option<String>,
+}
+
+impl PartitionStore {
+    /// Creates an empty partition in `dir`, which must not exist.
+    pub fn create(
+        io: &mut impl IoBackend,
+        dir: &Path,
+        partition_id: u32,
+        config: StoreConfig,
+    ) -> Result<Self, StoreError> {
+        config.validate()?;
+        let pid = partition_id;
+        let exists = io
+            .exists(dir)
+            .map_err(|e| StoreError::io(pid, "stat", dir, e))?;
+        if exists {
+            return Err(StoreError::AlreadyExists { path: dir.into() });
+        }
+        io.create_dir(dir)
+            .map_err(|e| StoreError::io(pid, "mkdir", dir, e))?;
+        let recycle = dir.join(RECYCLE_DIR);
+        io.create_dir(&recycle)
+            .map_err(|e| StoreError::io(pid, "mkdir", &recycle, e))?;
+        let generation = 1;
+        let generation_dir = segment::generation_dir(dir, generation);
+        io.create_dir(&generation_dir)
+            .map_err(|e| StoreError::io(pid, "mkdir", &generation_dir, e))?;
+        let active_path = segment::log_path(&generation_dir, 0);
+        let active_file = create_segment_file(io, pid, &active_path, config.segment_size_bytes)?;
+        let sb_path = dir.join(SUPERBLOCK_FILE);
+        let sb_file = io
+            .open_file(&sb_path, OpenMode::Create)
+            .map_err(|e| StoreError::io(pid, "create", &sb_path, e))?;
+        let dir_file = io
+            .open_dir(dir)
+            .map_err(|e| StoreError::io(pid, "open", dir, e))?;
+        let generation_dir_file = io
+            .open_dir(&generation_dir)
+            .map_err(|e| StoreError::io(pid, "open", &generation_dir, e))?;
+        let sb = Superblock {
+            sequence: 1,
+            partition_id,
+            live_generation: generation,
+            ..Superblock::default()
+        };
+        let pending = AlignedBuf::new(config.write_buffer_bytes);
+        let mut store = PartitionStore {
+            partition_id,
+            config,
+            dir: dir.into(),
+            dir_file,
+            sb_file,
+            sb: sb.clone(),
+            generation_dir,
+            generation_dir_file,
+            sealed: Vec::new(),
+            active: ActiveSegment::empty(0, active_file, 0, pending),
+            chain: ChainPoint::default(),
+            durable: ChainPoint::default(),
+            flushing: None,
+            spare: None,
+            recycled: Vec::new(),
+            fenced: None,
+        };
+        store.sync_dirs(io, &[generation_dir_file])?;
+        store.write_superblock_copies(io, &sb, &[0, 1, 2, 3])?;
+        store.sync_dirs(io, &[dir_file])?;
+        // The partition directory's own name.
+        if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+            let parent_file = io
+                .open_dir(parent)
+                .map_err(|e| StoreError::io(pid, "open", parent, e))?;
+            let synced = store.sync_dirs(io, &[parent_file]);
+            io.close(parent_file);
+            synced?;
+        }
+        Ok(store)
+    }
+
+    pub fn partition_id(&self) -> u32 {
+        self.partition_id
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn config(&self) -> &StoreConfig {
+        &self.config
+    }
+
+    /// The end of the accepted log: the next append's base offset.
+    pub fn next_offset(&self) -> u64 {
+        self.chain.next_offset
+    }
+
+    /// The header checksum the next append's `prev_checksum` must carry.
+    pub fn last_checksum(&self) -> u64 {
+        self.chain.last_checksum
+    }
+
+    /// The accepted end of the log (durable or not).
+    pub fn chain(&self) -> ChainPoint {
+        self.chain
+    }
+
+    /// The durable end of the log: every offset below it may be acknowledged.
+    pub fn durable(&self) -> ChainPoint {
+        self.durable
+    }
+
+    /// The first offset still stored (purge and retention move it up).
+    pub fn log_start_offset(&self) -> u64 {
+        self.sealed
+            .first()
+            .map_or(self.active.base_offset, |s| s.meta.base_offset)
+    }
+
+    /// The last durable superblock state.
+    pub fn superblock(&self) -> &Superblock {
+        &self.sb
+    }
+
+    /// The sealed segments, oldest first.
+    pub fn sealed_segments(&self) -> impl Iterator<Item = &SealedSegment> {
+        self.sealed.iter().map(|s| &s.meta)
+    }
+
+    /// Why the partition stopped, if it did.
+    pub fn fenced(&self) -> Option<&str> {
+        self.fenced.as_deref()
+    }
+
+    /// Bytes stored: sealed segments plus the active segment's accepted end.
+    pub fn size_bytes(&self) -> u64 {
+        self.sealed.iter().map(|s| s.meta.length_bytes).sum::<u64>() + self.active.end_position
+    }
+
+    /// Accepts a batch whose offsets the caller assigned. Not durable until a
+    /// flush covering it completes. May roll the segment first (which
+    /// flushes), or flush when the write buffer is full.
+    pub fn append(
+        &mut self,
+        io: &mut impl IoBackend,
+        batch: &[u8],
+    ) -> Result<Appended, StoreError> {
+        self.check_fenced()?;
+        let pid = self.partition_id;
+        let view = BatchView::parse(batch).map_err(|source| StoreError::InvalidBatch {
+            partition_id: pid,
+            source,
+        })?;
+        let h = *view.header();
+        let bytes = view.as_bytes();
+        if h.partition_id != pid {
+            return Err(StoreError::WrongPartition {
+                partition_id: pid,
+                batch_partition_id: h.partition_id,
+            });
+        }
+        if bytes.len() > self.config.batch_bytes_max() {
+            return Err(StoreError::BatchTooLarge {
+                partition_id: pid,
+                len_bytes: bytes.len(),
+                max_bytes: self.config.batch_bytes_max(),
+            });
+        }
+        if h.base_offset != self.chain.next_offset {
+            return Err(StoreError::OffsetMismatch {
+                partition_id: pid,
+                expected: self.chain.next_offset,
+                actual: h.base_offset,
+            });
+        }
+        if h.prev_checksum != self.chain.last_checksum {
+            return Err(StoreError::ChainMismatch {
+                partition_id: pid,
+                expected: self.chain.last_checksum,
+                actual: h.prev_checksum,
+            });
+        }
+        let len = bytes.len() as u64;
+        if self.active.end_position > 0
+            && self.active.end_position + len > self.config.segment_size_bytes
+        {
+            self.roll(io)?;
+        }
+        if self.active.pending.len() + bytes.len() > self.active.pending.capacity() {
+            self.flush(io)?;
+        }
+        let active = &mut self.active;
+        let position = active.end_position;
+        debug_assert!(position + len <= self.config.segment_size_bytes);
+        let relative = h.base_offset - active.base_offset;
+        debug_assert!(relative <= u64::from(u32::MAX));
+        active.index.observe(
+            relative as u32,
+            position as u32,
+            h.max_timestamp_ms,
+            self.config.index_interval_bytes,
+        );
+        active.hasher.update(bytes);
+        active.pending.extend_from_slice(bytes);
+        active.end_position += len;
+        active.max_timestamp_ms = active.max_timestamp_ms.max(h.max_timestamp_ms);
+        self.chain = ChainPoint {
+            next_offset: h.next_offset(),
+            last_checksum: h.header_checksum,
+            last_op: h.vsr_op,
+        };
+        Ok(Appended {
+            base_offset: h.base_offset,
+            next_offset: h.next_offset(),
+        })
+    }
+
+    /// Queues this partition's flush (one write, linked to one fdatasync)
+    /// onto `sqes`. Returns how many entries it added (0: nothing to flush).
+    /// The matching completions go to [`complete_flush`], in order.
+    ///
+    /// [`complete_flush`]: PartitionStore::complete_flush
+    pub fn prepare_flush(&mut self, sqes: &mut Vec<Sqe>) -> Result<usize, StoreError> {
+        self.check_fenced()?;
+        assert!(self.flushing.is_none(), "one flush at a time per partition");
+        let active = &mut self.active;
+        let flushed_from = active.durable_position;
+        if active.end_position == flushed_from {
+            return Ok(0);
+        }
+        let start = align_down(flushed_from);
+        let len = (active.end_position - start) as usize;
+        debug_assert_eq!(len, active.pending.len());
+        let padded = align_up(len as u64) as usize;
+        // The next buffer starts with the tail block this write ends in.
+        let mut next = self
+            .spare
+            .take()
+            .unwrap_or_else(|| AlignedBuf::new(self.config.write_buffer_bytes));
+        next.clear();
+        let tail_from = (align_down(active.end_position) - start) as usize;
+        next.extend_from_slice(&active.pending[tail_from..len]);
+        let mut buf = std::mem::replace(&mut active.pending, next);
+        buf.full_mut()[len..padded].fill(0);
+        buf.set_len(padded);
+        sqes.push(Sqe::linked(Op::Write {
+            file: active.file,
+            offset: start,
+            buf,
+        }));
+        sqes.push(Sqe::new(Op::Fdatasync { file: active.file }));
+        self.flushing = Some(Flushing {
+            end_position: active.end_position,
+            chain: self.chain,
+        });
+        Ok(2)
+    }
+
+    /// Takes the completions of the entries [`prepare_flush`] queued. Any
+    /// failure fences the partition: a failed fsync is never retried.
+    ///
+    /// [`prepare_flush`]: PartitionStore::prepare_flush
+    pub fn complete_flush(
+        &mut self,
+        completions: impl IntoIterator<Item = Completion>,
+    ) -> Result<(), StoreError> {
+        let flushing = self
+            .flushing
+            .take()
+            .expect("complete_flush without prepare_flush");
+        let mut failure = None;
+        for c in completions {
+            let kind = c.op.kind();
+            if let Err(e) = &c.result {
+                failure.get_or_insert_with(|| format!("{kind} failed: {e}"));
+            }
+            if let Some(buf) = c.op.into_buf() {
+                self.spare = Some(buf);
+            }
+        }
+        if let Some(cause) = failure {
+            return Err(self.fence(cause));
+        }
+        self.active.durable_position = flushing.end_position;
+        self.durable = flushing.chain;
+        Ok(())
+    }
+
+    /// Makes every accepted append durable.
+    pub fn flush(&mut self, io: &mut impl IoBackend) -> Result<(), StoreError> {
+        let mut sqes = Vec::with_capacity(2);
+        if self.prepare_flush(&mut sqes)? == 0 {
+            return Ok(());
+        }
+        let completions = io.submit(sqes);
+        self.complete_flush(completions)
+    }
+
+    /// Flushes and checkpoints the frontier in the superblock, so the next
+    /// open verifies instead of scanning; then closes the files.
+    pub fn close(mut self, io: &mut impl IoBackend) -> Result<(), StoreError> {
+        self.flush(io)?;
+        let mut next = self.sb.successor();
+        next.frontier = self.frontier_now();
+        self.write_superblock(io, next)?;
+        for s in &self.sealed {
+            io.close(s.file);
+        }
+        for f in [
+            self.active.file,
+            self.sb_file,
+            self.dir_file,
+            self.generation_dir_file,
+        ] {
+            io.close(f);
+        }
+        Ok(())
+    }
+
+    /// Seals the active segment and starts a new one at the log's end.
+    fn roll(&mut self, io: &mut impl IoBackend) -> Result<(), StoreError> {
+        if self.sealed.len() >= SEGMENTS_MAX {
+            return Err(SuperblockError::TableFull {
+                count: self.sealed.len() + 1,
+            }
+            .into());
+        }
+        self.flush(io)?;
+        let active = &self.active;
+        let meta = SealedSegment {
+            base_offset: active.base_offset,
+            end_offset: self.durable.next_offset,
+            length_bytes: active.durable_position,
+            checksum: active.hasher.finish(),
+            last_batch_checksum: self.durable.last_checksum,
+            max_timestamp_ms: active.max_timestamp_ms,
+        };
+        let index_bytes = active.index.encode(meta.base_offset);
+        let index_path = segment::index_path(&self.generation_dir, meta.base_offset);
+        let result = write_new_file(io, self.partition_id, &index_path, &index_bytes);
+        self.fence_on_err(result)?;
+        let new_base = self.durable.next_offset;
+        let new_path = segment::log_path(&self.generation_dir, new_base);
+        let new_file = self.provision_segment(io, &new_path)?;
+        self.sync_dirs(io, &[self.generation_dir_file])?;
+        let mut next = self.sb.successor();
+        next.segments.push(meta);
+        let pending = std::mem::replace(
+            &mut self.active.pending,
+            AlignedBuf::new(crate::io::BLOCK_SIZE),
+        );
+        let new_active =
+            ActiveSegment::empty(new_base, new_file, self.durable.last_checksum, pending);
+        next.frontier = Frontier {
+            next_offset: new_base,
+            last_op: self.durable.last_op,
+            last_checksum: self.durable.last_checksum,
+            active_base: new_base,
+            active_position: 0,
+            active_prev_checksum: self.durable.last_checksum,
+        };
+        let old = std::mem::replace(&mut self.active, new_active);
+        self.write_superblock(io, next)?;
+        self.sealed.push(SealedFile {
+            meta,
+            file: old.file,
+            index: old.index,
+        });
+        Ok(())
+    }
+
+    /// The frontier as of the durable end of the log.
+    fn frontier_now(&self) -> Frontier {
+        Frontier {
+            next_offset: self.durable.next_offset,
+            last_op: self.durable.last_op,
+            last_checksum: self.durable.last_checksum,
+            active_base: self.active.base_offset,
+            active_position: self.active.durable_position,
+            active_prev_checksum: self.active.prev_checksum,
+        }
+    }
+
+    /// Opens a segment file for a new active segment at `path`: a recycled
+    /// file when one is available (its blocks are already written), else a
+    /// fresh preallocated one. The caller fsyncs the directory.
+    fn provision_segment(
+        &mut self,
+        io: &mut impl IoBackend,
+        path: &Path,
+    ) -> Result<FileId, StoreError> {
+        let pid = self.partition_id;
+        let result = match self.recycled.pop() {
+            Some(from) => {
+                let rename = Op::Rename {
+                    from: from.clone(),
+                    to: path.into(),
+                };
+                submit_checked(io, vec![Sqe::new(rename)])
+                    .map_err(|(_, e)| StoreError::io(pid, "rename", &from, e))
+                    .and_then(|_| {
+                        io.open_file(path, OpenMode::Existing)
+                            .map_err(|e| StoreError::io(pid, "open", path, e))
+                    })
+            }
+            None => create_segment_file(io, pid, path, self.config.segment_size_bytes),
+        };
+        self.fence_on_err(result)
+    }
+
+    /// Writes a new superblock state, copy by copy, each copy followed by an
+    /// fdatasync, in one linked submission.
+    fn write_superblock(
+        &mut self,
+        io: &mut impl IoBackend,
+        next: Superblock,
+    ) -> Result<(), StoreError> {
+        debug_assert_eq!(next.sequence, self.sb.sequence + 1);
+        debug_assert!(next.frontier.next_offset >= self.sb.frontier.next_offset);
+        self.write_superblock_copies(io, &next, &[0, 1, 2, 3])?;
+        self.sb = next;
+        Ok(())
+    }
+
+    fn write_superblock_copies(
+        &mut self,
+        io: &mut impl IoBackend,
+        sb: &Superblock,
+        copies: &[usize],
+    ) -> Result<(), StoreError> {
+        debug_assert!(copies.iter().all(|&c| c < COPIES));
+        let mut sqes = Vec::with_capacity(copies.len() * 2);
+        for (i, &copy) in copies.iter().enumerate() {
+            let mut buf = AlignedBuf::new(COPY_SIZE_BYTES);
+            buf.set_len(COPY_SIZE_BYTES);
+            sb.encode(copy as u16, &mut buf)?;
+            sqes.push(Sqe::linked(Op::Write {
+                file: self.sb_file,
+                offset: (copy * COPY_SIZE_BYTES) as u64,
+                buf,
+            }));
+            let sync = Op::Fdatasync { file: self.sb_file };
+            sqes.push(if i + 1 < copies.len() {
+                Sqe::linked(sync)
+            } else {
+                Sqe::new(sync)
+            });
+        }
+        let result = submit_checked(io, sqes)
+            .map(|_| ())
+            .map_err(|(kind, e)| format!("superblock {kind} failed: {e}"));
+        match result {
+            Ok(()) => Ok(()),
+            Err(cause) => Err(self.fence(cause)),
+        }
+    }
+
+    /// fsyncs directories (making names durable); failure fences.
+    fn sync_dirs(&mut self, io: &mut impl IoBackend, dirs: &[FileId]) -> Result<(), StoreError> {
+        let sqes = dirs
+            .iter()
+            .map(|&file| Sqe::new(Op::Fsync { file }))
+            .collect();
+        match submit_checked(io, sqes) {
+            Ok(_) => Ok(()),
+            Err((kind, e)) => Err(self.fence(format!("directory {kind} failed: {e}"))),
+        }
+    }
+
+    fn check_fenced(&self) -> Result<(), StoreError> {
+        match &self.fenced {
+            Some(cause) => Err(StoreError::Fenced {
+                partition_id: self.partition_id,
+                cause: cause.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    fn fence(&mut self, cause: String) -> StoreError {
+        tracing::error!(partition = self.partition_id, %cause, "partition fenced");
+        self.fenced.get_or_insert(cause.clone());
+        StoreError::Fenced {
+            partition_id: self.partition_id,
+            cause,
+        }
+    }
+
+    /// I/O that failed half-way through a state change leaves memory and
+    /// disk out of step: stop the partition.
+    fn fence_on_err<T>(&mut self, result: Result<T, StoreError>) -> Result<T, StoreError> {
+        result.map_err(|e| match e {
+            StoreError::Fenced { .. } => e,
+            other => self.fence(other.to_string()),
+        })
+    }
+}
+
+impl ActiveSegment {
+    fn empty(base_offset: u64, file: FileId, prev_checksum: u64, mut pending: AlignedBuf) -> Self {
+        pending.clear();
+        Self {
+            base_offset,
+            file,
+            prev_checksum,
+            hasher: Hasher::new(),
+            index: SparseIndex::default(),
+            max_timestamp_ms: 0,
+            end_position: 0,
+            durable_position: 0,
+            pending,
+        }
+    }
+}
+
+fn create_segment_file(
+    io: &mut impl IoBackend,
+    partition_id: u32,
+    path: &Path,
+    size_bytes: u64,
+) -> Result<FileId, StoreError> {
+    let file = io
+        .open_file(path, OpenMode::Create)
+        .map_err(|e| StoreError::io(partition_id, "create", path, e))?;
+    io.allocate(file, size_bytes)
+        .map_err(|e| StoreError::io(partition_id, "fallocate", path, e))?;
+    Ok(file)
+}
+
+/// Creates `path` holding `bytes` (padded to a block) and fdatasyncs it.
+/// The caller fsyncs the directory.
+fn write_new_file(
+    io: &mut impl IoBackend,
+    partition_id: u32,
+    path: &Path,
+    bytes: &[u8],
+) -> Result<(), StoreError> {
+    let file = io
+        .open_file(path, OpenMode::Create)
+        .map_err(|e| StoreError::io(partition_id, "create", path, e))?;
+    let mut buf = AlignedBuf::new(bytes.len());
+    buf.extend_from_slice(bytes);
+    buf.set_len(align_up(bytes.len() as u64) as usize);
+    let sqes = vec![
+        Sqe::linked(Op::Write {
+            file,
+            offset: 0,
+            buf,
+        }),
+        Sqe::new(Op::Fdatasync { file }),
+    ];
+    let result = submit_checked(io, sqes)
+        .map(|_| ())
+        .map_err(|(kind, e)| StoreError::io(partition_id, kind, path, e));
+    io.close(file);
+    result
+}
+
+/// Submits a batch and checks every completion; on failure returns the kind
+/// and error of the first failed op (all completions are still consumed).
+fn submit_checked(
+    io: &mut impl IoBackend,
+    sqes: Vec<Sqe>,
+) -> Result<Vec<Completion>, (&'static str, std::io::Error)> {
+    let mut completions = io.submit(sqes);
+    let failed = completions.iter_mut().find_map(|c| match &mut c.result {
+        Err(e) => Some((
+            c.op.kind(),
+            std::mem::replace(e, std::io::Error::other("reported")),
+        )),
+        Ok(_) => None,
+    });
+    match failed {
+        Some(f) => Err(f),
+        None => Ok(completions),
+    }
+}

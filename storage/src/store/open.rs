@@ -1,0 +1,442 @@
+//! Opening a partition: recovery from the superblock plus verified log bytes.
+//!
+//! 1. Read the superblock by quorum; repair stale or corrupt copies.
+//! 2. Open the sealed segments it lists; load each `.idx`, or rebuild it from
+//!    the log (verifying the segment against its recorded checksum).
+//! 3. Scan the active segment from its start: batches below the frontier
+//!    checkpoint must all verify (a failure there is corruption, reported,
+//!    never truncated); past it, the scan stops at the first batch that fails
+//!    its checksum, offset or hash chain, and the log ends there (the torn
+//!    tail is dropped: the next flush overwrites it).
+//! 4. Files the superblock does not reference are garbage: recycled or
+//!    removed.
+
+use std::path::{Path, PathBuf};
+
+use ringlog_protocol::Hasher;
+
+use super::walk::{Visit, WalkStop, Walker};
+use super::{
+    create_segment_file, submit_checked, write_new_file, ActiveSegment, ChainPoint, PartitionStore,
+    SealedFile, StoreConfig, StoreError, RECYCLE_DIR, SUPERBLOCK_FILE,
+};
+use crate::io::{align_down, AlignedBuf, FileId, IoBackend, Op, OpenMode, Sqe, BLOCK_SIZE};
+use crate::segment::{self, SparseIndex};
+use crate::superblock::{choose, SealedSegment, Superblock, FILE_SIZE_BYTES};
+
+/// Read size while scanning segments at open.
+const SCAN_CHUNK_BYTES: usize = 1024 * 1024;
+
+impl PartitionStore {
+    /// Opens partition `partition_id` in `dir` and recovers it.
+    pub fn open(
+        io: &mut impl IoBackend,
+        dir: &Path,
+        partition_id: u32,
+        config: StoreConfig,
+    ) -> Result<Self, StoreError> {
+        config.validate()?;
+        let pid = partition_id;
+        let sb_path = dir.join(SUPERBLOCK_FILE);
+        let sb_file = io
+            .open_file(&sb_path, OpenMode::Existing)
+            .map_err(|e| StoreError::io(pid, "open", &sb_path, e))?;
+        let sb_bytes = read_range(io, sb_file, 0, FILE_SIZE_BYTES)
+            .map_err(|e| StoreError::io(pid, "read", &sb_path, e))?;
+        let chosen = choose(&sb_bytes, &sb_path)?;
+        let sb = chosen.superblock;
+        if sb.partition_id != pid {
+            return Err(corruption(
+                pid,
+                &sb_path,
+                0,
+                format!("superblock belongs to partition {}", sb.partition_id),
+            ));
+        }
+        let dir_file = io
+            .open_dir(dir)
+            .map_err(|e| StoreError::io(pid, "open", dir, e))?;
+        let generation_dir = segment::generation_dir(dir, sb.live_generation);
+        let generation_dir_file = io
+            .open_dir(&generation_dir)
+            .map_err(|e| StoreError::io(pid, "open", &generation_dir, e))?;
+
+        let (sealed, indexes_rebuilt) = open_sealed(io, pid, &generation_dir, &sb)?;
+        let (active, chain) = recover_active(io, pid, &generation_dir, &sb, &config)?;
+
+        let mut store = PartitionStore {
+            partition_id,
+            config,
+            dir: dir.into(),
+            dir_file,
+            sb_file,
+            sb: sb.clone(),
+            generation_dir,
+            generation_dir_file,
+            sealed,
+            active,
+            chain,
+            durable: chain,
+            flushing: None,
+            spare: None,
+            recycled: Vec::new(),
+            fenced: None,
+        };
+        if !chosen.copies_to_repair.is_empty() {
+            tracing::warn!(
+                partition = pid,
+                copies = ?chosen.copies_to_repair,
+                "repairing superblock copies"
+            );
+            store.write_superblock_copies(io, &sb, &chosen.copies_to_repair)?;
+        }
+        store.collect_garbage(io, indexes_rebuilt)?;
+        Ok(store)
+    }
+
+    /// Recycles or removes every file the superblock does not reference:
+    /// segments created by a roll or purge that did not commit, generations a
+    /// purge left behind, surplus recycled files.
+    fn collect_garbage(
+        &mut self,
+        io: &mut impl IoBackend,
+        mut generation_dir_changed: bool,
+    ) -> Result<(), StoreError> {
+        let pid = self.partition_id;
+        let mut referenced: Vec<PathBuf> = vec![segment::log_path(
+            &self.generation_dir,
+            self.active.base_offset,
+        )];
+        for s in &self.sealed {
+            referenced.push(segment::log_path(&self.generation_dir, s.meta.base_offset));
+            referenced.push(segment::index_path(
+                &self.generation_dir,
+                s.meta.base_offset,
+            ));
+        }
+        let recycle_dir = self.dir.join(RECYCLE_DIR);
+        let mut recycled: Vec<String> = io
+            .list_dir(&recycle_dir)
+            .map_err(|e| StoreError::io(pid, "list", &recycle_dir, e))?;
+        recycled.sort();
+        self.recycled = recycled.iter().map(|n| recycle_dir.join(n)).collect();
+        let mut ops = Vec::new();
+        while self.recycled.len() > self.config.recycled_files_max {
+            let path = self.recycled.pop().expect("non-empty");
+            ops.push(Op::Unlink { path });
+        }
+
+        let garbage: Vec<PathBuf> = list(io, pid, &self.generation_dir)?
+            .into_iter()
+            .filter(|p| !referenced.contains(p))
+            .collect();
+        generation_dir_changed |= !garbage.is_empty();
+        for path in garbage {
+            self.dispose(&path, &mut ops);
+        }
+        let live_name = self.generation_dir.file_name().map(|n| n.to_owned());
+        let mut partition_dir_changed = false;
+        for path in list(io, pid, &self.dir)? {
+            let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+            let Some(name) = name else { continue };
+            if name.starts_with("gen-") && Some(path.file_name()) != Some(live_name.as_deref()) {
+                for file in list(io, pid, &path)? {
+                    self.dispose(&file, &mut ops);
+                }
+                partition_dir_changed = true;
+                ops.push(Op::RemoveDir { path });
+            }
+        }
+        if ops.is_empty() && !generation_dir_changed {
+            return Ok(());
+        }
+        tracing::info!(
+            partition = pid,
+            ops = ops.len(),
+            "removing unreferenced files"
+        );
+        self.run_removals(io, ops);
+        self.sync_recycle_and(io, self.generation_dir_file)?;
+        if partition_dir_changed {
+            self.sync_dirs(io, &[self.dir_file])?;
+        }
+        Ok(())
+    }
+}
+
+/// Opens every sealed segment and loads (or rebuilds) its index. Returns
+/// whether any index file was rewritten (its name needs a directory fsync).
+fn open_sealed(
+    io: &mut impl IoBackend,
+    pid: u32,
+    generation_dir: &Path,
+    sb: &Superblock,
+) -> Result<(Vec<SealedFile>, bool), StoreError> {
+    let mut sealed = Vec::with_capacity(sb.segments.len());
+    let mut rebuilt = false;
+    let mut expected_base = sb.segments.first().map(|s| s.base_offset);
+    for (i, meta) in sb.segments.iter().enumerate() {
+        let path = segment::log_path(generation_dir, meta.base_offset);
+        if Some(meta.base_offset) != expected_base || meta.end_offset <= meta.base_offset {
+            return Err(corruption(
+                pid,
+                &path,
+                0,
+                "segment table is not contiguous".into(),
+            ));
+        }
+        expected_base = Some(meta.end_offset);
+        let file = io
+            .open_file(&path, OpenMode::Existing)
+            .map_err(|e| StoreError::io(pid, "open sealed segment", &path, e))?;
+        let prev = i.checked_sub(1).map(|p| sb.segments[p].last_batch_checksum);
+        let index = match load_index(io, generation_dir, meta) {
+            Some(index) => index,
+            None => {
+                tracing::warn!(partition = pid, segment = %path.display(), "rebuilding index");
+                let index = rebuild_index(io, pid, &path, file, meta, prev)?;
+                let idx_path = segment::index_path(generation_dir, meta.base_offset);
+                write_new_file(io, pid, &idx_path, &index.encode(meta.base_offset))?;
+                rebuilt = true;
+                index
+            }
+        };
+        sealed.push(SealedFile {
+            meta: *meta,
+            file,
+            index,
+        });
+    }
+    if let Some(end) = expected_base {
+        if end != sb.frontier.active_base {
+            let path = segment::log_path(generation_dir, sb.frontier.active_base);
+            return Err(corruption(
+                pid,
+                &path,
+                0,
+                "active segment does not follow the sealed ones".into(),
+            ));
+        }
+    }
+    Ok((sealed, rebuilt))
+}
+
+/// The segment's `.idx`, if present and valid.
+fn load_index(
+    io: &mut impl IoBackend,
+    generation_dir: &Path,
+    meta: &SealedSegment,
+) -> Option<SparseIndex> {
+    let path = segment::index_path(generation_dir, meta.base_offset);
+    let file = io.open_file(&path, OpenMode::Existing).ok()?;
+    let bytes = io
+        .file_size(file)
+        .and_then(|size| read_range(io, file, 0, size as usize));
+    io.close(file);
+    let index = SparseIndex::decode(&bytes.ok()?, meta.base_offset)?;
+    // An index pointing past the segment is stale, whatever its checksum.
+    let fits = index
+        .entries()
+        .iter()
+        .all(|e| u64::from(e.position) < meta.length_bytes);
+    fits.then_some(index)
+}
+
+/// Rebuilds a sealed segment's index from its log, verifying every batch, the
+/// offset range and the whole-segment checksum recorded at seal.
+fn rebuild_index(
+    io: &mut impl IoBackend,
+    pid: u32,
+    path: &Path,
+    file: FileId,
+    meta: &SealedSegment,
+    prev_checksum: Option<u64>,
+) -> Result<SparseIndex, StoreError> {
+    let mut index = SparseIndex::default();
+    let mut hasher = Hasher::new();
+    let mut next_offset = meta.base_offset;
+    let mut last_checksum = prev_checksum;
+    let mut walker = Walker::new(file, SCAN_CHUNK_BYTES);
+    let (end, stop) = walker
+        .walk(io, 0, meta.length_bytes, |position, view| {
+            let h = view.header();
+            if h.base_offset != next_offset {
+                return Visit::Reject(format!(
+                    "offset {} where {next_offset} was due",
+                    h.base_offset
+                ));
+            }
+            if last_checksum.is_some_and(|c| c != h.prev_checksum) {
+                return Visit::Reject("hash chain broken".into());
+            }
+            index.observe(
+                (h.base_offset - meta.base_offset) as u32,
+                position as u32,
+                h.max_timestamp_ms,
+                u32::MAX,
+            );
+            hasher.update(view.as_bytes());
+            next_offset = h.next_offset();
+            last_checksum = Some(h.header_checksum);
+            Visit::Continue
+        })
+        .map_err(|e| StoreError::io(pid, "read", path, e))?;
+    if let WalkStop::Invalid { position, reason } = stop {
+        return Err(corruption(pid, path, position, reason));
+    }
+    if end != meta.length_bytes
+        || next_offset != meta.end_offset
+        || hasher.finish() != meta.checksum
+    {
+        return Err(corruption(
+            pid,
+            path,
+            end,
+            format!(
+                "sealed segment does not match its table entry (length {end} of {}, next offset {next_offset} of {})",
+                meta.length_bytes, meta.end_offset
+            ),
+        ));
+    }
+    Ok(index)
+}
+
+/// Recovers the active segment: verify below the frontier, find the end of
+/// valid data past it.
+fn recover_active(
+    io: &mut impl IoBackend,
+    pid: u32,
+    generation_dir: &Path,
+    sb: &Superblock,
+    config: &StoreConfig,
+) -> Result<(ActiveSegment, ChainPoint), StoreError> {
+    let frontier = sb.frontier;
+    let path = segment::log_path(generation_dir, frontier.active_base);
+    let file = match io.open_file(&path, OpenMode::Existing) {
+        Ok(file) => file,
+        // A roll or purge commits its new, still empty active segment in
+        // the superblock after fsyncing its directory entry, so a missing
+        // file can only be a lost empty one if nothing was checkpointed in
+        // it; anything else is damage.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && frontier.active_position == 0 => {
+            tracing::warn!(partition = pid, segment = %path.display(), "recreating empty active segment");
+            create_segment_file(io, pid, &path, config.segment_size_bytes)?
+        }
+        Err(e) => return Err(StoreError::io(pid, "open active segment", &path, e)),
+    };
+    let mut chain = ChainPoint {
+        next_offset: frontier.active_base,
+        last_checksum: frontier.active_prev_checksum,
+        last_op: frontier.last_op,
+    };
+    let mut index = SparseIndex::default();
+    let mut hasher = Hasher::new();
+    let mut max_timestamp_ms = 0;
+    let mut met_frontier = frontier.active_position == 0;
+    let mut walker = Walker::new(file, SCAN_CHUNK_BYTES);
+    let (end, stop) = walker
+        .walk(io, 0, config.segment_size_bytes, |position, view| {
+            let h = view.header();
+            if position == frontier.active_position {
+                met_frontier = chain.next_offset == frontier.next_offset
+                    && chain.last_checksum == frontier.last_checksum;
+                if !met_frontier {
+                    return Visit::Reject("log disagrees with the superblock frontier".into());
+                }
+            }
+            if h.partition_id != pid || h.base_offset != chain.next_offset {
+                return Visit::Reject(format!(
+                    "offset {} where {} was due",
+                    h.base_offset, chain.next_offset
+                ));
+            }
+            if h.prev_checksum != chain.last_checksum {
+                return Visit::Reject("hash chain broken".into());
+            }
+            index.observe(
+                (h.base_offset - frontier.active_base) as u32,
+                position as u32,
+                h.max_timestamp_ms,
+                config.index_interval_bytes,
+            );
+            hasher.update(view.as_bytes());
+            max_timestamp_ms = max_timestamp_ms.max(h.max_timestamp_ms);
+            chain = ChainPoint {
+                next_offset: h.next_offset(),
+                last_checksum: h.header_checksum,
+                last_op: h.vsr_op,
+            };
+            Visit::Continue
+        })
+        .map_err(|e| StoreError::io(pid, "read", &path, e))?;
+    if end == frontier.active_position {
+        met_frontier = chain.next_offset == frontier.next_offset
+            && chain.last_checksum == frontier.last_checksum;
+    }
+    if end < frontier.active_position || !met_frontier {
+        let reason = match stop {
+            WalkStop::Invalid { reason, .. } => reason,
+            _ => "log ends below the durable frontier".into(),
+        };
+        return Err(corruption(pid, &path, end, reason));
+    }
+    if let WalkStop::Invalid { position, reason } = &stop {
+        tracing::info!(partition = pid, position, %reason, "log ends at torn or stale tail");
+    }
+    debug_assert!(chain.next_offset >= frontier.next_offset);
+    let mut pending = AlignedBuf::new(config.write_buffer_bytes);
+    let tail_start = align_down(end);
+    if end > tail_start {
+        let block = read_range(io, file, tail_start, BLOCK_SIZE)
+            .map_err(|e| StoreError::io(pid, "read", &path, e))?;
+        pending.extend_from_slice(&block[..(end - tail_start) as usize]);
+    }
+    let active = ActiveSegment {
+        base_offset: frontier.active_base,
+        file,
+        prev_checksum: frontier.active_prev_checksum,
+        hasher,
+        index,
+        max_timestamp_ms,
+        end_position: end,
+        durable_position: end,
+        pending,
+    };
+    Ok((active, chain))
+}
+
+/// Reads `[offset, offset + len)` (len rounded up to a block); short at EOF.
+pub(super) fn read_range(
+    io: &mut impl IoBackend,
+    file: FileId,
+    offset: u64,
+    len: usize,
+) -> std::io::Result<AlignedBuf> {
+    let buf = AlignedBuf::new(len);
+    let len = buf.capacity();
+    let read = Op::Read {
+        file,
+        offset,
+        len,
+        buf,
+    };
+    let mut completions = submit_checked(io, vec![Sqe::new(read)]).map_err(|(_, e)| e)?;
+    let c = completions.pop().expect("one completion per op");
+    Ok(c.op.into_buf().expect("read returns its buffer"))
+}
+
+fn list(io: &mut impl IoBackend, pid: u32, dir: &Path) -> Result<Vec<PathBuf>, StoreError> {
+    let names = io
+        .list_dir(dir)
+        .map_err(|e| StoreError::io(pid, "list", dir, e))?;
+    Ok(names.into_iter().map(|n| dir.join(n)).collect())
+}
+
+fn corruption(pid: u32, path: &Path, position: u64, detail: String) -> StoreError {
+    StoreError::Corruption {
+        partition_id: pid,
+        segment: path.into(),
+        position,
+        detail,
+    }
+}

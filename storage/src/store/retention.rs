@@ -1,0 +1,197 @@
+//! Purge and retention: the superblock forgets data first, files go after.
+//!
+//! Both commit the new state (a purge also bumps the durable purge
+//! generation and moves to a fresh generation directory) before any file is
+//! touched, so a crash at any point leaves either the old state or the new
+//! one; files left behind are garbage that the next open removes. Removed
+//! segment files are recycled (renamed into `recycle/`) up to
+//! `recycled_files_max`, else unlinked. Neither runs on the append path: the
+//! shard calls them from its own maintenance turn.
+
+use std::path::Path;
+
+use super::{ActiveSegment, PartitionStore, StoreError, RECYCLE_DIR};
+use crate::io::{AlignedBuf, IoBackend, Op, Sqe};
+use crate::segment;
+use crate::superblock::Frontier;
+
+/// What retention removed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RetentionOutcome {
+    pub segments_removed: usize,
+    pub bytes_removed: u64,
+}
+
+impl PartitionStore {
+    /// Drops every stored batch. Offsets are never reused: the log continues
+    /// at the same next offset, in a new generation.
+    pub fn purge(&mut self, io: &mut impl IoBackend) -> Result<(), StoreError> {
+        self.flush(io)?;
+        let pid = self.partition_id;
+        let generation = self.sb.live_generation + 1;
+        let new_dir = segment::generation_dir(&self.dir, generation);
+        let created = io
+            .create_dir(&new_dir)
+            .and_then(|()| io.open_dir(&new_dir))
+            .map_err(|e| StoreError::io(pid, "mkdir", &new_dir, e));
+        let new_dir_file = self.fence_on_err(created)?;
+        let base = self.durable.next_offset;
+        let new_file = self.provision_segment(io, &segment::log_path(&new_dir, base))?;
+        self.sync_dirs(io, &[new_dir_file, self.dir_file])?;
+
+        let mut next = self.sb.successor();
+        next.purge_generation += 1;
+        next.live_generation = generation;
+        next.segments.clear();
+        next.frontier = Frontier {
+            next_offset: base,
+            last_op: self.durable.last_op,
+            last_checksum: self.durable.last_checksum,
+            active_base: base,
+            active_position: 0,
+            active_prev_checksum: self.durable.last_checksum,
+        };
+        self.write_superblock(io, next)?;
+
+        // Committed: switch to the new generation, then remove the old one.
+        let pending = std::mem::replace(&mut self.active.pending, AlignedBuf::new(0));
+        let old_active = std::mem::replace(
+            &mut self.active,
+            ActiveSegment::empty(base, new_file, self.durable.last_checksum, pending),
+        );
+        let old_dir = std::mem::replace(&mut self.generation_dir, new_dir);
+        let old_dir_file = std::mem::replace(&mut self.generation_dir_file, new_dir_file);
+        io.close(old_dir_file);
+        io.close(old_active.file);
+        let mut ops = Vec::new();
+        for s in std::mem::take(&mut self.sealed) {
+            io.close(s.file);
+            self.dispose(&segment::log_path(&old_dir, s.meta.base_offset), &mut ops);
+            ops.push(Op::Unlink {
+                path: segment::index_path(&old_dir, s.meta.base_offset),
+            });
+        }
+        self.dispose(
+            &segment::log_path(&old_dir, old_active.base_offset),
+            &mut ops,
+        );
+        ops.push(Op::RemoveDir { path: old_dir });
+        self.run_removals(io, ops);
+        self.sync_recycle_and(io, self.dir_file)
+    }
+
+    /// Removes the oldest sealed segments beyond the size or age limits.
+    /// `now_ms` is the caller's clock (the store has none).
+    pub fn apply_retention(
+        &mut self,
+        io: &mut impl IoBackend,
+        now_ms: u64,
+    ) -> Result<RetentionOutcome, StoreError> {
+        self.check_fenced()?;
+        let mut size = self.size_bytes();
+        let mut count = 0;
+        for s in &self.sealed {
+            let too_big = self.config.retention_bytes.is_some_and(|max| size > max);
+            let too_old = self
+                .config
+                .retention_ms
+                .is_some_and(|age| s.meta.max_timestamp_ms.saturating_add(age) < now_ms);
+            if !too_big && !too_old {
+                break;
+            }
+            size -= s.meta.length_bytes;
+            count += 1;
+        }
+        if count == 0 {
+            return Ok(RetentionOutcome::default());
+        }
+        let mut next = self.sb.successor();
+        next.segments = self.sealed[count..].iter().map(|s| s.meta).collect();
+        next.frontier = self.frontier_now();
+        self.write_superblock(io, next)?;
+
+        let mut outcome = RetentionOutcome::default();
+        let mut ops = Vec::new();
+        for s in self.sealed.drain(..count).collect::<Vec<_>>() {
+            io.close(s.file);
+            outcome.segments_removed += 1;
+            outcome.bytes_removed += s.meta.length_bytes;
+            self.dispose(
+                &segment::log_path(&self.generation_dir, s.meta.base_offset),
+                &mut ops,
+            );
+            ops.push(Op::Unlink {
+                path: segment::index_path(&self.generation_dir, s.meta.base_offset),
+            });
+        }
+        self.run_removals(io, ops);
+        self.sync_recycle_and(io, self.generation_dir_file)?;
+        Ok(outcome)
+    }
+
+    /// Queues the removal of an unreferenced file: a segment log is recycled
+    /// while the pool has room, anything else is unlinked.
+    pub(super) fn dispose(&mut self, path: &Path, ops: &mut Vec<Op>) {
+        let is_log = path.extension().is_some_and(|e| e == "log");
+        if is_log && self.recycled.len() < self.config.recycled_files_max {
+            // Unique: a generation never reuses a base offset.
+            let generation = path
+                .parent()
+                .and_then(|p| p.file_name())
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+            let to = self
+                .dir
+                .join(RECYCLE_DIR)
+                .join(format!("{generation}-{}", name.unwrap_or_default()));
+            if !self.recycled.contains(&to) {
+                ops.push(Op::Rename {
+                    from: path.into(),
+                    to: to.clone(),
+                });
+                self.recycled.push(to);
+                return;
+            }
+        }
+        ops.push(Op::Unlink { path: path.into() });
+    }
+
+    /// Runs removals of unreferenced files. A failure only leaves garbage
+    /// behind, which the next open removes, so it is logged, not fatal.
+    pub(super) fn run_removals(&mut self, io: &mut impl IoBackend, ops: Vec<Op>) {
+        // Ops of one submission may run in any order: directories go last,
+        // once their files are gone.
+        let (dirs, files): (Vec<Op>, Vec<Op>) = ops
+            .into_iter()
+            .partition(|op| matches!(op, Op::RemoveDir { .. }));
+        let mut completions = io.submit(files.into_iter().map(Sqe::new).collect());
+        completions.extend(io.submit(dirs.into_iter().map(Sqe::new).collect()));
+        for c in completions {
+            if let Err(e) = c.result {
+                if let Op::Rename { to, .. } = &c.op {
+                    self.recycled.retain(|p| p != to);
+                }
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    tracing::warn!(partition = self.partition_id, op = ?c.op, error = %e, "removal failed");
+                }
+            }
+        }
+    }
+
+    /// fsyncs the recycle directory and `other`, making removals durable.
+    pub(super) fn sync_recycle_and(
+        &mut self,
+        io: &mut impl IoBackend,
+        other: crate::io::FileId,
+    ) -> Result<(), StoreError> {
+        let recycle_dir = self.dir.join(RECYCLE_DIR);
+        let opened = io
+            .open_dir(&recycle_dir)
+            .map_err(|e| StoreError::io(self.partition_id, "open", &recycle_dir, e));
+        let recycle_file = self.fence_on_err(opened)?;
+        let synced = self.sync_dirs(io, &[recycle_file, other]);
+        io.close(recycle_file);
+        synced
+    }
+}

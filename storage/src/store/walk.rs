@@ -1,0 +1,145 @@
+//! Walking a segment file batch by batch with bounded memory.
+//!
+//! Recovery, index rebuilds and reads all need the same thing: read a segment
+//! from some position in chunks and parse consecutive batches until the data
+//! ends or stops parsing. The walker owns one aligned buffer, at most
+//! `chunk_bytes` or one batch (whichever is larger) plus a block.
+
+use ringlog_protocol::{BatchHeader, BatchView, HEADER_LEN};
+
+use crate::io::{align_down, align_up, AlignedBuf, FileId, IoBackend, Op, Sqe};
+
+/// Why a walk stopped before its limit.
+#[derive(Debug)]
+pub(crate) enum WalkStop {
+    /// Reached the limit or the end of the file at `position`.
+    End,
+    /// The bytes at `position` are not a valid batch (torn, garbage or
+    /// corrupt: the caller decides which by where it is).
+    Invalid { position: u64, reason: String },
+    /// The visitor stopped the walk (it has what it needs).
+    Visitor,
+}
+
+/// What the visitor says after each batch.
+pub(crate) enum Visit {
+    Continue,
+    Stop,
+    /// The batch parses but does not belong here (offset or chain break).
+    Reject(String),
+}
+
+pub(crate) struct Walker {
+    file: FileId,
+    buf: AlignedBuf,
+    /// File position of `buf[0]`.
+    buf_start: u64,
+    chunk_bytes: usize,
+}
+
+impl Walker {
+    pub(crate) fn new(file: FileId, chunk_bytes: usize) -> Self {
+        Self {
+            file,
+            buf: AlignedBuf::new(chunk_bytes),
+            buf_start: 0,
+            chunk_bytes: align_up(chunk_bytes as u64) as usize,
+        }
+    }
+
+    /// Makes `[position, position + len)` available in the buffer; returns
+    /// false if the file ends first.
+    fn ensure(
+        &mut self,
+        io: &mut impl IoBackend,
+        position: u64,
+        len: usize,
+    ) -> std::io::Result<bool> {
+        let have_end = self.buf_start + self.buf.len() as u64;
+        if position >= self.buf_start && position + len as u64 <= have_end {
+            return Ok(true);
+        }
+        let start = align_down(position);
+        let want = align_up(position + len as u64 - start).max(self.chunk_bytes as u64) as usize;
+        let mut buf = std::mem::replace(&mut self.buf, AlignedBuf::new(0));
+        if buf.capacity() < want {
+            buf = AlignedBuf::new(want);
+        }
+        let read = Op::Read {
+            file: self.file,
+            offset: start,
+            len: want,
+            buf,
+        };
+        let mut completions = io.submit(vec![Sqe::new(read)]);
+        let c = completions.pop().expect("one completion per op");
+        self.buf = c.op.into_buf().expect("read returns its buffer");
+        self.buf_start = start;
+        let n = c.result?;
+        Ok(start + n as u64 >= position + len as u64)
+    }
+
+    /// Walks batches from `position` while they end at or before `limit`,
+    /// calling `visit` with each batch's position and view.
+    pub(crate) fn walk(
+        &mut self,
+        io: &mut impl IoBackend,
+        mut position: u64,
+        limit: u64,
+        mut visit: impl FnMut(u64, &BatchView<'_>) -> Visit,
+    ) -> std::io::Result<(u64, WalkStop)> {
+        loop {
+            if position + HEADER_LEN as u64 > limit {
+                // No batch fits before the limit; callers that expect to end
+                // exactly at it compare the returned position.
+                return Ok((position, WalkStop::End));
+            }
+            if !self.ensure(io, position, HEADER_LEN)? {
+                return Ok((position, WalkStop::End));
+            }
+            let at = (position - self.buf_start) as usize;
+            let header = match BatchHeader::decode(&self.buf[at..]) {
+                Ok(h) => h,
+                Err(e) => return Ok((position, invalid(position, e))),
+            };
+            let total = header.total_len();
+            if position + total as u64 > limit {
+                return Ok((
+                    position,
+                    WalkStop::Invalid {
+                        position,
+                        reason: format!("batch of {total} bytes runs past {limit}"),
+                    },
+                ));
+            }
+            if !self.ensure(io, position, total)? {
+                return Ok((
+                    position,
+                    WalkStop::Invalid {
+                        position,
+                        reason: "file ends inside a batch".into(),
+                    },
+                ));
+            }
+            let at = (position - self.buf_start) as usize;
+            let view = match BatchView::parse(&self.buf[at..at + total]) {
+                Ok(v) => v,
+                Err(e) => return Ok((position, invalid(position, e))),
+            };
+            match visit(position, &view) {
+                Visit::Continue => position += total as u64,
+                Visit::Stop => return Ok((position, WalkStop::Visitor)),
+                Visit::Reject(reason) => {
+                    return Ok((position, WalkStop::Invalid { position, reason }))
+                }
+            }
+        }
+    }
+}
+
+fn invalid(position: u64, e: impl std::fmt::Display) -> WalkStop {
+    WalkStop::Invalid {
+        position,
+        reason: e.to_string(),
+    }
+}

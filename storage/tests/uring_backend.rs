@@ -1,0 +1,407 @@
+//! The io_uring backend against a real file system (O_DIRECT on the temp dir).
+
+use std::io;
+use std::path::Path;
+
+use ringlog_storage::io::uring::UringBackend;
+use ringlog_storage::io::{AlignedBuf, Completion, FileId, IoBackend, Op, OpenMode, Sqe};
+
+fn tempdir() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("uring-backend-")
+        .tempdir_in(std::env::temp_dir())
+        .expect("tempdir")
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[1] ^ seed)
+        .collect()
+}
+
+fn buf_with(bytes: &[u8]) -> AlignedBuf {
+    let mut buf = AlignedBuf::new(bytes.len());
+    buf.extend_from_slice(bytes);
+    buf
+}
+
+fn write(file: FileId, offset: u64, bytes: &[u8]) -> Op {
+    Op::Write {
+        file,
+        offset,
+        buf: buf_with(bytes),
+    }
+}
+
+fn read(file: FileId, offset: u64, len: usize) -> Op {
+    Op::Read {
+        file,
+        offset,
+        len,
+        buf: AlignedBuf::new(len),
+    }
+}
+
+fn ok(c: &Completion) -> usize {
+    match &c.result {
+        Ok(n) => *n,
+        Err(e) => panic!("{} failed: {e}", c.op.kind()),
+    }
+}
+
+fn err(c: &Completion) -> &io::Error {
+    match &c.result {
+        Ok(n) => panic!("{} succeeded with {n}, expected an error", c.op.kind()),
+        Err(e) => e,
+    }
+}
+
+fn read_back(backend: &mut UringBackend, file: FileId, offset: u64, len: usize) -> Vec<u8> {
+    let mut done = backend.submit(vec![Sqe::new(read(file, offset, len))]);
+    let c = done.pop().unwrap();
+    assert_eq!(ok(&c), len);
+    c.op.into_buf().unwrap().to_vec()
+}
+
+#[test]
+fn write_sync_read_round_trip_at_several_sizes() {
+    let dir = tempdir();
+    let mut backend = UringBackend::with_default_entries().unwrap();
+    let sizes = [4096usize, 1 << 20, 8 << 20];
+    let files: Vec<FileId> = (0..sizes.len())
+        .map(|i| {
+            backend
+                .open_file(&dir.path().join(format!("f{i}")), OpenMode::Create)
+                .unwrap()
+        })
+        .collect();
+    let datas: Vec<Vec<u8>> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| pattern(n, i as u8))
+        .collect();
+
+    // All writes in one batch (unlinked, so concurrent), each followed by a
+    // linked fdatasync of its file.
+    let mut batch = Vec::new();
+    for (file, data) in files.iter().zip(&datas) {
+        batch.push(Sqe::linked(write(*file, 0, data)));
+        batch.push(Sqe::new(Op::Fdatasync { file: *file }));
+    }
+    let done = backend.submit(batch);
+    assert_eq!(done.len(), 6);
+    for (i, &n) in sizes.iter().enumerate() {
+        assert_eq!(ok(&done[2 * i]), n);
+        assert_eq!(ok(&done[2 * i + 1]), 0);
+        assert!(matches!(done[2 * i].op, Op::Write { .. }));
+        assert!(matches!(done[2 * i + 1].op, Op::Fdatasync { .. }));
+        // The buffer comes back intact.
+        assert_eq!(&done[2 * i].op_buf()[..], &datas[i][..]);
+    }
+
+    // Read everything back in one batch, plus a second block-aligned slice.
+    let mut batch: Vec<Sqe> = files
+        .iter()
+        .zip(&sizes)
+        .map(|(f, &n)| Sqe::new(read(*f, 0, n)))
+        .collect();
+    batch.push(Sqe::new(read(files[2], 4 << 20, 8192)));
+    let done = backend.submit(batch);
+    for (i, &n) in sizes.iter().enumerate() {
+        assert_eq!(ok(&done[i]), n);
+        assert_eq!(&done[i].op_buf()[..], &datas[i][..], "file {i}");
+    }
+    assert_eq!(ok(&done[3]), 8192);
+    assert_eq!(&done[3].op_buf()[..], &datas[2][4 << 20..(4 << 20) + 8192]);
+
+    for (file, &n) in files.iter().zip(&sizes) {
+        assert_eq!(backend.file_size(*file).unwrap(), n as u64);
+        backend.close(*file);
+    }
+}
+
+trait OpBuf {
+    fn op_buf(&self) -> &AlignedBuf;
+}
+
+impl OpBuf for Completion {
+    fn op_buf(&self) -> &AlignedBuf {
+        match &self.op {
+            Op::Write { buf, .. } | Op::Read { buf, .. } => buf,
+            other => panic!("{} has no buffer", other.kind()),
+        }
+    }
+}
+
+#[test]
+fn linked_write_sync_rename_dirsync_chain() {
+    let dir = tempdir();
+    let mut backend = UringBackend::with_default_entries().unwrap();
+    let tmp = dir.path().join("seg.tmp");
+    let fin = dir.path().join("seg");
+    let file = backend.open_file(&tmp, OpenMode::Create).unwrap();
+    let dir_fd = backend.open_dir(dir.path()).unwrap();
+    let data = pattern(64 << 10, 7);
+
+    let done = backend.submit(vec![
+        Sqe::linked(write(file, 0, &data)),
+        Sqe::linked(Op::Fdatasync { file }),
+        Sqe::linked(Op::Rename {
+            from: tmp.clone(),
+            to: fin.clone(),
+        }),
+        Sqe::new(Op::Fsync { file: dir_fd }),
+    ]);
+    assert_eq!(ok(&done[0]), data.len());
+    for c in &done[1..] {
+        assert_eq!(ok(c), 0);
+    }
+    assert!(!backend.exists(&tmp).unwrap());
+    assert!(backend.exists(&fin).unwrap());
+    assert_eq!(std::fs::read(&fin).unwrap(), data);
+    // The open fd follows the file across the rename.
+    assert_eq!(read_back(&mut backend, file, 0, data.len()), data);
+    let mut names = backend.list_dir(dir.path()).unwrap();
+    names.sort();
+    assert_eq!(names, ["seg"]);
+}
+
+#[test]
+fn failures_are_reported_per_op() {
+    let dir = tempdir();
+    let mut backend = UringBackend::with_default_entries().unwrap();
+    let file = backend
+        .open_file(&dir.path().join("f"), OpenMode::Create)
+        .unwrap();
+    let dir_fd = backend.open_dir(dir.path()).unwrap();
+    let data = pattern(4096, 1);
+
+    let done = backend.submit(vec![
+        Sqe::new(read(dir_fd, 0, 4096)),
+        Sqe::new(Op::Rename {
+            from: dir.path().join("missing"),
+            to: dir.path().join("other"),
+        }),
+        Sqe::new(write(file, 0, &data)),
+        Sqe::new(read(FileId(9999), 0, 4096)),
+        Sqe::new(Op::Fdatasync { file: FileId(9999) }),
+    ]);
+    assert_eq!(err(&done[0]).raw_os_error(), Some(libc::EISDIR));
+    assert_eq!(err(&done[1]).kind(), io::ErrorKind::NotFound);
+    assert_eq!(ok(&done[2]), 4096);
+    assert_eq!(err(&done[3]).raw_os_error(), Some(libc::EBADF));
+    assert_eq!(err(&done[4]).raw_os_error(), Some(libc::EBADF));
+
+    // A failed rename does not stop its chain.
+    let data2 = pattern(4096, 2);
+    let done = backend.submit(vec![
+        Sqe::linked(Op::Rename {
+            from: dir.path().join("missing"),
+            to: dir.path().join("other"),
+        }),
+        Sqe::linked(write(file, 4096, &data2)),
+        Sqe::new(Op::Fdatasync { file }),
+    ]);
+    assert_eq!(err(&done[0]).kind(), io::ErrorKind::NotFound);
+    assert_eq!(ok(&done[1]), 4096);
+    assert_eq!(ok(&done[2]), 0);
+    assert_eq!(read_back(&mut backend, file, 4096, 4096), data2);
+
+    // A failed write does: the rest of the chain is cancelled, and ops outside
+    // the chain are unaffected.
+    let done = backend.submit(vec![
+        Sqe::linked(write(FileId(9999), 0, &data)),
+        Sqe::linked(Op::Fdatasync { file }),
+        Sqe::new(Op::Fsync { file: dir_fd }),
+        Sqe::new(Op::Fsync { file: dir_fd }),
+    ]);
+    assert_eq!(err(&done[0]).raw_os_error(), Some(libc::EBADF));
+    assert_eq!(err(&done[1]).raw_os_error(), Some(libc::ECANCELED));
+    assert_eq!(err(&done[2]).raw_os_error(), Some(libc::ECANCELED));
+    assert_eq!(ok(&done[3]), 0);
+
+    // A read longer than its buffer is refused before submission.
+    let done = backend.submit(vec![Sqe::new(Op::Read {
+        file,
+        offset: 0,
+        len: 8192,
+        buf: AlignedBuf::new(4096),
+    })]);
+    assert_eq!(err(&done[0]).kind(), io::ErrorKind::InvalidInput);
+}
+
+#[test]
+fn unaligned_direct_io_fails_with_einval() {
+    let dir = tempdir();
+    let mut backend = UringBackend::with_default_entries().unwrap();
+    let file = backend
+        .open_file(&dir.path().join("f"), OpenMode::Create)
+        .unwrap();
+    let data = pattern(4096, 3);
+    let done = backend.submit(vec![
+        Sqe::new(write(file, 1, &data)),
+        Sqe::new(write(file, 0, &data[..100])),
+        Sqe::new(write(file, 8192, &data)),
+    ]);
+    assert_eq!(err(&done[0]).raw_os_error(), Some(libc::EINVAL));
+    assert_eq!(err(&done[1]).raw_os_error(), Some(libc::EINVAL));
+    assert_eq!(ok(&done[2]), 4096);
+}
+
+#[test]
+fn batch_larger_than_the_ring_completes() {
+    let dir = tempdir();
+    let mut backend = UringBackend::new(8).unwrap();
+    assert_eq!(backend.capacity(), 8);
+    let file = backend
+        .open_file(&dir.path().join("f"), OpenMode::Create)
+        .unwrap();
+    backend.allocate(file, 50 * 4096).unwrap();
+    assert_eq!(backend.file_size(file).unwrap(), 50 * 4096);
+
+    let datas: Vec<Vec<u8>> = (0..50).map(|i| pattern(4096, i as u8)).collect();
+    let mut batch: Vec<Sqe> = datas
+        .iter()
+        .enumerate()
+        .map(|(i, d)| Sqe::new(write(file, i as u64 * 4096, d)))
+        .collect();
+    // Chains of up to the ring size go through whole, in between.
+    for i in 0..8u64 {
+        let last = i == 7;
+        let op = write(file, (50 + i) * 4096, &datas[i as usize]);
+        batch.push(if last { Sqe::new(op) } else { Sqe::linked(op) });
+    }
+    let done = backend.submit(batch);
+    assert_eq!(done.len(), 58);
+    for c in &done {
+        assert_eq!(ok(c), 4096);
+    }
+    let all = read_back(&mut backend, file, 0, 58 * 4096);
+    for (i, chunk) in all.chunks(4096).enumerate() {
+        assert_eq!(chunk, &datas[i % 50][..], "block {i}");
+    }
+
+    // A chain longer than the ring is refused whole; the rest still runs.
+    let mut batch: Vec<Sqe> = (0..9)
+        .map(|i| Sqe::linked(write(file, i * 4096, &datas[0])))
+        .collect();
+    batch.push(Sqe::new(Op::Fdatasync { file }));
+    batch.push(Sqe::new(Op::Fdatasync { file }));
+    let done = backend.submit(batch);
+    for c in &done[..10] {
+        assert_eq!(err(c).kind(), io::ErrorKind::InvalidInput);
+    }
+    assert_eq!(ok(&done[10]), 0);
+}
+
+#[test]
+fn short_reads_at_end_of_file_and_in_chains() {
+    let dir = tempdir();
+    let mut backend = UringBackend::new(8).unwrap();
+    let file = backend
+        .open_file(&dir.path().join("f"), OpenMode::Create)
+        .unwrap();
+    let data = pattern(8192, 4);
+    let done = backend.submit(vec![Sqe::new(write(file, 0, &data))]);
+    assert_eq!(ok(&done[0]), 8192);
+
+    // Reading past the end returns what is there, and the links the kernel
+    // cancelled because of the short read still run.
+    let data2 = pattern(4096, 5);
+    let done = backend.submit(vec![
+        Sqe::linked(read(file, 0, 16384)),
+        Sqe::linked(write(file, 8192, &data2)),
+        Sqe::new(Op::Fdatasync { file }),
+    ]);
+    assert_eq!(ok(&done[0]), 8192);
+    assert_eq!(&done[0].op_buf()[..], &data[..]);
+    assert_eq!(ok(&done[1]), 4096);
+    assert_eq!(ok(&done[2]), 0);
+    assert_eq!(backend.file_size(file).unwrap(), 12288);
+
+    // Entirely past the end: zero bytes.
+    let done = backend.submit(vec![Sqe::new(read(file, 1 << 20, 4096))]);
+    assert_eq!(ok(&done[0]), 0);
+    assert!(done[0].op_buf().is_empty());
+}
+
+#[test]
+fn unlink_and_remove_dir() {
+    let dir = tempdir();
+    let mut backend = UringBackend::with_default_entries().unwrap();
+    let sub = dir.path().join("sub");
+    backend.create_dir(&sub).unwrap();
+    assert_eq!(
+        backend.create_dir(&sub).unwrap_err().kind(),
+        io::ErrorKind::AlreadyExists
+    );
+    let path = sub.join("f");
+    let file = backend.open_file(&path, OpenMode::Create).unwrap();
+    backend.close(file);
+    assert!(backend.exists(&path).unwrap());
+    assert_eq!(backend.list_dir(&sub).unwrap(), ["f"]);
+
+    let parent = backend.open_dir(dir.path()).unwrap();
+    let done = backend.submit(vec![
+        Sqe::linked(Op::Unlink { path: path.clone() }),
+        Sqe::linked(Op::RemoveDir { path: sub.clone() }),
+        Sqe::linked(Op::Fsync { file: parent }),
+        Sqe::new(Op::Unlink { path: path.clone() }),
+    ]);
+    assert_eq!(ok(&done[0]), 0);
+    assert_eq!(ok(&done[1]), 0);
+    assert_eq!(ok(&done[2]), 0);
+    assert_eq!(err(&done[3]).kind(), io::ErrorKind::NotFound);
+    assert!(!backend.exists(&path).unwrap());
+    assert!(!backend.exists(&sub).unwrap());
+
+    // rmdir of a file and of a non-empty dir fail.
+    let sub2 = dir.path().join("sub2");
+    backend.create_dir(&sub2).unwrap();
+    let f2 = backend
+        .open_file(&sub2.join("g"), OpenMode::Create)
+        .unwrap();
+    backend.close(f2);
+    let done = backend.submit(vec![
+        Sqe::new(Op::RemoveDir { path: sub2.clone() }),
+        Sqe::new(Op::RemoveDir {
+            path: sub2.join("g"),
+        }),
+    ]);
+    assert_eq!(err(&done[0]).raw_os_error(), Some(libc::ENOTEMPTY));
+    assert_eq!(err(&done[1]).raw_os_error(), Some(libc::ENOTDIR));
+}
+
+#[test]
+fn metadata_calls() {
+    // Built on one thread, moved into its shard thread.
+    fn assert_send<T: Send>() {}
+    assert_send::<UringBackend>();
+
+    let dir = tempdir();
+    let mut backend = UringBackend::with_default_entries().unwrap();
+    let path = dir.path().join("f");
+    assert_eq!(
+        backend
+            .open_file(&path, OpenMode::Existing)
+            .unwrap_err()
+            .kind(),
+        io::ErrorKind::NotFound
+    );
+    assert!(!backend.exists(&path).unwrap());
+    let a = backend.open_file(&path, OpenMode::Create).unwrap();
+    let b = backend.open_file(&path, OpenMode::Existing).unwrap();
+    assert_ne!(a, b);
+    assert_eq!(backend.file_size(a).unwrap(), 0);
+    backend.allocate(a, 1 << 20).unwrap();
+    assert_eq!(backend.file_size(b).unwrap(), 1 << 20);
+    backend.close(a);
+    assert_eq!(
+        backend.file_size(a).unwrap_err().raw_os_error(),
+        Some(libc::EBADF)
+    );
+    assert_eq!(backend.file_size(b).unwrap(), 1 << 20);
+    assert!(backend.open_dir(&path).is_err());
+    assert!(backend.open_dir(Path::new("/nonexistent-ringlog")).is_err());
+    assert!(backend.submit(Vec::new()).is_empty());
+}
