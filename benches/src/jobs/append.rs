@@ -16,7 +16,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use ringlog_protocol::{restamp, BatchBuilder, BatchError, Record, Stamp, HEADER_LEN};
 use ringlog_storage::io::uring::UringBackend;
 use ringlog_storage::io::BLOCK_SIZE;
-use crate::jobs::shim::{flush_all, PartitionStore, StoreConfig, StoreError}; // SHIM
+use ringlog_storage::store::{flush_all, PartitionStore, StoreConfig, StoreError};
 
 use crate::stats::{LatencyRecorder, RunSummary};
 
@@ -60,6 +60,14 @@ pub struct AppendConfig {
     /// ...or after this many batch bytes over all partitions, if set.
     pub total_bytes: Option<u64>,
     pub segment_size: u64,
+    /// Per-partition retention (StoreConfig::retention_bytes). When set, the
+    /// job applies retention after each round that leaves a partition above
+    /// it, as a shard's maintenance turn would; removed segment files are
+    /// recycled, so later segments overwrite written blocks.
+    pub retention_bytes: Option<u64>,
+    /// Batch bytes (over all partitions) appended un-timed before the timed
+    /// run, e.g. to fill the recycled-file pool through retention.
+    pub warmup_bytes: u64,
 }
 
 impl AppendConfig {
@@ -136,6 +144,7 @@ pub fn store_config(cfg: &AppendConfig) -> StoreConfig {
     let needed = (cfg.batch_size + 2 * BLOCK_SIZE).div_ceil(BLOCK_SIZE) * BLOCK_SIZE;
     StoreConfig {
         segment_size_bytes: cfg.segment_size,
+        retention_bytes: cfg.retention_bytes,
         write_buffer_bytes: defaults.write_buffer_bytes.max(needed),
         ..defaults
     }
@@ -164,41 +173,40 @@ pub fn run(cfg: &AppendConfig) -> Result<AppendResult, AppendError> {
         stores.push(store);
     }
 
-    let mut ops = vec![0u64; stores.len()];
-    let mut appended_at = vec![Instant::now(); stores.len()];
+    let mut job = Job {
+        io,
+        stores,
+        batches,
+        ops: vec![0; cfg.partitions as usize],
+        appended_at: vec![Instant::now(); cfg.partitions as usize],
+        retention_bytes: cfg.retention_bytes,
+        now_ms,
+    };
+    let round_bytes = cfg.batch_size as u64 * u64::from(cfg.partitions);
+
+    // Untimed warm-up.
+    let mut warm = LatencyRecorder::new();
+    let mut warmed = 0u64;
+    while warmed < cfg.warmup_bytes {
+        job.round(&mut warm)?;
+        warmed += round_bytes;
+    }
+
     let mut lat = LatencyRecorder::new();
-    let batch_bytes = cfg.batch_size as u64;
     let mut bytes = 0u64;
     let mut ios = 0u64;
-
     let start = Instant::now();
     loop {
         if start.elapsed() >= cfg.duration || cfg.total_bytes.is_some_and(|t| bytes >= t) {
             break;
         }
-        for (i, store) in stores.iter_mut().enumerate() {
-            ops[i] += 1;
-            let stamp = Stamp {
-                base_offset: store.next_offset(),
-                vsr_op: ops[i],
-                vsr_view: 0,
-                prev_checksum: store.last_checksum(),
-            };
-            restamp(&mut batches[i], &stamp)?;
-            appended_at[i] = Instant::now();
-            store.append(&mut io, &batches[i])?;
-        }
-        let mut refs: Vec<&mut PartitionStore> = stores.iter_mut().collect();
-        flush_all(&mut io, &mut refs)?;
-        let acked = Instant::now();
-        for t in &appended_at {
-            lat.record(acked - *t);
-        }
-        bytes += batch_bytes * stores.len() as u64;
-        ios += stores.len() as u64;
+        job.round(&mut lat)?;
+        bytes += round_bytes;
+        ios += u64::from(cfg.partitions);
     }
     let runtime = start.elapsed();
     // Untimed: checkpoint the frontier and close the files.
+    let Job { mut io, stores, .. } = job;
     for store in stores {
         store.close(&mut io)?;
     }
@@ -208,6 +216,51 @@ pub fn run(cfg: &AppendConfig) -> Result<AppendResult, AppendError> {
         records: ios * u64::from(records_per_batch),
         records_per_batch,
     })
+}
+
+/// The state of a running job.
+struct Job {
+    io: UringBackend,
+    stores: Vec<PartitionStore>,
+    /// One prebuilt batch per partition, restamped before each append.
+    batches: Vec<Vec<u8>>,
+    ops: Vec<u64>,
+    appended_at: Vec<Instant>,
+    retention_bytes: Option<u64>,
+    now_ms: u64,
+}
+
+impl Job {
+    /// Appends one batch to every partition, group-commits them and records
+    /// each batch's ack latency; then applies retention where due.
+    fn round(&mut self, lat: &mut LatencyRecorder) -> Result<(), AppendError> {
+        for (i, store) in self.stores.iter_mut().enumerate() {
+            self.ops[i] += 1;
+            let stamp = Stamp {
+                base_offset: store.next_offset(),
+                vsr_op: self.ops[i],
+                vsr_view: 0,
+                prev_checksum: store.last_checksum(),
+            };
+            restamp(&mut self.batches[i], &stamp)?;
+            self.appended_at[i] = Instant::now();
+            store.append(&mut self.io, &self.batches[i])?;
+        }
+        let mut refs: Vec<&mut PartitionStore> = self.stores.iter_mut().collect();
+        flush_all(&mut self.io, &mut refs)?;
+        let acked = Instant::now();
+        for t in &self.appended_at {
+            lat.record(acked - *t);
+        }
+        if let Some(max) = self.retention_bytes {
+            for store in &mut self.stores {
+                if store.size_bytes() > max {
+                    store.apply_retention(&mut self.io, self.now_ms)?;
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -246,6 +299,8 @@ mod tests {
             duration: Duration::from_secs(1),
             total_bytes: None,
             segment_size: 256 << 20,
+            retention_bytes: None,
+            warmup_bytes: 0,
         };
         let small = store_config(&cfg);
         assert_eq!(

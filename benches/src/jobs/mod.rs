@@ -1,4 +1,3 @@
 //! Benchmark jobs that drive ringlog itself.
 
 pub mod append;
-pub mod shim; // SHIM

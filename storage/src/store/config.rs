@@ -45,14 +45,17 @@ impl StoreConfig {
     pub fn validate(&self) -> Result<(), StoreError> {
         let block = BLOCK_SIZE as u64;
         let fail = |m: String| Err(StoreError::Config(m));
-        if !self.segment_size_bytes.is_multiple_of(block) || self.segment_size_bytes > u64::from(u32::MAX) + 1
+        if !self.segment_size_bytes.is_multiple_of(block)
+            || self.segment_size_bytes > u64::from(u32::MAX) + 1
         {
             return fail(format!(
                 "segment_size_bytes {} must be a multiple of {block} and at most 4 GiB",
                 self.segment_size_bytes
             ));
         }
-        if !self.write_buffer_bytes.is_multiple_of(BLOCK_SIZE) || self.write_buffer_bytes < 2 * BLOCK_SIZE {
+        if !self.write_buffer_bytes.is_multiple_of(BLOCK_SIZE)
+            || self.write_buffer_bytes < 2 * BLOCK_SIZE
+        {
             return fail(format!(
                 "write_buffer_bytes {} must be a multiple of {BLOCK_SIZE} and at least {}",
                 self.write_buffer_bytes,

@@ -61,7 +61,7 @@ impl PartitionStore {
             .open_dir(&generation_dir)
             .map_err(|e| StoreError::io(pid, "open", &generation_dir, e))?;
 
-        let (sealed, indexes_rebuilt) = open_sealed(io, pid, &generation_dir, &sb)?;
+        let (sealed, indexes_rebuilt) = open_sealed(io, pid, &generation_dir, &sb, &config)?;
         let (active, chain) = recover_active(io, pid, &generation_dir, &sb, &config)?;
 
         let mut store = PartitionStore {
@@ -171,6 +171,7 @@ fn open_sealed(
     pid: u32,
     generation_dir: &Path,
     sb: &Superblock,
+    config: &StoreConfig,
 ) -> Result<(Vec<SealedFile>, bool), StoreError> {
     let mut sealed = Vec::with_capacity(sb.segments.len());
     let mut rebuilt = false;
@@ -194,7 +195,15 @@ fn open_sealed(
             Some(index) => index,
             None => {
                 tracing::warn!(partition = pid, segment = %path.display(), "rebuilding index");
-                let index = rebuild_index(io, pid, &path, file, meta, prev)?;
+                let index = rebuild_index(
+                    io,
+                    pid,
+                    &path,
+                    file,
+                    meta,
+                    prev,
+                    config.index_interval_bytes,
+                )?;
                 let idx_path = segment::index_path(generation_dir, meta.base_offset);
                 write_new_file(io, pid, &idx_path, &index.encode(meta.base_offset))?;
                 rebuilt = true;
@@ -251,6 +260,7 @@ fn rebuild_index(
     file: FileId,
     meta: &SealedSegment,
     prev_checksum: Option<u64>,
+    index_interval_bytes: u32,
 ) -> Result<SparseIndex, StoreError> {
     let mut index = SparseIndex::default();
     let mut hasher = Hasher::new();
@@ -273,7 +283,7 @@ fn rebuild_index(
                 (h.base_offset - meta.base_offset) as u32,
                 position as u32,
                 h.max_timestamp_ms,
-                u32::MAX,
+                index_interval_bytes,
             );
             hasher.update(view.as_bytes());
             next_offset = h.next_offset();
