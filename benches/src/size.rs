@@ -67,7 +67,7 @@ impl fmt::Display for Bytes {
         let n = self.0;
         for (shift, unit) in UNITS {
             let scale = 1u64 << shift;
-            if n >= scale && n % scale == 0 {
+            if n >= scale && n & (scale - 1) == 0 {
                 return write!(f, "{}{unit}", n / scale);
             }
         }
