@@ -19,6 +19,8 @@
 
 pub mod batch;
 pub mod checksum;
+pub mod manifest;
+mod reader;
 
 pub use batch::{
     encode_header, restamp, BatchBuilder, BatchError, BatchHeader, BatchView, Record, Stamp,

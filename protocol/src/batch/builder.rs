@@ -1,10 +1,10 @@
 use super::header::{check_offsets, encode_header};
-use super::reader::usize_from;
 use super::{
     BatchError, BatchHeader, Record, Stamp, BODY_LEN_MAX_BYTES, HEADERS_PER_RECORD_MAX, HEADER_LEN,
     RECORD_LEN_MIN,
 };
 use crate::checksum::checksum;
+use crate::reader::usize_from;
 
 /// Producer-side encoder. Records are written straight into the final buffer
 /// behind a zeroed header slot, so [`BatchBuilder::finish`] never copies the

@@ -1,9 +1,9 @@
-use super::reader::usize_from;
 use super::{
     BatchError, Stamp, BODY_LEN_MAX_BYTES, FORMAT_VERSION, HEADER_LEN, MAGIC, RECORD_COUNT_MAX,
     RECORD_LEN_MIN,
 };
 use crate::checksum::checksum;
+use crate::reader::usize_from;
 
 // Field offsets; see the layout table in the module docs.
 const OFF_MAGIC: usize = 0;

@@ -47,7 +47,7 @@
 mod builder;
 mod error;
 mod header;
-mod reader;
+
 mod view;
 
 pub use builder::BatchBuilder;

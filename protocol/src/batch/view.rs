@@ -1,6 +1,6 @@
-use super::reader::{usize_from, Reader};
 use super::{BatchError, BatchHeader, HEADERS_PER_RECORD_MAX, HEADER_LEN};
 use crate::checksum::checksum;
+use crate::reader::{usize_from, Reader};
 
 /// A fully validated batch borrowed from a buffer. Construct only through
 /// [`BatchView::parse`], so holding one proves the bytes are well-formed.

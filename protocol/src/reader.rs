@@ -41,6 +41,16 @@ impl<'a> Reader<'a> {
         self.array().map(u32::from_le_bytes)
     }
 
+    #[inline]
+    pub(crate) fn u64(&mut self) -> Option<u64> {
+        self.array().map(u64::from_le_bytes)
+    }
+
+    #[inline]
+    pub(crate) fn u8(&mut self) -> Option<u8> {
+        self.array().map(|[b]: [u8; 1]| b)
+    }
+
     /// A `u32` length prefix followed by that many bytes.
     #[inline]
     pub(crate) fn bytes_u32(&mut self) -> Option<&'a [u8]> {
