@@ -413,4 +413,37 @@ mod tests {
         assert!(err.contains("unknown suffix"), "{err}");
         assert!(Cli::try_parse_from(["ringlog-bench", "append", "--partitions", "0"]).is_err());
     }
+
+    /// End to end on the real disk: ringlog append, fio layout and fio run,
+    /// report in both formats. Needs fio (ci/install-deps).
+    #[test]
+    fn append_vs_fio_smoke() {
+        // In the crate directory: on the repo's filesystem, which supports
+        // O_DIRECT (a tmpfs /tmp would not).
+        let tmp = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).unwrap();
+        let dir = tmp.path().join("data");
+        let cli = Cli::try_parse_from([
+            "ringlog-bench",
+            "append",
+            "--dir",
+            dir.to_str().unwrap(),
+            "--duration",
+            "1",
+            "--size",
+            "4m",
+            "--segment-size",
+            "1m",
+            "--retention",
+            "2m",
+            "--warmup",
+            "4m",
+            "--vs-fio",
+            "--reps",
+            "2",
+        ])
+        .unwrap();
+        let Command::Append(args) = cli.command;
+        append(&args).unwrap();
+        assert!(!dir.exists(), "data dir is removed without --keep");
+    }
 }

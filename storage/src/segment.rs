@@ -8,7 +8,7 @@
 
 use std::path::{Path, PathBuf};
 
-use ringlog_protocol::checksum;
+use ringlog_protocol::{checksum, Hasher};
 
 /// Directory of a generation inside a partition directory.
 pub fn generation_dir(partition_dir: &Path, generation: u64) -> PathBuf {
@@ -35,7 +35,7 @@ pub struct IndexEntry {
 }
 
 const INDEX_MAGIC: u64 = u64::from_le_bytes(*b"RLGINDEX");
-const INDEX_HEADER_LEN: usize = 32;
+const INDEX_HEADER_LEN: usize = 40;
 const INDEX_ENTRY_LEN: usize = 16;
 
 /// A segment's sparse index: one entry per `interval_bytes` of log, always
@@ -92,19 +92,103 @@ impl SparseIndex {
         &self.entries
     }
 
-    /// Serialized form: header (magic, base offset, count, checksum of the
-    /// entries), then the entries.
+    fn from_entries(entries: Vec<IndexEntry>) -> Option<SparseIndex> {
+        let ordered = entries
+            .windows(2)
+            .all(|w| w[0].relative_offset < w[1].relative_offset && w[0].position < w[1].position);
+        ordered.then(|| SparseIndex {
+            last_position: entries.last().map(|e| e.position),
+            entries,
+        })
+    }
+}
+
+/// Hashes a segment as it grows: the whole-file xxh3 recorded at seal and
+/// the xxh3 of every `chunk_size_bytes` slice, which state transfer uses to
+/// verify each chunk on arrival. Neither needs a reread at seal.
+#[derive(Clone)]
+pub struct SegmentHasher {
+    whole: Hasher,
+    chunk: Hasher,
+    chunk_size_bytes: u32,
+    chunk_filled_bytes: u32,
+    chunk_checksums: Vec<u64>,
+}
+
+impl SegmentHasher {
+    pub fn new(chunk_size_bytes: u32) -> Self {
+        assert!(chunk_size_bytes > 0);
+        Self {
+            whole: Hasher::new(),
+            chunk: Hasher::new(),
+            chunk_size_bytes,
+            chunk_filled_bytes: 0,
+            chunk_checksums: Vec::new(),
+        }
+    }
+
+    pub fn update(&mut self, mut bytes: &[u8]) {
+        self.whole.update(bytes);
+        while !bytes.is_empty() {
+            let room = (self.chunk_size_bytes - self.chunk_filled_bytes) as usize;
+            let (head, rest) = bytes.split_at(room.min(bytes.len()));
+            self.chunk.update(head);
+            self.chunk_filled_bytes += head.len() as u32;
+            if self.chunk_filled_bytes == self.chunk_size_bytes {
+                self.chunk_checksums.push(self.chunk.finish());
+                self.chunk = Hasher::new();
+                self.chunk_filled_bytes = 0;
+            }
+            bytes = rest;
+        }
+    }
+
+    /// The whole-segment checksum so far.
+    pub fn checksum(&self) -> u64 {
+        self.whole.finish()
+    }
+
+    /// Checksums of every chunk so far, the partial last one included.
+    pub fn chunk_checksums(&self) -> Vec<u64> {
+        let mut sums = self.chunk_checksums.clone();
+        if self.chunk_filled_bytes > 0 {
+            sums.push(self.chunk.finish());
+        }
+        sums
+    }
+}
+
+/// What a sealed segment's `.idx` file holds: its sparse index and the chunk
+/// checksums computed while it was written.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SealedIndex {
+    pub index: SparseIndex,
+    pub chunk_size_bytes: u32,
+    pub chunk_checksums: Vec<u64>,
+}
+
+impl SealedIndex {
+    /// Header (magic, base offset, entry count, chunk size and count,
+    /// checksum of the rest), then index entries, then chunk checksums.
     pub fn encode(&self, base_offset: u64) -> Vec<u8> {
-        let mut body = Vec::with_capacity(self.entries.len() * INDEX_ENTRY_LEN);
-        for e in &self.entries {
+        let mut body = Vec::with_capacity(
+            self.index.entries.len() * INDEX_ENTRY_LEN + self.chunk_checksums.len() * 8,
+        );
+        for e in &self.index.entries {
             body.extend_from_slice(&e.relative_offset.to_le_bytes());
             body.extend_from_slice(&e.position.to_le_bytes());
             body.extend_from_slice(&e.timestamp_ms.to_le_bytes());
         }
+        for c in &self.chunk_checksums {
+            body.extend_from_slice(&c.to_le_bytes());
+        }
         let mut out = Vec::with_capacity(INDEX_HEADER_LEN + body.len());
         out.extend_from_slice(&INDEX_MAGIC.to_le_bytes());
         out.extend_from_slice(&base_offset.to_le_bytes());
-        out.extend_from_slice(&(self.entries.len() as u64).to_le_bytes());
+        out.extend_from_slice(&(self.index.entries.len() as u32).to_le_bytes());
+        out.extend_from_slice(&(self.chunk_checksums.len() as u32).to_le_bytes());
+        out.extend_from_slice(&self.chunk_size_bytes.to_le_bytes());
+        out.extend_from_slice(&0u32.to_le_bytes());
         out.extend_from_slice(&checksum(&body).to_le_bytes());
         out.extend_from_slice(&body);
         out
@@ -112,20 +196,24 @@ impl SparseIndex {
 
     /// Parses an index file's bytes (trailing padding allowed). `None` when
     /// it is not a valid index of this segment: the caller rebuilds it.
-    pub fn decode(bytes: &[u8], base_offset: u64) -> Option<SparseIndex> {
+    pub fn decode(bytes: &[u8], base_offset: u64) -> Option<SealedIndex> {
         let header = bytes.get(..INDEX_HEADER_LEN)?;
-        let word =
-            |i: usize| u64::from_le_bytes(header[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
-        if word(0) != INDEX_MAGIC || word(1) != base_offset {
+        let u64_at = |i: usize| u64::from_le_bytes(header[i..i + 8].try_into().expect("8 bytes"));
+        let u32_at = |i: usize| u32::from_le_bytes(header[i..i + 4].try_into().expect("4 bytes"));
+        if u64_at(0) != INDEX_MAGIC || u64_at(8) != base_offset || u32_at(28) != 0 {
             return None;
         }
-        let count = usize::try_from(word(2)).ok()?;
-        let body_len = count.checked_mul(INDEX_ENTRY_LEN)?;
-        let body = bytes.get(INDEX_HEADER_LEN..INDEX_HEADER_LEN.checked_add(body_len)?)?;
-        if checksum(body) != word(3) {
+        let entries_len = (u32_at(16) as usize).checked_mul(INDEX_ENTRY_LEN)?;
+        let chunks_len = (u32_at(20) as usize).checked_mul(8)?;
+        let body_end = INDEX_HEADER_LEN
+            .checked_add(entries_len)?
+            .checked_add(chunks_len)?;
+        let body = bytes.get(INDEX_HEADER_LEN..body_end)?;
+        if checksum(body) != u64_at(32) {
             return None;
         }
-        let entries: Vec<IndexEntry> = body
+        let (entries, chunks) = body.split_at(entries_len);
+        let entries = entries
             .chunks_exact(INDEX_ENTRY_LEN)
             .map(|c| IndexEntry {
                 relative_offset: u32::from_le_bytes(c[0..4].try_into().expect("4 bytes")),
@@ -133,15 +221,13 @@ impl SparseIndex {
                 timestamp_ms: u64::from_le_bytes(c[8..16].try_into().expect("8 bytes")),
             })
             .collect();
-        let ordered = entries
-            .windows(2)
-            .all(|w| w[0].relative_offset < w[1].relative_offset && w[0].position < w[1].position);
-        if !ordered {
-            return None;
-        }
-        Some(SparseIndex {
-            last_position: entries.last().map(|e| e.position),
-            entries,
+        Some(SealedIndex {
+            index: SparseIndex::from_entries(entries)?,
+            chunk_size_bytes: u32_at(24),
+            chunk_checksums: chunks
+                .chunks_exact(8)
+                .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+                .collect(),
         })
     }
 }
@@ -173,12 +259,29 @@ mod tests {
             idx.position_for(10_000),
             idx.entries().last().unwrap().position
         );
-        let mut bytes = idx.encode(7);
+        let sealed = SealedIndex {
+            index: idx,
+            chunk_size_bytes: 4096,
+            chunk_checksums: vec![1, 2, 3],
+        };
+        let mut bytes = sealed.encode(7);
         bytes.resize(8192, 0);
-        assert_eq!(SparseIndex::decode(&bytes, 7).unwrap(), idx);
-        assert!(SparseIndex::decode(&bytes, 8).is_none());
-        bytes[40] ^= 1;
-        assert!(SparseIndex::decode(&bytes, 7).is_none());
-        assert!(SparseIndex::decode(&bytes[..20], 7).is_none());
+        assert_eq!(SealedIndex::decode(&bytes, 7).unwrap(), sealed);
+        assert!(SealedIndex::decode(&bytes, 8).is_none());
+        bytes[50] ^= 1;
+        assert!(SealedIndex::decode(&bytes, 7).is_none());
+        assert!(SealedIndex::decode(&bytes[..20], 7).is_none());
+    }
+
+    #[test]
+    fn segment_hasher_matches_one_shot_hashes() {
+        let data: Vec<u8> = (0..10_000u32).map(|i| (i * 7 % 256) as u8).collect();
+        let mut h = SegmentHasher::new(4096);
+        for piece in data.chunks(333) {
+            h.update(piece);
+        }
+        assert_eq!(h.checksum(), checksum(&data));
+        let expected: Vec<u64> = data.chunks(4096).map(checksum).collect();
+        assert_eq!(h.chunk_checksums(), expected);
     }
 }

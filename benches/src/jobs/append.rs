@@ -145,7 +145,11 @@ pub fn store_config(cfg: &AppendConfig) -> StoreConfig {
     StoreConfig {
         segment_size_bytes: cfg.segment_size,
         retention_bytes: cfg.retention_bytes,
-        write_buffer_bytes: defaults.write_buffer_bytes.max(needed),
+        // The default, shrunk for small segments, grown for large batches.
+        write_buffer_bytes: defaults
+            .write_buffer_bytes
+            .min(usize::try_from(cfg.segment_size).unwrap_or(usize::MAX))
+            .max(needed),
         ..defaults
     }
 }
@@ -311,5 +315,10 @@ mod tests {
         let big = store_config(&cfg);
         assert!(big.batch_bytes_max() >= cfg.batch_size);
         assert!(big.validate().is_ok());
+        cfg.batch_size = 64 << 10;
+        cfg.segment_size = 1 << 20;
+        let small_segments = store_config(&cfg);
+        assert_eq!(small_segments.write_buffer_bytes, 1 << 20);
+        assert!(small_segments.validate().is_ok());
     }
 }

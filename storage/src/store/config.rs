@@ -25,6 +25,9 @@ pub struct StoreConfig {
     pub recycled_files_max: usize,
     /// Bytes a read may return beyond its first batch.
     pub read_bytes_max: usize,
+    /// State transfer moves segments in chunks of this size, each with its
+    /// own checksum computed as the segment is written. Multiple of 4096.
+    pub transfer_chunk_bytes: u32,
 }
 
 impl Default for StoreConfig {
@@ -37,6 +40,7 @@ impl Default for StoreConfig {
             retention_ms: None,
             recycled_files_max: 4,
             read_bytes_max: 16 * 1024 * 1024,
+            transfer_chunk_bytes: 1024 * 1024,
         }
     }
 }
@@ -70,6 +74,12 @@ impl StoreConfig {
         }
         if self.index_interval_bytes == 0 {
             return fail("index_interval_bytes must be positive".into());
+        }
+        let chunk = self.transfer_chunk_bytes;
+        if chunk == 0 || !chunk.is_multiple_of(BLOCK_SIZE as u32) || chunk > 16 * 1024 * 1024 {
+            return fail(format!(
+                "transfer_chunk_bytes {chunk} must be a positive multiple of {BLOCK_SIZE}, at most 16 MiB"
+            ));
         }
         if self.read_bytes_max < HEADER_LEN {
             return fail(format!("read_bytes_max must be at least {HEADER_LEN}"));

@@ -34,7 +34,7 @@ mod walk;
 
 use std::path::{Path, PathBuf};
 
-use ringlog_protocol::{BatchView, Hasher};
+use ringlog_protocol::BatchView;
 
 pub use config::StoreConfig;
 pub use error::StoreError;
@@ -45,7 +45,7 @@ pub use retention::RetentionOutcome;
 use crate::io::{
     align_down, align_up, AlignedBuf, Completion, FileId, IoBackend, Op, OpenMode, Sqe,
 };
-use crate::segment::{self, SparseIndex};
+use crate::segment::{self, SealedIndex, SegmentHasher, SparseIndex};
 use crate::superblock::{
     Frontier, SealedSegment, Superblock, SuperblockError, COPIES, COPY_SIZE_BYTES, SEGMENTS_MAX,
 };
@@ -72,6 +72,8 @@ struct SealedFile {
     meta: SealedSegment,
     file: FileId,
     index: SparseIndex,
+    /// Per-chunk xxh3 (chunks of `transfer_chunk_bytes`), for state transfer.
+    chunk_checksums: Vec<u64>,
 }
 
 struct ActiveSegment {
@@ -79,8 +81,9 @@ struct ActiveSegment {
     file: FileId,
     /// Chain anchor before this segment's first batch.
     prev_checksum: u64,
-    /// xxh3 over `[0, end_position)`, so sealing never rereads the segment.
-    hasher: Hasher,
+    /// Whole and per-chunk xxh3 over `[0, end_position)`, so sealing never
+    /// rereads the segment.
+    hasher: SegmentHasher,
     index: SparseIndex,
     max_timestamp_ms: u64,
     /// End of the accepted bytes (durable or not).
@@ -166,6 +169,7 @@ impl PartitionStore {
             ..Superblock::default()
         };
         let pending = AlignedBuf::new(config.write_buffer_bytes);
+        let active = ActiveSegment::empty(0, active_file, 0, pending, config.transfer_chunk_bytes);
         let mut store = PartitionStore {
             partition_id,
             config,
@@ -176,7 +180,7 @@ impl PartitionStore {
             generation_dir,
             generation_dir_file,
             sealed: Vec::new(),
-            active: ActiveSegment::empty(0, active_file, 0, pending),
+            active,
             chain: ChainPoint::default(),
             durable: ChainPoint::default(),
             flushing: None,
@@ -452,11 +456,17 @@ impl PartitionStore {
             base_offset: active.base_offset,
             end_offset: self.durable.next_offset,
             length_bytes: active.durable_position,
-            checksum: active.hasher.finish(),
+            checksum: active.hasher.checksum(),
             last_batch_checksum: self.durable.last_checksum,
             max_timestamp_ms: active.max_timestamp_ms,
         };
-        let index_bytes = active.index.encode(meta.base_offset);
+        let chunk_checksums = active.hasher.chunk_checksums();
+        let index_bytes = SealedIndex {
+            index: active.index.clone(),
+            chunk_size_bytes: self.config.transfer_chunk_bytes,
+            chunk_checksums: chunk_checksums.clone(),
+        }
+        .encode(meta.base_offset);
         let index_path = segment::index_path(&self.generation_dir, meta.base_offset);
         let result = write_new_file(io, self.partition_id, &index_path, &index_bytes);
         self.fence_on_err(result)?;
@@ -470,8 +480,13 @@ impl PartitionStore {
             &mut self.active.pending,
             AlignedBuf::new(crate::io::BLOCK_SIZE),
         );
-        let new_active =
-            ActiveSegment::empty(new_base, new_file, self.durable.last_checksum, pending);
+        let new_active = ActiveSegment::empty(
+            new_base,
+            new_file,
+            self.durable.last_checksum,
+            pending,
+            self.config.transfer_chunk_bytes,
+        );
         next.frontier = Frontier {
             next_offset: new_base,
             last_op: self.durable.last_op,
@@ -486,6 +501,7 @@ impl PartitionStore {
             meta,
             file: old.file,
             index: old.index,
+            chunk_checksums,
         });
         Ok(())
     }
@@ -618,13 +634,19 @@ impl PartitionStore {
 }
 
 impl ActiveSegment {
-    fn empty(base_offset: u64, file: FileId, prev_checksum: u64, mut pending: AlignedBuf) -> Self {
+    fn empty(
+        base_offset: u64,
+        file: FileId,
+        prev_checksum: u64,
+        mut pending: AlignedBuf,
+        chunk_size_bytes: u32,
+    ) -> Self {
         pending.clear();
         Self {
             base_offset,
             file,
             prev_checksum,
-            hasher: Hasher::new(),
+            hasher: SegmentHasher::new(chunk_size_bytes),
             index: SparseIndex::default(),
             max_timestamp_ms: 0,
             end_position: 0,

@@ -13,15 +13,13 @@
 
 use std::path::{Path, PathBuf};
 
-use ringlog_protocol::Hasher;
-
 use super::walk::{Visit, WalkStop, Walker};
 use super::{
     create_segment_file, submit_checked, write_new_file, ActiveSegment, ChainPoint, PartitionStore,
     SealedFile, StoreConfig, StoreError, RECYCLE_DIR, SUPERBLOCK_FILE,
 };
 use crate::io::{align_down, AlignedBuf, FileId, IoBackend, Op, OpenMode, Sqe, BLOCK_SIZE};
-use crate::segment::{self, SparseIndex};
+use crate::segment::{self, SealedIndex, SegmentHasher, SparseIndex};
 use crate::superblock::{choose, SealedSegment, Superblock, FILE_SIZE_BYTES};
 
 /// Read size while scanning segments at open.
@@ -191,29 +189,24 @@ fn open_sealed(
             .open_file(&path, OpenMode::Existing)
             .map_err(|e| StoreError::io(pid, "open sealed segment", &path, e))?;
         let prev = i.checked_sub(1).map(|p| sb.segments[p].last_batch_checksum);
-        let index = match load_index(io, generation_dir, meta) {
-            Some(index) => index,
+        let loaded = load_index(io, generation_dir, meta)
+            .filter(|l| l.chunk_size_bytes == config.transfer_chunk_bytes);
+        let loaded = match loaded {
+            Some(loaded) => loaded,
             None => {
                 tracing::warn!(partition = pid, segment = %path.display(), "rebuilding index");
-                let index = rebuild_index(
-                    io,
-                    pid,
-                    &path,
-                    file,
-                    meta,
-                    prev,
-                    config.index_interval_bytes,
-                )?;
+                let rebuilt_index = rebuild_index(io, pid, &path, file, meta, prev, config)?;
                 let idx_path = segment::index_path(generation_dir, meta.base_offset);
-                write_new_file(io, pid, &idx_path, &index.encode(meta.base_offset))?;
+                write_new_file(io, pid, &idx_path, &rebuilt_index.encode(meta.base_offset))?;
                 rebuilt = true;
-                index
+                rebuilt_index
             }
         };
         sealed.push(SealedFile {
             meta: *meta,
             file,
-            index,
+            index: loaded.index,
+            chunk_checksums: loaded.chunk_checksums,
         });
     }
     if let Some(end) = expected_base {
@@ -235,20 +228,24 @@ fn load_index(
     io: &mut impl IoBackend,
     generation_dir: &Path,
     meta: &SealedSegment,
-) -> Option<SparseIndex> {
+) -> Option<SealedIndex> {
     let path = segment::index_path(generation_dir, meta.base_offset);
     let file = io.open_file(&path, OpenMode::Existing).ok()?;
     let bytes = io
         .file_size(file)
         .and_then(|size| read_range(io, file, 0, size as usize));
     io.close(file);
-    let index = SparseIndex::decode(&bytes.ok()?, meta.base_offset)?;
+    let loaded = SealedIndex::decode(&bytes.ok()?, meta.base_offset)?;
     // An index pointing past the segment is stale, whatever its checksum.
-    let fits = index
+    let fits = loaded
+        .index
         .entries()
         .iter()
         .all(|e| u64::from(e.position) < meta.length_bytes);
-    fits.then_some(index)
+    let chunks = meta
+        .length_bytes
+        .div_ceil(u64::from(loaded.chunk_size_bytes.max(1)));
+    (fits && loaded.chunk_checksums.len() as u64 == chunks).then_some(loaded)
 }
 
 /// Rebuilds a sealed segment's index from its log, verifying every batch, the
@@ -260,10 +257,10 @@ fn rebuild_index(
     file: FileId,
     meta: &SealedSegment,
     prev_checksum: Option<u64>,
-    index_interval_bytes: u32,
-) -> Result<SparseIndex, StoreError> {
+    config: &StoreConfig,
+) -> Result<SealedIndex, StoreError> {
     let mut index = SparseIndex::default();
-    let mut hasher = Hasher::new();
+    let mut hasher = SegmentHasher::new(config.transfer_chunk_bytes);
     let mut next_offset = meta.base_offset;
     let mut last_checksum = prev_checksum;
     let mut walker = Walker::new(file, SCAN_CHUNK_BYTES);
@@ -283,7 +280,7 @@ fn rebuild_index(
                 (h.base_offset - meta.base_offset) as u32,
                 position as u32,
                 h.max_timestamp_ms,
-                index_interval_bytes,
+                config.index_interval_bytes,
             );
             hasher.update(view.as_bytes());
             next_offset = h.next_offset();
@@ -296,7 +293,7 @@ fn rebuild_index(
     }
     if end != meta.length_bytes
         || next_offset != meta.end_offset
-        || hasher.finish() != meta.checksum
+        || hasher.checksum() != meta.checksum
     {
         return Err(corruption(
             pid,
@@ -308,7 +305,11 @@ fn rebuild_index(
             ),
         ));
     }
-    Ok(index)
+    Ok(SealedIndex {
+        index,
+        chunk_size_bytes: config.transfer_chunk_bytes,
+        chunk_checksums: hasher.chunk_checksums(),
+    })
 }
 
 /// Recovers the active segment: verify below the frontier, find the end of
@@ -340,7 +341,7 @@ fn recover_active(
         last_op: frontier.last_op,
     };
     let mut index = SparseIndex::default();
-    let mut hasher = Hasher::new();
+    let mut hasher = SegmentHasher::new(config.transfer_chunk_bytes);
     let mut max_timestamp_ms = 0;
     let mut met_frontier = frontier.active_position == 0;
     let mut walker = Walker::new(file, SCAN_CHUNK_BYTES);

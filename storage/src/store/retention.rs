@@ -57,7 +57,13 @@ impl PartitionStore {
         let pending = std::mem::replace(&mut self.active.pending, AlignedBuf::new(0));
         let old_active = std::mem::replace(
             &mut self.active,
-            ActiveSegment::empty(base, new_file, self.durable.last_checksum, pending),
+            ActiveSegment::empty(
+                base,
+                new_file,
+                self.durable.last_checksum,
+                pending,
+                self.config.transfer_chunk_bytes,
+            ),
         );
         let old_dir = std::mem::replace(&mut self.generation_dir, new_dir);
         let old_dir_file = std::mem::replace(&mut self.generation_dir_file, new_dir_file);
