@@ -22,9 +22,8 @@
 //! 112 active_base u64    120 active_position u64
 //! 128 active_prev_checksum u64 (chain anchor before the active segment)
 //! 136 purge_generation u64  144 live_generation u64
-//! 152 staging_generation u64 (0: no install in progress)
-//! 160 segment_count u32  164 reserved u32
-//! 168 segments: segment_count x 48 bytes (base_offset, end_offset,
+//! 152 segment_count u32  156 reserved u32
+//! 160 segments: segment_count x 48 bytes (base_offset, end_offset,
 //!     length_bytes, checksum, last_batch_checksum, max_timestamp_ms: u64 each)
 //! ```
 
@@ -42,7 +41,7 @@ pub const FILE_SIZE_BYTES: usize = COPY_SIZE_BYTES * COPIES;
 /// "RLGSUPER"
 const MAGIC: u64 = u64::from_le_bytes(*b"RLGSUPER");
 const VERSION: u16 = 1;
-const FIXED_LEN: usize = 168;
+const FIXED_LEN: usize = 160;
 const SEGMENT_ENTRY_LEN: usize = 48;
 /// The most sealed segments a partition can hold (bounded by the copy size).
 pub const SEGMENTS_MAX: usize = (COPY_SIZE_BYTES - FIXED_LEN) / SEGMENT_ENTRY_LEN;
@@ -101,8 +100,10 @@ pub struct Superblock {
     pub vsr: VsrState,
     pub frontier: Frontier,
     pub purge_generation: u64,
+    /// The generation directory holding the live segments. An install
+    /// commits by naming the generation it staged; recovery finishes its
+    /// rename if needed.
     pub live_generation: u64,
-    pub staging_generation: u64,
     pub segments: Vec<SealedSegment>,
 }
 
@@ -182,7 +183,6 @@ impl Superblock {
             f.active_prev_checksum,
             self.purge_generation,
             self.live_generation,
-            self.staging_generation,
         ] {
             w.u64(v);
         }
@@ -258,7 +258,6 @@ impl Superblock {
         };
         let purge_generation = r.u64();
         let live_generation = r.u64();
-        let staging_generation = r.u64();
         let count = r.u32();
         if r.u32() != 0 {
             return Err(CopyError::NonZeroReserved);
@@ -290,7 +289,6 @@ impl Superblock {
                 frontier,
                 purge_generation,
                 live_generation,
-                staging_generation,
                 segments,
             },
             stored,
@@ -436,7 +434,6 @@ mod tests {
             },
             purge_generation: 1,
             live_generation: 2,
-            staging_generation: 0,
             segments: (0..5)
                 .map(|i| SealedSegment {
                     base_offset: i * 80,

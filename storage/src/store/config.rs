@@ -28,6 +28,11 @@ pub struct StoreConfig {
     /// State transfer moves segments in chunks of this size, each with its
     /// own checksum computed as the segment is written. Multiple of 4096.
     pub transfer_chunk_bytes: u32,
+    /// A snapshot not read from for this long is released, unpinning its
+    /// segments.
+    pub snapshot_lease_ms: u64,
+    /// Snapshots served at once.
+    pub snapshots_max: usize,
 }
 
 impl Default for StoreConfig {
@@ -41,6 +46,8 @@ impl Default for StoreConfig {
             recycled_files_max: 4,
             read_bytes_max: 16 * 1024 * 1024,
             transfer_chunk_bytes: 1024 * 1024,
+            snapshot_lease_ms: 30_000,
+            snapshots_max: 4,
         }
     }
 }

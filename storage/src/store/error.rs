@@ -75,6 +75,64 @@ pub enum StoreError {
     AlreadyExists { path: PathBuf },
     #[error("invalid store config: {0}")]
     Config(String),
+    #[error("partition {partition_id}: {source}")]
+    Transfer {
+        partition_id: u32,
+        #[source]
+        source: TransferError,
+    },
+}
+
+/// State transfer refusals and faults, each charged to whoever caused it:
+/// the offering peer for stale or malformed offers and bad chunks, the local
+/// caller for unknown snapshots.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum TransferError {
+    #[error("stale offer: purge generation {offered} below ours {ours}")]
+    StalePurgeGeneration { offered: u64, ours: u64 },
+    #[error("stale offer: frontier {offered} below ours {ours}")]
+    StaleFrontier { offered: u64, ours: u64 },
+    #[error("stale offer: commit {offered} below ours {ours}")]
+    StaleCommit { offered: u64, ours: u64 },
+    #[error("offer is for partition {offered}")]
+    WrongPartition { offered: u32 },
+    #[error("offer {what} {value} exceeds the cap {max}")]
+    OfferTooLarge {
+        what: &'static str,
+        value: u64,
+        max: u64,
+    },
+    #[error("offered artifact at offset {base_offset} overlaps or leaves a gap")]
+    NotContiguous { base_offset: u64 },
+    #[error("offered artifacts end at {artifacts_end}, the offered frontier is {next_offset}")]
+    FrontierMismatch {
+        artifacts_end: u64,
+        next_offset: u64,
+    },
+    #[error("offer chunk size {offered} differs from ours {ours}")]
+    ChunkSize { offered: u32, ours: u32 },
+    #[error("snapshot {id} is unknown or expired")]
+    UnknownSnapshot { id: u64 },
+    #[error("already serving {open} snapshots, the limit")]
+    TooManySnapshots { open: usize },
+    #[error("segments are pinned by {open} open snapshots")]
+    Pinned { open: usize },
+    #[error("artifact {artifact} chunk {chunk} is outside the manifest")]
+    ChunkOutOfRange { artifact: u32, chunk: u32 },
+    #[error("artifact {artifact} chunk {chunk}: {reason}")]
+    BadChunk {
+        artifact: u32,
+        chunk: u32,
+        reason: String,
+    },
+    #[error("install incomplete: {missing} chunks missing")]
+    Incomplete { missing: u64 },
+    #[error("staged artifact {artifact} fails verification: {reason}")]
+    Verification { artifact: u32, reason: String },
+    #[error("appends are pending; an install replaces the log and needs it idle")]
+    Busy,
+    #[error("an install is already in progress")]
+    InstallInProgress,
 }
 
 impl StoreError {

@@ -27,9 +27,11 @@
 mod config;
 mod error;
 mod group;
+mod install;
 mod open;
 mod read;
 mod retention;
+mod snapshot;
 mod walk;
 
 use std::path::{Path, PathBuf};
@@ -37,8 +39,9 @@ use std::path::{Path, PathBuf};
 use ringlog_protocol::BatchView;
 
 pub use config::StoreConfig;
-pub use error::StoreError;
+pub use error::{StoreError, TransferError};
 pub use group::flush_all;
+pub use install::Install;
 pub use read::Fetched;
 pub use retention::RetentionOutcome;
 
@@ -52,6 +55,8 @@ use crate::superblock::{
 
 const SUPERBLOCK_FILE: &str = "superblock";
 const RECYCLE_DIR: &str = "recycle";
+/// Where an install stages the next generation (one install at a time).
+const STAGING_DIR: &str = "staging";
 
 /// Where the log ends: the next offset and the hash chain anchor.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -123,6 +128,12 @@ pub struct PartitionStore {
     recycled: Vec<PathBuf>,
     /// Set on the first write or fsync failure: fail-stop.
     fenced: Option<String>,
+    /// Snapshots being served; their segments are pinned.
+    snapshots: Vec<snapshot::Lease>,
+    /// Distinguishes snapshots opened in the same millisecond.
+    snapshot_seq: u64,
+    /// Whether an install is staged (at most one at a time).
+    installing: bool,
 }
 
 impl PartitionStore {
@@ -187,6 +198,9 @@ impl PartitionStore {
             spare: None,
             recycled: Vec::new(),
             fenced: None,
+            snapshots: Vec::new(),
+            snapshot_seq: 0,
+            installing: false,
         };
         store.sync_dirs(io, &[generation_dir_file])?;
         store.write_superblock_copies(io, &sb, &[0, 1, 2, 3])?;
@@ -565,6 +579,19 @@ impl PartitionStore {
         sb: &Superblock,
         copies: &[usize],
     ) -> Result<(), StoreError> {
+        let sqes = self.superblock_sqes(sb, copies)?;
+        let result = submit_checked(io, sqes)
+            .map(|_| ())
+            .map_err(|(kind, e)| format!("superblock {kind} failed: {e}"));
+        match result {
+            Ok(()) => Ok(()),
+            Err(cause) => Err(self.fence(cause)),
+        }
+    }
+
+    /// The linked chain writing `copies` of `sb`, each followed by an
+    /// fdatasync, so a crash tears at most one copy.
+    fn superblock_sqes(&self, sb: &Superblock, copies: &[usize]) -> Result<Vec<Sqe>, StoreError> {
         debug_assert!(copies.iter().all(|&c| c < COPIES));
         let mut sqes = Vec::with_capacity(copies.len() * 2);
         for (i, &copy) in copies.iter().enumerate() {
@@ -583,13 +610,7 @@ impl PartitionStore {
                 Sqe::new(sync)
             });
         }
-        let result = submit_checked(io, sqes)
-            .map(|_| ())
-            .map_err(|(kind, e)| format!("superblock {kind} failed: {e}"));
-        match result {
-            Ok(()) => Ok(()),
-            Err(cause) => Err(self.fence(cause)),
-        }
+        Ok(sqes)
     }
 
     /// fsyncs directories (making names durable); failure fences.

@@ -9,14 +9,15 @@
 //!    its checksum, offset or hash chain, and the log ends there (the torn
 //!    tail is dropped: the next flush overwrites it).
 //! 4. Files the superblock does not reference are garbage: recycled or
-//!    removed.
+//!    removed. An install whose superblock committed but whose staging
+//!    rename did not land is rolled forward; any other staging is garbage.
 
 use std::path::{Path, PathBuf};
 
 use super::walk::{Visit, WalkStop, Walker};
 use super::{
     create_segment_file, submit_checked, write_new_file, ActiveSegment, ChainPoint, PartitionStore,
-    SealedFile, StoreConfig, StoreError, RECYCLE_DIR, SUPERBLOCK_FILE,
+    SealedFile, StoreConfig, StoreError, RECYCLE_DIR, STAGING_DIR, SUPERBLOCK_FILE,
 };
 use crate::io::{align_down, AlignedBuf, FileId, IoBackend, Op, OpenMode, Sqe, BLOCK_SIZE};
 use crate::segment::{self, SealedIndex, SegmentHasher, SparseIndex};
@@ -55,6 +56,7 @@ impl PartitionStore {
             .open_dir(dir)
             .map_err(|e| StoreError::io(pid, "open", dir, e))?;
         let generation_dir = segment::generation_dir(dir, sb.live_generation);
+        roll_install_forward(io, pid, dir, dir_file, &generation_dir)?;
         let generation_dir_file = io
             .open_dir(&generation_dir)
             .map_err(|e| StoreError::io(pid, "open", &generation_dir, e))?;
@@ -79,6 +81,9 @@ impl PartitionStore {
             spare: None,
             recycled: Vec::new(),
             fenced: None,
+            snapshots: Vec::new(),
+            snapshot_seq: 0,
+            installing: false,
         };
         if !chosen.copies_to_repair.is_empty() {
             tracing::warn!(
@@ -137,7 +142,11 @@ impl PartitionStore {
         for path in list(io, pid, &self.dir)? {
             let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
             let Some(name) = name else { continue };
-            if name.starts_with("gen-") && Some(path.file_name()) != Some(live_name.as_deref()) {
+            let old_generation =
+                name.starts_with("gen-") && Some(path.file_name()) != Some(live_name.as_deref());
+            // A staging directory the superblock does not name: an install
+            // that never committed, rolled back here.
+            if old_generation || name == STAGING_DIR {
                 for file in list(io, pid, &path)? {
                     self.dispose(&file, &mut ops);
                 }
@@ -160,6 +169,35 @@ impl PartitionStore {
         }
         Ok(())
     }
+}
+
+/// If the superblock names a generation whose directory is still called
+/// `staging`, the install committed but its rename did not land: finish it.
+fn roll_install_forward(
+    io: &mut impl IoBackend,
+    pid: u32,
+    dir: &Path,
+    dir_file: FileId,
+    generation_dir: &Path,
+) -> Result<(), StoreError> {
+    let staging = dir.join(STAGING_DIR);
+    let exists = |io: &mut _, p: &Path| {
+        IoBackend::exists(io, p).map_err(|e| StoreError::io(pid, "stat", p, e))
+    };
+    if exists(io, generation_dir)? || !exists(io, &staging)? {
+        return Ok(());
+    }
+    tracing::warn!(partition = pid, "rolling an interrupted install forward");
+    let sqes = vec![
+        Sqe::linked(Op::Rename {
+            from: staging.clone(),
+            to: generation_dir.into(),
+        }),
+        Sqe::new(Op::Fsync { file: dir_file }),
+    ];
+    submit_checked(io, sqes)
+        .map(|_| ())
+        .map_err(|(kind, e)| StoreError::io(pid, kind, &staging, e))
 }
 
 /// Opens every sealed segment and loads (or rebuilds) its index. Returns
@@ -436,7 +474,11 @@ pub(super) fn read_range(
     Ok(c.op.into_buf().expect("read returns its buffer"))
 }
 
-fn list(io: &mut impl IoBackend, pid: u32, dir: &Path) -> Result<Vec<PathBuf>, StoreError> {
+pub(super) fn list(
+    io: &mut impl IoBackend,
+    pid: u32,
+    dir: &Path,
+) -> Result<Vec<PathBuf>, StoreError> {
     let names = io
         .list_dir(dir)
         .map_err(|e| StoreError::io(pid, "list", dir, e))?;

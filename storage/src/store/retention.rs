@@ -25,7 +25,9 @@ pub struct RetentionOutcome {
 impl PartitionStore {
     /// Drops every stored batch. Offsets are never reused: the log continues
     /// at the same next offset, in a new generation.
+    /// Refused while snapshots are open (see `expire_snapshots`).
     pub fn purge(&mut self, io: &mut impl IoBackend) -> Result<(), StoreError> {
+        self.check_unpinned()?;
         self.flush(io)?;
         let pid = self.partition_id;
         let generation = self.sb.live_generation + 1;
@@ -86,17 +88,22 @@ impl PartitionStore {
         self.sync_recycle_and(io, self.dir_file)
     }
 
-    /// Removes the oldest sealed segments beyond the size or age limits.
-    /// `now_ms` is the caller's clock (the store has none).
+    /// Removes the oldest sealed segments beyond the size or age limits,
+    /// stopping at the first one an open snapshot pins. `now_ms` is the
+    /// caller's clock (the store has none).
     pub fn apply_retention(
         &mut self,
         io: &mut impl IoBackend,
         now_ms: u64,
     ) -> Result<RetentionOutcome, StoreError> {
         self.check_fenced()?;
+        self.expire_snapshots(now_ms);
         let mut size = self.size_bytes();
         let mut count = 0;
         for s in &self.sealed {
+            if self.is_pinned(s.meta.base_offset) {
+                break;
+            }
             let too_big = self.config.retention_bytes.is_some_and(|max| size > max);
             let too_old = self
                 .config

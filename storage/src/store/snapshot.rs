@@ -1,0 +1,164 @@
+//! Serving snapshots for state transfer.
+//!
+//! A snapshot is the partition's sealed segments at one instant. Opening one
+//! seals the active segment if it holds anything (so the whole committed log
+//! is in sealed segments, whose checksums and chunk checksums were computed
+//! as they were written: nothing is rehashed), then describes them in a
+//! [`Manifest`]. Chunks are read from the live segment files with O_DIRECT
+//! while appends go on into the new active segment. Until the snapshot is
+//! released or its lease runs out, retention will not remove its segments and
+//! purge is refused.
+
+use ringlog_protocol::checksum;
+use ringlog_protocol::manifest::{Artifact, ArtifactKind, Manifest};
+
+use super::open::read_range;
+use super::{PartitionStore, StoreError, TransferError};
+use crate::io::{AlignedBuf, IoBackend};
+use crate::segment;
+
+/// An open snapshot: the base offsets of the segments it pins.
+pub(super) struct Lease {
+    id: u64,
+    bases: Vec<u64>,
+    expires_at_ms: u64,
+}
+
+impl PartitionStore {
+    /// Opens a snapshot of everything durable and returns its manifest.
+    /// `now_ms` is the caller's clock, for the lease.
+    pub fn open_snapshot(
+        &mut self,
+        io: &mut impl IoBackend,
+        now_ms: u64,
+    ) -> Result<Manifest, StoreError> {
+        self.check_fenced()?;
+        self.expire_snapshots(now_ms);
+        if self.snapshots.len() >= self.config.snapshots_max {
+            return Err(self.transfer_error(TransferError::TooManySnapshots {
+                open: self.snapshots.len(),
+            }));
+        }
+        if self.active.end_position > 0 {
+            self.roll(io)?;
+        }
+        let artifacts: Vec<Artifact> = self
+            .sealed
+            .iter()
+            .map(|s| Artifact {
+                kind: ArtifactKind::Segment,
+                base_offset: s.meta.base_offset,
+                end_offset: s.meta.end_offset,
+                length_bytes: s.meta.length_bytes,
+                checksum: s.meta.checksum,
+                last_batch_checksum: s.meta.last_batch_checksum,
+                max_timestamp_ms: s.meta.max_timestamp_ms,
+                chunk_checksums: s.chunk_checksums.clone(),
+            })
+            .collect();
+        self.snapshot_seq += 1;
+        // Unique across restarts too: the clock moves on, the sequence
+        // separates snapshots opened in the same millisecond.
+        let id = (now_ms << 16) | (self.snapshot_seq & 0xFFFF);
+        self.snapshots.push(Lease {
+            id,
+            bases: artifacts.iter().map(|a| a.base_offset).collect(),
+            expires_at_ms: now_ms.saturating_add(self.config.snapshot_lease_ms),
+        });
+        Ok(Manifest {
+            partition_id: self.partition_id,
+            view: self.sb.vsr.view,
+            commit: self.sb.vsr.commit,
+            next_offset: self.durable.next_offset,
+            last_op: self.durable.last_op,
+            last_checksum: self.durable.last_checksum,
+            purge_generation: self.sb.purge_generation,
+            snapshot_id: id,
+            chunk_size_bytes: self.config.transfer_chunk_bytes,
+            artifacts,
+        })
+    }
+
+    /// Reads chunk `chunk` of artifact `artifact` of snapshot `id`, verified
+    /// against its recorded checksum, and renews the lease. The buffer's
+    /// length is the chunk's length.
+    pub fn read_chunk(
+        &mut self,
+        io: &mut impl IoBackend,
+        id: u64,
+        artifact: u32,
+        chunk: u32,
+        now_ms: u64,
+    ) -> Result<AlignedBuf, StoreError> {
+        self.check_fenced()?;
+        self.expire_snapshots(now_ms);
+        let lease_ms = self.config.snapshot_lease_ms;
+        let Some(lease) = self.snapshots.iter_mut().find(|l| l.id == id) else {
+            return Err(self.transfer_error(TransferError::UnknownSnapshot { id }));
+        };
+        lease.expires_at_ms = now_ms.saturating_add(lease_ms);
+        let out_of_range = TransferError::ChunkOutOfRange { artifact, chunk };
+        let Some(&base) = lease.bases.get(artifact as usize) else {
+            return Err(self.transfer_error(out_of_range));
+        };
+        let i = self
+            .sealed
+            .binary_search_by_key(&base, |s| s.meta.base_offset)
+            .expect("pinned segments stay in the table");
+        let s = &self.sealed[i];
+        let Some(&expected) = s.chunk_checksums.get(chunk as usize) else {
+            return Err(self.transfer_error(out_of_range));
+        };
+        let chunk_bytes = u64::from(self.config.transfer_chunk_bytes);
+        let offset = u64::from(chunk) * chunk_bytes;
+        let len = chunk_bytes.min(s.meta.length_bytes - offset) as usize;
+        let file = s.file;
+        let path = segment::log_path(&self.generation_dir, base);
+        let mut buf = read_range(io, file, offset, len)
+            .map_err(|e| StoreError::io(self.partition_id, "read", &path, e))?;
+        if buf.len() < len || checksum(&buf[..len]) != expected {
+            return Err(StoreError::Corruption {
+                partition_id: self.partition_id,
+                segment: path,
+                position: offset,
+                detail: format!("chunk {chunk} does not match its recorded checksum"),
+            });
+        }
+        buf.set_len(len);
+        Ok(buf)
+    }
+
+    /// Ends a snapshot, unpinning its segments.
+    pub fn release_snapshot(&mut self, id: u64) {
+        self.snapshots.retain(|l| l.id != id);
+    }
+
+    /// Drops snapshots whose lease ran out.
+    pub fn expire_snapshots(&mut self, now_ms: u64) {
+        self.snapshots.retain(|l| l.expires_at_ms >= now_ms);
+    }
+
+    /// Whether an open snapshot pins the segment starting at `base_offset`.
+    pub(super) fn is_pinned(&self, base_offset: u64) -> bool {
+        self.snapshots
+            .iter()
+            .any(|l| l.bases.contains(&base_offset))
+    }
+
+    /// Refuses a purge while snapshots are open.
+    pub(super) fn check_unpinned(&self) -> Result<(), StoreError> {
+        if self.snapshots.is_empty() {
+            return Ok(());
+        }
+        Err(self.transfer_error(TransferError::Pinned {
+            open: self.snapshots.len(),
+        }))
+    }
+
+    pub(super) fn transfer_error(&self, source: TransferError) -> StoreError {
+        StoreError::Transfer {
+            partition_id: self.partition_id,
+            source,
+        }
+    }
+}
