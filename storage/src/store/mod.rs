@@ -50,7 +50,8 @@ use crate::io::{
 };
 use crate::segment::{self, SealedIndex, SegmentHasher, SparseIndex};
 use crate::superblock::{
-    Frontier, SealedSegment, Superblock, SuperblockError, COPIES, COPY_SIZE_BYTES, SEGMENTS_MAX,
+    Frontier, SealedSegment, Superblock, SuperblockError, VsrState, COPIES, COPY_SIZE_BYTES,
+    SEGMENTS_MAX,
 };
 
 const SUPERBLOCK_FILE: &str = "superblock";
@@ -433,6 +434,16 @@ impl PartitionStore {
         }
         let completions = io.submit(sqes);
         self.complete_flush(completions)
+    }
+
+    /// Makes VSR state (view, log view, commit, op) durable in the
+    /// superblock: it must be, before any message that depends on it is sent.
+    pub fn set_vsr(&mut self, io: &mut impl IoBackend, vsr: VsrState) -> Result<(), StoreError> {
+        self.check_fenced()?;
+        assert!(vsr.view >= self.sb.vsr.view, "a view never goes back");
+        let mut next = self.sb.successor();
+        next.vsr = vsr;
+        self.write_superblock(io, next)
     }
 
     /// Flushes and checkpoints the frontier in the superblock, so the next

@@ -146,9 +146,14 @@ impl PartitionStore {
                 name.starts_with("gen-") && Some(path.file_name()) != Some(live_name.as_deref());
             // A staging directory the superblock does not name: an install
             // that never committed, rolled back here.
-            if old_generation || name == STAGING_DIR {
+            let staging = name == STAGING_DIR;
+            if old_generation || staging {
                 for file in list(io, pid, &path)? {
-                    self.dispose(&file, &mut ops);
+                    if staging {
+                        ops.push(Op::Unlink { path: file });
+                    } else {
+                        self.dispose(&file, &mut ops);
+                    }
                 }
                 partition_dir_changed = true;
                 ops.push(Op::RemoveDir { path });

@@ -1,0 +1,630 @@
+//! State transfer between sim stores: crash points of an install, stale-offer
+//! refusals, pinning, and a convergence property over random histories.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use common::{next_batch, read_all, small_config};
+use proptest::prelude::*;
+use ringlog_protocol::manifest::{Manifest, ManifestError, ManifestLimits};
+use ringlog_storage::io::sim::SimBackend;
+use ringlog_storage::store::{ChainPoint, PartitionStore, StoreConfig, StoreError, TransferError};
+use ringlog_storage::superblock::VsrState;
+
+const PID: u32 = 5;
+const NOW_MS: u64 = 1_000_000;
+
+/// Everything observable about a store's log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct State {
+    log_start: u64,
+    durable: ChainPoint,
+    purge_generation: u64,
+    batches: Vec<(u64, Vec<u8>)>,
+}
+
+fn state(io: &mut SimBackend, store: &mut PartitionStore) -> State {
+    State {
+        log_start: store.log_start_offset(),
+        durable: store.durable(),
+        purge_generation: store.superblock().purge_generation,
+        batches: read_all(io, store),
+    }
+}
+
+fn append(io: &mut SimBackend, store: &mut PartitionStore, n: u64, value_len: usize, seed: u64) {
+    for i in 0..n {
+        let batch = next_batch(store, 3, value_len, seed * 1000 + i);
+        store.append(io, &batch).unwrap();
+    }
+    store.flush(io).unwrap();
+}
+
+/// A snapshot as it travels: the encoded manifest and every chunk.
+struct Offer {
+    manifest: Vec<u8>,
+    chunks: Vec<(u32, u32, Vec<u8>)>,
+}
+
+fn take_offer(io: &mut SimBackend, store: &mut PartitionStore) -> Offer {
+    let manifest = store.open_snapshot(io, NOW_MS).unwrap();
+    let mut chunks = Vec::new();
+    for (a, artifact) in manifest.artifacts.iter().enumerate() {
+        for c in 0..artifact.chunk_checksums.len() as u32 {
+            let buf = store
+                .read_chunk(io, manifest.snapshot_id, a as u32, c, NOW_MS)
+                .unwrap();
+            chunks.push((a as u32, c, buf.to_vec()));
+        }
+    }
+    store.release_snapshot(manifest.snapshot_id);
+    Offer {
+        manifest: manifest.encode(),
+        chunks,
+    }
+}
+
+fn install(
+    io: &mut SimBackend,
+    store: &mut PartitionStore,
+    offer: &Offer,
+) -> Result<(), StoreError> {
+    let manifest = Manifest::decode(&offer.manifest, &ManifestLimits::default()).unwrap();
+    let mut install = store.begin_install(io, manifest)?;
+    // Deliver out of order and with a duplicate, as a windowed pull would.
+    for (a, c, bytes) in offer.chunks.iter().rev() {
+        install.accept_chunk(io, *a, *c, bytes)?;
+    }
+    if let Some((a, c, bytes)) = offer.chunks.first() {
+        install.accept_chunk(io, *a, *c, bytes)?;
+    }
+    store.commit_install(io, install)
+}
+
+/// Full transfer between two stores on their own disks.
+fn transfer(
+    src_io: &mut SimBackend,
+    src: &mut PartitionStore,
+    dst_io: &mut SimBackend,
+    dst: &mut PartitionStore,
+) -> Result<(), StoreError> {
+    let offer = take_offer(src_io, src);
+    install(dst_io, dst, &offer)
+}
+
+fn dir(name: &str) -> &Path {
+    Path::new(name)
+}
+
+struct Scenario {
+    name: &'static str,
+    source: fn(&mut SimBackend) -> PartitionStore,
+    receiver: fn(&mut SimBackend) -> PartitionStore,
+}
+
+fn source_plain(io: &mut SimBackend) -> PartitionStore {
+    let mut s = PartitionStore::create(io, dir("/src"), PID, small_config()).unwrap();
+    append(io, &mut s, 40, 900, 1);
+    s
+}
+
+fn receiver_prefix(io: &mut SimBackend) -> PartitionStore {
+    let mut r = PartitionStore::create(io, dir("/dst"), PID, small_config()).unwrap();
+    append(io, &mut r, 12, 900, 1);
+    r
+}
+
+fn source_purged_empty(io: &mut SimBackend) -> PartitionStore {
+    let mut s = PartitionStore::create(io, dir("/src"), PID, small_config()).unwrap();
+    append(io, &mut s, 30, 900, 1);
+    s.purge(io).unwrap();
+    s
+}
+
+fn source_purged_short(io: &mut SimBackend) -> PartitionStore {
+    let mut s = source_purged_empty(io);
+    append(io, &mut s, 2, 50, 9);
+    s
+}
+
+fn receiver_long_pre_purge(io: &mut SimBackend) -> PartitionStore {
+    let mut r = PartitionStore::create(io, dir("/dst"), PID, small_config()).unwrap();
+    append(io, &mut r, 30, 900, 1);
+    r
+}
+
+const SCENARIOS: [Scenario; 3] = [
+    Scenario {
+        name: "segments",
+        source: source_plain,
+        receiver: receiver_prefix,
+    },
+    Scenario {
+        name: "empty snapshot",
+        source: source_purged_empty,
+        receiver: receiver_prefix,
+    },
+    Scenario {
+        name: "replace a longer local chain after purge",
+        source: source_purged_short,
+        receiver: receiver_long_pre_purge,
+    },
+];
+
+#[test]
+fn crash_at_every_io_of_an_install() {
+    let mut total_points = 0;
+    for scenario in &SCENARIOS {
+        let mut src_io = SimBackend::new(99);
+        let mut src = (scenario.source)(&mut src_io);
+        let offer = take_offer(&mut src_io, &mut src);
+
+        // A clean run gives the old state, the new state and the I/O count.
+        let mut io = SimBackend::new(1);
+        let mut dst = (scenario.receiver)(&mut io);
+        let old = state(&mut io, &mut dst);
+        let setup_ops = io.ops_count();
+        install(&mut io, &mut dst, &offer).unwrap();
+        let install_ops = io.ops_count() - setup_ops;
+        let new = state(&mut io, &mut dst);
+        assert_ne!(old, new, "{}: the install changes nothing", scenario.name);
+        assert!(new.durable.next_offset >= old.durable.next_offset);
+
+        let mut points = 0;
+        for k in 0..=install_ops {
+            for tear in [false, true] {
+                let label = format!("{} crash at install I/O {k} tear={tear}", scenario.name);
+                let mut io = SimBackend::new(1000 + k * 2 + u64::from(tear));
+                let mut dst = (scenario.receiver)(&mut io);
+                io.set_crash_at(setup_ops + k, tear);
+                let result = install(&mut io, &mut dst, &offer);
+                assert!(
+                    result.is_err() || k == install_ops,
+                    "{label}: crash unnoticed"
+                );
+                let mut io = io.reboot();
+                let mut dst = PartitionStore::open(&mut io, dir("/dst"), PID, small_config())
+                    .unwrap_or_else(|e| panic!("{label}: recovery failed: {e}"));
+                let got = state(&mut io, &mut dst);
+                assert!(
+                    got == old || got == new,
+                    "{label}: neither old nor new state: {:?} vs old {:?} / new {:?}",
+                    got.durable,
+                    old.durable,
+                    new.durable
+                );
+                assert!(
+                    got.durable.next_offset >= old.durable.next_offset,
+                    "{label}: frontier regressed"
+                );
+                let leftovers: Vec<_> = io
+                    .paths()
+                    .into_iter()
+                    .filter(|p| p.to_string_lossy().contains("staging"))
+                    .collect();
+                assert!(
+                    leftovers.is_empty(),
+                    "{label}: staging left behind: {leftovers:?}"
+                );
+                install(&mut io, &mut dst, &offer)
+                    .unwrap_or_else(|e| panic!("{label}: fresh install: {e}"));
+                assert!(
+                    state(&mut io, &mut dst) == new,
+                    "{label}: fresh install differs"
+                );
+                points += 1;
+            }
+        }
+        println!(
+            "{}: {install_ops} install I/Os, {points} crash points checked",
+            scenario.name
+        );
+        total_points += points;
+    }
+    println!("install crash points exercised: {total_points}");
+    assert!(total_points > 100);
+}
+
+#[test]
+fn stale_offers_are_refused() {
+    let mut src_io = SimBackend::new(2);
+    let mut dst_io = SimBackend::new(3);
+    let mut src = PartitionStore::create(&mut src_io, dir("/src"), PID, small_config()).unwrap();
+    let mut dst = PartitionStore::create(&mut dst_io, dir("/dst"), PID, small_config()).unwrap();
+    append(&mut src_io, &mut src, 10, 500, 1);
+    append(&mut dst_io, &mut dst, 10, 500, 1);
+
+    // Pre-purge offer: the receiver applied purge generation 1, the peer has
+    // not, and offers more (pre-purge) data.
+    dst.purge(&mut dst_io).unwrap();
+    append(&mut src_io, &mut src, 5, 500, 2);
+    let offer = take_offer(&mut src_io, &mut src);
+    assert_eq!(
+        refused(install(&mut dst_io, &mut dst, &offer)),
+        TransferError::StalePurgeGeneration {
+            offered: 0,
+            ours: 1
+        }
+    );
+    dst.close(&mut dst_io).unwrap();
+    let mut dst_io = dst_io.reboot();
+    let mut dst = PartitionStore::open(&mut dst_io, dir("/dst"), PID, small_config()).unwrap();
+    assert_eq!(
+        refused(install(&mut dst_io, &mut dst, &offer)),
+        TransferError::StalePurgeGeneration {
+            offered: 0,
+            ours: 1
+        }
+    );
+    assert!(dst_io
+        .paths()
+        .iter()
+        .all(|p| !p.to_string_lossy().contains("staging")));
+
+    // Frontier below ours.
+    let mut big_io = SimBackend::new(4);
+    let mut big = PartitionStore::create(&mut big_io, dir("/big"), PID, small_config()).unwrap();
+    append(&mut big_io, &mut big, 30, 500, 1);
+    let mut small_io = SimBackend::new(5);
+    let mut small =
+        PartitionStore::create(&mut small_io, dir("/small"), PID, small_config()).unwrap();
+    append(&mut small_io, &mut small, 3, 500, 1);
+    let offer = take_offer(&mut small_io, &mut small);
+    assert!(matches!(
+        refused(install(&mut big_io, &mut big, &offer)),
+        TransferError::StaleFrontier { .. }
+    ));
+
+    // Commit below ours.
+    let mut c_io = SimBackend::new(6);
+    let mut c = PartitionStore::create(&mut c_io, dir("/c"), PID, small_config()).unwrap();
+    c.set_vsr(
+        &mut c_io,
+        VsrState {
+            view: 1,
+            log_view: 1,
+            commit: 50,
+            op: 50,
+        },
+    )
+    .unwrap();
+    let offer = take_offer(&mut big_io, &mut big);
+    assert_eq!(
+        refused(install(&mut c_io, &mut c, &offer)),
+        TransferError::StaleCommit {
+            offered: 0,
+            ours: 50
+        }
+    );
+
+    // Another partition's snapshot.
+    let mut o_io = SimBackend::new(7);
+    let mut other = PartitionStore::create(&mut o_io, dir("/o"), PID + 1, small_config()).unwrap();
+    assert!(matches!(
+        refused(install(&mut o_io, &mut other, &offer)),
+        TransferError::WrongPartition { .. }
+    ));
+}
+
+#[test]
+fn malformed_or_oversized_offers_and_bad_chunks_are_refused() {
+    let mut src_io = SimBackend::new(8);
+    let mut src = PartitionStore::create(&mut src_io, dir("/src"), PID, small_config()).unwrap();
+    append(&mut src_io, &mut src, 80, 900, 1);
+    let offer = take_offer(&mut src_io, &mut src);
+    let manifest = Manifest::decode(&offer.manifest, &ManifestLimits::default()).unwrap();
+    assert!(manifest.artifacts.len() >= 3);
+
+    // Caps at decode, before allocation.
+    let tight = ManifestLimits {
+        artifacts_max: 2,
+        ..ManifestLimits::default()
+    };
+    assert!(matches!(
+        Manifest::decode(&offer.manifest, &tight),
+        Err(ManifestError::OutOfRange { .. })
+    ));
+    // Unknown kind, at decode (re-sealed so only the kind is wrong).
+    let mut bytes = offer.manifest.clone();
+    bytes[88 + 2] = 7;
+    let n = bytes.len() - 8;
+    let sum = ringlog_protocol::checksum(&bytes[..n]);
+    bytes[n..].copy_from_slice(&sum.to_le_bytes());
+    assert!(matches!(
+        Manifest::decode(&bytes, &ManifestLimits::default()),
+        Err(ManifestError::UnknownKind { .. })
+    ));
+
+    let mut dst_io = SimBackend::new(9);
+    let mut dst = PartitionStore::create(&mut dst_io, dir("/dst"), PID, small_config()).unwrap();
+    // Artifacts larger than our segments.
+    let mut big = manifest.clone();
+    big.artifacts[0].length_bytes = small_config().segment_size_bytes + 4096;
+    assert!(matches!(
+        refused(dst.begin_install(&mut dst_io, big)),
+        TransferError::OfferTooLarge { .. }
+    ));
+    // Overlapping artifacts.
+    let mut overlap = manifest.clone();
+    overlap.artifacts[1].base_offset -= 1;
+    assert!(matches!(
+        refused(dst.begin_install(&mut dst_io, overlap)),
+        TransferError::NotContiguous { .. }
+    ));
+    // A gap.
+    let mut gap = manifest.clone();
+    gap.artifacts.remove(1);
+    assert!(matches!(
+        refused(dst.begin_install(&mut dst_io, gap)),
+        TransferError::NotContiguous { .. }
+    ));
+    // Another chunk size.
+    let other_chunks = StoreConfig {
+        transfer_chunk_bytes: 8192,
+        ..small_config()
+    };
+    let mut o_io = SimBackend::new(10);
+    let mut o = PartitionStore::create(&mut o_io, dir("/o"), PID, other_chunks).unwrap();
+    assert!(matches!(
+        refused(o.begin_install(&mut o_io, manifest.clone())),
+        TransferError::ChunkSize { .. }
+    ));
+
+    // Chunks: outside the manifest, wrong length, wrong checksum.
+    let mut install = dst.begin_install(&mut dst_io, manifest.clone()).unwrap();
+    let (a, c, good) = &offer.chunks[0];
+    assert!(matches!(
+        refused(install.accept_chunk(&mut dst_io, 99, 0, good)),
+        TransferError::ChunkOutOfRange { .. }
+    ));
+    assert!(matches!(
+        refused(install.accept_chunk(&mut dst_io, *a, 9999, good)),
+        TransferError::ChunkOutOfRange { .. }
+    ));
+    assert!(matches!(
+        refused(install.accept_chunk(&mut dst_io, *a, *c, &good[1..])),
+        TransferError::BadChunk { .. }
+    ));
+    let mut flipped = good.clone();
+    flipped[10] ^= 1;
+    assert!(matches!(
+        refused(install.accept_chunk(&mut dst_io, *a, *c, &flipped)),
+        TransferError::BadChunk { .. }
+    ));
+    // Committing before every chunk arrived is refused and cleans up.
+    let missing = install.missing_count();
+    assert!(missing > 0);
+    assert!(matches!(
+        refused(dst.commit_install(&mut dst_io, install)),
+        TransferError::Incomplete { .. }
+    ));
+    assert!(dst_io
+        .paths()
+        .iter()
+        .all(|p| !p.to_string_lossy().contains("staging")));
+
+    // A chunk that matches its listed checksum but whose data is not a valid
+    // log is caught by the verification pass before anything commits.
+    let mut lying = manifest.clone();
+    let mut lying_chunks = offer.chunks.clone();
+    lying_chunks[0].2[0] ^= 0xFF;
+    lying.artifacts[0].chunk_checksums[0] = ringlog_protocol::checksum(&lying_chunks[0].2);
+    let before = state(&mut dst_io, &mut dst);
+    let mut install = dst.begin_install(&mut dst_io, lying).unwrap();
+    for (a, c, bytes) in &lying_chunks {
+        install.accept_chunk(&mut dst_io, *a, *c, bytes).unwrap();
+    }
+    assert!(matches!(
+        refused(dst.commit_install(&mut dst_io, install)),
+        TransferError::Verification { .. }
+    ));
+    assert!(
+        state(&mut dst_io, &mut dst) == before,
+        "a refused install changed the store"
+    );
+    // The honest offer still installs.
+    install_ok(&mut dst_io, &mut dst, &offer);
+}
+
+/// The transfer refusal inside a result, or a panic.
+fn refused<T>(r: Result<T, StoreError>) -> TransferError {
+    match r {
+        Err(StoreError::Transfer { source, .. }) => source,
+        Err(other) => panic!("expected a transfer refusal, got {other}"),
+        Ok(_) => panic!("expected a transfer refusal"),
+    }
+}
+
+fn install_ok(io: &mut SimBackend, store: &mut PartitionStore, offer: &Offer) {
+    install(io, store, offer).unwrap();
+}
+
+#[test]
+fn open_snapshots_pin_segments_against_retention_and_purge() {
+    let config = StoreConfig {
+        retention_bytes: Some(64 * 1024),
+        ..small_config()
+    };
+    let mut io = SimBackend::new(11);
+    let mut s = PartitionStore::create(&mut io, dir("/s"), PID, config).unwrap();
+    append(&mut io, &mut s, 60, 900, 1);
+    let manifest = s.open_snapshot(&mut io, NOW_MS).unwrap();
+    let start = s.log_start_offset();
+    assert_eq!(
+        s.apply_retention(&mut io, NOW_MS).unwrap().segments_removed,
+        0
+    );
+    assert_eq!(s.log_start_offset(), start);
+    assert!(matches!(
+        s.purge(&mut io),
+        Err(StoreError::Transfer {
+            source: TransferError::Pinned { open: 1 },
+            ..
+        })
+    ));
+    // Appends continue while the snapshot is served; chunks still read.
+    append(&mut io, &mut s, 5, 900, 2);
+    s.read_chunk(&mut io, manifest.snapshot_id, 0, 0, NOW_MS)
+        .unwrap();
+    // The lease runs out without reads; then retention proceeds.
+    let later = NOW_MS + small_config().snapshot_lease_ms + 1;
+    assert!(s.apply_retention(&mut io, later).unwrap().segments_removed > 0);
+    assert!(matches!(
+        s.read_chunk(&mut io, manifest.snapshot_id, 0, 0, later),
+        Err(StoreError::Transfer {
+            source: TransferError::UnknownSnapshot { .. },
+            ..
+        })
+    ));
+    let second = s.open_snapshot(&mut io, later).unwrap();
+    s.release_snapshot(second.snapshot_id);
+    s.purge(&mut io).unwrap();
+}
+
+#[derive(Clone, Debug)]
+enum Action {
+    Append { n: u64 },
+    Purge,
+    Retention { store: usize },
+    Transfer { from: usize, to: usize },
+    Reopen { store: usize },
+}
+
+fn action() -> impl Strategy<Value = Action> {
+    prop_oneof![
+        4 => (1u64..6).prop_map(|n| Action::Append { n }),
+        1 => Just(Action::Purge),
+        1 => (0usize..3).prop_map(|store| Action::Retention { store }),
+        3 => (0usize..3, 0usize..3).prop_filter("distinct", |(a, b)| a != b).prop_map(|(from, to)| Action::Transfer { from, to }),
+        1 => (0usize..3).prop_map(|store| Action::Reopen { store }),
+    ]
+}
+
+fn converge(actions: &[Action]) {
+    let config = StoreConfig {
+        retention_bytes: Some(96 * 1024),
+        ..small_config()
+    };
+    let names = ["/a", "/b", "/c"];
+    let mut ios: Vec<SimBackend> = (0..3).map(SimBackend::new).collect();
+    let mut stores: Vec<Option<PartitionStore>> = names
+        .iter()
+        .zip(ios.iter_mut())
+        .map(|(n, io)| Some(PartitionStore::create(io, dir(n), PID, config.clone()).unwrap()))
+        .collect();
+    let mut frontier_max = [0u64; 3];
+    let mut purge_generation_max = [0u64; 3];
+    let mut seed = 0;
+    // Store 0 is the primary: only it takes appends and purges.
+    let mut primary_acked: BTreeMap<u64, Vec<u8>> = BTreeMap::new();
+    for action in actions {
+        match *action {
+            Action::Append { n } => {
+                let (io, s) = (&mut ios[0], stores[0].as_mut().unwrap());
+                for _ in 0..n {
+                    seed += 1;
+                    let batch = next_batch(s, 2, 1500, seed);
+                    let base = s.append(io, &batch).unwrap().base_offset;
+                    primary_acked.insert(base, batch);
+                }
+                s.flush(io).unwrap();
+            }
+            Action::Purge => {
+                stores[0].as_mut().unwrap().purge(&mut ios[0]).unwrap();
+                primary_acked.clear();
+            }
+            Action::Retention { store } => {
+                stores[store]
+                    .as_mut()
+                    .unwrap()
+                    .apply_retention(&mut ios[store], NOW_MS)
+                    .unwrap();
+            }
+            Action::Transfer { from, to } => {
+                let mut src = stores[from].take().unwrap();
+                let mut dst = stores[to].take().unwrap();
+                let (lo, hi) = ios.split_at_mut(from.max(to));
+                let (src_io, dst_io) = if from < to {
+                    (&mut lo[from], &mut hi[0])
+                } else {
+                    (&mut hi[0], &mut lo[to])
+                };
+                let stale = src.durable().next_offset < dst.durable().next_offset
+                    || src.superblock().purge_generation < dst.superblock().purge_generation;
+                match transfer(src_io, &mut src, dst_io, &mut dst) {
+                    Ok(()) => assert!(!stale, "a stale offer was installed"),
+                    Err(StoreError::Transfer { source, .. }) => {
+                        assert!(stale, "a fresh offer was refused: {source}");
+                        assert!(matches!(
+                            source,
+                            TransferError::StaleFrontier { .. }
+                                | TransferError::StalePurgeGeneration { .. }
+                        ));
+                    }
+                    Err(e) => panic!("transfer failed: {e}"),
+                }
+                stores[from] = Some(src);
+                stores[to] = Some(dst);
+            }
+            Action::Reopen { store } => {
+                let s = stores[store].take().unwrap();
+                s.close(&mut ios[store]).unwrap();
+                let io = std::mem::replace(&mut ios[store], SimBackend::new(0)).reboot();
+                ios[store] = io;
+                stores[store] = Some(
+                    PartitionStore::open(&mut ios[store], dir(names[store]), PID, config.clone())
+                        .unwrap(),
+                );
+            }
+        }
+        for i in 0..3 {
+            let s = stores[i].as_ref().unwrap();
+            assert!(
+                s.durable().next_offset >= frontier_max[i],
+                "store {i} frontier regressed"
+            );
+            assert!(
+                s.superblock().purge_generation >= purge_generation_max[i],
+                "store {i} purge generation regressed"
+            );
+            frontier_max[i] = s.durable().next_offset;
+            purge_generation_max[i] = s.superblock().purge_generation;
+        }
+        // The primary holds every acknowledged batch not purged or retained away.
+        let (io, s) = (&mut ios[0], stores[0].as_mut().unwrap());
+        let stored: BTreeMap<u64, Vec<u8>> = read_all(io, s).into_iter().collect();
+        for (offset, batch) in primary_acked.range(s.log_start_offset()..) {
+            assert!(
+                stored.get(offset) == Some(batch),
+                "primary lost batch {offset}"
+            );
+        }
+    }
+    // Bring everyone up to the primary: all byte-identical.
+    for to in 1..3 {
+        let mut src = stores[0].take().unwrap();
+        let mut dst = stores[to].take().unwrap();
+        let (lo, hi) = ios.split_at_mut(to);
+        transfer(&mut lo[0], &mut src, &mut hi[0], &mut dst).unwrap();
+        stores[0] = Some(src);
+        stores[to] = Some(dst);
+    }
+    let states: Vec<State> = (0..3)
+        .map(|i| state(&mut ios[i], stores[i].as_mut().unwrap()))
+        .collect();
+    assert!(
+        states[0] == states[1] && states[1] == states[2],
+        "stores did not converge"
+    );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, .. ProptestConfig::default() })]
+
+    #[test]
+    fn random_histories_converge(actions in proptest::collection::vec(action(), 1..40)) {
+        converge(&actions);
+    }
+}
