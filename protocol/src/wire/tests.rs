@@ -1,0 +1,250 @@
+//! Round trips, and every truncation, bit flip and oversize is rejected.
+
+use super::*;
+use crate::checksum::checksum;
+
+fn requests() -> Vec<Request> {
+    vec![
+        Request::Hello {
+            version_min: 1,
+            version_max: 3,
+            client: "test".into(),
+        },
+        Request::CreateTopic {
+            topic: "orders".into(),
+            partitions: 8,
+        },
+        Request::DeleteTopic { topic: "a".into() },
+        Request::ListTopics,
+        Request::DescribeTopic {
+            topic: "x.y-z_1".into(),
+        },
+        Request::Produce {
+            topic: "t".into(),
+            target: ProduceTarget::Partition(3),
+            batch: vec![1, 2, 3, 4],
+        },
+        Request::Produce {
+            topic: "t".into(),
+            target: ProduceTarget::Key(b"user-7".to_vec()),
+            batch: vec![9; 100],
+        },
+        Request::Fetch {
+            topic: "t".into(),
+            partition: 2,
+            offset: u64::MAX - 1,
+            max_bytes: 1 << 20,
+            wait_ms: 500,
+        },
+        Request::Purge {
+            topic: "t".into(),
+            partition: 0,
+        },
+    ]
+}
+
+fn replies() -> Vec<Reply> {
+    vec![
+        Reply::ok(
+            Opcode::Hello,
+            1,
+            Body::Hello(HelloReply {
+                version: 1,
+                frame_bytes_max: 1 << 24,
+                batch_bytes_max: 1 << 22,
+                shards: 2,
+            }),
+        ),
+        Reply::ok(Opcode::CreateTopic, 2, Body::Empty),
+        Reply::ok(
+            Opcode::ListTopics,
+            3,
+            Body::Topics(vec![TopicSummary {
+                topic: "a".into(),
+                partitions: 4,
+            }]),
+        ),
+        Reply::ok(
+            Opcode::DescribeTopic,
+            4,
+            Body::Topic(TopicDescription {
+                topic: "a".into(),
+                partitions: vec![PartitionInfo {
+                    partition: 0,
+                    partition_id: 7,
+                    shard: 1,
+                    log_start_offset: 5,
+                    high_watermark: 10,
+                    size_bytes: 4096,
+                    fenced: true,
+                }],
+            }),
+        ),
+        Reply::ok(
+            Opcode::Produce,
+            5,
+            Body::Produced(ProduceReply {
+                partition: 1,
+                base_offset: 10,
+                next_offset: 20,
+            }),
+        ),
+        Reply::ok(
+            Opcode::Fetch,
+            6,
+            Body::Fetched(FetchReply {
+                partition: 1,
+                next_offset: 20,
+                log_start_offset: 0,
+                high_watermark: 20,
+                batches: vec![7; 33],
+            }),
+        ),
+        Reply::error(99, 7, ErrorCode::UnknownCommand, "unknown opcode 99"),
+        Reply::error(6, 8, ErrorCode::Backpressure, "mailbox full"),
+    ]
+}
+
+/// Splits a frame into header and verified body.
+fn open(frame: &[u8]) -> Result<&[u8], WireError> {
+    let mut head = [0u8; FRAME_HEADER_LEN];
+    head.copy_from_slice(frame.get(..FRAME_HEADER_LEN).ok_or(WireError::Truncated {
+        what: "frame header",
+    })?);
+    let h = decode_frame_header(&head, FRAME_BYTES_MAX)?;
+    let body = &frame[FRAME_HEADER_LEN..];
+    if body.len() != h.body_len as usize {
+        return Err(WireError::Truncated { what: "frame body" });
+    }
+    h.verify(body)?;
+    Ok(body)
+}
+
+#[test]
+fn requests_round_trip() {
+    for (i, req) in requests().into_iter().enumerate() {
+        let mut frame = Vec::new();
+        req.encode(i as u32, &mut frame).unwrap();
+        let body = open(&frame).unwrap();
+        let (corr, op, decoded) = Request::decode(body);
+        assert_eq!(corr, i as u32);
+        assert_eq!(op, req.opcode() as u16);
+        assert_eq!(decoded.unwrap(), req);
+    }
+}
+
+#[test]
+fn replies_round_trip() {
+    for reply in replies() {
+        let mut frame = Vec::new();
+        reply.encode(&mut frame).unwrap();
+        let decoded = Reply::decode(open(&frame).unwrap()).unwrap();
+        assert_eq!(decoded, reply);
+    }
+}
+
+#[test]
+fn every_truncation_of_a_body_is_rejected() {
+    for req in requests() {
+        let mut frame = Vec::new();
+        req.encode(1, &mut frame).unwrap();
+        let body = &frame[FRAME_HEADER_LEN..];
+        for cut in 0..body.len() {
+            let (_, _, r) = Request::decode(&body[..cut]);
+            assert!(r.is_err(), "{req:?} cut at {cut} decoded");
+        }
+    }
+    for reply in replies() {
+        let mut frame = Vec::new();
+        reply.encode(&mut frame).unwrap();
+        let body = &frame[FRAME_HEADER_LEN..];
+        for cut in 0..body.len() {
+            assert!(Reply::decode(&body[..cut]).is_err());
+        }
+    }
+}
+
+#[test]
+fn every_bit_flip_fails_the_frame_checksum() {
+    for req in requests() {
+        let mut frame = Vec::new();
+        req.encode(1, &mut frame).unwrap();
+        for byte in FRAME_HEADER_LEN..frame.len() {
+            for bit in 0..8 {
+                let mut bad = frame.clone();
+                bad[byte] ^= 1 << bit;
+                assert!(
+                    matches!(open(&bad), Err(WireError::BadChecksum { .. })),
+                    "flip at {byte}.{bit} passed"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn trailing_bytes_and_unknown_opcodes_are_rejected() {
+    let mut frame = Vec::new();
+    Request::ListTopics.encode(5, &mut frame).unwrap();
+    let mut body = frame[FRAME_HEADER_LEN..].to_vec();
+    body.push(0);
+    let (corr, _, r) = Request::decode(&body);
+    assert_eq!(corr, 5);
+    assert!(matches!(r, Err(WireError::TrailingBytes { .. })));
+
+    let mut body = frame[FRAME_HEADER_LEN..].to_vec();
+    body[0] = 0x77;
+    let (corr, op, r) = Request::decode(&body);
+    assert_eq!((corr, op), (5, 0x77));
+    let err = r.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::UnknownCommand);
+}
+
+#[test]
+fn oversized_frame_header_is_rejected_before_allocation() {
+    let mut head = [0u8; FRAME_HEADER_LEN];
+    head[..4].copy_from_slice(&(1025u32).to_le_bytes());
+    let err = decode_frame_header(&head, 1024).unwrap_err();
+    assert_eq!(err.code(), ErrorCode::FrameTooLarge);
+    head[..4].copy_from_slice(&(1024u32).to_le_bytes());
+    assert!(decode_frame_header(&head, 1024).is_ok());
+}
+
+#[test]
+fn bad_hello_magic_and_huge_counts_are_rejected() {
+    let mut body = Vec::new();
+    body.extend_from_slice(&(Opcode::Hello as u16).to_le_bytes());
+    body.extend_from_slice(&0u16.to_le_bytes());
+    body.extend_from_slice(&1u32.to_le_bytes());
+    body.extend_from_slice(&0xdead_beefu32.to_le_bytes());
+    body.extend_from_slice(&[1, 0, 1, 0, 0, 0]);
+    let (_, _, r) = Request::decode(&body);
+    assert!(matches!(r, Err(WireError::BadMagic(_))));
+
+    // A ListTopics reply claiming 4 billion entries in 12 bytes.
+    let mut body = Vec::new();
+    body.extend_from_slice(&(Opcode::ListTopics as u16 | RESPONSE_BIT).to_le_bytes());
+    body.extend_from_slice(&0u16.to_le_bytes());
+    body.extend_from_slice(&1u32.to_le_bytes());
+    body.extend_from_slice(&u32::MAX.to_le_bytes());
+    assert!(Reply::decode(&body).is_err());
+    let _ = checksum(&body);
+}
+
+#[test]
+fn topic_names_and_key_routing() {
+    assert!(valid_topic_name("orders.v1-eu_2"));
+    for bad in ["", ".", "..", "a/b", "a b", "é"] {
+        assert!(!valid_topic_name(bad), "{bad:?}");
+    }
+    assert!(!valid_topic_name(&"x".repeat(TOPIC_NAME_BYTES_MAX + 1)));
+    for n in 1..20 {
+        assert!(partition_for_key(b"k", n) < n);
+    }
+    assert_eq!(partition_for_key(b"abc", 7), partition_for_key(b"abc", 7));
+    assert!(ErrorCode::Backpressure.is_retryable());
+    for code in 0..=20 {
+        assert_eq!(ErrorCode::from_u16(code).unwrap() as u16, code);
+    }
+    assert!(ErrorCode::from_u16(21).is_none());
+}
