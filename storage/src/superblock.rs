@@ -3,8 +3,9 @@
 //! One file, [`COPIES`] copies of [`COPY_SIZE_BYTES`] each (4096-aligned), all
 //! carrying the same state. Every copy has a checksum that excludes its copy
 //! index, so all copies of one state share a checksum, and the next state
-//! records it as its `parent`. Copies are written one at a time, each followed
-//! by an fdatasync, so a crash can tear at most one copy.
+//! records it as its `parent`. Copies are written two at a time, each pair
+//! followed by an fdatasync, so a crash can tear only the pair in flight and
+//! the other pair still holds a whole state.
 //!
 //! At open, [`choose`] picks the highest valid sequence (refusing a fork:
 //! a state whose parent matches none of the valid copies one sequence below);

@@ -257,6 +257,12 @@ fn crash_during_purge() {
         },
         Step::Purge,
         Step::Append {
+            n: 4,
+            records: 3,
+            value_len: 2500,
+        },
+        Step::Purge,
+        Step::Append {
             n: 3,
             records: 2,
             value_len: 700,

@@ -493,14 +493,38 @@ impl PartitionStore {
         }
         .encode(meta.base_offset);
         let index_path = segment::index_path(&self.generation_dir, meta.base_offset);
-        let result = write_new_file(io, self.partition_id, &index_path, &index_bytes);
-        self.fence_on_err(result)?;
+        let opened = io
+            .open_file(&index_path, OpenMode::Create)
+            .map_err(|e| StoreError::io(self.partition_id, "create", &index_path, e));
+        let index_file = self.fence_on_err(opened)?;
         let new_base = self.durable.next_offset;
         let new_path = segment::log_path(&self.generation_dir, new_base);
         let new_file = self.provision_segment(io, &new_path)?;
-        self.sync_dirs(io, &[self.generation_dir_file])?;
         let mut next = self.sb.successor();
         next.segments.push(meta);
+        next.frontier = Frontier {
+            next_offset: new_base,
+            last_op: self.durable.last_op,
+            last_checksum: self.durable.last_checksum,
+            active_base: new_base,
+            active_position: 0,
+            active_prev_checksum: self.durable.last_checksum,
+        };
+        // One linked submission: the index, the directory entries of the
+        // index and the new segment, then the superblock. A failed fsync does
+        // not stop the chain, so every completion is checked below; if the
+        // superblock lands without the rest, recovery rebuilds a missing
+        // index and recreates a missing empty active segment.
+        let mut sqes = small_file_sqes(index_file, &index_bytes);
+        sqes.push(Sqe::linked(Op::Fsync {
+            file: self.generation_dir_file,
+        }));
+        sqes.extend(self.superblock_sqes(&next, &[0, 1, 2, 3])?);
+        let result = submit_checked(io, sqes);
+        io.close(index_file);
+        if let Err((kind, e)) = result {
+            return Err(self.fence(format!("segment roll {kind} failed: {e}")));
+        }
         let pending = std::mem::replace(
             &mut self.active.pending,
             AlignedBuf::new(crate::io::BLOCK_SIZE),
@@ -512,16 +536,8 @@ impl PartitionStore {
             pending,
             self.config.transfer_chunk_bytes,
         );
-        next.frontier = Frontier {
-            next_offset: new_base,
-            last_op: self.durable.last_op,
-            last_checksum: self.durable.last_checksum,
-            active_base: new_base,
-            active_position: 0,
-            active_prev_checksum: self.durable.last_checksum,
-        };
         let old = std::mem::replace(&mut self.active, new_active);
-        self.write_superblock(io, next)?;
+        self.sb = next;
         self.sealed.push(SealedFile {
             meta,
             file: old.file,
@@ -600,22 +616,27 @@ impl PartitionStore {
         }
     }
 
-    /// The linked chain writing `copies` of `sb`, each followed by an
-    /// fdatasync, so a crash tears at most one copy.
+    /// The linked chain writing `copies` of `sb`, in groups of two copies
+    /// each followed by an fdatasync: a crash tears at most the group being
+    /// written, and the copies outside it hold a whole state (the old one
+    /// before the first fsync, the new one after it).
     fn superblock_sqes(&self, sb: &Superblock, copies: &[usize]) -> Result<Vec<Sqe>, StoreError> {
         debug_assert!(copies.iter().all(|&c| c < COPIES));
-        let mut sqes = Vec::with_capacity(copies.len() * 2);
-        for (i, &copy) in copies.iter().enumerate() {
-            let mut buf = AlignedBuf::new(COPY_SIZE_BYTES);
-            buf.set_len(COPY_SIZE_BYTES);
-            sb.encode(copy as u16, &mut buf)?;
-            sqes.push(Sqe::linked(Op::Write {
-                file: self.sb_file,
-                offset: (copy * COPY_SIZE_BYTES) as u64,
-                buf,
-            }));
+        let groups: Vec<&[usize]> = copies.chunks(COPIES / 2).collect();
+        let mut sqes = Vec::with_capacity(copies.len() + groups.len());
+        for (g, group) in groups.iter().enumerate() {
+            for &copy in group.iter() {
+                let mut buf = AlignedBuf::new(COPY_SIZE_BYTES);
+                buf.set_len(COPY_SIZE_BYTES);
+                sb.encode(copy as u16, &mut buf)?;
+                sqes.push(Sqe::linked(Op::Write {
+                    file: self.sb_file,
+                    offset: (copy * COPY_SIZE_BYTES) as u64,
+                    buf,
+                }));
+            }
             let sync = Op::Fdatasync { file: self.sb_file };
-            sqes.push(if i + 1 < copies.len() {
+            sqes.push(if g + 1 < groups.len() {
                 Sqe::linked(sync)
             } else {
                 Sqe::new(sync)
@@ -713,22 +734,31 @@ fn write_new_file(
     let file = io
         .open_file(path, OpenMode::Create)
         .map_err(|e| StoreError::io(partition_id, "create", path, e))?;
-    let mut buf = AlignedBuf::new(bytes.len());
-    buf.extend_from_slice(bytes);
-    buf.set_len(align_up(bytes.len() as u64) as usize);
-    let sqes = vec![
-        Sqe::linked(Op::Write {
-            file,
-            offset: 0,
-            buf,
-        }),
-        Sqe::new(Op::Fdatasync { file }),
-    ];
+    let mut sqes = small_file_sqes(file, bytes);
+    if let Some(last) = sqes.last_mut() {
+        last.link_next = false;
+    }
     let result = submit_checked(io, sqes)
         .map(|_| ())
         .map_err(|(kind, e)| StoreError::io(partition_id, kind, path, e));
     io.close(file);
     result
+}
+
+/// Writes `bytes` (padded to a block) at offset 0 of `file`, then
+/// fdatasyncs it; both linked to whatever the caller appends after them.
+fn small_file_sqes(file: FileId, bytes: &[u8]) -> Vec<Sqe> {
+    let mut buf = AlignedBuf::new(bytes.len());
+    buf.extend_from_slice(bytes);
+    buf.set_len(align_up(bytes.len() as u64) as usize);
+    vec![
+        Sqe::linked(Op::Write {
+            file,
+            offset: 0,
+            buf,
+        }),
+        Sqe::linked(Op::Fdatasync { file }),
+    ]
 }
 
 /// Submits a batch and checks every completion; on failure returns the kind
