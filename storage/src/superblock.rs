@@ -3,9 +3,10 @@
 //! One file, [`COPIES`] copies of [`COPY_SIZE_BYTES`] each (4096-aligned), all
 //! carrying the same state. Every copy has a checksum that excludes its copy
 //! index, so all copies of one state share a checksum, and the next state
-//! records it as its `parent`. Copies are written two at a time, each pair
-//! followed by an fdatasync, so a crash can tear only the pair in flight and
-//! the other pair still holds a whole state.
+//! records it as its `parent`. Each new state is written to one half of the
+//! copies ([`half_for`]), alternating, then fdatasynced: a crash can tear
+//! only the half in flight, and the other half still holds the previous
+//! state whole. One fsync per update keeps seals and installs cheap.
 //!
 //! At open, [`choose`] picks the highest valid sequence (refusing a fork:
 //! a state whose parent matches none of the valid copies one sequence below);
@@ -46,6 +47,15 @@ const FIXED_LEN: usize = 160;
 const SEGMENT_ENTRY_LEN: usize = 48;
 /// The most sealed segments a partition can hold (bounded by the copy size).
 pub const SEGMENTS_MAX: usize = (COPY_SIZE_BYTES - FIXED_LEN) / SEGMENT_ENTRY_LEN;
+
+/// The two copies that receive the state with this sequence number.
+pub fn half_for(sequence: u64) -> [usize; 2] {
+    if sequence.is_multiple_of(2) {
+        [0, 1]
+    } else {
+        [2, 3]
+    }
+}
 
 /// Viewstamped Replication state, durable before any message depending on it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -32,7 +32,7 @@ use super::{
 };
 use crate::io::{AlignedBuf, FileId, IoBackend, Op, OpenMode, Sqe};
 use crate::segment::{self, SealedIndex, SegmentHasher, SparseIndex};
-use crate::superblock::{Frontier, SealedSegment, SEGMENTS_MAX};
+use crate::superblock::{half_for, Frontier, SealedSegment, SEGMENTS_MAX};
 
 /// Read size of the verification pass over staged artifacts.
 const VERIFY_CHUNK_BYTES: usize = 1024 * 1024;
@@ -279,7 +279,7 @@ impl PartitionStore {
                 file: self.dir_file,
             }),
         ];
-        sqes.extend(self.superblock_sqes(&next, &[0, 1, 2, 3])?);
+        sqes.extend(self.superblock_sqes(&next, &half_for(next.sequence))?);
         if let Err((kind, e)) = submit_checked(io, sqes) {
             return Err(self.fence(format!("install commit {kind} failed: {e}")));
         }
@@ -489,6 +489,7 @@ impl PartitionStore {
                 file,
                 index: idx.index,
                 chunk_checksums: idx.chunk_checksums,
+                index_persisted: true,
             });
         }
         if chain.is_some_and(|c| c != m.last_checksum) {

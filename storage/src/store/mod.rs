@@ -50,8 +50,8 @@ use crate::io::{
 };
 use crate::segment::{self, SealedIndex, SegmentHasher, SparseIndex};
 use crate::superblock::{
-    Frontier, SealedSegment, Superblock, SuperblockError, VsrState, COPIES, COPY_SIZE_BYTES,
-    SEGMENTS_MAX,
+    half_for, Frontier, SealedSegment, Superblock, SuperblockError, VsrState, COPIES,
+    COPY_SIZE_BYTES, SEGMENTS_MAX,
 };
 
 const SUPERBLOCK_FILE: &str = "superblock";
@@ -80,6 +80,9 @@ struct SealedFile {
     index: SparseIndex,
     /// Per-chunk xxh3 (chunks of `transfer_chunk_bytes`), for state transfer.
     chunk_checksums: Vec<u64>,
+    /// Whether the `.idx` file holds this index (it is written off the
+    /// append path; a missing one is rebuilt at open).
+    index_persisted: bool,
 }
 
 struct ActiveSegment {
@@ -204,6 +207,7 @@ impl PartitionStore {
             installing: false,
         };
         store.sync_dirs(io, &[generation_dir_file])?;
+        // No earlier state exists: all four copies at once.
         store.write_superblock_copies(io, &sb, &[0, 1, 2, 3])?;
         store.sync_dirs(io, &[dir_file])?;
         // The partition directory's own name.
@@ -446,10 +450,31 @@ impl PartitionStore {
         self.write_superblock(io, next)
     }
 
+    /// Writes the `.idx` files of segments sealed since the last call. They
+    /// are caches: losing one costs a rebuild at open, never data, so this
+    /// runs off the append path (from maintenance and close).
+    pub fn persist_indexes(&mut self, io: &mut impl IoBackend) -> Result<(), StoreError> {
+        self.check_fenced()?;
+        let chunk_size_bytes = self.config.transfer_chunk_bytes;
+        for s in self.sealed.iter_mut().filter(|s| !s.index_persisted) {
+            let bytes = SealedIndex {
+                index: s.index.clone(),
+                chunk_size_bytes,
+                chunk_checksums: s.chunk_checksums.clone(),
+            }
+            .encode(s.meta.base_offset);
+            let path = segment::index_path(&self.generation_dir, s.meta.base_offset);
+            write_new_file(io, self.partition_id, &path, &bytes)?;
+            s.index_persisted = true;
+        }
+        Ok(())
+    }
+
     /// Flushes and checkpoints the frontier in the superblock, so the next
     /// open verifies instead of scanning; then closes the files.
     pub fn close(mut self, io: &mut impl IoBackend) -> Result<(), StoreError> {
         self.flush(io)?;
+        self.persist_indexes(io)?;
         let mut next = self.sb.successor();
         next.frontier = self.frontier_now();
         self.write_superblock(io, next)?;
@@ -486,17 +511,6 @@ impl PartitionStore {
             max_timestamp_ms: active.max_timestamp_ms,
         };
         let chunk_checksums = active.hasher.chunk_checksums();
-        let index_bytes = SealedIndex {
-            index: active.index.clone(),
-            chunk_size_bytes: self.config.transfer_chunk_bytes,
-            chunk_checksums: chunk_checksums.clone(),
-        }
-        .encode(meta.base_offset);
-        let index_path = segment::index_path(&self.generation_dir, meta.base_offset);
-        let opened = io
-            .open_file(&index_path, OpenMode::Create)
-            .map_err(|e| StoreError::io(self.partition_id, "create", &index_path, e));
-        let index_file = self.fence_on_err(opened)?;
         let new_base = self.durable.next_offset;
         let new_path = segment::log_path(&self.generation_dir, new_base);
         let new_file = self.provision_segment(io, &new_path)?;
@@ -510,19 +524,16 @@ impl PartitionStore {
             active_position: 0,
             active_prev_checksum: self.durable.last_checksum,
         };
-        // One linked submission: the index, the directory entries of the
-        // index and the new segment, then the superblock. A failed fsync does
-        // not stop the chain, so every completion is checked below; if the
-        // superblock lands without the rest, recovery rebuilds a missing
-        // index and recreates a missing empty active segment.
-        let mut sqes = small_file_sqes(index_file, &index_bytes);
-        sqes.push(Sqe::linked(Op::Fsync {
+        // The superblock and the new segment's directory entry are made
+        // durable side by side, in one submission: either may land first, as
+        // recovery recreates a missing active segment that holds nothing, and
+        // nothing is written into it before both completed. The sealed
+        // segment's index is a cache written later (`persist_indexes`).
+        let mut sqes = self.superblock_sqes(&next, &half_for(next.sequence))?;
+        sqes.push(Sqe::new(Op::Fsync {
             file: self.generation_dir_file,
         }));
-        sqes.extend(self.superblock_sqes(&next, &[0, 1, 2, 3])?);
-        let result = submit_checked(io, sqes);
-        io.close(index_file);
-        if let Err((kind, e)) = result {
+        if let Err((kind, e)) = submit_checked(io, sqes) {
             return Err(self.fence(format!("segment roll {kind} failed: {e}")));
         }
         let pending = std::mem::replace(
@@ -543,6 +554,7 @@ impl PartitionStore {
             file: old.file,
             index: old.index,
             chunk_checksums,
+            index_persisted: false,
         });
         Ok(())
     }
@@ -595,7 +607,7 @@ impl PartitionStore {
     ) -> Result<(), StoreError> {
         debug_assert_eq!(next.sequence, self.sb.sequence + 1);
         debug_assert!(next.frontier.next_offset >= self.sb.frontier.next_offset);
-        self.write_superblock_copies(io, &next, &[0, 1, 2, 3])?;
+        self.write_superblock_copies(io, &next, &half_for(next.sequence))?;
         self.sb = next;
         Ok(())
     }
@@ -616,32 +628,23 @@ impl PartitionStore {
         }
     }
 
-    /// The linked chain writing `copies` of `sb`, in groups of two copies
-    /// each followed by an fdatasync: a crash tears at most the group being
-    /// written, and the copies outside it hold a whole state (the old one
-    /// before the first fsync, the new one after it).
+    /// Writes `copies` of `sb` (linked), then one fdatasync. Callers never
+    /// include every copy holding the last durable state, so a torn write
+    /// leaves that state whole (see [`half_for`]).
     fn superblock_sqes(&self, sb: &Superblock, copies: &[usize]) -> Result<Vec<Sqe>, StoreError> {
         debug_assert!(copies.iter().all(|&c| c < COPIES));
-        let groups: Vec<&[usize]> = copies.chunks(COPIES / 2).collect();
-        let mut sqes = Vec::with_capacity(copies.len() + groups.len());
-        for (g, group) in groups.iter().enumerate() {
-            for &copy in group.iter() {
-                let mut buf = AlignedBuf::new(COPY_SIZE_BYTES);
-                buf.set_len(COPY_SIZE_BYTES);
-                sb.encode(copy as u16, &mut buf)?;
-                sqes.push(Sqe::linked(Op::Write {
-                    file: self.sb_file,
-                    offset: (copy * COPY_SIZE_BYTES) as u64,
-                    buf,
-                }));
-            }
-            let sync = Op::Fdatasync { file: self.sb_file };
-            sqes.push(if g + 1 < groups.len() {
-                Sqe::linked(sync)
-            } else {
-                Sqe::new(sync)
-            });
+        let mut sqes = Vec::with_capacity(copies.len() + 1);
+        for &copy in copies {
+            let mut buf = AlignedBuf::new(COPY_SIZE_BYTES);
+            buf.set_len(COPY_SIZE_BYTES);
+            sb.encode(copy as u16, &mut buf)?;
+            sqes.push(Sqe::linked(Op::Write {
+                file: self.sb_file,
+                offset: (copy * COPY_SIZE_BYTES) as u64,
+                buf,
+            }));
         }
+        sqes.push(Sqe::new(Op::Fdatasync { file: self.sb_file }));
         Ok(sqes)
     }
 

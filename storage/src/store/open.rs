@@ -86,10 +86,11 @@ impl PartitionStore {
             installing: false,
         };
         if !chosen.copies_to_repair.is_empty() {
-            tracing::warn!(
+            // Normally just the half holding the previous state.
+            tracing::info!(
                 partition = pid,
                 copies = ?chosen.copies_to_repair,
-                "repairing superblock copies"
+                "rewriting stale or damaged superblock copies"
             );
             store.write_superblock_copies(io, &sb, &chosen.copies_to_repair)?;
         }
@@ -250,6 +251,7 @@ fn open_sealed(
             file,
             index: loaded.index,
             chunk_checksums: loaded.chunk_checksums,
+            index_persisted: true,
         });
     }
     if let Some(end) = expected_base {

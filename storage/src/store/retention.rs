@@ -88,7 +88,8 @@ impl PartitionStore {
         self.sync_recycle_and(io, self.dir_file)
     }
 
-    /// Removes the oldest sealed segments beyond the size or age limits,
+    /// Maintenance: persists pending indexes, then removes the oldest sealed
+    /// segments beyond the size or age limits,
     /// stopping at the first one an open snapshot pins. `now_ms` is the
     /// caller's clock (the store has none).
     pub fn apply_retention(
@@ -96,7 +97,7 @@ impl PartitionStore {
         io: &mut impl IoBackend,
         now_ms: u64,
     ) -> Result<RetentionOutcome, StoreError> {
-        self.check_fenced()?;
+        self.persist_indexes(io)?;
         self.expire_snapshots(now_ms);
         let mut size = self.size_bytes();
         let mut count = 0;
