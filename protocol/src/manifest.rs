@@ -3,8 +3,8 @@
 //! It names the serving partition's VSR commit, its frontier (next offset,
 //! op and checksum of the last batch), its durable purge generation and the
 //! artifacts a receiver must pull: for each, its kind, offset range, length,
-//! whole-file xxh3, and the xxh3 of every fixed-size chunk, so each chunk is
-//! verified the moment it arrives.
+//! the xxh3 of every fixed-size chunk, so each chunk is verified the moment
+//! it arrives, and the artifact checksum (xxh3 over the chunk checksums).
 //!
 //! Layout (little-endian):
 //! ```text

@@ -103,12 +103,12 @@ impl SparseIndex {
     }
 }
 
-/// Hashes a segment as it grows: the whole-file xxh3 recorded at seal and
-/// the xxh3 of every `chunk_size_bytes` slice, which state transfer uses to
-/// verify each chunk on arrival. Neither needs a reread at seal.
+/// Hashes a segment as it grows: the xxh3 of every `chunk_size_bytes` slice
+/// (state transfer verifies each chunk on arrival with it) and, from those,
+/// the segment checksum recorded at seal: the xxh3 of the chunk checksums.
+/// One pass over the bytes, and no reread at seal.
 #[derive(Clone)]
 pub struct SegmentHasher {
-    whole: Hasher,
     chunk: Hasher,
     chunk_size_bytes: u32,
     chunk_filled_bytes: u32,
@@ -119,7 +119,6 @@ impl SegmentHasher {
     pub fn new(chunk_size_bytes: u32) -> Self {
         assert!(chunk_size_bytes > 0);
         Self {
-            whole: Hasher::new(),
             chunk: Hasher::new(),
             chunk_size_bytes,
             chunk_filled_bytes: 0,
@@ -128,7 +127,6 @@ impl SegmentHasher {
     }
 
     pub fn update(&mut self, mut bytes: &[u8]) {
-        self.whole.update(bytes);
         while !bytes.is_empty() {
             let room = (self.chunk_size_bytes - self.chunk_filled_bytes) as usize;
             let (head, rest) = bytes.split_at(room.min(bytes.len()));
@@ -143,9 +141,10 @@ impl SegmentHasher {
         }
     }
 
-    /// The whole-segment checksum so far.
+    /// The segment checksum so far: xxh3 over the little-endian chunk
+    /// checksums (the partial last chunk included).
     pub fn checksum(&self) -> u64 {
-        self.whole.finish()
+        segment_checksum(&self.chunk_checksums())
     }
 
     /// Checksums of every chunk so far, the partial last one included.
@@ -156,6 +155,15 @@ impl SegmentHasher {
         }
         sums
     }
+}
+
+/// The segment checksum from its chunk checksums.
+pub fn segment_checksum(chunk_checksums: &[u64]) -> u64 {
+    let bytes: Vec<u8> = chunk_checksums
+        .iter()
+        .flat_map(|c| c.to_le_bytes())
+        .collect();
+    checksum(&bytes)
 }
 
 /// What a sealed segment's `.idx` file holds: its sparse index and the chunk
@@ -280,8 +288,9 @@ mod tests {
         for piece in data.chunks(333) {
             h.update(piece);
         }
-        assert_eq!(h.checksum(), checksum(&data));
         let expected: Vec<u64> = data.chunks(4096).map(checksum).collect();
         assert_eq!(h.chunk_checksums(), expected);
+        assert_eq!(h.checksum(), segment_checksum(&expected));
+        assert_ne!(h.checksum(), segment_checksum(&expected[1..]));
     }
 }

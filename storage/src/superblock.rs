@@ -91,7 +91,8 @@ pub struct SealedSegment {
     /// One past the last offset in the segment.
     pub end_offset: u64,
     pub length_bytes: u64,
-    /// xxh3 of the segment's bytes `[0, length_bytes)`.
+    /// xxh3 over the xxh3 of each transfer chunk of `[0, length_bytes)`
+    /// (see `segment::SegmentHasher`).
     pub checksum: u64,
     /// Header checksum of the segment's last batch (chain anchor).
     pub last_batch_checksum: u64,

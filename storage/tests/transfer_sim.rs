@@ -179,15 +179,17 @@ fn crash_at_every_io_of_an_install() {
                 let mut io = SimBackend::new(1000 + k * 2 + u64::from(tear));
                 let mut dst = (scenario.receiver)(&mut io);
                 io.set_crash_at(setup_ops + k, tear);
-                let result = install(&mut io, &mut dst, &offer);
-                assert!(
-                    result.is_err() || k == install_ops,
-                    "{label}: crash unnoticed"
-                );
+                // A crash among the removals after the commit point is only
+                // logged (it leaves garbage), so the install reports success.
+                let committed = install(&mut io, &mut dst, &offer).is_ok();
                 let mut io = io.reboot();
                 let mut dst = PartitionStore::open(&mut io, dir("/dst"), PID, small_config())
                     .unwrap_or_else(|e| panic!("{label}: recovery failed: {e}"));
                 let got = state(&mut io, &mut dst);
+                assert!(
+                    !committed || got == new,
+                    "{label}: acknowledged install lost"
+                );
                 assert!(
                     got == old || got == new,
                     "{label}: neither old nor new state: {:?} vs old {:?} / new {:?}",

@@ -332,7 +332,7 @@ impl PartitionStore {
         );
         ops.push(Op::RemoveDir { path: old_dir });
         self.run_removals(io, ops);
-        self.sync_recycle_and(io, self.dir_file)
+        Ok(())
     }
 
     /// The refusals that protect the local log from stale or hostile offers.

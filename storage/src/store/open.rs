@@ -61,8 +61,14 @@ impl PartitionStore {
             .open_dir(&generation_dir)
             .map_err(|e| StoreError::io(pid, "open", &generation_dir, e))?;
 
-        let (sealed, indexes_rebuilt) = open_sealed(io, pid, &generation_dir, &sb, &config)?;
-        let (active, chain) = recover_active(io, pid, &generation_dir, &sb, &config)?;
+        let sealed = open_sealed(io, pid, &generation_dir, &sb, &config)?;
+        let (active, chain) = recover_active(
+            io,
+            pid,
+            (&generation_dir, generation_dir_file),
+            &sb,
+            &config,
+        )?;
 
         let mut store = PartitionStore {
             partition_id,
@@ -94,18 +100,15 @@ impl PartitionStore {
             );
             store.write_superblock_copies(io, &sb, &chosen.copies_to_repair)?;
         }
-        store.collect_garbage(io, indexes_rebuilt)?;
+        store.collect_garbage(io)?;
         Ok(store)
     }
 
     /// Recycles or removes every file the superblock does not reference:
     /// segments created by a roll or purge that did not commit, generations a
-    /// purge left behind, surplus recycled files.
-    fn collect_garbage(
-        &mut self,
-        io: &mut impl IoBackend,
-        mut generation_dir_changed: bool,
-    ) -> Result<(), StoreError> {
+    /// purge left behind, surplus recycled files. Removals need no fsync: a
+    /// file whose removal is lost is garbage again at the next open.
+    fn collect_garbage(&mut self, io: &mut impl IoBackend) -> Result<(), StoreError> {
         let pid = self.partition_id;
         let mut referenced: Vec<PathBuf> = vec![segment::log_path(
             &self.generation_dir,
@@ -134,12 +137,10 @@ impl PartitionStore {
             .into_iter()
             .filter(|p| !referenced.contains(p))
             .collect();
-        generation_dir_changed |= !garbage.is_empty();
         for path in garbage {
             self.dispose(&path, &mut ops);
         }
         let live_name = self.generation_dir.file_name().map(|n| n.to_owned());
-        let mut partition_dir_changed = false;
         for path in list(io, pid, &self.dir)? {
             let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
             let Some(name) = name else { continue };
@@ -156,22 +157,16 @@ impl PartitionStore {
                         self.dispose(&file, &mut ops);
                     }
                 }
-                partition_dir_changed = true;
                 ops.push(Op::RemoveDir { path });
             }
         }
-        if ops.is_empty() && !generation_dir_changed {
-            return Ok(());
-        }
-        tracing::info!(
-            partition = pid,
-            ops = ops.len(),
-            "removing unreferenced files"
-        );
-        self.run_removals(io, ops);
-        self.sync_recycle_and(io, self.generation_dir_file)?;
-        if partition_dir_changed {
-            self.sync_dirs(io, &[self.dir_file])?;
+        if !ops.is_empty() {
+            tracing::info!(
+                partition = pid,
+                ops = ops.len(),
+                "removing unreferenced files"
+            );
+            self.run_removals(io, ops);
         }
         Ok(())
     }
@@ -206,17 +201,15 @@ fn roll_install_forward(
         .map_err(|(kind, e)| StoreError::io(pid, kind, &staging, e))
 }
 
-/// Opens every sealed segment and loads (or rebuilds) its index. Returns
-/// whether any index file was rewritten (its name needs a directory fsync).
+/// Opens every sealed segment and loads (or rebuilds) its index.
 fn open_sealed(
     io: &mut impl IoBackend,
     pid: u32,
     generation_dir: &Path,
     sb: &Superblock,
     config: &StoreConfig,
-) -> Result<(Vec<SealedFile>, bool), StoreError> {
+) -> Result<Vec<SealedFile>, StoreError> {
     let mut sealed = Vec::with_capacity(sb.segments.len());
-    let mut rebuilt = false;
     let mut expected_base = sb.segments.first().map(|s| s.base_offset);
     for (i, meta) in sb.segments.iter().enumerate() {
         let path = segment::log_path(generation_dir, meta.base_offset);
@@ -242,7 +235,6 @@ fn open_sealed(
                 let rebuilt_index = rebuild_index(io, pid, &path, file, meta, prev, config)?;
                 let idx_path = segment::index_path(generation_dir, meta.base_offset);
                 write_new_file(io, pid, &idx_path, &rebuilt_index.encode(meta.base_offset))?;
-                rebuilt = true;
                 rebuilt_index
             }
         };
@@ -265,7 +257,7 @@ fn open_sealed(
             ));
         }
     }
-    Ok((sealed, rebuilt))
+    Ok(sealed)
 }
 
 /// The segment's `.idx`, if present and valid.
@@ -362,7 +354,7 @@ fn rebuild_index(
 fn recover_active(
     io: &mut impl IoBackend,
     pid: u32,
-    generation_dir: &Path,
+    (generation_dir, generation_dir_file): (&Path, FileId),
     sb: &Superblock,
     config: &StoreConfig,
 ) -> Result<(ActiveSegment, ChainPoint), StoreError> {
@@ -376,7 +368,16 @@ fn recover_active(
         // it; anything else is damage.
         Err(e) if e.kind() == std::io::ErrorKind::NotFound && frontier.active_position == 0 => {
             tracing::warn!(partition = pid, segment = %path.display(), "recreating empty active segment");
-            create_segment_file(io, pid, &path, config.segment_size_bytes)?
+            let file = create_segment_file(io, pid, &path, config.segment_size_bytes)?;
+            // Appends will land in it: its name must be durable first.
+            submit_checked(
+                io,
+                vec![Sqe::new(Op::Fsync {
+                    file: generation_dir_file,
+                })],
+            )
+            .map_err(|(kind, e)| StoreError::io(pid, kind, generation_dir, e))?;
+            file
         }
         Err(e) => return Err(StoreError::io(pid, "open active segment", &path, e)),
     };

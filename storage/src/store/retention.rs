@@ -3,7 +3,8 @@
 //! Both commit the new state (a purge also bumps the durable purge
 //! generation and moves to a fresh generation directory) before any file is
 //! touched, so a crash at any point leaves either the old state or the new
-//! one; files left behind are garbage that the next open removes. Removed
+//! one; files left behind are garbage that the next open removes, which is
+//! also why removals need no directory fsync. Removed
 //! segment files are recycled (renamed into `recycle/`) up to
 //! `recycled_files_max`, else unlinked. Neither runs on the append path: the
 //! shard calls them from its own maintenance turn.
@@ -85,7 +86,7 @@ impl PartitionStore {
         );
         ops.push(Op::RemoveDir { path: old_dir });
         self.run_removals(io, ops);
-        self.sync_recycle_and(io, self.dir_file)
+        Ok(())
     }
 
     /// Maintenance: persists pending indexes, then removes the oldest sealed
@@ -139,7 +140,6 @@ impl PartitionStore {
             });
         }
         self.run_removals(io, ops);
-        self.sync_recycle_and(io, self.generation_dir_file)?;
         Ok(outcome)
     }
 
@@ -191,21 +191,5 @@ impl PartitionStore {
                 }
             }
         }
-    }
-
-    /// fsyncs the recycle directory and `other`, making removals durable.
-    pub(super) fn sync_recycle_and(
-        &mut self,
-        io: &mut impl IoBackend,
-        other: crate::io::FileId,
-    ) -> Result<(), StoreError> {
-        let recycle_dir = self.dir.join(RECYCLE_DIR);
-        let opened = io
-            .open_dir(&recycle_dir)
-            .map_err(|e| StoreError::io(self.partition_id, "open", &recycle_dir, e));
-        let recycle_file = self.fence_on_err(opened)?;
-        let synced = self.sync_dirs(io, &[recycle_file, other]);
-        io.close(recycle_file);
-        synced
     }
 }
