@@ -6,6 +6,10 @@
 //! per flush. It runs over a file that was fully written beforehand (see
 //! [`layout_args`]), because ringlog recycles its segment files and O_DIRECT
 //! overwrites run about twice as fast as writes into fresh space.
+//!
+//! The transfer baseline ([`TransferJob`]) reads the log's bytes from one
+//! pre-written file and then writes them to another, as a snapshot transfer
+//! reads a segment on the source and writes it on the receiver.
 
 use std::io;
 use std::path::Path;
@@ -128,6 +132,107 @@ impl AppendJob<'_> {
     }
 }
 
+/// The transfer baseline, in one fio invocation: a `read` job reading
+/// `size_bytes` of a pre-written file, then (`--stonewall`) a `write` job
+/// overwriting `size_bytes` of another file ending with an fsync
+/// (`--end_fsync=1`, inside the job's runtime); both sequential, O_DIRECT,
+/// io_uring, `bs` = chunk size, `iodepth` = window. Both files must be laid
+/// out first ([`layout`]); the read file always, the write file when it is
+/// to be overwritten.
+#[derive(Debug, Clone)]
+pub struct TransferJob<'a> {
+    pub read_file: &'a Path,
+    pub write_file: &'a Path,
+    pub block_size_bytes: u64,
+    pub size_bytes: u64,
+    pub iodepth: u32,
+}
+
+impl TransferJob<'_> {
+    /// Bytes each job moves: `size_bytes` rounded up to whole blocks.
+    pub fn effective_size_bytes(&self) -> u64 {
+        let bs = self.block_size_bytes.max(1);
+        self.size_bytes.max(1).div_ceil(bs) * bs
+    }
+
+    pub fn args(&self) -> Result<Vec<String>, FioError> {
+        Ok(vec![
+            // Global options, before the first --name.
+            "--ioengine=io_uring".into(),
+            "--direct=1".into(),
+            format!("--bs={}", self.block_size_bytes),
+            format!("--iodepth={}", self.iodepth.max(1)),
+            format!("--size={}", self.effective_size_bytes()),
+            "--lat_percentiles=1".into(),
+            "--output-format=json".into(),
+            "--name=read".into(),
+            filename_arg(self.read_file)?,
+            "--rw=read".into(),
+            "--name=write".into(),
+            "--stonewall".into(),
+            filename_arg(self.write_file)?,
+            "--rw=write".into(),
+            "--end_fsync=1".into(),
+        ])
+    }
+
+    pub fn run(&self) -> Result<FioTransferResult, FioError> {
+        let args = self.args()?;
+        let json = run_fio(&args)?;
+        let mut result = parse_transfer(&json)?;
+        result.command = command_line(&args);
+        Ok(result)
+    }
+}
+
+/// What the comparison needs from one fio transfer run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FioTransferResult {
+    pub version: String,
+    /// The `read` job's `read` section.
+    pub read: RunSummary,
+    /// The `write` job's `write` section; its runtime includes the end fsync.
+    pub write: RunSummary,
+    /// Which fio latency field `read` and `write` came from (`lat_ns` or
+    /// `clat_ns`, see [`FioResult::write_lat_field`]).
+    pub lat_field: &'static str,
+    /// The transfer as a whole: bytes and I/Os of the read job, runtime =
+    /// read runtime + write runtime, bw = bytes / that runtime; lat = read
+    /// lat + write lat, each statistic summed (an approximation, as for
+    /// [`FioResult::ack_lat`]).
+    pub transfer: RunSummary,
+    pub command: String,
+}
+
+/// Parses the JSON of a [`TransferJob`] run: the jobs named `read` and
+/// `write`, in any order.
+pub fn parse_transfer(output: &str) -> Result<FioTransferResult, FioError> {
+    let (root, version) = parse_root(output)?;
+    let (job, jp) = job_at(&root, |n| n == "read", "jobs[jobname=read]")?;
+    let (read, read_field) = parse_direction(job, "read", &jp)?;
+    let (job, jp) = job_at(&root, |n| n == "write", "jobs[jobname=write]")?;
+    let (write, write_field) = parse_direction(job, "write", &jp)?;
+    let lat_field = if read_field == write_field {
+        read_field
+    } else {
+        "clat_ns"
+    };
+    let transfer = RunSummary::from_counts(
+        read.bytes,
+        read.ios,
+        read.runtime + write.runtime,
+        read.lat.sum_fieldwise(&write.lat),
+    );
+    Ok(FioTransferResult {
+        version,
+        read,
+        write,
+        lat_field,
+        transfer,
+        command: String::new(),
+    })
+}
+
 /// The un-timed pass that writes `size_bytes` (rounded up to 1 MiB) of the
 /// file once, so the timed run overwrites written blocks.
 pub fn layout_args(file: &Path, size_bytes: u64) -> Result<Vec<String>, FioError> {
@@ -213,57 +318,99 @@ pub struct FioResult {
 /// Parses the JSON of a `--fdatasync=1` write job (first job only). Text
 /// before the JSON object (fio warnings on stdout) is skipped.
 pub fn parse_append(output: &str) -> Result<FioResult, FioError> {
+    let (root, version) = parse_root(output)?;
+    let (job, jp) = job_at(&root, |_| true, "jobs[0]")?;
+    let (write, write_lat_field) = parse_direction(job, "write", &jp)?;
+
+    let sp = format!("{jp}.sync");
+    let sync = get(job, "sync", &jp)?;
+    let sync_lat = parse_latency(get(sync, "lat_ns", &sp)?, &join(&sp, "lat_ns"))?;
+    let ack_lat = write.lat.sum_fieldwise(&sync_lat);
+
+    Ok(FioResult {
+        version,
+        write,
+        write_lat_field,
+        sync_lat,
+        ack_lat,
+        command: String::new(),
+    })
+}
+
+/// The JSON root and its `fio version`.
+fn parse_root(output: &str) -> Result<(Value, String), FioError> {
     let start = json_start(output);
     let root: Value = serde_json::from_str(&output[start..])?;
     let version = get(&root, "fio version", "")?
         .as_str()
         .ok_or_else(|| wrong_type("fio version", "a string"))?
         .to_owned();
-    let job = get(&root, "jobs", "")?
+    Ok((root, version))
+}
+
+/// The first job whose name passes `pick` (`missing` names it in the error
+/// when there is none), with its path (`jobs[i]`); a job that reported an
+/// error is [`FioError::JobError`].
+fn job_at<'a>(
+    root: &'a Value,
+    pick: impl Fn(&str) -> bool,
+    missing: &str,
+) -> Result<(&'a Value, String), FioError> {
+    let jobs = get(root, "jobs", "")?
         .as_array()
-        .ok_or_else(|| wrong_type("jobs", "an array"))?
-        .first()
-        .ok_or_else(|| FioError::MissingField("jobs[0]".into()))?;
-    let jobname = get_str(job, "jobname", "jobs[0]")?.to_owned();
-    let code = get_i64(job, "error", "jobs[0]")?;
-    if code != 0 {
-        return Err(FioError::JobError { jobname, code });
+        .ok_or_else(|| wrong_type("jobs", "an array"))?;
+    for (i, job) in jobs.iter().enumerate() {
+        let jp = format!("jobs[{i}]");
+        let jobname = get_str(job, "jobname", &jp)?;
+        if !pick(jobname) {
+            continue;
+        }
+        let code = get_i64(job, "error", &jp)?;
+        if code != 0 {
+            return Err(FioError::JobError {
+                jobname: jobname.to_owned(),
+                code,
+            });
+        }
+        return Ok((job, jp));
     }
+    Err(FioError::MissingField(missing.to_owned()))
+}
 
-    let write = get(job, "write", "jobs[0]")?;
-    let wp = "jobs[0].write";
-    let bytes = get_u64(write, "io_bytes", wp)?;
-    let ios = get_u64(write, "total_ios", wp)?;
-    let runtime_ms = get_u64(write, "runtime", wp)?;
-    let bw_bytes = get_f64(write, "bw_bytes", wp)?;
-    let iops = get_f64(write, "iops", wp)?;
-    let lat = get(write, "lat_ns", wp)?;
-    let (write_lat, write_lat_field) = if lat.get("percentile").is_some() {
-        (parse_latency(lat, "jobs[0].write.lat_ns")?, "lat_ns")
+/// One direction (`read` or `write`) of a job: bytes, I/Os, runtime, fio's
+/// own bw_bytes/iops, and latency from `lat_ns` (submit to completion) when
+/// it has percentiles (`--lat_percentiles=1`), otherwise `clat_ns`. Returns
+/// which field the latency came from.
+fn parse_direction(
+    job: &Value,
+    dir: &str,
+    jp: &str,
+) -> Result<(RunSummary, &'static str), FioError> {
+    let d = get(job, dir, jp)?;
+    let dp = join(jp, dir);
+    let bytes = get_u64(d, "io_bytes", &dp)?;
+    let ios = get_u64(d, "total_ios", &dp)?;
+    let runtime_ms = get_u64(d, "runtime", &dp)?;
+    let bw_bytes = get_f64(d, "bw_bytes", &dp)?;
+    let iops = get_f64(d, "iops", &dp)?;
+    let lat = get(d, "lat_ns", &dp)?;
+    let (lat, field) = if lat.get("percentile").is_some() {
+        (parse_latency(lat, &join(&dp, "lat_ns"))?, "lat_ns")
     } else {
-        let clat = get(write, "clat_ns", wp)?;
-        (parse_latency(clat, "jobs[0].write.clat_ns")?, "clat_ns")
+        let clat = get(d, "clat_ns", &dp)?;
+        (parse_latency(clat, &join(&dp, "clat_ns"))?, "clat_ns")
     };
-
-    let sync = get(job, "sync", "jobs[0]")?;
-    let sync_lat = parse_latency(get(sync, "lat_ns", "jobs[0].sync")?, "jobs[0].sync.lat_ns")?;
-    let ack_lat = write_lat.sum_fieldwise(&sync_lat);
-
-    Ok(FioResult {
-        version,
-        write: RunSummary {
+    Ok((
+        RunSummary {
             bytes,
             ios,
             runtime: Duration::from_millis(runtime_ms),
             bw_bytes,
             iops,
-            lat: write_lat,
+            lat,
         },
-        write_lat_field,
-        sync_lat,
-        ack_lat,
-        command: String::new(),
-    })
+        field,
+    ))
 }
 
 fn json_start(output: &str) -> usize {
@@ -468,6 +615,101 @@ mod tests {
             filename_arg(Path::new("/a:b/f")).unwrap(),
             "--filename=/a\\:b/f"
         );
+    }
+
+    const TRANSFER_SAMPLE: &str = include_str!("testdata/fio-3.33-transfer-1m-qd4.json");
+
+    #[test]
+    fn parses_captured_transfer_run() {
+        let r = parse_transfer(TRANSFER_SAMPLE).unwrap();
+        assert_eq!(r.version, "fio-3.33");
+        assert_eq!(r.read.bytes, 64 << 20);
+        assert_eq!(r.read.ios, 64);
+        assert_eq!(r.read.runtime, Duration::from_millis(183));
+        assert_eq!(r.read.bw_bytes, 366_715_103.0);
+        assert_eq!(r.read.lat.p99_ns(), 44_826_624);
+        assert_eq!(r.write.bytes, 64 << 20);
+        assert_eq!(r.write.runtime, Duration::from_millis(209));
+        assert_eq!(r.write.lat.p99_ns(), 26_869_760);
+        assert_eq!(r.lat_field, "lat_ns");
+        // The transfer: 64 MiB in 183 + 209 ms.
+        assert_eq!(r.transfer.bytes, 64 << 20);
+        assert_eq!(r.transfer.ios, 64);
+        assert_eq!(r.transfer.runtime, Duration::from_millis(392));
+        assert!((r.transfer.bw_bytes - (64u64 << 20) as f64 / 0.392).abs() < 1.0);
+        assert_eq!(r.transfer.lat.p99_ns(), 44_826_624 + 26_869_760);
+    }
+
+    #[test]
+    fn transfer_jobs_are_found_by_name_and_errors_are_typed() {
+        let mut v: Value = serde_json::from_str(TRANSFER_SAMPLE).unwrap();
+        v["jobs"].as_array_mut().unwrap().reverse();
+        let r = parse_transfer(&v.to_string()).unwrap();
+        assert_eq!(r.read.runtime, Duration::from_millis(183));
+
+        let mut v: Value = serde_json::from_str(TRANSFER_SAMPLE).unwrap();
+        v["jobs"].as_array_mut().unwrap().pop();
+        assert!(matches!(
+            parse_transfer(&v.to_string()),
+            Err(FioError::MissingField(f)) if f == "jobs[jobname=write]"
+        ));
+
+        let mut v: Value = serde_json::from_str(TRANSFER_SAMPLE).unwrap();
+        v["jobs"][1]["error"] = Value::from(5);
+        assert!(matches!(
+            parse_transfer(&v.to_string()),
+            Err(FioError::JobError { code: 5, .. })
+        ));
+
+        let mut v: Value = serde_json::from_str(TRANSFER_SAMPLE).unwrap();
+        v["jobs"][0]["read"]
+            .as_object_mut()
+            .unwrap()
+            .remove("runtime");
+        assert!(matches!(
+            parse_transfer(&v.to_string()),
+            Err(FioError::MissingField(f)) if f == "jobs[0].read.runtime"
+        ));
+    }
+
+    #[test]
+    fn transfer_args_match_the_baseline_contract() {
+        let job = TransferJob {
+            read_file: Path::new("/d/fio-read.dat"),
+            write_file: Path::new("/d/fio-write.dat"),
+            block_size_bytes: 1 << 20,
+            size_bytes: (512 << 20) + 1,
+            iodepth: 4,
+        };
+        assert_eq!(job.effective_size_bytes(), 513 << 20);
+        let args = job.args().unwrap();
+        let pos = |want: &str| {
+            args.iter()
+                .position(|a| a == want)
+                .unwrap_or_else(|| panic!("missing {want} in {args:?}"))
+        };
+        for want in [
+            "--ioengine=io_uring",
+            "--direct=1",
+            "--bs=1048576",
+            "--iodepth=4",
+            "--size=537919488",
+            "--output-format=json",
+        ] {
+            // Global: before the first job.
+            assert!(pos(want) < pos("--name=read"), "{want}");
+        }
+        assert!(pos("--name=read") < pos("--filename=/d/fio-read.dat"));
+        assert!(pos("--filename=/d/fio-read.dat") < pos("--rw=read"));
+        assert!(pos("--rw=read") < pos("--name=write"));
+        for want in [
+            "--stonewall",
+            "--filename=/d/fio-write.dat",
+            "--rw=write",
+            "--end_fsync=1",
+        ] {
+            assert!(pos(want) > pos("--name=write"), "{want}");
+        }
     }
 
     #[test]

@@ -3,6 +3,11 @@
 //! `ringlog-bench append` drives partition stores directly (no server) and,
 //! with `--vs-fio`, runs the equivalent fio job on the same filesystem in
 //! alternation (ringlog, fio, ringlog, fio, ...) and reports the ratios.
+//!
+//! `ringlog-bench transfer` moves a partition log from one store to an empty
+//! one through the snapshot API (state transfer) and, with `--vs-fio`,
+//! compares it with fio reading the same bytes from one file and writing
+//! them to another.
 
 mod fio;
 mod jobs;
@@ -20,7 +25,8 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::fio::FioError;
 use crate::jobs::append::{AppendConfig, AppendError};
-use crate::report::{Rep, Report};
+use crate::jobs::transfer::{Source, TransferConfig, TransferJobError};
+use crate::report::{Rep, Report, TransferRep, TransferReport};
 use crate::size::{parse_size, Bytes};
 
 #[derive(Debug, Parser)]
@@ -39,6 +45,10 @@ enum Command {
     /// Group-committed appends into partition stores (write + fdatasync per
     /// flush), optionally against the equivalent fio job.
     Append(AppendArgs),
+    /// State transfer of a whole partition log into an empty store
+    /// (open_snapshot .. commit_install), optionally against fio reading
+    /// the same bytes from one file and writing them to another.
+    Transfer(TransferArgs),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -108,12 +118,58 @@ struct AppendArgs {
     output_format: OutputFormat,
 }
 
+#[derive(Debug, clap::Args)]
+struct TransferArgs {
+    /// Directory for the data (created; removed at the end unless --keep).
+    /// Put it on the filesystem you want to measure.
+    #[arg(long, default_value = "./bench-data")]
+    dir: PathBuf,
+    /// Keep the data directory (both stores and fio's files).
+    #[arg(long)]
+    keep: bool,
+    /// Bytes of log to transfer (appended to the source un-timed, rounded up
+    /// to whole batches).
+    #[arg(long, default_value = "512m", value_parser = parse_size)]
+    size: u64,
+    /// Segment size of both stores.
+    #[arg(long, default_value = "256m", value_parser = parse_size)]
+    segment_size: u64,
+    /// Transfer chunk size (StoreConfig::transfer_chunk_bytes, both sides;
+    /// fio's bs): a multiple of 4096, at most 16m.
+    #[arg(long, default_value = "1m", value_parser = parse_size)]
+    chunk_size: u64,
+    /// Chunks in flight: up to N chunks are read from the source, then
+    /// written into the receiver (fio's iodepth).
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    window: u32,
+    /// Encoded bytes of each batch of the source's log.
+    #[arg(long, default_value = "1m", value_parser = parse_size)]
+    batch_size: u64,
+    /// Value bytes of each record in a batch.
+    #[arg(long, default_value = "1k", value_parser = parse_size)]
+    record_size: u64,
+    /// Also run the equivalent fio jobs and report ringlog/fio ratios.
+    #[arg(long)]
+    vs_fio: bool,
+    /// With --vs-fio, how fio's write file is prepared (its read file is
+    /// always written beforehand).
+    #[arg(long, value_enum, default_value_t = FioLayout::Prewritten)]
+    fio_layout: FioLayout,
+    /// Repetitions; with --vs-fio they alternate ringlog, fio, ringlog, ...
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
+    reps: u32,
+    #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+    output_format: OutputFormat,
+}
+
 #[derive(Debug, thiserror::Error)]
 enum BenchError {
     #[error(transparent)]
     Fio(#[from] FioError),
     #[error(transparent)]
     Append(#[from] AppendError),
+    #[error(transparent)]
+    Transfer(#[from] TransferJobError),
     #[error("{what} {path}: {source}")]
     Fs {
         what: &'static str,
@@ -139,6 +195,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Append(args) => append(&args),
+        Command::Transfer(args) => transfer(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -207,12 +264,19 @@ fn append(args: &AppendArgs) -> Result<(), BenchError> {
     };
     let report = result?;
     cleanup?;
+    print_report(args.output_format, || report.text(), || report.json())
+}
 
-    let out = match args.output_format {
-        OutputFormat::Text => report.text(),
+fn print_report(
+    format: OutputFormat,
+    text: impl FnOnce() -> String,
+    json: impl FnOnce() -> serde_json::Value,
+) -> Result<(), BenchError> {
+    let out = match format {
+        OutputFormat::Text => text(),
         OutputFormat::Json => {
-            let mut s = serde_json::to_string_pretty(&report.json())
-                .expect("serde_json::Value always serialises");
+            let mut s =
+                serde_json::to_string_pretty(&json()).expect("serde_json::Value always serialises");
             s.push('\n');
             s
         }
@@ -221,6 +285,230 @@ fn append(args: &AppendArgs) -> Result<(), BenchError> {
         .lock()
         .write_all(out.as_bytes())
         .map_err(BenchError::Output)
+}
+
+fn transfer(args: &TransferArgs) -> Result<(), BenchError> {
+    let report = transfer_report(args)?;
+    print_report(args.output_format, || report.text(), || report.json())
+}
+
+/// Runs the transfer job (and fio) and cleans up; the report is not printed.
+fn transfer_report(args: &TransferArgs) -> Result<TransferReport, BenchError> {
+    let chunk_size = u32::try_from(args.chunk_size)
+        .ok()
+        .filter(|c| *c > 0 && c % 4096 == 0 && *c <= 16 << 20)
+        .ok_or_else(|| {
+            BenchError::Usage(format!(
+                "--chunk-size {} must be a positive multiple of 4KiB, at most 16MiB",
+                Bytes(args.chunk_size)
+            ))
+        })?;
+    if args.segment_size < args.batch_size {
+        return Err(BenchError::Usage(format!(
+            "--segment-size {} is smaller than --batch-size {}",
+            Bytes(args.segment_size),
+            Bytes(args.batch_size)
+        )));
+    }
+    if args.size == 0 {
+        return Err(BenchError::Usage("--size must be positive".into()));
+    }
+    let fio_version = if args.vs_fio {
+        Some(fio::version()?)
+    } else {
+        None
+    };
+
+    let dir = &args.dir;
+    let cfg = TransferConfig {
+        dir: dir.clone(),
+        total_bytes: args.size,
+        segment_size: args.segment_size,
+        chunk_size,
+        window: to_usize("--window", u64::from(args.window))?,
+        batch_size: to_usize("--batch-size", args.batch_size)?,
+        record_size: to_usize("--record-size", args.record_size)?,
+    };
+    let fio_files = TransferFioFiles {
+        read: dir.join("fio-read.dat"),
+        write: dir.join("fio-write.dat"),
+    };
+    for path in [cfg.source_dir(), cfg.receiver_dir()] {
+        if path.exists() {
+            return Err(BenchError::Usage(format!(
+                "{} already exists (left by an earlier --keep run?); remove it or pick another --dir",
+                path.display()
+            )));
+        }
+    }
+    let created_dir = !dir.exists();
+    fs::create_dir_all(dir).map_err(fs_err("create", dir))?;
+
+    let result = run_transfer_reps(args, &cfg, &fio_files, fio_version);
+    let cleanup = if args.keep {
+        Ok(())
+    } else {
+        cleanup_transfer(&cfg, &fio_files, created_dir)
+    };
+    let report = result?;
+    cleanup?;
+    Ok(report)
+}
+
+struct TransferFioFiles {
+    read: PathBuf,
+    write: PathBuf,
+}
+
+fn run_transfer_reps(
+    args: &TransferArgs,
+    cfg: &TransferConfig,
+    fio_files: &TransferFioFiles,
+    fio_version: Option<String>,
+) -> Result<TransferReport, BenchError> {
+    let mut settings = vec![
+        ("dir", cfg.dir.display().to_string()),
+        ("size", Bytes(args.size).to_string()),
+        ("segment_size", Bytes(args.segment_size).to_string()),
+        ("chunk_size", Bytes(args.chunk_size).to_string()),
+        ("window", args.window.to_string()),
+        ("batch_size", Bytes(args.batch_size).to_string()),
+        ("record_size", Bytes(args.record_size).to_string()),
+        ("reps", args.reps.to_string()),
+    ];
+    let mut notes = vec![
+        "the source is filled once, un-timed, and its active segment sealed; each rep transfers \
+         into a freshly created receiver (creation and close un-timed)"
+            .to_owned(),
+        format!(
+            "ringlog reads and writes one chunk at a time (read_chunk and accept_chunk each wait \
+             for their I/O): --window {} reads that many chunks before writing them, it does not \
+             put more than one I/O in flight",
+            args.window
+        ),
+    ];
+    if args.vs_fio {
+        settings.push((
+            "fio_layout",
+            format!("{:?}", args.fio_layout).to_lowercase(),
+        ));
+        notes.push(format!(
+            "fio keeps iodepth={} I/Os in flight; ringlog's commit_install also reads every staged \
+             byte back to verify it (a second read pass fio does not do)",
+            args.window
+        ));
+        notes.push(match args.fio_layout {
+            FioLayout::Prewritten => "fio's write job overwrites a pre-written file (laid out \
+                un-timed), while ringlog's receiver writes newly created staging files: overwrites \
+                run up to ~2x faster than fresh writes here, so the throughput ratio understates \
+                ringlog"
+                .to_owned(),
+            FioLayout::Fresh => "fio's write file is deleted before each rep, so both sides \
+                write into fresh space"
+                .to_owned(),
+        });
+    }
+
+    eprintln!(
+        "ringlog-bench: filling the source with {} (un-timed)",
+        Bytes(args.size)
+    );
+    let mut source = Source::fill(cfg)?;
+    let result = transfer_reps(args, cfg, fio_files, &mut source);
+    // Close the source even when a rep failed; the rep's error wins.
+    let closed = source.close();
+    let reps = result?;
+    closed?;
+    Ok(TransferReport {
+        settings,
+        fio_version,
+        notes,
+        reps,
+    })
+}
+
+fn transfer_reps(
+    args: &TransferArgs,
+    cfg: &TransferConfig,
+    fio_files: &TransferFioFiles,
+    source: &mut Source,
+) -> Result<Vec<TransferRep>, BenchError> {
+    let job = fio::TransferJob {
+        read_file: &fio_files.read,
+        write_file: &fio_files.write,
+        block_size_bytes: args.chunk_size,
+        size_bytes: source.bytes(),
+        iodepth: args.window,
+    };
+    let mut reps = Vec::with_capacity(args.reps as usize);
+    for rep in 1..=args.reps {
+        eprintln!("ringlog-bench: rep {rep}/{}: ringlog transfer", args.reps);
+        let ringlog = source.transfer(cfg)?;
+        let last = rep == args.reps;
+        if !(last && args.keep) {
+            remove_dir_if_exists(&cfg.receiver_dir())?;
+        }
+
+        let fio = if args.vs_fio {
+            let need = job.effective_size_bytes();
+            if rep == 1 {
+                eprintln!(
+                    "ringlog-bench: laying out {} for fio to read (un-timed)",
+                    Bytes(fio::layout_size_bytes(need))
+                );
+                fio::layout(&fio_files.read, need)?;
+            }
+            match args.fio_layout {
+                FioLayout::Prewritten if rep == 1 => {
+                    eprintln!(
+                        "ringlog-bench: laying out {} for fio to overwrite (un-timed)",
+                        Bytes(fio::layout_size_bytes(need))
+                    );
+                    fio::layout(&fio_files.write, need)?;
+                }
+                FioLayout::Prewritten => {}
+                FioLayout::Fresh => remove_file_if_exists(&fio_files.write)?,
+            }
+            eprintln!(
+                "ringlog-bench: rep {rep}/{}: fio read, then write",
+                args.reps
+            );
+            Some(job.run()?)
+        } else {
+            None
+        };
+        reps.push(TransferRep { ringlog, fio });
+    }
+    Ok(reps)
+}
+
+fn remove_dir_if_exists(path: &Path) -> Result<(), BenchError> {
+    match fs::remove_dir_all(path) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(fs_err("remove", path)(e)),
+        _ => Ok(()),
+    }
+}
+
+/// Removes what a transfer run created: both stores, fio's files, and the
+/// data directory itself if this run created it (and it is now empty).
+fn cleanup_transfer(
+    cfg: &TransferConfig,
+    fio_files: &TransferFioFiles,
+    created_dir: bool,
+) -> Result<(), BenchError> {
+    remove_dir_if_exists(&cfg.source_dir())?;
+    remove_dir_if_exists(&cfg.receiver_dir())?;
+    remove_file_if_exists(&fio_files.read)?;
+    remove_file_if_exists(&fio_files.write)?;
+    if created_dir {
+        match fs::remove_dir(&cfg.dir) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                return Err(fs_err("remove", &cfg.dir)(e));
+            }
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 fn run_reps(
@@ -371,7 +659,9 @@ mod tests {
     #[test]
     fn append_defaults_and_sizes() {
         let cli = Cli::try_parse_from(["ringlog-bench", "append"]).unwrap();
-        let Command::Append(a) = cli.command;
+        let Command::Append(a) = cli.command else {
+            panic!("not append")
+        };
         assert_eq!(a.dir, PathBuf::from("./bench-data"));
         assert_eq!(a.partitions, 1);
         assert_eq!(a.batch_size, 64 << 10);
@@ -397,7 +687,9 @@ mod tests {
             "json",
         ])
         .unwrap();
-        let Command::Append(a) = cli.command;
+        let Command::Append(a) = cli.command else {
+            panic!("not append")
+        };
         assert_eq!(a.batch_size, 1 << 20);
         assert_eq!(a.size, Some(1 << 30));
         assert!(a.vs_fio);
@@ -442,8 +734,165 @@ mod tests {
             "2",
         ])
         .unwrap();
-        let Command::Append(args) = cli.command;
+        let Command::Append(args) = cli.command else {
+            panic!("not append")
+        };
         append(&args).unwrap();
         assert!(!dir.exists(), "data dir is removed without --keep");
+    }
+
+    #[test]
+    fn transfer_defaults_and_sizes() {
+        let cli = Cli::try_parse_from(["ringlog-bench", "transfer"]).unwrap();
+        let Command::Transfer(t) = cli.command else {
+            panic!("not transfer")
+        };
+        assert_eq!(t.dir, PathBuf::from("./bench-data"));
+        assert_eq!(t.size, 512 << 20);
+        assert_eq!(t.segment_size, 256 << 20);
+        assert_eq!(t.chunk_size, 1 << 20);
+        assert_eq!(t.window, 4);
+        assert_eq!(t.batch_size, 1 << 20);
+        assert_eq!(t.reps, 1);
+        assert!(!t.vs_fio && !t.keep);
+        assert_eq!(t.fio_layout, FioLayout::Prewritten);
+        assert_eq!(t.output_format, OutputFormat::Text);
+
+        let cli = Cli::try_parse_from([
+            "ringlog-bench",
+            "transfer",
+            "--size",
+            "1g",
+            "--chunk-size",
+            "256k",
+            "--window",
+            "8",
+            "--vs-fio",
+            "--output-format",
+            "json",
+        ])
+        .unwrap();
+        let Command::Transfer(t) = cli.command else {
+            panic!("not transfer")
+        };
+        assert_eq!(t.size, 1 << 30);
+        assert_eq!(t.chunk_size, 256 << 10);
+        assert_eq!(t.window, 8);
+        assert!(t.vs_fio);
+        assert_eq!(t.output_format, OutputFormat::Json);
+        assert!(Cli::try_parse_from(["ringlog-bench", "transfer", "--window", "0"]).is_err());
+    }
+
+    #[test]
+    fn bad_transfer_settings_are_usage_errors() {
+        let tmp = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).unwrap();
+        let dir = tmp.path().join("data");
+        let dir = dir.to_str().unwrap();
+        for bad in [
+            &["--chunk-size", "5000"][..],
+            &["--chunk-size", "32m"][..],
+            &["--segment-size", "4m", "--batch-size", "8m"][..],
+        ] {
+            let mut argv = vec!["ringlog-bench", "transfer", "--dir", dir];
+            argv.extend_from_slice(bad);
+            let Command::Transfer(t) = Cli::try_parse_from(argv).unwrap().command else {
+                panic!("not transfer")
+            };
+            assert!(
+                matches!(transfer_report(&t), Err(BenchError::Usage(_))),
+                "{bad:?}"
+            );
+        }
+        assert!(
+            !Path::new(dir).exists(),
+            "nothing is created for a usage error"
+        );
+    }
+
+    /// End to end on the real disk: a small transfer against fio, text and
+    /// JSON reports with the ratios. Needs fio (ci/install-deps).
+    #[test]
+    fn transfer_vs_fio_smoke() {
+        let tmp = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).unwrap();
+        let dir = tmp.path().join("data");
+        let cli = Cli::try_parse_from([
+            "ringlog-bench",
+            "transfer",
+            "--dir",
+            dir.to_str().unwrap(),
+            "--size",
+            "16m",
+            "--segment-size",
+            "4m",
+            "--chunk-size",
+            "256k",
+            "--batch-size",
+            "64k",
+            "--vs-fio",
+            "--reps",
+            "2",
+        ])
+        .unwrap();
+        let Command::Transfer(args) = cli.command else {
+            panic!("not transfer")
+        };
+        let report = transfer_report(&args).unwrap();
+        assert!(!dir.exists(), "data dir is removed without --keep");
+
+        assert_eq!(report.reps.len(), 2);
+        for rep in &report.reps {
+            assert_eq!(rep.ringlog.summary.bytes, 16 << 20);
+            assert_eq!(rep.ringlog.artifacts, 4);
+            assert_eq!(rep.ringlog.summary.ios, 64);
+            let fio = rep.fio.as_ref().unwrap();
+            assert_eq!(fio.read.bytes, 16 << 20);
+            assert_eq!(fio.write.bytes, 16 << 20);
+        }
+        let text = report.text();
+        assert!(text.contains("ringlog transfer: bw="), "{text}");
+        assert!(text.contains("fio transfer: bw="), "{text}");
+        assert!(text.contains("ratio throughput ringlog/fio = "), "{text}");
+        assert!(text.contains("(median of 2 reps, min "), "{text}");
+        assert!(
+            text.contains("ratio p99 chunk latency ringlog/fio = "),
+            "{text}"
+        );
+        let v = report.json();
+        assert_eq!(v["ratios"]["throughput"]["reps"], 2);
+        for key in ["median", "min", "max"] {
+            assert!(v["ratios"]["throughput"][key].is_f64(), "{key}");
+        }
+        assert_eq!(v["jobs"][0]["transfer"]["io_bytes"], 16u64 << 20);
+        assert_eq!(v["jobs"][1]["engine"], "fio");
+    }
+
+    #[test]
+    fn transfer_keep_leaves_the_stores_and_fio_files() {
+        let tmp = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).unwrap();
+        let dir = tmp.path().join("data");
+        let cli = Cli::try_parse_from([
+            "ringlog-bench",
+            "transfer",
+            "--dir",
+            dir.to_str().unwrap(),
+            "--size",
+            "2m",
+            "--segment-size",
+            "1m",
+            "--batch-size",
+            "64k",
+            "--chunk-size",
+            "64k",
+            "--keep",
+        ])
+        .unwrap();
+        let Command::Transfer(args) = cli.command else {
+            panic!("not transfer")
+        };
+        let report = transfer_report(&args).unwrap();
+        assert!(report.ratios().is_none());
+        assert!(dir.join("src").is_dir() && dir.join("dst").is_dir());
+        // A second run refuses to reuse them.
+        assert!(matches!(transfer_report(&args), Err(BenchError::Usage(_))));
     }
 }

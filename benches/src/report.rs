@@ -4,8 +4,9 @@ use std::fmt::Write as _;
 
 use serde_json::{json, Map, Value};
 
-use crate::fio::FioResult;
+use crate::fio::{FioResult, FioTransferResult};
 use crate::jobs::append::AppendResult;
+use crate::jobs::transfer::TransferResult;
 use crate::size::Bytes;
 use crate::stats::{LatencySummary, RunSummary, Spread, PERCENTILES};
 
@@ -62,18 +63,13 @@ impl Report {
 
     pub fn text(&self) -> String {
         let mut out = String::new();
-        let settings: Vec<String> = self
-            .settings
-            .iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect();
-        let _ = writeln!(out, "ringlog-bench append: {}", settings.join(" "));
-        if let Some(v) = &self.fio_version {
-            let _ = writeln!(out, "fio: {v}");
-        }
-        for note in &self.notes {
-            let _ = writeln!(out, "note: {note}");
-        }
+        header(
+            &mut out,
+            "append",
+            &self.settings,
+            self.fio_version.as_deref(),
+            &self.notes,
+        );
         let n = self.reps.len();
         for (i, rep) in self.reps.iter().enumerate() {
             let _ = writeln!(out);
@@ -142,20 +138,12 @@ impl Report {
                 }));
             }
         }
-        let settings: Map<String, Value> = self
-            .settings
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), Value::from(v.as_str())))
-            .collect();
-        let mut root = json!({
-            "ringlog-bench version": env!("CARGO_PKG_VERSION"),
-            "global options": settings,
-            "notes": self.notes,
-            "jobs": jobs,
-        });
-        if let Some(v) = &self.fio_version {
-            root["fio version"] = Value::from(v.as_str());
-        }
+        let mut root = root_json(
+            &self.settings,
+            self.fio_version.as_deref(),
+            &self.notes,
+            jobs,
+        );
         if let Some(r) = self.ratios() {
             root["ratios"] = json!({
                 "throughput": spread_json(&r.throughput),
@@ -165,6 +153,210 @@ impl Report {
         }
         root
     }
+}
+
+/// How the transfer job's chunk latencies are measured, on both sides.
+pub const TRANSFER_LAT_NOTE: &str =
+    "ringlog chunk latency = read_chunk + accept_chunk of one chunk, \
+     each waiting for its own I/O; fio chunk latency = read lat + write lat at iodepth=--window, \
+     each statistic summed (an approximation; fio's per-I/O latency includes queueing behind the \
+     other I/Os in flight)";
+
+/// How the transfer job's throughput is computed, on both sides.
+pub const TRANSFER_BW_NOTE: &str = "throughput = log bytes / time; ringlog: open_snapshot through \
+     commit_install; fio: read job runtime + write job runtime (the write job's includes its end fsync)";
+
+/// One A/B repetition of the transfer job.
+#[derive(Debug, Clone)]
+pub struct TransferRep {
+    pub ringlog: TransferResult,
+    pub fio: Option<FioTransferResult>,
+}
+
+/// Everything the transfer job's report prints.
+#[derive(Debug, Clone)]
+pub struct TransferReport {
+    pub settings: Vec<(&'static str, String)>,
+    pub fio_version: Option<String>,
+    pub notes: Vec<String>,
+    pub reps: Vec<TransferRep>,
+}
+
+/// Median/min/max over reps of ringlog/fio transfer throughput and p99
+/// chunk latency.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TransferRatios {
+    pub throughput: Spread,
+    pub p99_chunk_latency: Spread,
+}
+
+impl TransferReport {
+    /// `None` unless every rep has a fio run.
+    pub fn ratios(&self) -> Option<TransferRatios> {
+        let mut throughput = Vec::with_capacity(self.reps.len());
+        let mut p99 = Vec::with_capacity(self.reps.len());
+        for rep in &self.reps {
+            let fio = &rep.fio.as_ref()?.transfer;
+            let ours = &rep.ringlog.summary;
+            throughput.push(ratio(ours.bw_bytes, fio.bw_bytes));
+            p99.push(ratio(ours.lat.p99_ns() as f64, fio.lat.p99_ns() as f64));
+        }
+        Some(TransferRatios {
+            throughput: Spread::of(&throughput)?,
+            p99_chunk_latency: Spread::of(&p99)?,
+        })
+    }
+
+    pub fn text(&self) -> String {
+        let mut out = String::new();
+        header(
+            &mut out,
+            "transfer",
+            &self.settings,
+            self.fio_version.as_deref(),
+            &self.notes,
+        );
+        let n = self.reps.len();
+        for (i, rep) in self.reps.iter().enumerate() {
+            let _ = writeln!(out);
+            if n > 1 {
+                let _ = writeln!(out, "rep {}/{n}", i + 1);
+            }
+            let r = &rep.ringlog;
+            run_line(&mut out, "ringlog transfer", &r.summary);
+            let _ = writeln!(
+                out,
+                "    {} artifacts in {} chunks; open {:.1} ms, chunks {:.3} s, commit {:.3} s",
+                r.artifacts,
+                r.summary.ios,
+                r.phases.open.as_secs_f64() * 1000.0,
+                r.phases.chunks.as_secs_f64(),
+                r.phases.commit.as_secs_f64()
+            );
+            lat_lines(&mut out, "chunk lat (read+write)", &r.summary.lat);
+            lat_lines(&mut out, "read_chunk lat", &r.read_lat);
+            lat_lines(&mut out, "accept_chunk lat", &r.write_lat);
+            if let Some(f) = &rep.fio {
+                run_line(&mut out, "fio transfer", &f.transfer);
+                run_line(&mut out, "    fio read", &f.read);
+                lat_lines(
+                    &mut out,
+                    &format!("read lat ({})", f.lat_field),
+                    &f.read.lat,
+                );
+                run_line(&mut out, "    fio write+end_fsync", &f.write);
+                lat_lines(
+                    &mut out,
+                    &format!("write lat ({})", f.lat_field),
+                    &f.write.lat,
+                );
+                lat_lines(&mut out, "chunk lat ~ read+write", &f.transfer.lat);
+                let _ = writeln!(out, "    command: {}", f.command);
+            }
+        }
+        if let Some(r) = self.ratios() {
+            let _ = writeln!(out);
+            ratio_line(&mut out, "throughput", &r.throughput);
+            ratio_line(&mut out, "p99 chunk latency", &r.p99_chunk_latency);
+            let _ = writeln!(out, "note: {TRANSFER_BW_NOTE}");
+            let _ = writeln!(out, "note: {TRANSFER_LAT_NOTE}");
+        }
+        out
+    }
+
+    /// fio-style JSON: per job a `transfer` section shaped like fio's
+    /// `read`/`write` sections (`io_bytes`, `bw_bytes`, `iops`, `runtime`,
+    /// `total_ios`, `lat_ns`), fio's own `read` and `write` sections for fio
+    /// runs, plus `ratios`.
+    pub fn json(&self) -> Value {
+        let mut jobs = Vec::new();
+        for (i, rep) in self.reps.iter().enumerate() {
+            let r = &rep.ringlog;
+            jobs.push(json!({
+                "jobname": "transfer",
+                "engine": "ringlog",
+                "rep": i + 1,
+                "error": 0,
+                "artifacts": r.artifacts,
+                "phases_ms": {
+                    "open": r.phases.open.as_secs_f64() * 1000.0,
+                    "chunks": r.phases.chunks.as_secs_f64() * 1000.0,
+                    "commit": r.phases.commit.as_secs_f64() * 1000.0,
+                },
+                "transfer": write_json(&r.summary),
+                "read_chunk": { "lat_ns": lat_json(&r.read_lat) },
+                "accept_chunk": { "lat_ns": lat_json(&r.write_lat) },
+            }));
+            if let Some(f) = &rep.fio {
+                jobs.push(json!({
+                    "jobname": "transfer",
+                    "engine": "fio",
+                    "rep": i + 1,
+                    "error": 0,
+                    "command": f.command,
+                    "lat_field": f.lat_field,
+                    "transfer": write_json(&f.transfer),
+                    "read": write_json(&f.read),
+                    "write": write_json(&f.write),
+                }));
+            }
+        }
+        let mut root = root_json(
+            &self.settings,
+            self.fio_version.as_deref(),
+            &self.notes,
+            jobs,
+        );
+        if let Some(r) = self.ratios() {
+            root["ratios"] = json!({
+                "throughput": spread_json(&r.throughput),
+                "p99_chunk_latency": spread_json(&r.p99_chunk_latency),
+                "notes": [TRANSFER_BW_NOTE, TRANSFER_LAT_NOTE],
+            });
+        }
+        root
+    }
+}
+
+/// The text report's first lines: job and settings, fio version, notes.
+fn header(
+    out: &mut String,
+    job: &str,
+    settings: &[(&'static str, String)],
+    fio_version: Option<&str>,
+    notes: &[String],
+) {
+    let settings: Vec<String> = settings.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    let _ = writeln!(out, "ringlog-bench {job}: {}", settings.join(" "));
+    if let Some(v) = fio_version {
+        let _ = writeln!(out, "fio: {v}");
+    }
+    for note in notes {
+        let _ = writeln!(out, "note: {note}");
+    }
+}
+
+/// The JSON report's root, without ratios.
+fn root_json(
+    settings: &[(&'static str, String)],
+    fio_version: Option<&str>,
+    notes: &[String],
+    jobs: Vec<Value>,
+) -> Value {
+    let settings: Map<String, Value> = settings
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), Value::from(v.as_str())))
+        .collect();
+    let mut root = json!({
+        "ringlog-bench version": env!("CARGO_PKG_VERSION"),
+        "global options": settings,
+        "notes": notes,
+        "jobs": jobs,
+    });
+    if let Some(v) = fio_version {
+        root["fio version"] = Value::from(v);
+    }
+    root
 }
 
 fn ratio(ours: f64, theirs: f64) -> f64 {
@@ -266,7 +458,8 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::fio::parse_append;
+    use crate::fio::{parse_append, parse_transfer};
+    use crate::jobs::transfer::Phases;
     use crate::stats::LatencyRecorder;
 
     fn ringlog_run(bw_scale: u64, lat_us: u64) -> AppendResult {
@@ -358,5 +551,108 @@ mod tests {
         assert_eq!(v["jobs"][1]["write"]["bw_bytes"], 111_662_003u64);
         assert_eq!(v["ratios"]["throughput"]["reps"], 3);
         assert!(report(false).json().get("ratios").is_none());
+    }
+
+    fn transfer_run(bw_scale: u64) -> TransferResult {
+        let mut rec = LatencyRecorder::new();
+        for _ in 0..64 {
+            rec.record(Duration::from_millis(4));
+        }
+        let lat = rec.summary();
+        TransferResult {
+            summary: RunSummary::from_counts(
+                bw_scale * (64 << 20),
+                bw_scale * 64,
+                Duration::from_secs(1),
+                lat,
+            ),
+            artifacts: 2,
+            read_lat: lat,
+            write_lat: lat,
+            phases: Phases {
+                open: Duration::from_millis(1),
+                chunks: Duration::from_millis(800),
+                commit: Duration::from_millis(199),
+            },
+        }
+    }
+
+    fn transfer_report(with_fio: bool) -> TransferReport {
+        let fio = parse_transfer(include_str!("testdata/fio-3.33-transfer-1m-qd4.json")).unwrap();
+        TransferReport {
+            settings: vec![("size", "64MiB".into())],
+            fio_version: with_fio.then(|| fio.version.clone()),
+            notes: vec!["a note".into()],
+            reps: (1..=3)
+                .map(|k| TransferRep {
+                    ringlog: transfer_run(k),
+                    fio: with_fio.then(|| fio.clone()),
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn transfer_ratios_use_the_summed_fio_runtime() {
+        let r = transfer_report(true).ratios().unwrap();
+        // fio: 64 MiB in 183 ms read + 209 ms write.
+        let fio_bw = (64u64 << 20) as f64 / 0.392;
+        let want = |k: f64| k * (64u64 << 20) as f64 / fio_bw;
+        assert_eq!(r.throughput.n, 3);
+        assert!((r.throughput.median - want(2.0)).abs() < 1e-6);
+        assert!((r.throughput.min - want(1.0)).abs() < 1e-6);
+        assert!((r.throughput.max - want(3.0)).abs() < 1e-6);
+        let fio_p99 = (44_826_624 + 26_869_760) as f64;
+        assert!((r.p99_chunk_latency.median - 4_000_000.0 / fio_p99).abs() < 0.001);
+        assert!(transfer_report(false).ratios().is_none());
+    }
+
+    #[test]
+    fn transfer_text_has_summary_phase_and_ratio_lines() {
+        let text = transfer_report(true).text();
+        assert!(
+            text.starts_with("ringlog-bench transfer: size=64MiB\n"),
+            "{text}"
+        );
+        assert!(text.contains("note: a note"), "{text}");
+        assert!(text.contains("ringlog transfer: bw="), "{text}");
+        assert!(
+            text.contains("2 artifacts in 64 chunks; open 1.0 ms"),
+            "{text}"
+        );
+        assert!(
+            text.contains("chunk lat (read+write) percentiles (usec)"),
+            "{text}"
+        );
+        assert!(text.contains("fio transfer: bw=163.3 MiB/s"), "{text}");
+        assert!(text.contains("    fio read: bw="), "{text}");
+        assert!(text.contains("    fio write+end_fsync: bw="), "{text}");
+        assert!(text.contains("ratio throughput ringlog/fio = "), "{text}");
+        assert!(
+            text.contains("ratio p99 chunk latency ringlog/fio = "),
+            "{text}"
+        );
+        assert!(!transfer_report(false).text().contains("ratio"));
+    }
+
+    #[test]
+    fn transfer_json_has_sections_and_ratios() {
+        let v = transfer_report(true).json();
+        let job = &v["jobs"][0];
+        assert_eq!(job["jobname"], "transfer");
+        assert_eq!(job["engine"], "ringlog");
+        assert_eq!(job["transfer"]["io_bytes"], 64u64 << 20);
+        assert!(job["transfer"]["lat_ns"]["percentile"]["99.000000"].is_u64());
+        assert!(job["read_chunk"]["lat_ns"]["N"].is_u64());
+        assert!(job["phases_ms"]["commit"].is_f64());
+        let fio = &v["jobs"][1];
+        assert_eq!(fio["engine"], "fio");
+        assert_eq!(fio["read"]["runtime"], 183);
+        assert_eq!(fio["write"]["runtime"], 209);
+        assert_eq!(fio["transfer"]["runtime"], 392);
+        assert_eq!(v["ratios"]["throughput"]["reps"], 3);
+        assert!(v["ratios"]["p99_chunk_latency"]["median"].is_f64());
+        assert_eq!(v["global options"]["size"], "64MiB");
+        assert!(transfer_report(false).json().get("ratios").is_none());
     }
 }

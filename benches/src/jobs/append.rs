@@ -25,7 +25,7 @@ use crate::stats::{LatencyRecorder, RunSummary};
 const RECORD_OVERHEAD_BYTES: usize = 4 + 4 + 4 + 4 + 2 + 2 + 4;
 
 /// io_uring SQ entries for the job's backend.
-const RING_ENTRIES: u32 = 256;
+pub const RING_ENTRIES: u32 = 256;
 
 #[derive(Debug, thiserror::Error)]
 pub enum AppendError {
@@ -140,15 +140,23 @@ pub fn build_batch(
 /// The store config for a run: the requested segment size, and a write
 /// buffer large enough for one batch plus the rewritten tail block.
 pub fn store_config(cfg: &AppendConfig) -> StoreConfig {
-    let defaults = StoreConfig::default();
-    let needed = (cfg.batch_size + 2 * BLOCK_SIZE).div_ceil(BLOCK_SIZE) * BLOCK_SIZE;
     StoreConfig {
-        segment_size_bytes: cfg.segment_size,
         retention_bytes: cfg.retention_bytes,
+        ..store_config_for(cfg.batch_size, cfg.segment_size)
+    }
+}
+
+/// The default store config with `segment_size` segments and a write buffer
+/// sized for `batch_size` batches (shared with the transfer job's stores).
+pub fn store_config_for(batch_size: usize, segment_size: u64) -> StoreConfig {
+    let defaults = StoreConfig::default();
+    let needed = (batch_size + 2 * BLOCK_SIZE).div_ceil(BLOCK_SIZE) * BLOCK_SIZE;
+    StoreConfig {
+        segment_size_bytes: segment_size,
         // The default, shrunk for small segments, grown for large batches.
         write_buffer_bytes: defaults
             .write_buffer_bytes
-            .min(usize::try_from(cfg.segment_size).unwrap_or(usize::MAX))
+            .min(usize::try_from(segment_size).unwrap_or(usize::MAX))
             .max(needed),
         ..defaults
     }

@@ -1,3 +1,4 @@
 //! Benchmark jobs that drive ringlog itself.
 
 pub mod append;
+pub mod transfer;
