@@ -1,1 +1,42 @@
-fn main() {}
+//! `ringlog`: the one binary. `server` runs a node; `ctl` talks to its
+//! control socket; `produce` and `consume` are a command-line client.
+
+mod ctl;
+mod io_cmds;
+mod server_cmd;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "ringlog",
+    version,
+    about = "ringlog: a replicated append-only log server"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a node (single node: ./data, 127.0.0.1:7420 by default).
+    Server(server_cmd::ServerArgs),
+    /// Query or steer a running node through its control socket.
+    Ctl(ctl::CtlArgs),
+    /// Append records: lines from stdin, or generated with --count/--size.
+    Produce(io_cmds::ProduceArgs),
+    /// Read records of a partition from an offset.
+    Consume(io_cmds::ConsumeArgs),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let code = match cli.command {
+        Command::Server(a) => server_cmd::run(a),
+        Command::Ctl(a) => ctl::run(a),
+        Command::Produce(a) => io_cmds::produce(a),
+        Command::Consume(a) => io_cmds::consume(a),
+    };
+    std::process::exit(code);
+}

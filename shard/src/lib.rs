@@ -1,1 +1,23 @@
-//! ringlog-shard: the thread-per-core runtime arrives with issue 4.
+//! ringlog-shard: the thread-per-core server.
+//!
+//! * [`server`] boots a node: loads the topic catalog, starts one pinned
+//!   thread per shard ([`shard`]), the control socket ([`control`]) and
+//!   waits for shutdown.
+//! * Each shard runs a monoio io_uring runtime with its own storage ring and
+//!   owns its partitions ([`partition`]) outright; other shards reach them
+//!   only through its bounded [`mailbox`].
+//! * [`net`] speaks the client protocol (`ringlog_protocol::wire`);
+//!   [`client`] is the matching blocking client library.
+pub mod catalog;
+pub mod client;
+pub mod config;
+pub mod control;
+mod controller;
+pub mod local;
+pub mod mailbox;
+pub mod metrics;
+pub mod net;
+pub mod partition;
+pub mod placement;
+pub mod server;
+pub mod shard;

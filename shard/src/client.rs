@@ -1,0 +1,312 @@
+//! A blocking client for the ringlog wire protocol (used by the CLI, tests
+//! and benchmarks). One request at a time per connection; open several
+//! clients for parallelism.
+//!
+//! ```no_run
+//! use ringlog_shard::client::{batch_of, Client};
+//! let mut c = Client::connect("127.0.0.1:7420").unwrap();
+//! c.create_topic("events", 4).unwrap();
+//! let ack = c.produce("events", 0, batch_of(&[b"hello"]).unwrap()).unwrap();
+//! let page = c.fetch("events", 0, ack.base_offset, 1 << 20, 0).unwrap();
+//! ```
+
+use std::io::{Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::time::Duration;
+
+use ringlog_protocol::wire::{
+    decode_frame_header, Body, ErrorCode, FetchReply, HelloReply, ProduceReply, ProduceTarget,
+    Reply, Request, TopicDescription, TopicSummary, WireError, FRAME_BYTES_MAX, FRAME_HEADER_LEN,
+    PROTOCOL_VERSION,
+};
+use ringlog_protocol::{BatchBuilder, BatchError, BatchView, Record, Stamp};
+use thiserror::Error;
+
+/// Socket read timeout beyond a fetch's own wait.
+const REPLY_SLACK: Duration = Duration::from_secs(30);
+
+#[derive(Debug, Error)]
+pub enum ClientError {
+    #[error("I/O: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("protocol: {0}")]
+    Wire(#[from] WireError),
+    #[error("server error {code}: {message}")]
+    Server { code: ErrorCode, message: String },
+    #[error("unexpected reply: {0}")]
+    Unexpected(String),
+    #[error("batch: {0}")]
+    Batch(#[from] BatchError),
+}
+
+impl ClientError {
+    /// The server's error code, if the server answered with one.
+    pub fn code(&self) -> Option<ErrorCode> {
+        match self {
+            ClientError::Server { code, .. } => Some(*code),
+            _ => None,
+        }
+    }
+
+    /// Whether sending the same request again later may succeed.
+    pub fn is_retryable(&self) -> bool {
+        self.code().is_some_and(ErrorCode::is_retryable)
+    }
+}
+
+pub struct Client {
+    stream: TcpStream,
+    next_correlation: u32,
+    hello: HelloReply,
+}
+
+impl Client {
+    /// Connects and performs the handshake.
+    pub fn connect(addr: impl ToSocketAddrs) -> Result<Client, ClientError> {
+        let stream = TcpStream::connect(addr)?;
+        Client::handshake(stream)
+    }
+
+    /// Performs the handshake on an already connected stream.
+    pub fn handshake(stream: TcpStream) -> Result<Client, ClientError> {
+        stream.set_nodelay(true)?;
+        stream.set_read_timeout(Some(REPLY_SLACK))?;
+        let mut c = Client {
+            stream,
+            next_correlation: 1,
+            hello: HelloReply {
+                version: PROTOCOL_VERSION,
+                frame_bytes_max: FRAME_BYTES_MAX,
+                batch_bytes_max: 0,
+                shards: 0,
+            },
+        };
+        let body = c.call(&Request::Hello {
+            version_min: PROTOCOL_VERSION,
+            version_max: PROTOCOL_VERSION,
+            client: format!("ringlog-client/{}", env!("CARGO_PKG_VERSION")),
+        })?;
+        match body {
+            Body::Hello(h) => {
+                c.hello = h;
+                Ok(c)
+            }
+            other => Err(ClientError::Unexpected(format!("{other:?}"))),
+        }
+    }
+
+    /// What the server announced in the handshake.
+    pub fn server(&self) -> &HelloReply {
+        &self.hello
+    }
+
+    /// Sends one request and waits for its reply.
+    pub fn call(&mut self, req: &Request) -> Result<Body, ClientError> {
+        let correlation = self.next_correlation;
+        self.next_correlation = self.next_correlation.wrapping_add(1);
+        let mut frame = Vec::new();
+        req.encode(correlation, &mut frame)?;
+        self.stream.write_all(&frame)?;
+        let reply = self.read_reply()?;
+        if reply.correlation != correlation {
+            return Err(ClientError::Unexpected(format!(
+                "reply for request {} while waiting for {correlation}",
+                reply.correlation
+            )));
+        }
+        reply
+            .result
+            .map_err(|(code, message)| ClientError::Server { code, message })
+    }
+
+    /// Writes raw bytes (tests of bad input).
+    pub fn send_raw(&mut self, bytes: &[u8]) -> Result<(), ClientError> {
+        self.stream.write_all(bytes)?;
+        Ok(())
+    }
+
+    /// Reads one reply frame.
+    pub fn read_reply(&mut self) -> Result<Reply, ClientError> {
+        read_reply(
+            &mut self.stream,
+            self.hello.frame_bytes_max.max(FRAME_BYTES_MAX),
+        )
+    }
+
+    pub fn create_topic(&mut self, topic: &str, partitions: u32) -> Result<(), ClientError> {
+        self.call(&Request::CreateTopic {
+            topic: topic.into(),
+            partitions,
+        })
+        .map(|_| ())
+    }
+
+    pub fn delete_topic(&mut self, topic: &str) -> Result<(), ClientError> {
+        self.call(&Request::DeleteTopic {
+            topic: topic.into(),
+        })
+        .map(|_| ())
+    }
+
+    pub fn list_topics(&mut self) -> Result<Vec<TopicSummary>, ClientError> {
+        match self.call(&Request::ListTopics)? {
+            Body::Topics(t) => Ok(t),
+            other => Err(ClientError::Unexpected(format!("{other:?}"))),
+        }
+    }
+
+    pub fn describe_topic(&mut self, topic: &str) -> Result<TopicDescription, ClientError> {
+        match self.call(&Request::DescribeTopic {
+            topic: topic.into(),
+        })? {
+            Body::Topic(t) => Ok(t),
+            other => Err(ClientError::Unexpected(format!("{other:?}"))),
+        }
+    }
+
+    /// Appends one batch to a partition; returns once it is durable.
+    pub fn produce(
+        &mut self,
+        topic: &str,
+        partition: u32,
+        batch: Vec<u8>,
+    ) -> Result<ProduceReply, ClientError> {
+        self.produce_to(topic, ProduceTarget::Partition(partition), batch)
+    }
+
+    /// Appends one batch to the partition `key` hashes to.
+    pub fn produce_keyed(
+        &mut self,
+        topic: &str,
+        key: &[u8],
+        batch: Vec<u8>,
+    ) -> Result<ProduceReply, ClientError> {
+        self.produce_to(topic, ProduceTarget::Key(key.to_vec()), batch)
+    }
+
+    fn produce_to(
+        &mut self,
+        topic: &str,
+        target: ProduceTarget,
+        batch: Vec<u8>,
+    ) -> Result<ProduceReply, ClientError> {
+        match self.call(&Request::Produce {
+            topic: topic.into(),
+            target,
+            batch,
+        })? {
+            Body::Produced(p) => Ok(p),
+            other => Err(ClientError::Unexpected(format!("{other:?}"))),
+        }
+    }
+
+    /// Durable batches from `offset`; with `wait_ms`, waits that long for
+    /// data when there is none yet.
+    pub fn fetch(
+        &mut self,
+        topic: &str,
+        partition: u32,
+        offset: u64,
+        max_bytes: u32,
+        wait_ms: u32,
+    ) -> Result<FetchReply, ClientError> {
+        self.stream.set_read_timeout(Some(
+            REPLY_SLACK + Duration::from_millis(u64::from(wait_ms)),
+        ))?;
+        let result = self.call(&Request::Fetch {
+            topic: topic.into(),
+            partition,
+            offset,
+            max_bytes,
+            wait_ms,
+        });
+        self.stream.set_read_timeout(Some(REPLY_SLACK))?;
+        match result? {
+            Body::Fetched(f) => Ok(f),
+            other => Err(ClientError::Unexpected(format!("{other:?}"))),
+        }
+    }
+
+    pub fn purge(&mut self, topic: &str, partition: u32) -> Result<(), ClientError> {
+        self.call(&Request::Purge {
+            topic: topic.into(),
+            partition,
+        })
+        .map(|_| ())
+    }
+}
+
+/// Reads and decodes one reply frame from `stream`.
+pub fn read_reply(stream: &mut impl Read, frame_bytes_max: u32) -> Result<Reply, ClientError> {
+    let mut head = [0u8; FRAME_HEADER_LEN];
+    stream.read_exact(&mut head)?;
+    let header = decode_frame_header(&head, frame_bytes_max)?;
+    let mut body = vec![0u8; header.body_len as usize];
+    stream.read_exact(&mut body)?;
+    header.verify(&body)?;
+    Ok(Reply::decode(&body)?)
+}
+
+/// Builds one batch holding `values` (no keys, timestamps now).
+pub fn batch_of(values: &[&[u8]]) -> Result<Vec<u8>, BatchError> {
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let mut b = BatchBuilder::new(0);
+    for v in values {
+        b.push(&Record {
+            key: &[],
+            headers: &[],
+            value: v,
+            timestamp_ms: now_ms,
+        })?;
+    }
+    b.finish(&Stamp::default())
+}
+
+/// One record of a fetched batch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FetchedRecord {
+    pub offset: u64,
+    pub timestamp_ms: u64,
+    pub key: Vec<u8>,
+    pub value: Vec<u8>,
+}
+
+/// Splits fetched bytes into records, verifying every batch.
+pub fn records(batches: &[u8]) -> Result<Vec<FetchedRecord>, BatchError> {
+    let mut out = Vec::new();
+    let mut rest = batches;
+    while !rest.is_empty() {
+        let view = BatchView::parse(rest)?;
+        for r in view.records() {
+            out.push(FetchedRecord {
+                offset: r.offset,
+                timestamp_ms: r.timestamp_ms,
+                key: r.key.to_vec(),
+                value: r.value.to_vec(),
+            });
+        }
+        rest = &rest[view.as_bytes().len()..];
+    }
+    Ok(out)
+}
+
+/// Retries `f` while it fails with a retryable error, sleeping `backoff`
+/// between attempts, at most `attempts` times.
+pub fn with_retry<T>(
+    attempts: u32,
+    backoff: Duration,
+    mut f: impl FnMut() -> Result<T, ClientError>,
+) -> Result<T, ClientError> {
+    let mut n = 0;
+    loop {
+        match f() {
+            Err(e) if e.is_retryable() && n + 1 < attempts => {
+                n += 1;
+                std::thread::sleep(backoff);
+            }
+            other => return other,
+        }
+    }
+}

@@ -1,0 +1,227 @@
+//! Control commands: parse a JSON line, ask the shards, build the reply.
+
+use std::time::Duration;
+
+use ringlog_protocol::wire::ErrorCode;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::ControlContext;
+use crate::catalog::TopicState;
+use crate::mailbox::{Envelope, MetaOp, Op, OpError, OpReply, Outcome, ReplyTo, SendError};
+use crate::placement::shard_for;
+
+/// Attempts while a shard's mailbox is full, 10 ms apart.
+const SEND_RETRIES: u32 = 200;
+/// Longest wait for a shard's answer.
+const REPLY_TIMEOUT: Duration = Duration::from_secs(30);
+
+#[derive(Debug, Deserialize)]
+#[serde(tag = "cmd", rename_all = "snake_case", deny_unknown_fields)]
+enum Command {
+    Status,
+    Topics,
+    Partitions {
+        #[serde(default)]
+        topic: Option<String>,
+    },
+    CreateTopic {
+        topic: String,
+        partitions: u32,
+    },
+    DeleteTopic {
+        topic: String,
+    },
+    Purge {
+        topic: String,
+        #[serde(default)]
+        partition: Option<u32>,
+    },
+    Metrics,
+    LogLevel {
+        level: String,
+    },
+    Shutdown,
+}
+
+pub(super) fn execute(ctx: &ControlContext, line: &[u8]) -> Value {
+    let value: Value = match serde_json::from_slice(line) {
+        Ok(v) => v,
+        Err(e) => return fail(format!("malformed JSON: {e}")),
+    };
+    let Some(name) = value.get("cmd").and_then(Value::as_str).map(str::to_string) else {
+        return fail("missing \"cmd\" (a string); commands: status, topics, partitions, create_topic, delete_topic, purge, metrics, log_level, shutdown");
+    };
+    let cmd: Command = match serde_json::from_value(value) {
+        Ok(c) => c,
+        Err(e) => {
+            let msg = e.to_string();
+            return if msg.contains("unknown variant") {
+                fail(format!("unknown command {name:?}; commands: status, topics, partitions, create_topic, delete_topic, purge, metrics, log_level, shutdown"))
+            } else {
+                fail(format!("bad arguments for {name:?}: {msg}"))
+            };
+        }
+    };
+    match run(ctx, cmd) {
+        Ok(result) => json!({"ok": true, "result": result}),
+        Err(e) => fail(e),
+    }
+}
+
+fn fail(message: impl Into<String>) -> Value {
+    json!({"ok": false, "error": message.into()})
+}
+
+/// Sends `op` to shard `shard` and waits for its answer.
+fn ask(ctx: &ControlContext, shard: usize, op: Op) -> Outcome {
+    let peer = ctx
+        .peers
+        .get(shard)
+        .ok_or_else(|| OpError::new(ErrorCode::Internal, "no such shard"))?;
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    let mut env = Envelope {
+        op,
+        reply: ReplyTo::Thread(tx),
+    };
+    let mut tries = 0;
+    loop {
+        match peer.send(env) {
+            Ok(()) => break,
+            Err(SendError::Full(e)) if tries < SEND_RETRIES => {
+                env = e;
+                tries += 1;
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(SendError::Full(_)) => {
+                return Err(OpError::new(
+                    ErrorCode::Backpressure,
+                    format!("shard {shard} mailbox stays full"),
+                ))
+            }
+            Err(SendError::Closed(_)) => {
+                return Err(OpError::new(
+                    ErrorCode::ShuttingDown,
+                    format!("shard {shard} stopped"),
+                ))
+            }
+        }
+    }
+    rx.recv_timeout(REPLY_TIMEOUT)
+        .map_err(|_| OpError::new(ErrorCode::Internal, format!("shard {shard} did not answer")))?
+}
+
+fn run(ctx: &ControlContext, cmd: Command) -> Result<Value, String> {
+    let shards = ctx.peers.len();
+    let err = |e: OpError| e.to_string();
+    match cmd {
+        Command::Status => {
+            let mut list = Vec::with_capacity(shards);
+            for s in 0..shards {
+                match ask(ctx, s, Op::ShardStatus).map_err(err)? {
+                    OpReply::Shard(st) => list.push(st),
+                    other => return Err(format!("unexpected reply {other:?}")),
+                }
+            }
+            let table = ctx.catalog.snapshot();
+            Ok(json!({
+                "node": {
+                    "version": env!("CARGO_PKG_VERSION"),
+                    "pid": std::process::id(),
+                    "listen": ctx.client_addr.to_string(),
+                    "data_dir": ctx.config.data_dir.display().to_string(),
+                    "uptime_s": ctx.started.elapsed().as_secs(),
+                    "shards": shards,
+                    "topics": table.topics.len(),
+                    "replication": "single node",
+                },
+                "shards": list,
+            }))
+        }
+        Command::Topics => {
+            let table = ctx.catalog.snapshot();
+            let topics: Vec<Value> = table
+                .topics
+                .iter()
+                .map(|(name, m)| {
+                    json!({
+                        "topic": name,
+                        "partitions": m.partitions,
+                        "state": if m.state == TopicState::Ready { "ready" } else { "creating" },
+                    })
+                })
+                .collect();
+            Ok(json!(topics))
+        }
+        Command::Partitions { topic } => {
+            let mut all = Vec::new();
+            for s in 0..shards {
+                match ask(
+                    ctx,
+                    s,
+                    Op::Describe {
+                        partition_ids: None,
+                    },
+                )
+                .map_err(err)?
+                {
+                    OpReply::Partitions(list) => all.extend(
+                        list.into_iter()
+                            .filter(|p| topic.as_ref().is_none_or(|t| &p.topic == t)),
+                    ),
+                    other => return Err(format!("unexpected reply {other:?}")),
+                }
+            }
+            all.sort_by(|a, b| (&a.topic, a.partition).cmp(&(&b.topic, b.partition)));
+            serde_json::to_value(all).map_err(|e| e.to_string())
+        }
+        Command::CreateTopic { topic, partitions } => {
+            ask(ctx, 0, Op::Meta(MetaOp::CreateTopic { topic, partitions })).map_err(err)?;
+            Ok(json!({}))
+        }
+        Command::DeleteTopic { topic } => {
+            ask(ctx, 0, Op::Meta(MetaOp::DeleteTopic { topic })).map_err(err)?;
+            Ok(json!({}))
+        }
+        Command::Purge { topic, partition } => {
+            let table = ctx.catalog.snapshot();
+            let meta = table
+                .topics
+                .get(&topic)
+                .filter(|m| m.state == TopicState::Ready)
+                .ok_or_else(|| format!("no topic {topic:?}"))?;
+            let indexes: Vec<u32> = match partition {
+                Some(p) if p < meta.partitions => vec![p],
+                Some(p) => return Err(format!("topic {topic:?} has no partition {p}")),
+                None => (0..meta.partitions).collect(),
+            };
+            for index in &indexes {
+                let owner = shard_for(&topic, *index, shards);
+                let id = meta.first_partition_id + index;
+                ask(ctx, owner, Op::Purge { partition_id: id }).map_err(err)?;
+            }
+            Ok(json!({"purged": indexes}))
+        }
+        Command::Metrics => {
+            let pairs: Vec<_> = ctx
+                .metrics
+                .iter()
+                .map(|m| m.as_ref())
+                .zip(ctx.peers.iter())
+                .collect();
+            let text = crate::metrics::render(&pairs, ctx.started.elapsed().as_secs());
+            Ok(json!({"text": text}))
+        }
+        Command::LogLevel { level } => match &ctx.set_log_level {
+            Some(hook) => {
+                hook(&level)?;
+                Ok(json!({"level": level}))
+            }
+            None => Err("log level cannot be changed in this process".into()),
+        },
+        Command::Shutdown => {
+            ctx.shutdown.trigger();
+            Ok(json!({"stopping": true}))
+        }
+    }
+}

@@ -1,0 +1,49 @@
+//! The control socket: a Unix socket (mode 0600) speaking JSON lines.
+//!
+//! Each request is one line holding a JSON object with a `cmd` field; each
+//! reply is one line: `{"ok":true,"result":...}` or
+//! `{"ok":false,"error":"..."}`. Commands: `status`, `topics`,
+//! `partitions` (optional `topic`), `create_topic` (`topic`, `partitions`),
+//! `delete_topic` (`topic`), `purge` (`topic`, optional `partition`),
+//! `metrics` (Prometheus text in `result.text`), `log_level` (`level`),
+//! `shutdown`.
+//!
+//! Bounds: lines up to [`LINE_BYTES_MAX`] (a longer one is skipped and
+//! answered with an error; the connection stays usable), at most
+//! [`CONNECTIONS_MAX`] connections at once, idle connections closed after
+//! [`IDLE_TIMEOUT`].
+
+pub mod client;
+mod commands;
+mod server;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::catalog::Catalog;
+use crate::config::ServerConfig;
+use crate::mailbox::MailboxTx;
+use crate::metrics::ShardMetrics;
+use crate::shard::Shutdown;
+
+pub use server::ControlServer;
+
+pub const LINE_BYTES_MAX: usize = 1024 * 1024;
+pub const CONNECTIONS_MAX: usize = 16;
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Sets the process log filter; returns a message on a bad filter.
+pub type LogLevelHook = Arc<dyn Fn(&str) -> Result<(), String> + Send + Sync>;
+
+/// What command handlers can see.
+pub struct ControlContext {
+    pub config: Arc<ServerConfig>,
+    pub peers: Arc<Vec<MailboxTx>>,
+    pub metrics: Vec<Arc<ShardMetrics>>,
+    pub catalog: Arc<Catalog>,
+    pub started: Instant,
+    pub shutdown: Arc<Shutdown>,
+    pub set_log_level: Option<LogLevelHook>,
+    pub client_addr: SocketAddr,
+}

@@ -1,0 +1,187 @@
+//! Turns a client request into shard operations: resolves topic and
+//! partition through the catalog and calls the owning shard.
+
+use ringlog_protocol::wire::{
+    partition_for_key, Body, ErrorCode, PartitionInfo, ProduceTarget, Reply, Request,
+    TopicDescription, TopicSummary,
+};
+
+use crate::catalog::{TopicMeta, TopicState};
+use crate::mailbox::{MetaOp, Op, OpError, OpReply};
+use crate::placement::shard_for;
+use crate::shard::Shard;
+
+/// Space a fetch reply needs beside its batches.
+const FETCH_REPLY_OVERHEAD_BYTES: u32 = 64;
+
+pub(crate) async fn handle(shard: &Shard, correlation: u32, req: Request) -> Reply {
+    let opcode = req.opcode();
+    match run(shard, req).await {
+        Ok(body) => Reply::ok(opcode, correlation, body),
+        Err(e) => Reply::error(opcode as u16, correlation, e.code, e.message),
+    }
+}
+
+fn topic_meta(shard: &Shard, topic: &str) -> Result<TopicMeta, OpError> {
+    match shard.table().topics.get(topic) {
+        Some(m) if m.state == TopicState::Ready => Ok(m.clone()),
+        _ => Err(OpError::new(
+            ErrorCode::UnknownTopic,
+            format!("no topic {topic:?}"),
+        )),
+    }
+}
+
+fn locate(shard: &Shard, topic: &str, partition: u32) -> Result<(usize, u32), OpError> {
+    let meta = topic_meta(shard, topic)?;
+    let id = meta.partition_id(partition).ok_or_else(|| {
+        OpError::new(
+            ErrorCode::UnknownPartition,
+            format!(
+                "topic {topic:?} has {} partitions, no partition {partition}",
+                meta.partitions
+            ),
+        )
+    })?;
+    Ok((shard_for(topic, partition, shard.shard_count()), id))
+}
+
+fn unexpected(r: OpReply) -> OpError {
+    OpError::new(ErrorCode::Internal, format!("unexpected reply {r:?}"))
+}
+
+async fn run(shard: &Shard, req: Request) -> Result<Body, OpError> {
+    if shard.is_stopping() {
+        return Err(OpError::new(
+            ErrorCode::ShuttingDown,
+            "server shutting down",
+        ));
+    }
+    match req {
+        Request::Hello { .. } => Err(OpError::new(ErrorCode::Malformed, "repeated Hello")),
+        Request::CreateTopic { topic, partitions } => {
+            match shard
+                .call(0, Op::Meta(MetaOp::CreateTopic { topic, partitions }))
+                .await?
+            {
+                OpReply::Empty => Ok(Body::Empty),
+                r => Err(unexpected(r)),
+            }
+        }
+        Request::DeleteTopic { topic } => {
+            match shard
+                .call(0, Op::Meta(MetaOp::DeleteTopic { topic }))
+                .await?
+            {
+                OpReply::Empty => Ok(Body::Empty),
+                r => Err(unexpected(r)),
+            }
+        }
+        Request::ListTopics => Ok(Body::Topics(
+            shard
+                .table()
+                .topics
+                .iter()
+                .filter(|(_, m)| m.state == TopicState::Ready)
+                .map(|(name, m)| TopicSummary {
+                    topic: name.clone(),
+                    partitions: m.partitions,
+                })
+                .collect(),
+        )),
+        Request::DescribeTopic { topic } => {
+            let meta = topic_meta(shard, &topic)?;
+            let shards = shard.shard_count();
+            let mut by_owner: Vec<Vec<u32>> = vec![Vec::new(); shards];
+            for index in 0..meta.partitions {
+                by_owner[shard_for(&topic, index, shards)].push(meta.first_partition_id + index);
+            }
+            let mut partitions = Vec::with_capacity(meta.partitions as usize);
+            for (owner, ids) in by_owner.into_iter().enumerate() {
+                if ids.is_empty() {
+                    continue;
+                }
+                match shard
+                    .call(
+                        owner,
+                        Op::Describe {
+                            partition_ids: Some(ids),
+                        },
+                    )
+                    .await?
+                {
+                    OpReply::Partitions(list) => {
+                        partitions.extend(list.into_iter().map(|p| PartitionInfo {
+                            partition: p.partition,
+                            partition_id: p.partition_id,
+                            shard: p.shard as u16,
+                            log_start_offset: p.log_start_offset,
+                            high_watermark: p.commit,
+                            size_bytes: p.size_bytes,
+                            fenced: p.fault.is_some(),
+                        }))
+                    }
+                    r => return Err(unexpected(r)),
+                }
+            }
+            partitions.sort_by_key(|p| p.partition);
+            Ok(Body::Topic(TopicDescription { topic, partitions }))
+        }
+        Request::Produce {
+            topic,
+            target,
+            batch,
+        } => {
+            let partition = match target {
+                ProduceTarget::Partition(p) => p,
+                ProduceTarget::Key(key) => {
+                    partition_for_key(&key, topic_meta(shard, &topic)?.partitions)
+                }
+            };
+            let (owner, partition_id) = locate(shard, &topic, partition)?;
+            match shard
+                .call(
+                    owner,
+                    Op::Produce {
+                        partition_id,
+                        batch,
+                    },
+                )
+                .await?
+            {
+                OpReply::Produced(p) => Ok(Body::Produced(p)),
+                r => Err(unexpected(r)),
+            }
+        }
+        Request::Fetch {
+            topic,
+            partition,
+            offset,
+            max_bytes,
+            wait_ms,
+        } => {
+            let (owner, partition_id) = locate(shard, &topic, partition)?;
+            let cap = shard
+                .config
+                .frame_bytes_max
+                .saturating_sub(FETCH_REPLY_OVERHEAD_BYTES);
+            let op = Op::Fetch {
+                partition_id,
+                offset,
+                max_bytes: max_bytes.min(cap),
+                wait_ms: wait_ms.min(shard.config.fetch_wait_ms_max),
+            };
+            match shard.call(owner, op).await? {
+                OpReply::Fetched(f) => Ok(Body::Fetched(f)),
+                r => Err(unexpected(r)),
+            }
+        }
+        Request::Purge { topic, partition } => {
+            let (owner, partition_id) = locate(shard, &topic, partition)?;
+            match shard.call(owner, Op::Purge { partition_id }).await? {
+                OpReply::Empty => Ok(Body::Empty),
+                r => Err(unexpected(r)),
+            }
+        }
+    }
+}
