@@ -209,3 +209,54 @@ fn tiny_mailbox_pushes_back_and_loses_nothing() {
     assert!(refusals > 0, "producers saw Backpressure");
     assert!(rejections > 0, "mailbox rejections counted: {text}");
 }
+
+#[test]
+fn keyed_produce_purge_and_delete() {
+    use ringlog_protocol::wire::{partition_for_key, ErrorCode};
+    use ringlog_shard::client::batch_of;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let server = Server::start(&data, &[]);
+    let mut c = server.client();
+    c.create_topic("keyed", 5).unwrap();
+    let ack = c
+        .produce_keyed("keyed", b"user-42", batch_of(&[b"v1"]).unwrap())
+        .unwrap();
+    assert_eq!(ack.partition, partition_for_key(b"user-42", 5));
+    let again = c
+        .produce_keyed("keyed", b"user-42", batch_of(&[b"v2"]).unwrap())
+        .unwrap();
+    assert_eq!((again.partition, again.base_offset), (ack.partition, 1));
+    let topics = c.list_topics().unwrap();
+    assert_eq!(topics.len(), 1);
+    assert_eq!(topics[0].partitions, 5);
+
+    // Purge: data gone, offsets continue.
+    c.purge("keyed", ack.partition).unwrap();
+    let err = c.fetch("keyed", ack.partition, 0, 1 << 16, 0).unwrap_err();
+    assert_eq!(err.code(), Some(ErrorCode::OffsetOutOfRange));
+    let next = c
+        .produce("keyed", ack.partition, batch_of(&[b"v3"]).unwrap())
+        .unwrap();
+    assert_eq!(next.base_offset, 2);
+    let page = c.fetch("keyed", ack.partition, 2, 1 << 16, 0).unwrap();
+    assert_eq!(page.log_start_offset, 2);
+
+    // Delete: gone from the catalog and the disk; the name can be reused.
+    c.delete_topic("keyed").unwrap();
+    assert!(c.list_topics().unwrap().is_empty());
+    assert!(!data.join("topics/keyed").exists());
+    let err = c
+        .produce("keyed", 0, batch_of(&[b"x"]).unwrap())
+        .unwrap_err();
+    assert_eq!(err.code(), Some(ErrorCode::UnknownTopic));
+    c.create_topic("keyed", 2).unwrap();
+    let fresh = c.produce("keyed", 0, batch_of(&[b"x"]).unwrap()).unwrap();
+    assert_eq!(fresh.base_offset, 0);
+    let d = c.describe_topic("keyed").unwrap();
+    assert_eq!(d.partitions.len(), 2);
+    assert!(
+        d.partitions.iter().all(|p| p.partition_id >= 5),
+        "ids never reused"
+    );
+}
