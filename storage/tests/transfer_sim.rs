@@ -73,11 +73,13 @@ fn install(
 ) -> Result<(), StoreError> {
     let manifest = Manifest::decode(&offer.manifest, &ManifestLimits::default()).unwrap();
     let mut install = store.begin_install(io, manifest)?;
-    // Deliver out of order and with a duplicate, as a windowed pull would.
-    for (a, c, bytes) in offer.chunks.iter().rev() {
-        install.accept_chunk(io, *a, *c, bytes)?;
-    }
-    if let Some((a, c, bytes)) = offer.chunks.first() {
+    // Deliver a window at a time, each window reversed, with a duplicate,
+    // as a windowed pull over a reordering network would.
+    for window in offer.chunks.chunks(install.window_chunks()) {
+        for (a, c, bytes) in window.iter().rev() {
+            install.accept_chunk(io, *a, *c, bytes)?;
+        }
+        let (a, c, bytes) = &window[0];
         install.accept_chunk(io, *a, *c, bytes)?;
     }
     store.commit_install(io, install)
@@ -408,24 +410,40 @@ fn malformed_or_oversized_offers_and_bad_chunks_are_refused() {
         .all(|p| !p.to_string_lossy().contains("staging")));
 
     // A chunk that matches its listed checksum but whose data is not a valid
-    // log is caught by the verification pass before anything commits.
+    // log is caught by the streaming verification as it arrives, before it
+    // is written, and the install can only be abandoned.
     let mut lying = manifest.clone();
     let mut lying_chunks = offer.chunks.clone();
-    lying_chunks[0].2[0] ^= 0xFF;
-    lying.artifacts[0].chunk_checksums[0] = ringlog_protocol::checksum(&lying_chunks[0].2);
+    assert_eq!((lying_chunks[1].0, lying_chunks[1].1), (0, 1));
+    lying_chunks[1].2[5] ^= 0xFF;
+    lying.artifacts[0].chunk_checksums[1] = ringlog_protocol::checksum(&lying_chunks[1].2);
     let before = state(&mut dst_io, &mut dst);
     let mut install = dst.begin_install(&mut dst_io, lying).unwrap();
-    for (a, c, bytes) in &lying_chunks {
-        install.accept_chunk(&mut dst_io, *a, *c, bytes).unwrap();
-    }
+    let (a, c, bytes) = &lying_chunks[0];
+    install.accept_chunk(&mut dst_io, *a, *c, bytes).unwrap();
+    let (a, c, bytes) = &lying_chunks[1];
     assert!(matches!(
-        refused(dst.commit_install(&mut dst_io, install)),
+        refused(install.accept_chunk(&mut dst_io, *a, *c, bytes)),
         TransferError::Verification { .. }
     ));
+    dst.abort_install(&mut dst_io, install).unwrap();
     assert!(
         state(&mut dst_io, &mut dst) == before,
         "a refused install changed the store"
     );
+    // Chunks too far ahead of the next one due are refused (bounded memory).
+    let mut install = dst.begin_install(&mut dst_io, manifest.clone()).unwrap();
+    let window = install.window_chunks();
+    assert!(offer.chunks.len() > window + 1);
+    for (a, c, bytes) in &offer.chunks[1..=window] {
+        install.accept_chunk(&mut dst_io, *a, *c, bytes).unwrap();
+    }
+    let (a, c, bytes) = &offer.chunks[window + 1];
+    assert!(matches!(
+        refused(install.accept_chunk(&mut dst_io, *a, *c, bytes)),
+        TransferError::OutsideWindow { .. }
+    ));
+    dst.abort_install(&mut dst_io, install).unwrap();
     // The honest offer still installs.
     install_ok(&mut dst_io, &mut dst, &offer);
 }

@@ -33,6 +33,9 @@ pub struct StoreConfig {
     pub snapshot_lease_ms: u64,
     /// Snapshots served at once.
     pub snapshots_max: usize,
+    /// Chunks an install holds that arrived ahead of the next one due: the
+    /// receiver's memory bound is this many chunks.
+    pub transfer_window_chunks: usize,
 }
 
 impl Default for StoreConfig {
@@ -48,6 +51,7 @@ impl Default for StoreConfig {
             transfer_chunk_bytes: 1024 * 1024,
             snapshot_lease_ms: 30_000,
             snapshots_max: 4,
+            transfer_window_chunks: 8,
         }
     }
 }
@@ -87,6 +91,9 @@ impl StoreConfig {
             return fail(format!(
                 "transfer_chunk_bytes {chunk} must be a positive multiple of {BLOCK_SIZE}, at most 16 MiB"
             ));
+        }
+        if self.transfer_window_chunks == 0 {
+            return fail("transfer_window_chunks must be positive".into());
         }
         if self.read_bytes_max < HEADER_LEN {
             return fail(format!("read_bytes_max must be at least {HEADER_LEN}"));

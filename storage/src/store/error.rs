@@ -125,6 +125,14 @@ pub enum TransferError {
         chunk: u32,
         reason: String,
     },
+    #[error(
+        "artifact {artifact} chunk {chunk} is beyond the window of {window_chunks} chunks ahead"
+    )]
+    OutsideWindow {
+        artifact: u32,
+        chunk: u32,
+        window_chunks: usize,
+    },
     #[error("install incomplete: {missing} chunks missing")]
     Incomplete { missing: u64 },
     #[error("staged artifact {artifact} fails verification: {reason}")]

@@ -32,6 +32,7 @@ mod open;
 mod read;
 mod retention;
 mod snapshot;
+mod verify;
 mod walk;
 
 use std::path::{Path, PathBuf};

@@ -12,9 +12,8 @@
 use ringlog_protocol::checksum;
 use ringlog_protocol::manifest::{Artifact, ArtifactKind, Manifest};
 
-use super::open::read_range;
 use super::{PartitionStore, StoreError, TransferError};
-use crate::io::{AlignedBuf, IoBackend};
+use crate::io::{AlignedBuf, IoBackend, Op, Sqe};
 use crate::segment;
 
 /// An open snapshot: the base offsets of the segments it pins.
@@ -79,9 +78,8 @@ impl PartitionStore {
         })
     }
 
-    /// Reads chunk `chunk` of artifact `artifact` of snapshot `id`, verified
-    /// against its recorded checksum, and renews the lease. The buffer's
-    /// length is the chunk's length.
+    /// Reads chunk `chunk` of artifact `artifact` of snapshot `id`; see
+    /// [`read_chunks`](PartitionStore::read_chunks).
     pub fn read_chunk(
         &mut self,
         io: &mut impl IoBackend,
@@ -90,6 +88,20 @@ impl PartitionStore {
         chunk: u32,
         now_ms: u64,
     ) -> Result<AlignedBuf, StoreError> {
+        let mut bufs = self.read_chunks(io, id, &[(artifact, chunk)], now_ms)?;
+        Ok(bufs.pop().expect("one buffer per chunk"))
+    }
+
+    /// Reads a window of chunks of snapshot `id` in one submission, each
+    /// verified against its recorded checksum, and renews the lease. Each
+    /// buffer's length is its chunk's length.
+    pub fn read_chunks(
+        &mut self,
+        io: &mut impl IoBackend,
+        id: u64,
+        chunks: &[(u32, u32)],
+        now_ms: u64,
+    ) -> Result<Vec<AlignedBuf>, StoreError> {
         self.check_fenced()?;
         self.expire_snapshots(now_ms);
         let lease_ms = self.config.snapshot_lease_ms;
@@ -97,35 +109,59 @@ impl PartitionStore {
             return Err(self.transfer_error(TransferError::UnknownSnapshot { id }));
         };
         lease.expires_at_ms = now_ms.saturating_add(lease_ms);
-        let out_of_range = TransferError::ChunkOutOfRange { artifact, chunk };
-        let Some(&base) = lease.bases.get(artifact as usize) else {
-            return Err(self.transfer_error(out_of_range));
-        };
-        let i = self
-            .sealed
-            .binary_search_by_key(&base, |s| s.meta.base_offset)
-            .expect("pinned segments stay in the table");
-        let s = &self.sealed[i];
-        let Some(&expected) = s.chunk_checksums.get(chunk as usize) else {
-            return Err(self.transfer_error(out_of_range));
-        };
+        let bases = lease.bases.clone();
         let chunk_bytes = u64::from(self.config.transfer_chunk_bytes);
-        let offset = u64::from(chunk) * chunk_bytes;
-        let len = chunk_bytes.min(s.meta.length_bytes - offset) as usize;
-        let file = s.file;
-        let path = segment::log_path(&self.generation_dir, base);
-        let mut buf = read_range(io, file, offset, len)
-            .map_err(|e| StoreError::io(self.partition_id, "read", &path, e))?;
-        if buf.len() < len || checksum(&buf[..len]) != expected {
-            return Err(StoreError::Corruption {
-                partition_id: self.partition_id,
-                segment: path,
-                position: offset,
-                detail: format!("chunk {chunk} does not match its recorded checksum"),
-            });
+        // (segment index, chunk, offset, len, expected checksum) per chunk.
+        let mut plan = Vec::with_capacity(chunks.len());
+        for &(artifact, chunk) in chunks {
+            let out_of_range = TransferError::ChunkOutOfRange { artifact, chunk };
+            let Some(&base) = bases.get(artifact as usize) else {
+                return Err(self.transfer_error(out_of_range));
+            };
+            let i = self
+                .sealed
+                .binary_search_by_key(&base, |s| s.meta.base_offset)
+                .expect("pinned segments stay in the table");
+            let s = &self.sealed[i];
+            let Some(&expected) = s.chunk_checksums.get(chunk as usize) else {
+                return Err(self.transfer_error(out_of_range));
+            };
+            let offset = u64::from(chunk) * chunk_bytes;
+            let len = chunk_bytes.min(s.meta.length_bytes - offset) as usize;
+            plan.push((i, chunk, offset, len, expected));
         }
-        buf.set_len(len);
-        Ok(buf)
+        let sqes = plan
+            .iter()
+            .map(|&(i, _, offset, len, _)| {
+                let buf = AlignedBuf::new(len);
+                Sqe::new(Op::Read {
+                    file: self.sealed[i].file,
+                    offset,
+                    len: buf.capacity(),
+                    buf,
+                })
+            })
+            .collect();
+        let completions = io.submit(sqes);
+        let mut bufs = Vec::with_capacity(plan.len());
+        for (c, &(i, chunk, offset, len, expected)) in completions.into_iter().zip(&plan) {
+            let path = segment::log_path(&self.generation_dir, self.sealed[i].meta.base_offset);
+            let n = c
+                .result
+                .map_err(|e| StoreError::io(self.partition_id, "read", &path, e))?;
+            let mut buf = c.op.into_buf().expect("read returns its buffer");
+            if n < len || checksum(&buf[..len]) != expected {
+                return Err(StoreError::Corruption {
+                    partition_id: self.partition_id,
+                    segment: path,
+                    position: offset,
+                    detail: format!("chunk {chunk} does not match its recorded checksum"),
+                });
+            }
+            buf.set_len(len);
+            bufs.push(buf);
+        }
+        Ok(bufs)
     }
 
     /// Ends a snapshot, unpinning its segments.

@@ -12,6 +12,8 @@ pub fn small_config() -> StoreConfig {
         write_buffer_bytes: 16 * 1024,
         index_interval_bytes: 2048,
         recycled_files_max: 2,
+        // Several chunks per segment, so transfers split batches across them.
+        transfer_chunk_bytes: 16 * 1024,
         ..StoreConfig::default()
     }
 }
