@@ -381,9 +381,8 @@ fn run_transfer_reps(
          into a freshly created receiver (creation and close un-timed)"
             .to_owned(),
         format!(
-            "ringlog reads and writes one chunk at a time (read_chunk and accept_chunk each wait \
-             for their I/O): --window {} reads that many chunks before writing them, it does not \
-             put more than one I/O in flight",
+            "ringlog reads a window of --window {} chunks in one submission, then verifies and \
+             writes them in one submission; reads and writes do not overlap",
             args.window
         ),
     ];
@@ -393,8 +392,8 @@ fn run_transfer_reps(
             format!("{:?}", args.fio_layout).to_lowercase(),
         ));
         notes.push(format!(
-            "fio keeps iodepth={} I/Os in flight; ringlog's commit_install also reads every staged \
-             byte back to verify it (a second read pass fio does not do)",
+            "fio keeps iodepth={} I/Os in flight; ringlog also hashes every chunk on both sides \
+             and parses every batch on the receiver",
             args.window
         ));
         notes.push(match args.fio_layout {

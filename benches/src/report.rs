@@ -157,8 +157,8 @@ impl Report {
 
 /// How the transfer job's chunk latencies are measured, on both sides.
 pub const TRANSFER_LAT_NOTE: &str =
-    "ringlog chunk latency = read_chunk + accept_chunk of one chunk, \
-     each waiting for its own I/O; fio chunk latency = read lat + write lat at iodepth=--window, \
+    "ringlog chunk latency = read_chunks + accept_chunks of the chunk's window \
+     (one submission each); fio chunk latency = read lat + write lat at iodepth=--window, \
      each statistic summed (an approximation; fio's per-I/O latency includes queueing behind the \
      other I/Os in flight)";
 

@@ -9,9 +9,9 @@
 //! segments and none of them pays for the roll. Each rep then creates a fresh
 //! receiver (un-timed) and times `open_snapshot` through `commit_install`:
 //! manifest encode/decode, `begin_install`, every chunk read from the source
-//! and written into the receiver (`--window` chunks read, then those chunks
-//! written), and `commit_install` (which reads every staged artifact back to
-//! verify it, fdatasyncs and commits by rename + superblock).
+//! and written into the receiver (`--window` chunks read in one submission,
+//! then verified and written in one), and `commit_install` (index files,
+//! fdatasyncs, commit by rename + superblock).
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -19,7 +19,6 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use ringlog_protocol::manifest::{Manifest, ManifestError, ManifestLimits};
 use ringlog_protocol::{restamp, Stamp};
 use ringlog_storage::io::uring::UringBackend;
-use ringlog_storage::io::AlignedBuf;
 use ringlog_storage::store::{PartitionStore, StoreConfig, StoreError};
 
 use super::append::{build_batch, store_config_for, AppendError, RING_ENTRIES};
@@ -79,6 +78,7 @@ impl TransferConfig {
     pub fn store_config(&self) -> StoreConfig {
         StoreConfig {
             transfer_chunk_bytes: self.chunk_size,
+            transfer_window_chunks: self.window.max(1),
             ..store_config_for(self.batch_size, self.segment_size)
         }
     }
@@ -91,7 +91,7 @@ pub struct Phases {
     pub open: Duration,
     /// Every chunk read from the source and written into the receiver.
     pub chunks: Duration,
-    /// `commit_install`: read-back verification, fdatasyncs, rename,
+    /// `commit_install`: index files, fdatasyncs, rename,
     /// directory fsync and superblock.
     pub commit: Duration,
 }
@@ -100,12 +100,13 @@ pub struct Phases {
 #[derive(Debug, Clone)]
 pub struct TransferResult {
     /// bytes = artifact bytes, ios = chunks, runtime = open_snapshot ..
-    /// commit_install; lat = per chunk, read_chunk + accept_chunk.
+    /// commit_install; lat = per chunk, the read_chunks + accept_chunks of
+    /// its window.
     pub summary: RunSummary,
     pub artifacts: u32,
-    /// `read_chunk` alone, per chunk.
+    /// `read_chunks` of the chunk's window.
     pub read_lat: LatencySummary,
-    /// `accept_chunk` alone, per chunk.
+    /// `accept_chunks` (verify + write) of the chunk's window.
     pub write_lat: LatencySummary,
     pub phases: Phases,
 }
@@ -177,7 +178,6 @@ impl Source {
         let mut lat = LatencyRecorder::new();
         let mut read_lat = LatencyRecorder::new();
         let mut write_lat = LatencyRecorder::new();
-        let mut in_flight: Vec<(u32, u32, AlignedBuf, Duration)> = Vec::with_capacity(window);
         let src_io = &mut self.io;
         let source = &mut self.store;
 
@@ -187,17 +187,21 @@ impl Source {
         let mut install = receiver.begin_install(&mut dst_io, offer)?;
         let opened = Instant::now();
         let missing: Vec<(u32, u32)> = install.missing().collect();
+        // A window of chunks is read in one submission and written in one
+        // submission; each chunk's latency is its window's.
         for group in missing.chunks(window) {
-            for &(artifact, chunk) in group {
-                let t = Instant::now();
-                let buf =
-                    source.read_chunk(src_io, manifest.snapshot_id, artifact, chunk, now_ms())?;
-                in_flight.push((artifact, chunk, buf, t.elapsed()));
-            }
-            for (artifact, chunk, buf, read) in in_flight.drain(..) {
-                let t = Instant::now();
-                install.accept_chunk(&mut dst_io, artifact, chunk, &buf)?;
-                let write = t.elapsed();
+            let t = Instant::now();
+            let bufs = source.read_chunks(src_io, manifest.snapshot_id, group, now_ms())?;
+            let read = t.elapsed();
+            let delivered: Vec<(u32, u32, &[u8])> = group
+                .iter()
+                .zip(&bufs)
+                .map(|(&(artifact, chunk), buf)| (artifact, chunk, &buf[..]))
+                .collect();
+            let t = Instant::now();
+            install.accept_chunks(&mut dst_io, &delivered)?;
+            let write = t.elapsed();
+            for _ in group {
                 read_lat.record(read);
                 write_lat.record(write);
                 lat.record(read + write);
