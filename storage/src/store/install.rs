@@ -30,8 +30,8 @@ use ringlog_protocol::manifest::Manifest;
 use super::open::list;
 use super::verify::LogVerifier;
 use super::{
-    submit_checked, write_new_file, ActiveSegment, ChainPoint, PartitionStore, SealedFile,
-    StoreError, TransferError, STAGING_DIR,
+    submit_checked, write_new_file, ChainPoint, PartitionStore, SealedFile, StoreError,
+    TransferError, STAGING_DIR,
 };
 use crate::io::{AlignedBuf, BufPool, FileId, IoBackend, Op, OpenMode, Sqe};
 use crate::segment::{self, segment_checksum, SealedIndex, SparseIndex};
@@ -404,21 +404,6 @@ impl PartitionStore {
         );
 
         // Committed: switch over, then remove the old generation.
-        let old_dir = std::mem::replace(&mut self.generation_dir, generation_dir);
-        let old_dir_file =
-            std::mem::replace(&mut self.generation_dir_file, install.staging_dir_file);
-        let pending = std::mem::replace(&mut self.active.pending, AlignedBuf::new(0));
-        let old_active = std::mem::replace(
-            &mut self.active,
-            ActiveSegment::empty(
-                m.next_offset,
-                active_file,
-                m.last_checksum,
-                pending,
-                self.config.transfer_chunk_bytes,
-            ),
-        );
-        let old_sealed = std::mem::replace(&mut self.sealed, sealed);
         let chain = ChainPoint {
             next_offset: m.next_offset,
             last_checksum: m.last_checksum,
@@ -428,23 +413,12 @@ impl PartitionStore {
         self.durable = chain;
         self.sb = next;
         self.installing = false;
-
-        io.close(old_dir_file);
-        io.close(old_active.file);
-        let mut ops = Vec::new();
-        for s in old_sealed {
-            io.close(s.file);
-            self.dispose(&segment::log_path(&old_dir, s.meta.base_offset), &mut ops);
-            ops.push(Op::Unlink {
-                path: segment::index_path(&old_dir, s.meta.base_offset),
-            });
-        }
-        self.dispose(
-            &segment::log_path(&old_dir, old_active.base_offset),
-            &mut ops,
+        self.switch_generation(
+            io,
+            (generation_dir, install.staging_dir_file),
+            sealed,
+            (chain.next_offset, active_file, chain.last_checksum),
         );
-        ops.push(Op::RemoveDir { path: old_dir });
-        self.run_removals(io, ops);
         Ok(())
     }
 

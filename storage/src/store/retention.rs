@@ -9,10 +9,10 @@
 //! `recycled_files_max`, else unlinked. Neither runs on the append path: the
 //! shard calls them from its own maintenance turn.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-use super::{ActiveSegment, PartitionStore, StoreError, RECYCLE_DIR};
-use crate::io::{AlignedBuf, IoBackend, Op, Sqe};
+use super::{ActiveSegment, PartitionStore, SealedFile, StoreError, RECYCLE_DIR};
+use crate::io::{AlignedBuf, FileId, IoBackend, Op, Sqe};
 use crate::segment;
 use crate::superblock::Frontier;
 
@@ -57,23 +57,41 @@ impl PartitionStore {
         self.write_superblock(io, next)?;
 
         // Committed: switch to the new generation, then remove the old one.
-        let pending = std::mem::replace(&mut self.active.pending, AlignedBuf::new(0));
-        let old_active = std::mem::replace(
-            &mut self.active,
-            ActiveSegment::empty(
-                base,
-                new_file,
-                self.durable.last_checksum,
-                pending,
-                self.config.transfer_chunk_bytes,
-            ),
+        let prev_checksum = self.durable.last_checksum;
+        self.switch_generation(
+            io,
+            (new_dir, new_dir_file),
+            Vec::new(),
+            (base, new_file, prev_checksum),
         );
-        let old_dir = std::mem::replace(&mut self.generation_dir, new_dir);
-        let old_dir_file = std::mem::replace(&mut self.generation_dir_file, new_dir_file);
-        io.close(old_dir_file);
+        Ok(())
+    }
+
+    /// After a commit that named a new generation: makes it the live one in
+    /// memory (its directory, sealed segments and empty active segment at
+    /// `(base, file, prev_checksum)`) and removes the old generation's files.
+    pub(super) fn switch_generation(
+        &mut self,
+        io: &mut impl IoBackend,
+        (dir, dir_file): (PathBuf, FileId),
+        sealed: Vec<SealedFile>,
+        (base, file, prev_checksum): (u64, FileId, u64),
+    ) {
+        let pending = std::mem::replace(&mut self.active.pending, AlignedBuf::new(0));
+        let active = ActiveSegment::empty(
+            base,
+            file,
+            prev_checksum,
+            pending,
+            self.config.transfer_chunk_bytes,
+        );
+        let old_active = std::mem::replace(&mut self.active, active);
+        let old_sealed = std::mem::replace(&mut self.sealed, sealed);
+        let old_dir = std::mem::replace(&mut self.generation_dir, dir);
+        io.close(std::mem::replace(&mut self.generation_dir_file, dir_file));
         io.close(old_active.file);
         let mut ops = Vec::new();
-        for s in std::mem::take(&mut self.sealed) {
+        for s in old_sealed {
             io.close(s.file);
             self.dispose(&segment::log_path(&old_dir, s.meta.base_offset), &mut ops);
             ops.push(Op::Unlink {
@@ -86,7 +104,6 @@ impl PartitionStore {
         );
         ops.push(Op::RemoveDir { path: old_dir });
         self.run_removals(io, ops);
-        Ok(())
     }
 
     /// Maintenance: persists pending indexes, then removes the oldest sealed
