@@ -8,10 +8,17 @@
 //! one through the snapshot API (state transfer) and, with `--vs-fio`,
 //! compares it with fio reading the same bytes from one file and writing
 //! them to another.
+//!
+//! `ringlog-bench produce` and `ringlog-bench consume` drive a `ringlog
+//! server` over TCP with blocking clients (one thread and connection each):
+//! a server at `--addr`, or one they start from the `ringlog` binary next to
+//! their own. `produce --vs-append` alternates with the storage-level append
+//! job and reports the produce/append ratios.
 
 mod fio;
 mod jobs;
 mod report;
+mod server_bench;
 mod size;
 mod stats;
 
@@ -25,8 +32,11 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::fio::FioError;
 use crate::jobs::append::{AppendConfig, AppendError};
+use crate::jobs::produce::ClientJobError;
+use crate::jobs::server::ServerError;
 use crate::jobs::transfer::{Source, TransferConfig, TransferJobError};
 use crate::report::{Rep, Report, TransferRep, TransferReport};
+use crate::server_bench::{consume_report, produce_report};
 use crate::size::{parse_size, Bytes};
 
 #[derive(Debug, Parser)]
@@ -49,6 +59,13 @@ enum Command {
     /// (open_snapshot .. commit_install), optionally against fio reading
     /// the same bytes from one file and writing them to another.
     Transfer(TransferArgs),
+    /// Produce requests to a running server over TCP (one blocking client
+    /// per connection thread): throughput and ack latency, optionally
+    /// against the storage-level append job.
+    Produce(ProduceArgs),
+    /// Consumers reading back everything produced (un-timed) into a running
+    /// server: throughput and per-fetch latency.
+    Consume(ConsumeArgs),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -162,6 +179,91 @@ struct TransferArgs {
     output_format: OutputFormat,
 }
 
+/// The server and client settings shared by `produce` and `consume`.
+#[derive(Debug, clap::Args)]
+struct ServerClientArgs {
+    /// Use the server at HOST:PORT instead of starting one.
+    #[arg(long)]
+    addr: Option<String>,
+    /// The `ringlog` binary to start [default: next to ringlog-bench].
+    #[arg(long, conflicts_with = "addr")]
+    server_bin: Option<PathBuf>,
+    /// Shards of the started server (0: one per core).
+    #[arg(long, default_value_t = 0, conflicts_with = "addr")]
+    shards: u32,
+    /// Directory for the started server's data (created; removed at the end
+    /// unless --keep). Put it on the filesystem you want to measure.
+    #[arg(long, default_value = "./bench-data")]
+    dir: PathBuf,
+    /// Keep the data directory and the topics.
+    #[arg(long)]
+    keep: bool,
+    /// Segment size of the started server's partitions.
+    #[arg(long, default_value = "256m", value_parser = parse_size)]
+    segment_size: u64,
+    /// Topic name (produce: one topic per rep, `<topic>-<rep>`).
+    #[arg(long, default_value = "bench")]
+    topic: String,
+    /// Partitions of the topic [default: --connections].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    partitions: Option<u32>,
+    /// Client connections, one thread each, one request in flight each.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    connections: u32,
+    /// Encoded bytes of each produced batch (header included).
+    #[arg(long, default_value = "64k", value_parser = parse_size)]
+    batch_size: u64,
+    /// Value bytes of each record in a batch.
+    #[arg(long, default_value = "1k", value_parser = parse_size)]
+    record_size: u64,
+    /// Repetitions.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
+    reps: u32,
+    #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+    output_format: OutputFormat,
+}
+
+impl ServerClientArgs {
+    fn partitions(&self) -> u32 {
+        self.partitions.unwrap_or(self.connections)
+    }
+
+    fn server_dir(&self) -> PathBuf {
+        self.dir.join("server")
+    }
+}
+
+#[derive(Debug, clap::Args)]
+struct ProduceArgs {
+    #[command(flatten)]
+    common: ServerClientArgs,
+    /// Seconds per run (produce and append each).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    duration: u64,
+    /// Stop a run after this many bytes (over all connections) if that comes
+    /// before --duration.
+    #[arg(long, value_parser = parse_size)]
+    size: Option<u64>,
+    /// Also run the storage-level append job (one partition per connection,
+    /// same batch size and duration, in --dir) alternately with produce and
+    /// report produce/append ratios.
+    #[arg(long)]
+    vs_append: bool,
+}
+
+#[derive(Debug, clap::Args)]
+struct ConsumeArgs {
+    #[command(flatten)]
+    common: ServerClientArgs,
+    /// Bytes produced (un-timed, rounded up to whole batches) before the
+    /// consumers read everything back.
+    #[arg(long, default_value = "256m", value_parser = parse_size)]
+    size: u64,
+    /// max_bytes of each fetch (the server caps it at its read_bytes_max).
+    #[arg(long, default_value = "1m", value_parser = parse_size)]
+    fetch_bytes: u64,
+}
+
 #[derive(Debug, thiserror::Error)]
 enum BenchError {
     #[error(transparent)]
@@ -170,6 +272,10 @@ enum BenchError {
     Append(#[from] AppendError),
     #[error(transparent)]
     Transfer(#[from] TransferJobError),
+    #[error(transparent)]
+    Server(#[from] ServerError),
+    #[error(transparent)]
+    Client(#[from] ClientJobError),
     #[error("{what} {path}: {source}")]
     Fs {
         what: &'static str,
@@ -179,6 +285,8 @@ enum BenchError {
     },
     #[error("{0}")]
     Usage(String),
+    #[error("{0}")]
+    Mismatch(String),
     #[error("writing the report: {0}")]
     Output(#[source] io::Error),
 }
@@ -196,6 +304,10 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Append(args) => append(&args),
         Command::Transfer(args) => transfer(&args),
+        Command::Produce(args) => produce_report(&args)
+            .and_then(|r| print_report(args.common.output_format, || r.text(), || r.json())),
+        Command::Consume(args) => consume_report(&args)
+            .and_then(|r| print_report(args.common.output_format, || r.text(), || r.json())),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

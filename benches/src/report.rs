@@ -6,6 +6,8 @@ use serde_json::{json, Map, Value};
 
 use crate::fio::{FioResult, FioTransferResult};
 use crate::jobs::append::AppendResult;
+use crate::jobs::consume::ConsumeResult;
+use crate::jobs::produce::ProduceResult;
 use crate::jobs::transfer::TransferResult;
 use crate::size::Bytes;
 use crate::stats::{LatencySummary, RunSummary, Spread, PERCENTILES};
@@ -318,6 +320,226 @@ impl TransferReport {
     }
 }
 
+/// How the produce job's ack latency is measured.
+pub const PRODUCE_ACK_NOTE: &str =
+    "produce ack latency = sending a produce request to reading its \
+     reply, which the server sends once the batch is durable (fdatasync done); retries of \
+     backpressure refusals are included";
+
+/// What the produce/append comparison compares.
+pub const PRODUCE_VS_APPEND_NOTE: &str = "append = the storage-level job in this process: one \
+     partition per connection, one batch each per group commit (write + fdatasync), no network, \
+     no server";
+
+/// One repetition of the produce job: produce first, then (with
+/// --vs-append) the storage-level append job.
+#[derive(Debug, Clone)]
+pub struct ProduceRep {
+    pub produce: ProduceResult,
+    pub append: Option<AppendResult>,
+}
+
+/// Everything the produce job's report prints.
+#[derive(Debug, Clone)]
+pub struct ProduceReport {
+    pub settings: Vec<(&'static str, String)>,
+    pub notes: Vec<String>,
+    pub reps: Vec<ProduceRep>,
+}
+
+/// Median/min/max over reps of produce/append throughput and p99 ack
+/// latency.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ProduceRatios {
+    pub throughput: Spread,
+    pub p99_ack_latency: Spread,
+}
+
+fn per_sec(count: u64, run: &RunSummary) -> f64 {
+    let secs = run.runtime.as_secs_f64();
+    if secs > 0.0 {
+        count as f64 / secs
+    } else {
+        0.0
+    }
+}
+
+impl ProduceReport {
+    /// `None` unless every rep has an append run.
+    pub fn ratios(&self) -> Option<ProduceRatios> {
+        let mut throughput = Vec::with_capacity(self.reps.len());
+        let mut p99 = Vec::with_capacity(self.reps.len());
+        for rep in &self.reps {
+            let append = &rep.append.as_ref()?.summary;
+            let ours = &rep.produce.summary;
+            throughput.push(ratio(ours.bw_bytes, append.bw_bytes));
+            p99.push(ratio(ours.lat.p99_ns() as f64, append.lat.p99_ns() as f64));
+        }
+        Some(ProduceRatios {
+            throughput: Spread::of(&throughput)?,
+            p99_ack_latency: Spread::of(&p99)?,
+        })
+    }
+
+    pub fn text(&self) -> String {
+        let mut out = String::new();
+        header(&mut out, "produce", &self.settings, None, &self.notes);
+        let n = self.reps.len();
+        for (i, rep) in self.reps.iter().enumerate() {
+            let _ = writeln!(out);
+            if n > 1 {
+                let _ = writeln!(out, "rep {}/{n}", i + 1);
+            }
+            let p = &rep.produce;
+            run_line(&mut out, "produce", &p.summary);
+            let _ = writeln!(
+                out,
+                "    records/s={:.0}: {} records in {} batches of {} ({} records each), {} retries",
+                per_sec(p.records, &p.summary),
+                p.records,
+                p.summary.ios,
+                Bytes(batch_bytes(&p.summary)),
+                p.records_per_batch,
+                p.retries
+            );
+            lat_lines(&mut out, "ack lat", &p.summary.lat);
+            if let Some(a) = &rep.append {
+                run_line(&mut out, "append", &a.summary);
+                let _ = writeln!(
+                    out,
+                    "    records/s={:.0}: {} records in {} batches of {} ({} records each)",
+                    per_sec(a.records, &a.summary),
+                    a.records,
+                    a.summary.ios,
+                    Bytes(batch_bytes(&a.summary)),
+                    a.records_per_batch
+                );
+                lat_lines(&mut out, "ack lat", &a.summary.lat);
+            }
+        }
+        if let Some(r) = self.ratios() {
+            let _ = writeln!(out);
+            pair_ratio_line(&mut out, "throughput", "produce/append", &r.throughput);
+            pair_ratio_line(
+                &mut out,
+                "p99 ack latency",
+                "produce/append",
+                &r.p99_ack_latency,
+            );
+            let _ = writeln!(out, "note: {PRODUCE_ACK_NOTE}");
+            let _ = writeln!(out, "note: {RINGLOG_ACK_NOTE}");
+            let _ = writeln!(out, "note: {PRODUCE_VS_APPEND_NOTE}");
+        }
+        out
+    }
+
+    /// fio-style JSON: per job a `write` section (`io_bytes`, `bw_bytes`,
+    /// `iops`, `runtime`, `total_ios`, `lat_ns`), plus `ratios`.
+    pub fn json(&self) -> Value {
+        let mut jobs = Vec::new();
+        for (i, rep) in self.reps.iter().enumerate() {
+            let p = &rep.produce;
+            jobs.push(json!({
+                "jobname": "produce",
+                "engine": "ringlog-server",
+                "rep": i + 1,
+                "error": 0,
+                "records": p.records,
+                "records_per_sec": per_sec(p.records, &p.summary),
+                "records_per_batch": p.records_per_batch,
+                "retries": p.retries,
+                "write": write_json(&p.summary),
+            }));
+            if let Some(a) = &rep.append {
+                jobs.push(json!({
+                    "jobname": "append",
+                    "engine": "ringlog",
+                    "rep": i + 1,
+                    "error": 0,
+                    "records": a.records,
+                    "records_per_sec": per_sec(a.records, &a.summary),
+                    "records_per_batch": a.records_per_batch,
+                    "write": write_json(&a.summary),
+                }));
+            }
+        }
+        let mut root = root_json(&self.settings, None, &self.notes, jobs);
+        if let Some(r) = self.ratios() {
+            root["ratios"] = json!({
+                "throughput": spread_json(&r.throughput),
+                "p99_ack_latency": spread_json(&r.p99_ack_latency),
+                "notes": [PRODUCE_ACK_NOTE, RINGLOG_ACK_NOTE, PRODUCE_VS_APPEND_NOTE],
+            });
+        }
+        root
+    }
+}
+
+/// How the consume job's fetch latency is measured.
+pub const FETCH_LAT_NOTE: &str = "fetch latency = sending a fetch request to reading its reply \
+     (no long-poll wait); throughput = fetched bytes / time for all connections to reach the \
+     high watermark of every partition";
+
+/// Everything the consume job's report prints.
+#[derive(Debug, Clone)]
+pub struct ConsumeReport {
+    pub settings: Vec<(&'static str, String)>,
+    pub notes: Vec<String>,
+    pub reps: Vec<ConsumeResult>,
+}
+
+impl ConsumeReport {
+    pub fn text(&self) -> String {
+        let mut out = String::new();
+        header(&mut out, "consume", &self.settings, None, &self.notes);
+        let n = self.reps.len();
+        for (i, c) in self.reps.iter().enumerate() {
+            let _ = writeln!(out);
+            if n > 1 {
+                let _ = writeln!(out, "rep {}/{n}", i + 1);
+            }
+            run_line(&mut out, "consume", &c.summary);
+            let _ = writeln!(
+                out,
+                "    records/s={:.0}: {} records in {} batches, {} fetches",
+                per_sec(c.records, &c.summary),
+                c.records,
+                c.batches,
+                c.summary.ios
+            );
+            lat_lines(&mut out, "fetch lat", &c.summary.lat);
+        }
+        let _ = writeln!(out);
+        let _ = writeln!(out, "note: {FETCH_LAT_NOTE}");
+        out
+    }
+
+    /// fio-style JSON: per rep a `read` section (`io_bytes`, `bw_bytes`,
+    /// `iops`, `runtime`, `total_ios`, `lat_ns`).
+    pub fn json(&self) -> Value {
+        let jobs = self
+            .reps
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                json!({
+                    "jobname": "consume",
+                    "engine": "ringlog-server",
+                    "rep": i + 1,
+                    "error": 0,
+                    "records": c.records,
+                    "records_per_sec": per_sec(c.records, &c.summary),
+                    "batches": c.batches,
+                    "read": write_json(&c.summary),
+                })
+            })
+            .collect();
+        let mut notes = self.notes.clone();
+        notes.push(FETCH_LAT_NOTE.to_owned());
+        root_json(&self.settings, None, &notes, jobs)
+    }
+}
+
 /// The text report's first lines: job and settings, fio version, notes.
 fn header(
     out: &mut String,
@@ -412,9 +634,14 @@ fn lat_lines(out: &mut String, name: &str, lat: &LatencySummary) {
 }
 
 fn ratio_line(out: &mut String, what: &str, s: &Spread) {
+    pair_ratio_line(out, what, "ringlog/fio", s);
+}
+
+/// `ratio <what> <pair> = x (median of n reps, min a, max b)`.
+fn pair_ratio_line(out: &mut String, what: &str, pair: &str, s: &Spread) {
     let _ = writeln!(
         out,
-        "ratio {what} ringlog/fio = {:.2} (median of {} rep{}, min {:.2}, max {:.2})",
+        "ratio {what} {pair} = {:.2} (median of {} rep{}, min {:.2}, max {:.2})",
         s.median,
         s.n,
         if s.n == 1 { "" } else { "s" },
@@ -551,6 +778,58 @@ mod tests {
         assert_eq!(v["jobs"][1]["write"]["bw_bytes"], 111_662_003u64);
         assert_eq!(v["ratios"]["throughput"]["reps"], 3);
         assert!(report(false).json().get("ratios").is_none());
+    }
+
+    fn produce_report(with_append: bool) -> ProduceReport {
+        ProduceReport {
+            settings: vec![("connections", "2".into())],
+            notes: vec![],
+            reps: (1..=3)
+                .map(|k| {
+                    let a = ringlog_run(k + 1, 1000);
+                    ProduceRep {
+                        produce: ProduceResult {
+                            summary: RunSummary::from_counts(
+                                k * (64 << 20),
+                                k * 1024,
+                                Duration::from_secs(1),
+                                ringlog_run(1, 2000).summary.lat,
+                            ),
+                            records: k * 1024 * 62,
+                            records_per_batch: 62,
+                            retries: 0,
+                        },
+                        append: with_append.then_some(a),
+                    }
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn produce_ratios_and_lines() {
+        let r = produce_report(true).ratios().unwrap();
+        // produce k, append k+1: ratios 1/2, 2/3, 3/4.
+        assert!((r.throughput.median - 2.0 / 3.0).abs() < 1e-9);
+        assert!((r.throughput.min - 0.5).abs() < 1e-9);
+        assert!((r.throughput.max - 0.75).abs() < 1e-9);
+        assert!((r.p99_ack_latency.median - 2.0).abs() < 0.01);
+        let text = produce_report(true).text();
+        assert!(text.contains("records/s=63488: 63488 records in 1024 batches of 64KiB"));
+        assert!(
+            text.contains(
+                "ratio throughput produce/append = 0.67 (median of 3 reps, min 0.50, max 0.75)"
+            ),
+            "{text}"
+        );
+        let v = produce_report(true).json();
+        assert_eq!(v["jobs"][0]["jobname"], "produce");
+        assert_eq!(v["jobs"][1]["jobname"], "append");
+        assert_eq!(v["ratios"]["throughput"]["reps"], 3);
+        let plain = produce_report(false);
+        assert!(plain.ratios().is_none());
+        assert!(!plain.text().contains("ratio"));
+        assert!(plain.json().get("ratios").is_none());
     }
 
     fn transfer_run(bw_scale: u64) -> TransferResult {

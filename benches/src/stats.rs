@@ -71,6 +71,13 @@ impl LatencyRecorder {
         self.hist.saturating_record(ns.clamp(1, HIST_MAX_NS));
     }
 
+    /// Adds every sample of `other` (e.g. another thread's recorder).
+    pub fn merge(&mut self, other: &LatencyRecorder) {
+        self.hist
+            .add(&other.hist)
+            .expect("recorders share the same bounds");
+    }
+
     pub fn summary(&self) -> LatencySummary {
         if self.hist.is_empty() {
             return LatencySummary {

@@ -1,4 +1,7 @@
 //! Benchmark jobs that drive ringlog itself.
 
 pub mod append;
+pub mod consume;
+pub mod produce;
+pub mod server;
 pub mod transfer;
