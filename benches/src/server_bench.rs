@@ -127,7 +127,7 @@ fn common_notes(a: &ServerClientArgs) -> Vec<String> {
     if a.addr.is_none() {
         notes.push(format!(
             "the server was started by ringlog-bench on 127.0.0.1 (--shards {}, 0 = one per \
-             core) and the append job's segment size and write buffer; it shares this \
+             core), with the append job's segment size and write buffer; it shares this \
              machine's {cores} cores with the client threads",
             a.shards
         ));
