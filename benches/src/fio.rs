@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::stats::{LatencySummary, RunSummary, PERCENTILES};
+use crate::stats::{CpuUsage, LatencySummary, RunSummary, PERCENTILES};
 
 /// fio's append runs write at least this much, whatever ringlog wrote, so
 /// short runs still give fio enough samples for its percentiles.
@@ -185,6 +185,93 @@ impl TransferJob<'_> {
     }
 }
 
+/// The fetch baseline: `bs`-sized O_DIRECT reads (sequential or random,
+/// iodepth 1, io_uring) of a pre-written file of `size_bytes`, time-based
+/// for `runtime` (or `io_bytes` in all, if set), after `ramp` un-timed.
+#[derive(Debug, Clone)]
+pub struct FetchJob<'a> {
+    pub file: &'a Path,
+    pub block_size_bytes: u64,
+    pub size_bytes: u64,
+    pub random: bool,
+    pub runtime: Duration,
+    pub io_bytes: Option<u64>,
+    pub ramp: Duration,
+}
+
+impl FetchJob<'_> {
+    /// `bs`: the read size rounded up to whole 4 KiB blocks.
+    pub fn block_size(&self) -> u64 {
+        self.block_size_bytes.max(1).div_ceil(4096) * 4096
+    }
+
+    /// Bytes of file the reads range over: whole blocks, at least one.
+    pub fn effective_size_bytes(&self) -> u64 {
+        let bs = self.block_size();
+        self.size_bytes.max(bs).div_ceil(bs) * bs
+    }
+
+    pub fn args(&self) -> Result<Vec<String>, FioError> {
+        let mut args = vec![
+            "--name=fetch".into(),
+            filename_arg(self.file)?,
+            format!("--rw={}", if self.random { "randread" } else { "read" }),
+            format!("--bs={}", self.block_size()),
+            "--ioengine=io_uring".into(),
+            "--direct=1".into(),
+            "--iodepth=1".into(),
+            format!("--size={}", self.effective_size_bytes()),
+            format!("--runtime={}", self.runtime.as_secs().max(1)),
+        ];
+        match self.io_bytes {
+            Some(n) => {
+                args.push("--time_based=0".into());
+                args.push(format!("--io_size={n}"));
+            }
+            None => args.push("--time_based=1".into()),
+        }
+        if !self.ramp.is_zero() {
+            args.push(format!("--ramp_time={}", self.ramp.as_secs().max(1)));
+        }
+        args.push("--lat_percentiles=1".into());
+        args.push("--output-format=json".into());
+        Ok(args)
+    }
+
+    /// Runs the timed job (the file must be laid out first: [`layout`]).
+    pub fn run(&self) -> Result<FioFetchResult, FioError> {
+        let args = self.args()?;
+        let json = run_fio(&args)?;
+        let mut result = parse_fetch(&json)?;
+        result.command = command_line(&args);
+        Ok(result)
+    }
+}
+
+/// What the comparison needs from one fio fetch run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FioFetchResult {
+    pub version: String,
+    /// `jobs[0].read`.
+    pub read: RunSummary,
+    /// `lat_ns` or `clat_ns` (see [`FioResult::write_lat_field`]).
+    pub lat_field: &'static str,
+    pub command: String,
+}
+
+/// Parses the JSON of a [`FetchJob`] run (first job's `read` section).
+pub fn parse_fetch(output: &str) -> Result<FioFetchResult, FioError> {
+    let (root, version) = parse_root(output)?;
+    let (job, jp) = job_at(&root, |_| true, "jobs[0]")?;
+    let (read, lat_field) = parse_direction(job, "read", &jp)?;
+    Ok(FioFetchResult {
+        version,
+        read,
+        lat_field,
+        command: String::new(),
+    })
+}
+
 /// What the comparison needs from one fio transfer run.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FioTransferResult {
@@ -337,6 +424,15 @@ pub fn parse_append(output: &str) -> Result<FioResult, FioError> {
     })
 }
 
+/// fio's per-job `usr_cpu`/`sys_cpu` (percent) and `ctx`, when present.
+fn job_cpu(job: &Value) -> Option<CpuUsage> {
+    Some(CpuUsage {
+        usr_pct: job.get("usr_cpu")?.as_f64()?,
+        sys_pct: job.get("sys_cpu")?.as_f64()?,
+        ctx: job.get("ctx").and_then(Value::as_u64).unwrap_or(0),
+    })
+}
+
 /// The JSON root and its `fio version`.
 fn parse_root(output: &str) -> Result<(Value, String), FioError> {
     let start = json_start(output);
@@ -408,6 +504,8 @@ fn parse_direction(
             bw_bytes,
             iops,
             lat,
+            cpu: job_cpu(job),
+            timeline: Vec::new(),
         },
         field,
     ))

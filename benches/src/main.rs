@@ -14,9 +14,19 @@
 //! a server at `--addr`, or one they start from the `ringlog` binary next to
 //! their own. `produce --vs-append` alternates with the storage-level append
 //! job and reports the produce/append ratios.
+//!
+//! `ringlog-bench fetch` fills a partition store (un-timed) and times reads
+//! by offset (`PartitionStore::read`), sequential or random, optionally
+//! against fio reading a pre-written file with the same block size.
+//!
+//! `ringlog-bench --job-file FILE` runs the jobs of an fio-style ini file
+//! ([`jobfile`]) in order; `--plot FILE.svg` draws throughput over time and
+//! latency percentiles of every run ([`plot`]).
 
 mod fio;
+mod jobfile;
 mod jobs;
+mod plot;
 mod report;
 mod server_bench;
 mod size;
@@ -32,10 +42,11 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::fio::FioError;
 use crate::jobs::append::{AppendConfig, AppendError};
+use crate::jobs::fetch::{FetchConfig, FetchJobError, Pattern};
 use crate::jobs::produce::ClientJobError;
 use crate::jobs::server::ServerError;
 use crate::jobs::transfer::{Source, TransferConfig, TransferJobError};
-use crate::report::{Rep, Report, TransferRep, TransferReport};
+use crate::report::{FetchRep, FetchReport, JobReport, Rep, Report, TransferRep, TransferReport};
 use crate::server_bench::{consume_report, produce_report};
 use crate::size::{parse_size, Bytes};
 
@@ -43,11 +54,24 @@ use crate::size::{parse_size, Bytes};
 #[command(
     name = "ringlog-bench",
     version,
-    about = "fio-style benchmarks for ringlog"
+    about = "fio-style benchmarks for ringlog",
+    args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true
 )]
 struct Cli {
+    /// Run the jobs of an fio-style ini job file in order: a [global]
+    /// section of options for every job, then one section per job, whose
+    /// name (or `job=`) is the job (append, fetch, transfer, produce,
+    /// consume); keys are the job's long options (`batch-size=64k`,
+    /// `vs-fio`).
+    #[arg(long, required = true)]
+    job_file: Option<PathBuf>,
+    /// Also draw throughput over time (per second) and latency percentiles
+    /// of every run into this SVG file.
+    #[arg(long, global = true)]
+    plot: Option<PathBuf>,
     #[command(subcommand)]
-    command: Command,
+    command: Option<Command>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -66,6 +90,67 @@ enum Command {
     /// Consumers reading back everything produced (un-timed) into a running
     /// server: throughput and per-fetch latency.
     Consume(ConsumeArgs),
+    /// Storage-level reads by offset from a filled partition store
+    /// (sequential or random), optionally against fio reading a
+    /// pre-written file.
+    Fetch(FetchArgs),
+}
+
+/// Where each fetch read starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum ReadPattern {
+    /// Where the previous read ended (fio rw=read).
+    Seq,
+    /// At a uniformly random offset (fio rw=randread).
+    Rand,
+}
+
+#[derive(Debug, clap::Args)]
+struct FetchArgs {
+    /// Directory for the data (created; removed at the end unless --keep).
+    /// Put it on the filesystem you want to measure.
+    #[arg(long, default_value = "./bench-data")]
+    dir: PathBuf,
+    /// Keep the data directory (the store and fio's file).
+    #[arg(long)]
+    keep: bool,
+    /// Bytes of log appended (un-timed, rounded up to whole batches) before
+    /// reading; fio reads a file of this size.
+    #[arg(long, default_value = "256m", value_parser = parse_size)]
+    size: u64,
+    /// Encoded bytes of each batch in the log.
+    #[arg(long, default_value = "64k", value_parser = parse_size)]
+    batch_size: u64,
+    /// Value bytes of each record in a batch.
+    #[arg(long, default_value = "1k", value_parser = parse_size)]
+    record_size: u64,
+    /// Segment size of the store.
+    #[arg(long, default_value = "256m", value_parser = parse_size)]
+    segment_size: u64,
+    /// max_bytes of each read (fio's bs, rounded up to 4 KiB).
+    #[arg(long, default_value = "1m", value_parser = parse_size)]
+    read_size: u64,
+    /// Offsets read: seq or rand.
+    #[arg(long, value_enum, default_value_t = ReadPattern::Seq)]
+    pattern: ReadPattern,
+    /// Seconds per run (ringlog and fio each).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    duration: u64,
+    /// Stop a run after reading this many bytes, if that comes before
+    /// --duration (fio's io_size).
+    #[arg(long, value_parser = parse_size)]
+    io_size: Option<u64>,
+    /// Seconds of un-timed reads before each timed run (fio's ramp_time).
+    #[arg(long, default_value_t = 0)]
+    ramp_time: u64,
+    /// Also run the equivalent fio job and report ringlog/fio ratios.
+    #[arg(long)]
+    vs_fio: bool,
+    /// Repetitions; with --vs-fio they alternate ringlog, fio, ringlog, ...
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
+    reps: u32,
+    #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+    output_format: OutputFormat,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -122,6 +207,11 @@ struct AppendArgs {
     /// every timed segment a recycled (already written) file.
     #[arg(long, default_value = "0", value_parser = parse_size)]
     warmup: u64,
+    /// Seconds of un-timed appends (after --warmup) before each timed
+    /// ringlog run (fio's ramp_time; fio's append overwrites a laid-out
+    /// file and runs without one).
+    #[arg(long, default_value_t = 0)]
+    ramp_time: u64,
     /// Also run the equivalent fio job and report ringlog/fio ratios.
     #[arg(long)]
     vs_fio: bool,
@@ -276,6 +366,8 @@ enum BenchError {
     Server(#[from] ServerError),
     #[error(transparent)]
     Client(#[from] ClientJobError),
+    #[error(transparent)]
+    Fetch(#[from] FetchJobError),
     #[error("{what} {path}: {source}")]
     Fs {
         what: &'static str,
@@ -301,13 +393,19 @@ fn fs_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> B
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let result = match cli.command {
-        Command::Append(args) => append(&args),
-        Command::Transfer(args) => transfer(&args),
-        Command::Produce(args) => produce_report(&args)
-            .and_then(|r| print_report(args.common.output_format, || r.text(), || r.json())),
-        Command::Consume(args) => consume_report(&args)
-            .and_then(|r| print_report(args.common.output_format, || r.text(), || r.json())),
+    let result = match (cli.command, &cli.job_file) {
+        (Some(command), _) => run_command(command).and_then(|(format, report)| {
+            let runs = [jobfile::Run {
+                section: None,
+                format,
+                report,
+            }];
+            output(&runs, cli.plot.as_deref())
+        }),
+        (None, Some(file)) => {
+            jobfile::run_file(file).and_then(|runs| output(&runs, cli.plot.as_deref()))
+        }
+        (None, None) => Err(BenchError::Usage("give a job or --job-file".into())),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -324,11 +422,56 @@ fn main() -> ExitCode {
     }
 }
 
+/// Runs one job to its report (not printed) and the output format it asked
+/// for.
+fn run_command(command: Command) -> Result<(OutputFormat, Box<dyn JobReport>), BenchError> {
+    Ok(match command {
+        Command::Append(args) => (args.output_format, Box::new(append_report(&args)?)),
+        Command::Transfer(args) => (args.output_format, Box::new(transfer_report(&args)?)),
+        Command::Produce(args) => (args.common.output_format, Box::new(produce_report(&args)?)),
+        Command::Consume(args) => (args.common.output_format, Box::new(consume_report(&args)?)),
+        Command::Fetch(args) => (args.output_format, Box::new(fetch_report(&args)?)),
+    })
+}
+
+/// Prints the runs' reports (one JSON document for all of them) and draws
+/// the plot, if asked for.
+fn output(runs: &[jobfile::Run], plot_file: Option<&Path>) -> Result<(), BenchError> {
+    let format = runs.first().map_or(OutputFormat::Text, |r| r.format);
+    if runs.iter().any(|r| r.format != format) {
+        return Err(BenchError::Usage(
+            "every job of a job file must use the same --output-format".into(),
+        ));
+    }
+    if let Some(file) = plot_file {
+        let series: Vec<(String, &stats::RunSummary)> = runs
+            .iter()
+            .flat_map(|r| {
+                r.report.series().into_iter().map(move |(name, run)| {
+                    let name = match &r.section {
+                        Some(section) => format!("[{section}] {name}"),
+                        None => name,
+                    };
+                    (name, run)
+                })
+            })
+            .collect();
+        fs::write(file, plot::svg(&series)).map_err(fs_err("write", file))?;
+    }
+    if let [run] = runs {
+        if run.section.is_none() {
+            return print_report(format, || run.report.text(), || run.report.json());
+        }
+    }
+    print_report(format, || jobfile::text(runs), || jobfile::json(runs))
+}
+
 fn to_usize(what: &str, v: u64) -> Result<usize, BenchError> {
     usize::try_from(v).map_err(|_| BenchError::Usage(format!("{what} {v} is too large")))
 }
 
-fn append(args: &AppendArgs) -> Result<(), BenchError> {
+/// Runs the append job (and fio) and cleans up; the report is not printed.
+fn append_report(args: &AppendArgs) -> Result<Report, BenchError> {
     if args.segment_size < args.batch_size {
         return Err(BenchError::Usage(format!(
             "--segment-size {} is smaller than --batch-size {}",
@@ -356,6 +499,7 @@ fn append(args: &AppendArgs) -> Result<(), BenchError> {
         segment_size: args.segment_size,
         retention_bytes: args.retention,
         warmup_bytes: args.warmup,
+        ramp: Duration::from_secs(args.ramp_time),
     };
     for p in 0..cfg.partitions {
         let pdir = cfg.partition_dir(p);
@@ -376,7 +520,7 @@ fn append(args: &AppendArgs) -> Result<(), BenchError> {
     };
     let report = result?;
     cleanup?;
-    print_report(args.output_format, || report.text(), || report.json())
+    Ok(report)
 }
 
 fn print_report(
@@ -397,11 +541,6 @@ fn print_report(
         .lock()
         .write_all(out.as_bytes())
         .map_err(BenchError::Output)
-}
-
-fn transfer(args: &TransferArgs) -> Result<(), BenchError> {
-    let report = transfer_report(args)?;
-    print_report(args.output_format, || report.text(), || report.json())
 }
 
 /// Runs the transfer job (and fio) and cleans up; the report is not printed.
@@ -593,6 +732,157 @@ fn transfer_reps(
     Ok(reps)
 }
 
+/// Runs the fetch job (and fio) and cleans up; the report is not printed.
+fn fetch_report(args: &FetchArgs) -> Result<FetchReport, BenchError> {
+    if args.segment_size < args.batch_size {
+        return Err(BenchError::Usage(format!(
+            "--segment-size {} is smaller than --batch-size {}",
+            Bytes(args.segment_size),
+            Bytes(args.batch_size)
+        )));
+    }
+    if args.size == 0 || args.read_size == 0 {
+        return Err(BenchError::Usage(
+            "--size and --read-size must be positive".into(),
+        ));
+    }
+    let fio_version = if args.vs_fio {
+        Some(fio::version()?)
+    } else {
+        None
+    };
+    let dir = &args.dir;
+    let cfg = FetchConfig {
+        dir: dir.clone(),
+        total_bytes: args.size,
+        batch_size: to_usize("--batch-size", args.batch_size)?,
+        record_size: to_usize("--record-size", args.record_size)?,
+        segment_size: args.segment_size,
+        read_bytes: to_usize("--read-size", args.read_size)?,
+        pattern: match args.pattern {
+            ReadPattern::Seq => Pattern::Sequential,
+            ReadPattern::Rand => Pattern::Random,
+        },
+        duration: Duration::from_secs(args.duration),
+        read_total_bytes: args.io_size,
+        ramp: Duration::from_secs(args.ramp_time),
+        seed: 0x5EED,
+    };
+    if cfg.store_dir().exists() {
+        return Err(BenchError::Usage(format!(
+            "{} already exists (left by an earlier --keep run?); remove it or pick another --dir",
+            cfg.store_dir().display()
+        )));
+    }
+    let fio_file = dir.join("fio-fetch.dat");
+    let created_dir = !dir.exists();
+    fs::create_dir_all(dir).map_err(fs_err("create", dir))?;
+
+    let result = run_fetch_reps(args, &cfg, &fio_file, fio_version);
+    let cleanup = if args.keep {
+        Ok(())
+    } else {
+        remove_dir_if_exists(&cfg.store_dir())
+            .and_then(|()| remove_file_if_exists(&fio_file))
+            .and_then(|()| {
+                if created_dir {
+                    match fs::remove_dir(dir) {
+                        Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                            return Err(fs_err("remove", dir)(e));
+                        }
+                        _ => {}
+                    }
+                }
+                Ok(())
+            })
+    };
+    let report = result?;
+    cleanup?;
+    Ok(report)
+}
+
+fn run_fetch_reps(
+    args: &FetchArgs,
+    cfg: &FetchConfig,
+    fio_file: &Path,
+    fio_version: Option<String>,
+) -> Result<FetchReport, BenchError> {
+    let mut settings = vec![
+        ("dir", cfg.dir.display().to_string()),
+        ("size", Bytes(args.size).to_string()),
+        ("batch_size", Bytes(args.batch_size).to_string()),
+        ("record_size", Bytes(args.record_size).to_string()),
+        ("segment_size", Bytes(args.segment_size).to_string()),
+        ("read_size", Bytes(args.read_size).to_string()),
+        ("pattern", format!("{:?}", args.pattern).to_lowercase()),
+        ("duration", format!("{}s", args.duration)),
+    ];
+    if let Some(n) = args.io_size {
+        settings.push(("io_size", Bytes(n).to_string()));
+    }
+    if args.ramp_time > 0 {
+        settings.push(("ramp_time", format!("{}s", args.ramp_time)));
+    }
+    settings.push(("reps", args.reps.to_string()));
+    let mut notes = vec![
+        "the store is filled once, un-timed, and flushed; every rep reads it (O_DIRECT, no page \
+         cache on either side)"
+            .to_owned(),
+    ];
+    if args.vs_fio {
+        notes.push(
+            "fio reads a file laid out once (un-timed) with bs = --read-size rounded up to 4KiB, \
+             iodepth=1; ringlog returns whole batches up to --read-size, verifying each"
+                .to_owned(),
+        );
+    }
+    eprintln!(
+        "ringlog-bench: filling the store with {} (un-timed)",
+        Bytes(args.size)
+    );
+    let mut store = jobs::fetch::Store::fill(cfg)?;
+    let result = (|| {
+        let job = fio::FetchJob {
+            file: fio_file,
+            block_size_bytes: args.read_size,
+            size_bytes: store.log_bytes(),
+            random: args.pattern == ReadPattern::Rand,
+            runtime: cfg.duration,
+            io_bytes: args.io_size,
+            ramp: cfg.ramp,
+        };
+        let mut reps = Vec::with_capacity(args.reps as usize);
+        for rep in 1..=args.reps {
+            eprintln!("ringlog-bench: rep {rep}/{}: ringlog fetch", args.reps);
+            let ringlog = store.run(cfg)?;
+            let fio = if args.vs_fio {
+                if rep == 1 {
+                    eprintln!(
+                        "ringlog-bench: laying out {} for fio to read (un-timed)",
+                        Bytes(fio::layout_size_bytes(job.effective_size_bytes()))
+                    );
+                    fio::layout(fio_file, job.effective_size_bytes())?;
+                }
+                eprintln!("ringlog-bench: rep {rep}/{}: fio fetch", args.reps);
+                Some(job.run()?)
+            } else {
+                None
+            };
+            reps.push(FetchRep { ringlog, fio });
+        }
+        Ok::<_, BenchError>(reps)
+    })();
+    let closed = store.close();
+    let reps = result?;
+    closed?;
+    Ok(FetchReport {
+        settings,
+        fio_version,
+        notes,
+        reps,
+    })
+}
+
 fn remove_dir_if_exists(path: &Path) -> Result<(), BenchError> {
     match fs::remove_dir_all(path) {
         Err(e) if e.kind() != io::ErrorKind::NotFound => Err(fs_err("remove", path)(e)),
@@ -644,6 +934,9 @@ fn run_reps(
     }
     if args.warmup > 0 {
         settings.push(("warmup", Bytes(args.warmup).to_string()));
+    }
+    if args.ramp_time > 0 {
+        settings.push(("ramp_time", format!("{}s", args.ramp_time)));
     }
     settings.push(("reps", args.reps.to_string()));
     let mut notes = Vec::new();
@@ -770,7 +1063,7 @@ mod tests {
     #[test]
     fn append_defaults_and_sizes() {
         let cli = Cli::try_parse_from(["ringlog-bench", "append"]).unwrap();
-        let Command::Append(a) = cli.command else {
+        let Some(Command::Append(a)) = cli.command else {
             panic!("not append")
         };
         assert_eq!(a.dir, PathBuf::from("./bench-data"));
@@ -798,7 +1091,7 @@ mod tests {
             "json",
         ])
         .unwrap();
-        let Command::Append(a) = cli.command else {
+        let Some(Command::Append(a)) = cli.command else {
             panic!("not append")
         };
         assert_eq!(a.batch_size, 1 << 20);
@@ -845,17 +1138,23 @@ mod tests {
             "2",
         ])
         .unwrap();
-        let Command::Append(args) = cli.command else {
+        let Some(Command::Append(args)) = cli.command else {
             panic!("not append")
         };
-        append(&args).unwrap();
+        let report = append_report(&args).unwrap();
         assert!(!dir.exists(), "data dir is removed without --keep");
+        let v = report.json();
+        report::assert_fio_shape(&v, true, &["throughput", "p99_ack_latency"]);
+        assert!(v["jobs"][0]["usr_cpu"].as_f64().unwrap() > 0.0);
+        assert!(v["jobs"][0]["write"]["io_bytes"].as_u64().unwrap() > 0);
+        let text = report.text();
+        assert!(text.contains("    cpu: usr="), "{text}");
     }
 
     #[test]
     fn transfer_defaults_and_sizes() {
         let cli = Cli::try_parse_from(["ringlog-bench", "transfer"]).unwrap();
-        let Command::Transfer(t) = cli.command else {
+        let Some(Command::Transfer(t)) = cli.command else {
             panic!("not transfer")
         };
         assert_eq!(t.dir, PathBuf::from("./bench-data"));
@@ -883,7 +1182,7 @@ mod tests {
             "json",
         ])
         .unwrap();
-        let Command::Transfer(t) = cli.command else {
+        let Some(Command::Transfer(t)) = cli.command else {
             panic!("not transfer")
         };
         assert_eq!(t.size, 1 << 30);
@@ -906,7 +1205,7 @@ mod tests {
         ] {
             let mut argv = vec!["ringlog-bench", "transfer", "--dir", dir];
             argv.extend_from_slice(bad);
-            let Command::Transfer(t) = Cli::try_parse_from(argv).unwrap().command else {
+            let Some(Command::Transfer(t)) = Cli::try_parse_from(argv).unwrap().command else {
                 panic!("not transfer")
             };
             assert!(
@@ -944,7 +1243,7 @@ mod tests {
             "2",
         ])
         .unwrap();
-        let Command::Transfer(args) = cli.command else {
+        let Some(Command::Transfer(args)) = cli.command else {
             panic!("not transfer")
         };
         let report = transfer_report(&args).unwrap();
@@ -975,6 +1274,174 @@ mod tests {
         }
         assert_eq!(v["jobs"][0]["transfer"]["io_bytes"], 16u64 << 20);
         assert_eq!(v["jobs"][1]["engine"], "fio");
+        report::assert_fio_shape(&v, true, &["throughput", "p99_chunk_latency"]);
+    }
+
+    fn fetch_args(argv: &[&str]) -> FetchArgs {
+        let mut full = vec!["ringlog-bench", "fetch"];
+        full.extend_from_slice(argv);
+        let Some(Command::Fetch(f)) = Cli::try_parse_from(full).unwrap().command else {
+            panic!("not fetch")
+        };
+        f
+    }
+
+    #[test]
+    fn fetch_defaults() {
+        let f = fetch_args(&[]);
+        assert_eq!(f.size, 256 << 20);
+        assert_eq!(f.batch_size, 64 << 10);
+        assert_eq!(f.read_size, 1 << 20);
+        assert_eq!(f.pattern, ReadPattern::Seq);
+        assert_eq!(f.ramp_time, 0);
+        assert!(!f.vs_fio);
+        let f = fetch_args(&["--pattern", "rand", "--ramp-time", "2", "--io-size", "1g"]);
+        assert_eq!(f.pattern, ReadPattern::Rand);
+        assert_eq!(f.ramp_time, 2);
+        assert_eq!(f.io_size, Some(1 << 30));
+    }
+
+    /// End to end on the real disk: sequential reads against fio's
+    /// sequential reads, then random reads with a ramp. Needs fio.
+    #[test]
+    fn fetch_vs_fio_smoke() {
+        let tmp = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).unwrap();
+        let dir = tmp.path().join("data");
+        let d = dir.to_str().unwrap();
+        let args = fetch_args(&[
+            "--dir",
+            d,
+            "--size",
+            "8m",
+            "--segment-size",
+            "4m",
+            "--read-size",
+            "256k",
+            "--duration",
+            "1",
+            "--io-size",
+            "32m",
+            "--vs-fio",
+            "--reps",
+            "2",
+        ]);
+        let report = fetch_report(&args).unwrap_or_else(|e| panic!("{e}"));
+        assert!(!dir.exists(), "data dir is removed without --keep");
+        assert_eq!(report.reps.len(), 2);
+        for rep in &report.reps {
+            let r = &rep.ringlog;
+            assert!(r.summary.bytes >= 32 << 20 || r.summary.runtime.as_secs() >= 1);
+            assert_eq!(r.empty_reads, 0);
+            // Whole 64 KiB batches, up to 256 KiB per read.
+            assert_eq!(r.summary.bytes % (64 << 10), 0);
+            assert!(r.summary.bytes <= r.summary.ios * (256 << 10));
+            assert!(r.records > 0);
+            assert!(!r.summary.timeline.is_empty());
+            let f = rep.fio.as_ref().unwrap();
+            assert!(f.read.bytes > 0 && f.read.cpu.is_some());
+        }
+        let text = report.text();
+        for want in [
+            "ringlog-bench fetch: dir=",
+            "ringlog fetch: bw=",
+            "reads/s=",
+            "read lat percentiles (usec): 50=",
+            "fio fetch: bw=",
+            "--rw=read",
+            "ratio throughput ringlog/fio = ",
+            "ratio p99 read latency ringlog/fio = ",
+            "    cpu: usr=",
+        ] {
+            assert!(text.contains(want), "{want:?} missing from:\n{text}");
+        }
+        let v = report.json();
+        assert_eq!(v["jobs"][0]["jobname"], "fetch");
+        assert_eq!(v["jobs"][1]["engine"], "fio");
+        report::assert_fio_shape(&v, true, &["throughput", "p99_read_latency"]);
+
+        let args = fetch_args(&[
+            "--dir",
+            d,
+            "--size",
+            "4m",
+            "--segment-size",
+            "1m",
+            "--batch-size",
+            "16k",
+            "--read-size",
+            "64k",
+            "--pattern",
+            "rand",
+            "--duration",
+            "1",
+            "--ramp-time",
+            "1",
+        ]);
+        let report = fetch_report(&args).unwrap_or_else(|e| panic!("{e}"));
+        let r = &report.reps[0].ringlog;
+        assert!(r.summary.ios > 0 && r.empty_reads == 0);
+        assert!(report.text().contains("pattern=rand"));
+        assert!(report.ratios().is_none());
+        assert!(!dir.exists());
+    }
+
+    /// A job file with two jobs (append, then fetch) runs both in order;
+    /// one JSON document holds both jobs' results; --plot draws them.
+    #[test]
+    fn job_file_runs_every_job_and_plots() {
+        let tmp = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).unwrap();
+        let dir = tmp.path().join("data");
+        let file = tmp.path().join("jobs.ini");
+        fs::write(
+            &file,
+            format!(
+                "; append, then fetch\n[global]\ndir={}\nduration=1\nsegment_size=1m\n\
+                 output-format=json\n\n[append]\nsize=2m\nramp-time=1\n\n\
+                 [fetch-seq]\njob=fetch\nsize=2m\nread-size=128k\nio-size=8m\n",
+                dir.display()
+            ),
+        )
+        .unwrap();
+        let runs = jobfile::run_file(&file).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(runs.len(), 2);
+        assert_eq!(runs[0].section.as_deref(), Some("append"));
+        assert_eq!(runs[1].section.as_deref(), Some("fetch-seq"));
+        assert!(runs.iter().all(|r| r.format == OutputFormat::Json));
+        let v = jobfile::json(&runs);
+        report::assert_fio_shape(&v, true, &[]);
+        assert_eq!(v["jobs"][0]["jobname"], "append");
+        assert_eq!(v["jobs"][0]["section"], "append");
+        assert_eq!(v["jobs"][1]["jobname"], "fetch");
+        assert_eq!(v["jobs"][1]["section"], "fetch-seq");
+        assert_eq!(v["reports"][0]["global options"]["ramp_time"], "1s");
+        assert_eq!(v["reports"][1]["global options"]["read_size"], "128KiB");
+        let text = jobfile::text(&runs);
+        assert!(
+            text.starts_with("[append]\nringlog-bench append: "),
+            "{text}"
+        );
+        assert!(
+            text.contains("\n[fetch-seq]\nringlog-bench fetch: "),
+            "{text}"
+        );
+
+        let svg = tmp.path().join("plot.svg");
+        output(&runs, Some(&svg)).unwrap();
+        let svg = fs::read_to_string(&svg).unwrap();
+        assert!(svg.starts_with("<svg "), "{svg}");
+        assert!(svg.trim_end().ends_with("</svg>"));
+        assert!(svg.contains("[append] ringlog append"));
+        assert!(svg.contains("[fetch-seq] ringlog fetch"));
+        assert!(!dir.exists(), "data dir is removed without --keep");
+
+        // The CLI takes --job-file and --plot (before or after a job).
+        let cli = Cli::try_parse_from(["ringlog-bench", "--job-file", "x.ini", "--plot", "p.svg"])
+            .unwrap();
+        assert!(cli.command.is_none() && cli.plot.is_some());
+        let cli = Cli::try_parse_from(["ringlog-bench", "fetch", "--plot", "p.svg"]).unwrap();
+        assert!(cli.plot.is_some());
+        assert!(Cli::try_parse_from(["ringlog-bench"]).is_err());
+        assert!(Cli::try_parse_from(["ringlog-bench", "--job-file", "x", "fetch"]).is_err());
     }
 
     #[test]
@@ -997,7 +1464,7 @@ mod tests {
             "--keep",
         ])
         .unwrap();
-        let Command::Transfer(args) = cli.command else {
+        let Some(Command::Transfer(args)) = cli.command else {
             panic!("not transfer")
         };
         let report = transfer_report(&args).unwrap();

@@ -4,9 +4,10 @@ use std::fmt::Write as _;
 
 use serde_json::{json, Map, Value};
 
-use crate::fio::{FioResult, FioTransferResult};
+use crate::fio::{FioFetchResult, FioResult, FioTransferResult};
 use crate::jobs::append::AppendResult;
 use crate::jobs::consume::ConsumeResult;
+use crate::jobs::fetch::FetchResult;
 use crate::jobs::produce::ProduceResult;
 use crate::jobs::transfer::TransferResult;
 use crate::size::Bytes;
@@ -117,27 +118,33 @@ impl Report {
         let mut jobs = Vec::new();
         for (i, rep) in self.reps.iter().enumerate() {
             let r = &rep.ringlog;
-            jobs.push(json!({
-                "jobname": "append",
-                "engine": "ringlog",
-                "rep": i + 1,
-                "error": 0,
-                "records": r.records,
-                "records_per_batch": r.records_per_batch,
-                "write": write_json(&r.summary),
-            }));
-            if let Some(f) = &rep.fio {
-                jobs.push(json!({
+            jobs.push(with_cpu(
+                json!({
                     "jobname": "append",
-                    "engine": "fio",
+                    "engine": "ringlog",
                     "rep": i + 1,
                     "error": 0,
-                    "command": f.command,
-                    "write_lat_field": f.write_lat_field,
-                    "write": write_json(&f.write),
-                    "sync": { "lat_ns": lat_json(&f.sync_lat) },
-                    "ack_lat_ns": lat_json(&f.ack_lat),
-                }));
+                    "records": r.records,
+                    "records_per_batch": r.records_per_batch,
+                    "write": write_json(&r.summary),
+                }),
+                &r.summary,
+            ));
+            if let Some(f) = &rep.fio {
+                jobs.push(with_cpu(
+                    json!({
+                        "jobname": "append",
+                        "engine": "fio",
+                        "rep": i + 1,
+                        "error": 0,
+                        "command": f.command,
+                        "write_lat_field": f.write_lat_field,
+                        "write": write_json(&f.write),
+                        "sync": { "lat_ns": lat_json(&f.sync_lat) },
+                        "ack_lat_ns": lat_json(&f.ack_lat),
+                    }),
+                    &f.write,
+                ));
             }
         }
         let mut root = root_json(
@@ -274,33 +281,39 @@ impl TransferReport {
         let mut jobs = Vec::new();
         for (i, rep) in self.reps.iter().enumerate() {
             let r = &rep.ringlog;
-            jobs.push(json!({
-                "jobname": "transfer",
-                "engine": "ringlog",
-                "rep": i + 1,
-                "error": 0,
-                "artifacts": r.artifacts,
-                "phases_ms": {
-                    "open": r.phases.open.as_secs_f64() * 1000.0,
-                    "chunks": r.phases.chunks.as_secs_f64() * 1000.0,
-                    "commit": r.phases.commit.as_secs_f64() * 1000.0,
-                },
-                "transfer": write_json(&r.summary),
-                "read_chunk": { "lat_ns": lat_json(&r.read_lat) },
-                "accept_chunk": { "lat_ns": lat_json(&r.write_lat) },
-            }));
-            if let Some(f) = &rep.fio {
-                jobs.push(json!({
+            jobs.push(with_cpu(
+                json!({
                     "jobname": "transfer",
-                    "engine": "fio",
+                    "engine": "ringlog",
                     "rep": i + 1,
                     "error": 0,
-                    "command": f.command,
-                    "lat_field": f.lat_field,
-                    "transfer": write_json(&f.transfer),
-                    "read": write_json(&f.read),
-                    "write": write_json(&f.write),
-                }));
+                    "artifacts": r.artifacts,
+                    "phases_ms": {
+                        "open": r.phases.open.as_secs_f64() * 1000.0,
+                        "chunks": r.phases.chunks.as_secs_f64() * 1000.0,
+                        "commit": r.phases.commit.as_secs_f64() * 1000.0,
+                    },
+                    "transfer": write_json(&r.summary),
+                    "read_chunk": { "lat_ns": lat_json(&r.read_lat) },
+                    "accept_chunk": { "lat_ns": lat_json(&r.write_lat) },
+                }),
+                &r.summary,
+            ));
+            if let Some(f) = &rep.fio {
+                jobs.push(with_cpu(
+                    json!({
+                        "jobname": "transfer",
+                        "engine": "fio",
+                        "rep": i + 1,
+                        "error": 0,
+                        "command": f.command,
+                        "lat_field": f.lat_field,
+                        "transfer": write_json(&f.transfer),
+                        "read": write_json(&f.read),
+                        "write": write_json(&f.write),
+                    }),
+                    &f.read,
+                ));
             }
         }
         let mut root = root_json(
@@ -439,28 +452,34 @@ impl ProduceReport {
         let mut jobs = Vec::new();
         for (i, rep) in self.reps.iter().enumerate() {
             let p = &rep.produce;
-            jobs.push(json!({
-                "jobname": "produce",
-                "engine": "ringlog-server",
-                "rep": i + 1,
-                "error": 0,
-                "records": p.records,
-                "records_per_sec": per_sec(p.records, &p.summary),
-                "records_per_batch": p.records_per_batch,
-                "retries": p.retries,
-                "write": write_json(&p.summary),
-            }));
-            if let Some(a) = &rep.append {
-                jobs.push(json!({
-                    "jobname": "append",
-                    "engine": "ringlog",
+            jobs.push(with_cpu(
+                json!({
+                    "jobname": "produce",
+                    "engine": "ringlog-server",
                     "rep": i + 1,
                     "error": 0,
-                    "records": a.records,
-                    "records_per_sec": per_sec(a.records, &a.summary),
-                    "records_per_batch": a.records_per_batch,
-                    "write": write_json(&a.summary),
-                }));
+                    "records": p.records,
+                    "records_per_sec": per_sec(p.records, &p.summary),
+                    "records_per_batch": p.records_per_batch,
+                    "retries": p.retries,
+                    "write": write_json(&p.summary),
+                }),
+                &p.summary,
+            ));
+            if let Some(a) = &rep.append {
+                jobs.push(with_cpu(
+                    json!({
+                        "jobname": "append",
+                        "engine": "ringlog",
+                        "rep": i + 1,
+                        "error": 0,
+                        "records": a.records,
+                        "records_per_sec": per_sec(a.records, &a.summary),
+                        "records_per_batch": a.records_per_batch,
+                        "write": write_json(&a.summary),
+                    }),
+                    &a.summary,
+                ));
             }
         }
         let mut root = root_json(&self.settings, None, &self.notes, jobs);
@@ -522,22 +541,292 @@ impl ConsumeReport {
             .iter()
             .enumerate()
             .map(|(i, c)| {
-                json!({
-                    "jobname": "consume",
-                    "engine": "ringlog-server",
-                    "rep": i + 1,
-                    "error": 0,
-                    "records": c.records,
-                    "records_per_sec": per_sec(c.records, &c.summary),
-                    "batches": c.batches,
-                    "read": write_json(&c.summary),
-                })
+                with_cpu(
+                    json!({
+                        "jobname": "consume",
+                        "engine": "ringlog-server",
+                        "rep": i + 1,
+                        "error": 0,
+                        "records": c.records,
+                        "records_per_sec": per_sec(c.records, &c.summary),
+                        "batches": c.batches,
+                        "read": write_json(&c.summary),
+                    }),
+                    &c.summary,
+                )
             })
             .collect();
         let mut notes = self.notes.clone();
         notes.push(FETCH_LAT_NOTE.to_owned());
         root_json(&self.settings, None, &notes, jobs)
     }
+}
+
+/// How the fetch job's read latency is measured, on both sides.
+pub const FETCH_READ_LAT_NOTE: &str = "ringlog read latency = one PartitionStore::read(offset, \
+     max_bytes) call (I/O, batch verification, copy out); fio read latency = one bs-sized \
+     O_DIRECT read at iodepth=1 (lat_ns: submit to completion)";
+
+/// One A/B repetition of the fetch job.
+#[derive(Debug, Clone)]
+pub struct FetchRep {
+    pub ringlog: FetchResult,
+    pub fio: Option<FioFetchResult>,
+}
+
+/// Everything the fetch job's report prints.
+#[derive(Debug, Clone)]
+pub struct FetchReport {
+    pub settings: Vec<(&'static str, String)>,
+    pub fio_version: Option<String>,
+    pub notes: Vec<String>,
+    pub reps: Vec<FetchRep>,
+}
+
+/// Median/min/max over reps of ringlog/fio read throughput and p99 read
+/// latency.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FetchRatios {
+    pub throughput: Spread,
+    pub p99_read_latency: Spread,
+}
+
+impl FetchReport {
+    /// `None` unless every rep has a fio run.
+    pub fn ratios(&self) -> Option<FetchRatios> {
+        let mut throughput = Vec::with_capacity(self.reps.len());
+        let mut p99 = Vec::with_capacity(self.reps.len());
+        for rep in &self.reps {
+            let fio = &rep.fio.as_ref()?.read;
+            let ours = &rep.ringlog.summary;
+            throughput.push(ratio(ours.bw_bytes, fio.bw_bytes));
+            p99.push(ratio(ours.lat.p99_ns() as f64, fio.lat.p99_ns() as f64));
+        }
+        Some(FetchRatios {
+            throughput: Spread::of(&throughput)?,
+            p99_read_latency: Spread::of(&p99)?,
+        })
+    }
+
+    pub fn text(&self) -> String {
+        let mut out = String::new();
+        header(
+            &mut out,
+            "fetch",
+            &self.settings,
+            self.fio_version.as_deref(),
+            &self.notes,
+        );
+        let n = self.reps.len();
+        for (i, rep) in self.reps.iter().enumerate() {
+            let _ = writeln!(out);
+            if n > 1 {
+                let _ = writeln!(out, "rep {}/{n}", i + 1);
+            }
+            let r = &rep.ringlog;
+            run_line(&mut out, "ringlog fetch", &r.summary);
+            let _ = writeln!(
+                out,
+                "    reads/s={:.1}, records/s={:.0}: {} records in {} reads of {} on average",
+                r.summary.iops,
+                per_sec(r.records, &r.summary),
+                r.records,
+                r.summary.ios,
+                Bytes(batch_bytes(&r.summary))
+            );
+            lat_lines(&mut out, "read lat", &r.summary.lat);
+            if let Some(f) = &rep.fio {
+                run_line(&mut out, "fio fetch", &f.read);
+                lat_lines(
+                    &mut out,
+                    &format!("read lat ({})", f.lat_field),
+                    &f.read.lat,
+                );
+                let _ = writeln!(out, "    command: {}", f.command);
+            }
+        }
+        if let Some(r) = self.ratios() {
+            let _ = writeln!(out);
+            ratio_line(&mut out, "throughput", &r.throughput);
+            ratio_line(&mut out, "p99 read latency", &r.p99_read_latency);
+            let _ = writeln!(out, "note: {FETCH_READ_LAT_NOTE}");
+        }
+        out
+    }
+
+    /// fio-style JSON: per job a `read` section (`io_bytes`, `bw_bytes`,
+    /// `iops`, `runtime`, `total_ios`, `lat_ns`), plus `ratios`.
+    pub fn json(&self) -> Value {
+        let mut jobs = Vec::new();
+        for (i, rep) in self.reps.iter().enumerate() {
+            let r = &rep.ringlog;
+            jobs.push(with_cpu(
+                json!({
+                    "jobname": "fetch",
+                    "engine": "ringlog",
+                    "rep": i + 1,
+                    "error": 0,
+                    "records": r.records,
+                    "records_per_sec": per_sec(r.records, &r.summary),
+                    "empty_reads": r.empty_reads,
+                    "read": write_json(&r.summary),
+                }),
+                &r.summary,
+            ));
+            if let Some(f) = &rep.fio {
+                jobs.push(with_cpu(
+                    json!({
+                        "jobname": "fetch",
+                        "engine": "fio",
+                        "rep": i + 1,
+                        "error": 0,
+                        "command": f.command,
+                        "lat_field": f.lat_field,
+                        "read": write_json(&f.read),
+                    }),
+                    &f.read,
+                ));
+            }
+        }
+        let mut root = root_json(
+            &self.settings,
+            self.fio_version.as_deref(),
+            &self.notes,
+            jobs,
+        );
+        if let Some(r) = self.ratios() {
+            root["ratios"] = json!({
+                "throughput": spread_json(&r.throughput),
+                "p99_read_latency": spread_json(&r.p99_read_latency),
+                "notes": [FETCH_READ_LAT_NOTE],
+            });
+        }
+        root
+    }
+}
+
+/// What every job's report offers: text, fio-style JSON, and the runs to
+/// plot (label and summary).
+pub trait JobReport {
+    fn text(&self) -> String;
+    fn json(&self) -> Value;
+    fn series(&self) -> Vec<(String, &RunSummary)>;
+}
+
+fn rep_label(name: &str, i: usize, n: usize) -> String {
+    if n > 1 {
+        format!("{name} rep {}", i + 1)
+    } else {
+        name.to_owned()
+    }
+}
+
+impl JobReport for Report {
+    fn text(&self) -> String {
+        Report::text(self)
+    }
+    fn json(&self) -> Value {
+        Report::json(self)
+    }
+    fn series(&self) -> Vec<(String, &RunSummary)> {
+        let n = self.reps.len();
+        let mut out = Vec::new();
+        for (i, rep) in self.reps.iter().enumerate() {
+            out.push((rep_label("ringlog append", i, n), &rep.ringlog.summary));
+            if let Some(f) = &rep.fio {
+                out.push((rep_label("fio append", i, n), &f.write));
+            }
+        }
+        out
+    }
+}
+
+impl JobReport for TransferReport {
+    fn text(&self) -> String {
+        TransferReport::text(self)
+    }
+    fn json(&self) -> Value {
+        TransferReport::json(self)
+    }
+    fn series(&self) -> Vec<(String, &RunSummary)> {
+        let n = self.reps.len();
+        let mut out = Vec::new();
+        for (i, rep) in self.reps.iter().enumerate() {
+            out.push((rep_label("ringlog transfer", i, n), &rep.ringlog.summary));
+            if let Some(f) = &rep.fio {
+                out.push((rep_label("fio transfer", i, n), &f.transfer));
+            }
+        }
+        out
+    }
+}
+
+impl JobReport for ProduceReport {
+    fn text(&self) -> String {
+        ProduceReport::text(self)
+    }
+    fn json(&self) -> Value {
+        ProduceReport::json(self)
+    }
+    fn series(&self) -> Vec<(String, &RunSummary)> {
+        let n = self.reps.len();
+        let mut out = Vec::new();
+        for (i, rep) in self.reps.iter().enumerate() {
+            out.push((rep_label("produce", i, n), &rep.produce.summary));
+            if let Some(a) = &rep.append {
+                out.push((rep_label("append", i, n), &a.summary));
+            }
+        }
+        out
+    }
+}
+
+impl JobReport for ConsumeReport {
+    fn text(&self) -> String {
+        ConsumeReport::text(self)
+    }
+    fn json(&self) -> Value {
+        ConsumeReport::json(self)
+    }
+    fn series(&self) -> Vec<(String, &RunSummary)> {
+        let n = self.reps.len();
+        self.reps
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (rep_label("consume", i, n), &c.summary))
+            .collect()
+    }
+}
+
+impl JobReport for FetchReport {
+    fn text(&self) -> String {
+        FetchReport::text(self)
+    }
+    fn json(&self) -> Value {
+        FetchReport::json(self)
+    }
+    fn series(&self) -> Vec<(String, &RunSummary)> {
+        let n = self.reps.len();
+        let mut out = Vec::new();
+        for (i, rep) in self.reps.iter().enumerate() {
+            out.push((rep_label("ringlog fetch", i, n), &rep.ringlog.summary));
+            if let Some(f) = &rep.fio {
+                out.push((rep_label("fio fetch", i, n), &f.read));
+            }
+        }
+        out
+    }
+}
+
+/// Adds fio's job-level `usr_cpu`, `sys_cpu` (percent of one core over the
+/// timed region) and `ctx` to a job object, when the run measured them.
+fn with_cpu(mut job: Value, run: &RunSummary) -> Value {
+    if let Some(cpu) = run.cpu {
+        job["usr_cpu"] = Value::from(cpu.usr_pct);
+        job["sys_cpu"] = Value::from(cpu.sys_pct);
+        job["ctx"] = Value::from(cpu.ctx);
+    }
+    job
 }
 
 /// The text report's first lines: job and settings, fio version, notes.
@@ -610,6 +899,13 @@ fn run_line(out: &mut String, name: &str, run: &RunSummary) {
         run.iops,
         run.runtime.as_secs_f64()
     );
+    if let Some(cpu) = run.cpu {
+        let _ = writeln!(
+            out,
+            "    cpu: usr={:.1}%, sys={:.1}%, ctx={}",
+            cpu.usr_pct, cpu.sys_pct, cpu.ctx
+        );
+    }
 }
 
 fn us(ns: u64) -> f64 {
@@ -678,6 +974,60 @@ fn write_json(run: &RunSummary) -> Value {
 
 fn spread_json(s: &Spread) -> Value {
     json!({ "median": s.median, "min": s.min, "max": s.max, "reps": s.n })
+}
+
+/// The structure tools reading fio JSON rely on, checked by every job's
+/// tests: `jobs[].jobname`, a `write`, `read` or `transfer` section with
+/// `io_bytes`, `bw_bytes`, `iops`, `runtime`, `total_ios` and `lat_ns`
+/// (`min`, `max`, `mean`, `N`, `percentile` with fio's keys), job-level
+/// `usr_cpu`/`sys_cpu` when `cpu`, and `ratios.<key>.{median,min,max,reps}`
+/// for each of `ratios`. The document also parses back from its JSON text.
+#[cfg(test)]
+pub fn assert_fio_shape(v: &Value, cpu: bool, ratios: &[&str]) {
+    let text = serde_json::to_string_pretty(v).unwrap();
+    let back: Value = serde_json::from_str(&text).unwrap();
+    // (Floats may differ in the last digit: serde_json's default parser.)
+    assert_eq!(
+        back["jobs"].as_array().map(Vec::len),
+        v["jobs"].as_array().map(Vec::len)
+    );
+    let jobs = v["jobs"].as_array().expect("jobs[]");
+    assert!(!jobs.is_empty(), "{text}");
+    for job in jobs {
+        assert!(job["jobname"].is_string(), "jobname: {job}");
+        assert_eq!(job["error"], 0, "{job}");
+        let dir = ["write", "read", "transfer"]
+            .into_iter()
+            .find(|k| job.get(*k).is_some())
+            .unwrap_or_else(|| panic!("no write/read/transfer section: {job}"));
+        let d = &job[dir];
+        for key in ["io_bytes", "bw_bytes", "runtime", "total_ios"] {
+            assert!(d[key].is_u64(), "{dir}.{key}: {job}");
+        }
+        assert!(d["iops"].is_number(), "{dir}.iops: {job}");
+        let lat = &d["lat_ns"];
+        for key in ["min", "max", "mean", "N"] {
+            assert!(lat[key].is_number(), "{dir}.lat_ns.{key}: {job}");
+        }
+        for (_, key) in PERCENTILES {
+            assert!(
+                lat["percentile"][key].is_u64(),
+                "{dir}.lat_ns.percentile[{key}]: {job}"
+            );
+        }
+        if cpu {
+            for key in ["usr_cpu", "sys_cpu"] {
+                assert!(job[key].is_f64(), "{key}: {job}");
+            }
+        }
+    }
+    for key in ratios {
+        let r = &v["ratios"][key];
+        for k in ["median", "min", "max"] {
+            assert!(r[k].is_f64(), "ratios.{key}.{k}: {text}");
+        }
+        assert!(r["reps"].is_u64(), "ratios.{key}.reps: {text}");
+    }
 }
 
 #[cfg(test)]
@@ -774,6 +1124,7 @@ mod tests {
         for key in ["min", "max", "mean"] {
             assert!(job["write"]["lat_ns"][key].is_number(), "{key}");
         }
+        assert_fio_shape(&v, false, &["throughput", "p99_ack_latency"]);
         assert_eq!(v["jobs"][1]["engine"], "fio");
         assert_eq!(v["jobs"][1]["write"]["bw_bytes"], 111_662_003u64);
         assert_eq!(v["ratios"]["throughput"]["reps"], 3);
@@ -825,6 +1176,7 @@ mod tests {
         let v = produce_report(true).json();
         assert_eq!(v["jobs"][0]["jobname"], "produce");
         assert_eq!(v["jobs"][1]["jobname"], "append");
+        assert_fio_shape(&v, false, &["throughput", "p99_ack_latency"]);
         assert_eq!(v["ratios"]["throughput"]["reps"], 3);
         let plain = produce_report(false);
         assert!(plain.ratios().is_none());
@@ -917,6 +1269,7 @@ mod tests {
     #[test]
     fn transfer_json_has_sections_and_ratios() {
         let v = transfer_report(true).json();
+        assert_fio_shape(&v, false, &["throughput", "p99_chunk_latency"]);
         let job = &v["jobs"][0];
         assert_eq!(job["jobname"], "transfer");
         assert_eq!(job["engine"], "ringlog");

@@ -208,6 +208,7 @@ pub(crate) fn produce_report(args: &ProduceArgs) -> Result<ProduceReport, BenchE
         segment_size: a.segment_size,
         retention_bytes: None,
         warmup_bytes: 0,
+        ramp: Duration::ZERO,
     });
 
     let created_dir = create_dir(&a.dir)?;
@@ -445,7 +446,7 @@ mod tests {
         let mut full = vec!["ringlog-bench", "produce"];
         full.extend_from_slice(argv);
         match Cli::try_parse_from(full).unwrap().command {
-            Command::Produce(a) => a,
+            Some(Command::Produce(a)) => a,
             _ => panic!("not produce"),
         }
     }
@@ -454,7 +455,7 @@ mod tests {
         let mut full = vec!["ringlog-bench", "consume"];
         full.extend_from_slice(argv);
         match Cli::try_parse_from(full).unwrap().command {
-            Command::Consume(a) => a,
+            Some(Command::Consume(a)) => a,
             _ => panic!("not consume"),
         }
     }
@@ -575,6 +576,8 @@ mod tests {
         assert_eq!(v["ratios"]["throughput"]["reps"], 2);
         assert!(v["ratios"]["throughput"]["median"].as_f64().unwrap() > 0.0);
         assert_eq!(v["global options"]["connections"], "2");
+        crate::report::assert_fio_shape(&v, true, &["throughput", "p99_ack_latency"]);
+        assert!(text.contains("    cpu: usr="), "{text}");
     }
 
     /// Fills a topic on a started server and reads it back twice.
@@ -628,6 +631,7 @@ mod tests {
         assert_eq!(v["jobs"][1]["jobname"], "consume");
         assert_eq!(v["jobs"][1]["read"]["io_bytes"], 2u64 << 20);
         assert!(v["jobs"][1]["read"]["lat_ns"]["percentile"]["50.000000"].is_u64());
+        crate::report::assert_fio_shape(&v, true, &[]);
     }
 
     /// --addr: the job uses a server it did not start and deletes the topics

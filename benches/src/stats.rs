@@ -1,6 +1,6 @@
 //! Latency and throughput summaries shared by ringlog jobs and fio results.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 
@@ -121,6 +121,11 @@ pub struct RunSummary {
     pub iops: f64,
     /// Per-write latency; for ringlog, append() to durable ack.
     pub lat: LatencySummary,
+    /// CPU time of this process over the timed region, when measured.
+    pub cpu: Option<CpuUsage>,
+    /// Bytes completed in each second of the timed region (empty when not
+    /// recorded, e.g. for fio).
+    pub timeline: Vec<u64>,
 }
 
 impl RunSummary {
@@ -133,6 +138,119 @@ impl RunSummary {
             bw_bytes: per_second(bytes, runtime),
             iops: per_second(ios, runtime),
             lat,
+            cpu: None,
+            timeline: Vec::new(),
+        }
+    }
+
+    pub fn with_cpu(mut self, cpu: CpuUsage) -> Self {
+        self.cpu = Some(cpu);
+        self
+    }
+
+    pub fn with_timeline(mut self, timeline: Timeline) -> Self {
+        self.timeline = timeline.buckets;
+        self
+    }
+}
+
+/// User and system CPU time of this process (all threads) over a region,
+/// from getrusage(RUSAGE_SELF), as percentages of the region's wall time
+/// (fio's `usr_cpu`/`sys_cpu`; 100 = one core busy).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CpuUsage {
+    pub usr_pct: f64,
+    pub sys_pct: f64,
+    /// Voluntary + involuntary context switches (fio's `ctx`).
+    pub ctx: u64,
+}
+
+/// A getrusage snapshot; [`CpuMeter::usage`] gives the usage since it.
+#[derive(Debug, Clone, Copy)]
+pub struct CpuMeter {
+    at: Instant,
+    usr: Duration,
+    sys: Duration,
+    ctx: u64,
+}
+
+fn rusage_self() -> (Duration, Duration, u64) {
+    // SAFETY: getrusage writes a plain C struct we own; zeroed is valid.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: RUSAGE_SELF with a valid out-pointer cannot fail.
+    let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    if rc != 0 {
+        return (Duration::ZERO, Duration::ZERO, 0);
+    }
+    let tv = |t: libc::timeval| {
+        Duration::from_secs(t.tv_sec.max(0) as u64) + Duration::from_micros(t.tv_usec.max(0) as u64)
+    };
+    let ctx = (ru.ru_nvcsw.max(0) + ru.ru_nivcsw.max(0)) as u64;
+    (tv(ru.ru_utime), tv(ru.ru_stime), ctx)
+}
+
+impl CpuMeter {
+    pub fn start() -> Self {
+        let (usr, sys, ctx) = rusage_self();
+        Self {
+            at: Instant::now(),
+            usr,
+            sys,
+            ctx,
+        }
+    }
+
+    /// Usage since [`CpuMeter::start`], relative to the wall time since then.
+    pub fn usage(&self) -> CpuUsage {
+        let wall = self.at.elapsed().as_secs_f64();
+        let (usr, sys, ctx) = rusage_self();
+        let pct = |d: Duration| {
+            if wall > 0.0 {
+                d.as_secs_f64() / wall * 100.0
+            } else {
+                0.0
+            }
+        };
+        CpuUsage {
+            usr_pct: pct(usr.saturating_sub(self.usr)),
+            sys_pct: pct(sys.saturating_sub(self.sys)),
+            ctx: ctx.saturating_sub(self.ctx),
+        }
+    }
+}
+
+/// Bytes completed per second of a timed region, for throughput-over-time
+/// plots.
+#[derive(Debug, Clone)]
+pub struct Timeline {
+    start: Instant,
+    buckets: Vec<u64>,
+}
+
+impl Timeline {
+    pub fn starting(start: Instant) -> Self {
+        Self {
+            start,
+            buckets: Vec::new(),
+        }
+    }
+
+    /// Counts `bytes` completed at `at` into its one-second bucket.
+    pub fn record(&mut self, at: Instant, bytes: u64) {
+        let i = at.saturating_duration_since(self.start).as_secs() as usize;
+        if self.buckets.len() <= i {
+            self.buckets.resize(i + 1, 0);
+        }
+        self.buckets[i] += bytes;
+    }
+
+    /// Adds another timeline with the same start (e.g. another thread's).
+    pub fn merge(&mut self, other: &Timeline) {
+        if self.buckets.len() < other.buckets.len() {
+            self.buckets.resize(other.buckets.len(), 0);
+        }
+        for (a, b) in self.buckets.iter_mut().zip(&other.buckets) {
+            *a += b;
         }
     }
 }
@@ -217,6 +335,38 @@ mod tests {
         assert_eq!(s.median, 2.5);
         assert!(Spread::of(&[]).is_none());
         assert!(Spread::of(&[1.0, f64::NAN]).is_none());
+    }
+
+    #[test]
+    fn timeline_buckets_by_second_and_merges() {
+        let t0 = Instant::now();
+        let mut a = Timeline::starting(t0);
+        a.record(t0, 10);
+        a.record(t0 + Duration::from_millis(2500), 5);
+        let mut b = Timeline::starting(t0);
+        b.record(t0 + Duration::from_millis(999), 1);
+        a.merge(&b);
+        let run = RunSummary::from_counts(
+            16,
+            3,
+            Duration::from_secs(3),
+            LatencyRecorder::new().summary(),
+        )
+        .with_timeline(a);
+        assert_eq!(run.timeline, vec![11, 0, 5]);
+    }
+
+    #[test]
+    fn cpu_meter_sees_busy_time() {
+        let meter = CpuMeter::start();
+        let t = Instant::now();
+        let mut x = 0u64;
+        while t.elapsed() < Duration::from_millis(50) {
+            x = std::hint::black_box(x.wrapping_add(1));
+        }
+        let cpu = meter.usage();
+        assert!(cpu.usr_pct + cpu.sys_pct > 10.0, "{cpu:?}");
+        assert!(cpu.usr_pct + cpu.sys_pct < 250.0, "{cpu:?}");
     }
 
     #[test]

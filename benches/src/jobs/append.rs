@@ -18,7 +18,7 @@ use ringlog_storage::io::uring::UringBackend;
 use ringlog_storage::io::BLOCK_SIZE;
 use ringlog_storage::store::{flush_all, PartitionStore, StoreConfig, StoreError};
 
-use crate::stats::{LatencyRecorder, RunSummary};
+use crate::stats::{CpuMeter, LatencyRecorder, RunSummary, Timeline};
 
 /// Encoded size of a record with an empty key, no headers and an empty value
 /// (length field included); matches the protocol's record layout.
@@ -68,6 +68,9 @@ pub struct AppendConfig {
     /// Batch bytes (over all partitions) appended un-timed before the timed
     /// run, e.g. to fill the recycled-file pool through retention.
     pub warmup_bytes: u64,
+    /// Un-timed rounds for this long after the warm-up bytes, before the
+    /// timed run (fio's ramp_time).
+    pub ramp: Duration,
 }
 
 impl AppendConfig {
@@ -203,20 +206,28 @@ pub fn run(cfg: &AppendConfig) -> Result<AppendResult, AppendError> {
         job.round(&mut warm)?;
         warmed += round_bytes;
     }
+    let ramp_start = Instant::now();
+    while ramp_start.elapsed() < cfg.ramp {
+        job.round(&mut warm)?;
+    }
 
     let mut lat = LatencyRecorder::new();
     let mut bytes = 0u64;
     let mut ios = 0u64;
+    let cpu = CpuMeter::start();
     let start = Instant::now();
+    let mut timeline = Timeline::starting(start);
     loop {
         if start.elapsed() >= cfg.duration || cfg.total_bytes.is_some_and(|t| bytes >= t) {
             break;
         }
         job.round(&mut lat)?;
+        timeline.record(Instant::now(), round_bytes);
         bytes += round_bytes;
         ios += u64::from(cfg.partitions);
     }
     let runtime = start.elapsed();
+    let cpu = cpu.usage();
     // Untimed: checkpoint the frontier and close the files.
     let Job { mut io, stores, .. } = job;
     for store in stores {
@@ -224,7 +235,9 @@ pub fn run(cfg: &AppendConfig) -> Result<AppendResult, AppendError> {
     }
 
     Ok(AppendResult {
-        summary: RunSummary::from_counts(bytes, ios, runtime, lat.summary()),
+        summary: RunSummary::from_counts(bytes, ios, runtime, lat.summary())
+            .with_cpu(cpu)
+            .with_timeline(timeline),
         records: ios * u64::from(records_per_batch),
         records_per_batch,
     })
@@ -313,6 +326,7 @@ mod tests {
             segment_size: 256 << 20,
             retention_bytes: None,
             warmup_bytes: 0,
+            ramp: Duration::ZERO,
         };
         let small = store_config(&cfg);
         assert_eq!(

@@ -11,7 +11,7 @@ use ringlog_protocol::BatchView;
 use ringlog_shard::client::Client;
 
 use crate::jobs::produce::{partitions_of, ClientJobError};
-use crate::stats::{LatencyRecorder, RunSummary};
+use crate::stats::{CpuMeter, LatencyRecorder, RunSummary};
 
 #[derive(Debug, Clone)]
 pub struct ConsumeConfig {
@@ -56,7 +56,7 @@ pub fn run(cfg: &ConsumeConfig) -> Result<ConsumeResult, ClientJobError> {
         })
         .collect::<Result<Vec<_>, _>>()?;
     let barrier = Barrier::new(cfg.connections as usize + 1);
-    let (tallies, runtime) = std::thread::scope(|s| {
+    let (tallies, runtime, cpu) = std::thread::scope(|s| {
         let handles: Vec<_> = clients
             .into_iter()
             .zip(0..)
@@ -70,12 +70,13 @@ pub fn run(cfg: &ConsumeConfig) -> Result<ConsumeResult, ClientJobError> {
             })
             .collect();
         barrier.wait();
+        let cpu = CpuMeter::start();
         let start = Instant::now();
         let tallies: Vec<_> = handles
             .into_iter()
             .map(|h| h.join().expect("consumer threads do not panic"))
             .collect();
-        (tallies, start.elapsed())
+        (tallies, start.elapsed(), cpu.usage())
     });
     let mut lat = LatencyRecorder::new();
     let (mut bytes, mut fetches, mut records, mut batches) = (0, 0, 0, 0);
@@ -88,7 +89,7 @@ pub fn run(cfg: &ConsumeConfig) -> Result<ConsumeResult, ClientJobError> {
         batches += t.batches;
     }
     Ok(ConsumeResult {
-        summary: RunSummary::from_counts(bytes, fetches, runtime, lat.summary()),
+        summary: RunSummary::from_counts(bytes, fetches, runtime, lat.summary()).with_cpu(cpu),
         records,
         batches,
     })

@@ -2,6 +2,7 @@
 
 pub mod append;
 pub mod consume;
+pub mod fetch;
 pub mod produce;
 pub mod server;
 pub mod transfer;

@@ -12,7 +12,7 @@ use ringlog_protocol::wire::ErrorCode;
 use ringlog_shard::client::{Client, ClientError};
 
 use crate::jobs::append::{build_batch, AppendError};
-use crate::stats::{LatencyRecorder, RunSummary};
+use crate::stats::{CpuMeter, LatencyRecorder, RunSummary, Timeline};
 
 /// How long one produce may keep being refused with retryable errors
 /// (backpressure) before the run fails.
@@ -106,6 +106,8 @@ pub fn delete_topic(addr: &str, topic: &str) -> Result<(), ClientJobError> {
 /// Per-thread tallies.
 struct Tally {
     lat: LatencyRecorder,
+    /// Bytes acked per second since this thread's start.
+    timeline: Timeline,
     bytes: u64,
     produces: u64,
     records: u64,
@@ -133,7 +135,7 @@ pub fn run(cfg: &ProduceConfig) -> Result<ProduceResult, ClientJobError> {
     let barrier = Barrier::new(cfg.connections as usize + 1);
     let reserved = AtomicU64::new(0);
     let failed = AtomicBool::new(false);
-    let (tallies, runtime) = std::thread::scope(|s| {
+    let (tallies, runtime, cpu) = std::thread::scope(|s| {
         let handles: Vec<_> = clients
             .into_iter()
             .zip(0..)
@@ -151,19 +153,25 @@ pub fn run(cfg: &ProduceConfig) -> Result<ProduceResult, ClientJobError> {
             })
             .collect();
         barrier.wait();
+        let cpu = CpuMeter::start();
         let start = Instant::now();
         let tallies: Vec<_> = handles
             .into_iter()
             .map(|h| h.join().expect("producer threads do not panic"))
             .collect();
-        (tallies, start.elapsed())
+        (tallies, start.elapsed(), cpu.usage())
     });
 
     let mut lat = LatencyRecorder::new();
+    let mut timeline: Option<Timeline> = None;
     let (mut bytes, mut produces, mut records, mut retries) = (0, 0, 0, 0);
     for t in tallies {
         let t = t?;
         lat.merge(&t.lat);
+        match &mut timeline {
+            Some(all) => all.merge(&t.timeline),
+            None => timeline = Some(t.timeline),
+        }
         bytes += t.bytes;
         produces += t.produces;
         records += t.records;
@@ -171,7 +179,13 @@ pub fn run(cfg: &ProduceConfig) -> Result<ProduceResult, ClientJobError> {
     }
     debug_assert_eq!(bytes, produces * batch_bytes);
     Ok(ProduceResult {
-        summary: RunSummary::from_counts(bytes, produces, runtime, lat.summary()),
+        summary: {
+            let s = RunSummary::from_counts(bytes, produces, runtime, lat.summary()).with_cpu(cpu);
+            match timeline {
+                Some(t) => s.with_timeline(t),
+                None => s,
+            }
+        },
         records,
         records_per_batch,
         retries,
@@ -191,6 +205,7 @@ fn produce_loop(
     let batch_bytes = batch.len() as u64;
     let mut t = Tally {
         lat: LatencyRecorder::new(),
+        timeline: Timeline::starting(start),
         bytes: 0,
         produces: 0,
         records: 0,
@@ -223,7 +238,9 @@ fn produce_loop(
                 }
             }
         };
-        t.lat.record(sent.elapsed());
+        let acked = Instant::now();
+        t.lat.record(acked - sent);
+        t.timeline.record(acked, batch_bytes);
         if ack.partition != partition || ack.next_offset <= ack.base_offset {
             return Err(ClientJobError::Check {
                 conn,

@@ -22,7 +22,7 @@ use ringlog_storage::io::uring::UringBackend;
 use ringlog_storage::store::{PartitionStore, StoreConfig, StoreError};
 
 use super::append::{build_batch, store_config_for, AppendError, RING_ENTRIES};
-use crate::stats::{LatencyRecorder, LatencySummary, RunSummary};
+use crate::stats::{CpuMeter, LatencyRecorder, LatencySummary, RunSummary, Timeline};
 
 /// Partition id of both stores (an install must be for the same partition).
 const PARTITION_ID: u32 = 0;
@@ -181,7 +181,9 @@ impl Source {
         let src_io = &mut self.io;
         let source = &mut self.store;
 
+        let cpu = CpuMeter::start();
         let start = Instant::now();
+        let mut timeline = Timeline::starting(start);
         let manifest = source.open_snapshot(src_io, now_ms())?;
         let offer = Manifest::decode(&manifest.encode(), &ManifestLimits::default())?;
         let mut install = receiver.begin_install(&mut dst_io, offer)?;
@@ -201,6 +203,10 @@ impl Source {
             let t = Instant::now();
             install.accept_chunks(&mut dst_io, &delivered)?;
             let write = t.elapsed();
+            timeline.record(
+                Instant::now(),
+                delivered.iter().map(|(_, _, b)| b.len() as u64).sum(),
+            );
             for _ in group {
                 read_lat.record(read);
                 write_lat.record(write);
@@ -210,6 +216,7 @@ impl Source {
         let chunks_done = Instant::now();
         receiver.commit_install(&mut dst_io, install)?;
         let end = Instant::now();
+        let cpu = cpu.usage();
         source.release_snapshot(manifest.snapshot_id);
         receiver.close(&mut dst_io)?;
 
@@ -220,7 +227,9 @@ impl Source {
                 missing.len() as u64,
                 end - start,
                 lat.summary(),
-            ),
+            )
+            .with_cpu(cpu)
+            .with_timeline(timeline),
             artifacts: manifest.artifacts.len() as u32,
             read_lat: read_lat.summary(),
             write_lat: write_lat.summary(),

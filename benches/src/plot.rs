@@ -1,0 +1,282 @@
+//! `--plot FILE.svg`: a hand-written SVG with two panels, throughput over
+//! time (MiB/s per one-second bucket; runs that record a timeline) and the
+//! latency percentile curve (min, p50 .. p99.99, max on a log scale) of
+//! every run.
+
+use std::fmt::Write as _;
+
+use crate::stats::{RunSummary, PERCENTILES};
+
+const WIDTH: f64 = 900.0;
+const PANEL_HEIGHT: f64 = 300.0;
+const LEFT: f64 = 80.0;
+const RIGHT: f64 = 260.0;
+const TOP: f64 = 40.0;
+const GAP: f64 = 80.0;
+const COLORS: [&str; 8] = [
+    "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf",
+];
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+fn color(i: usize) -> &'static str {
+    COLORS[i % COLORS.len()]
+}
+
+/// A "nice" upper bound for an axis: 1, 2 or 5 times a power of ten.
+fn nice_max(v: f64) -> f64 {
+    if v.is_nan() || v <= 0.0 {
+        return 1.0;
+    }
+    let p = 10f64.powf(v.log10().floor());
+    for m in [1.0, 2.0, 5.0, 10.0] {
+        if v <= m * p {
+            return m * p;
+        }
+    }
+    10.0 * p
+}
+
+/// The SVG document for `series` (label and run).
+pub fn svg(series: &[(String, &RunSummary)]) -> String {
+    let plot_w = WIDTH - LEFT - RIGHT;
+    let height = TOP + PANEL_HEIGHT + GAP + PANEL_HEIGHT + 50.0;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" viewBox="0 0 {WIDTH} {height}" font-family="sans-serif" font-size="12">"#
+    );
+    let _ = writeln!(
+        out,
+        r#"<rect x="0" y="0" width="{WIDTH}" height="{height}" fill="white"/>"#
+    );
+
+    // Panel 1: throughput over time.
+    let y0 = TOP;
+    let max_secs = series
+        .iter()
+        .map(|(_, r)| r.timeline.len())
+        .max()
+        .unwrap_or(0)
+        .max(1) as f64;
+    let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
+    let max_bw = nice_max(
+        series
+            .iter()
+            .flat_map(|(_, r)| r.timeline.iter().map(|b| mib(*b)))
+            .fold(0.0, f64::max),
+    );
+    axes(
+        &mut out,
+        y0,
+        "throughput over time (MiB/s per second)",
+        "seconds",
+        &[(0.0, "0".into()), (1.0, format!("{max_bw}"))],
+        &[(0.0, "0".into()), (1.0, format!("{max_secs}"))],
+    );
+    for (i, (_, run)) in series.iter().enumerate() {
+        if run.timeline.is_empty() {
+            continue;
+        }
+        // The last bucket is usually partial: plot whole seconds only,
+        // unless that is all there is.
+        let n = if run.timeline.len() > 1 {
+            run.timeline.len() - 1
+        } else {
+            1
+        };
+        let points: Vec<String> = run.timeline[..n]
+            .iter()
+            .enumerate()
+            .map(|(s, b)| {
+                let x = LEFT + (s as f64 + 0.5) / max_secs * plot_w;
+                let y = y0 + PANEL_HEIGHT - mib(*b) / max_bw * PANEL_HEIGHT;
+                format!("{x:.1},{y:.1}")
+            })
+            .collect();
+        let _ = writeln!(
+            out,
+            r#"<polyline fill="none" stroke="{}" stroke-width="2" points="{}"/>"#,
+            color(i),
+            points.join(" ")
+        );
+    }
+
+    // Panel 2: latency percentiles, log scale.
+    let y0 = TOP + PANEL_HEIGHT + GAP;
+    let mut labels = vec!["min".to_owned()];
+    labels.extend(PERCENTILES.iter().map(|(p, _)| format!("p{p}")));
+    labels.push("max".into());
+    let values = |r: &RunSummary| -> Vec<f64> {
+        let mut v = vec![r.lat.min_ns as f64];
+        v.extend(r.lat.percentiles_ns.iter().map(|n| *n as f64));
+        v.push(r.lat.max_ns as f64);
+        v.into_iter().map(|ns| (ns / 1000.0).max(0.1)).collect()
+    };
+    let all: Vec<f64> = series
+        .iter()
+        .filter(|(_, r)| r.lat.samples > 0)
+        .flat_map(|(_, r)| values(r))
+        .collect();
+    let lo = all.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = all.iter().copied().fold(0.0, f64::max);
+    let (lo, hi) = if all.is_empty() {
+        (1.0, 10.0)
+    } else {
+        (
+            10f64.powf(lo.log10().floor()),
+            10f64.powf(hi.log10().ceil().max(lo.log10().floor() + 1.0)),
+        )
+    };
+    let decades = (hi / lo).log10();
+    let mut yticks = Vec::new();
+    let mut t = lo;
+    while t <= hi * 1.0001 {
+        yticks.push(((t / lo).log10() / decades, format!("{t}")));
+        t *= 10.0;
+    }
+    let xn = (labels.len() - 1) as f64;
+    let xticks: Vec<(f64, String)> = labels
+        .iter()
+        .enumerate()
+        .map(|(i, l)| (i as f64 / xn, l.clone()))
+        .collect();
+    axes(
+        &mut out,
+        y0,
+        "latency percentiles (usec, log scale)",
+        "percentile",
+        &yticks,
+        &xticks,
+    );
+    for (i, (_, run)) in series.iter().enumerate() {
+        if run.lat.samples == 0 {
+            continue;
+        }
+        let points: Vec<String> = values(run)
+            .iter()
+            .enumerate()
+            .map(|(k, us)| {
+                let x = LEFT + k as f64 / xn * plot_w;
+                let f = ((us / lo).log10() / decades).clamp(0.0, 1.0);
+                let y = y0 + PANEL_HEIGHT - f * PANEL_HEIGHT;
+                format!("{x:.1},{y:.1}")
+            })
+            .collect();
+        let _ = writeln!(
+            out,
+            r#"<polyline fill="none" stroke="{}" stroke-width="2" points="{}"/>"#,
+            color(i),
+            points.join(" ")
+        );
+    }
+
+    // Legend.
+    for (i, (name, _)) in series.iter().enumerate() {
+        let x = WIDTH - RIGHT + 20.0;
+        let y = TOP + 10.0 + i as f64 * 18.0;
+        let _ = writeln!(
+            out,
+            r#"<rect x="{x}" y="{:.1}" width="12" height="12" fill="{}"/><text x="{:.1}" y="{:.1}">{}</text>"#,
+            y - 10.0,
+            color(i),
+            x + 18.0,
+            y,
+            esc(name)
+        );
+    }
+    out.push_str("</svg>\n");
+    out
+}
+
+/// A panel's frame, title and ticks; tick positions are fractions of the
+/// axis (0 = origin).
+fn axes(
+    out: &mut String,
+    y0: f64,
+    title: &str,
+    xlabel: &str,
+    yticks: &[(f64, String)],
+    xticks: &[(f64, String)],
+) {
+    let plot_w = WIDTH - LEFT - RIGHT;
+    let _ = writeln!(
+        out,
+        r#"<text x="{LEFT}" y="{:.1}" font-weight="bold">{}</text>"#,
+        y0 - 12.0,
+        esc(title)
+    );
+    let _ = writeln!(
+        out,
+        r##"<rect x="{LEFT}" y="{y0}" width="{plot_w}" height="{PANEL_HEIGHT}" fill="none" stroke="#444"/>"##
+    );
+    for (f, label) in yticks {
+        let y = y0 + PANEL_HEIGHT - f * PANEL_HEIGHT;
+        let _ = writeln!(
+            out,
+            r##"<line x1="{LEFT}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="#ddd"/><text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"##,
+            LEFT + plot_w,
+            LEFT - 6.0,
+            y + 4.0,
+            esc(label)
+        );
+    }
+    for (f, label) in xticks {
+        let x = LEFT + f * plot_w;
+        let _ = writeln!(
+            out,
+            r#"<text x="{x:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
+            y0 + PANEL_HEIGHT + 16.0,
+            esc(label)
+        );
+    }
+    let _ = writeln!(
+        out,
+        r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
+        LEFT + plot_w / 2.0,
+        y0 + PANEL_HEIGHT + 34.0,
+        esc(xlabel)
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::*;
+    use crate::stats::{LatencyRecorder, Timeline};
+
+    #[test]
+    fn svg_is_well_formed_and_has_both_panels() {
+        let mut rec = LatencyRecorder::new();
+        for us in 1..=100 {
+            rec.record(Duration::from_micros(us * 10));
+        }
+        let t0 = Instant::now();
+        let mut tl = Timeline::starting(t0);
+        for s in 0..4 {
+            tl.record(t0 + Duration::from_secs(s), (s + 1) << 20);
+        }
+        let a = RunSummary::from_counts(10 << 20, 100, Duration::from_secs(4), rec.summary())
+            .with_timeline(tl);
+        let b = RunSummary::from_counts(1, 1, Duration::from_secs(1), rec.summary());
+        let svg = svg(&[("ringlog <a&b>".into(), &a), ("fio".into(), &b)]);
+        assert!(svg.starts_with("<svg "), "{svg}");
+        assert!(svg.trim_end().ends_with("</svg>"));
+        assert!(svg.contains("ringlog &lt;a&amp;b&gt;"));
+        assert_eq!(svg.matches("<polyline").count(), 3, "{svg}");
+        assert!(svg.contains("p99.99"));
+        assert!(!svg.contains("NaN") && !svg.contains("inf"));
+        // Every opened element is closed: tags balance.
+        let opens = svg.matches("<text").count();
+        assert_eq!(opens, svg.matches("</text>").count());
+        // Empty input still gives a document.
+        let empty = super::svg(&[]);
+        assert!(empty.starts_with("<svg ") && empty.trim_end().ends_with("</svg>"));
+    }
+}
