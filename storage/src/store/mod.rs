@@ -139,6 +139,8 @@ pub struct PartitionStore {
     snapshot_seq: u64,
     /// Whether an install is staged (at most one at a time).
     installing: bool,
+    /// The read buffer, kept pre-touched between reads.
+    read_buf: Option<AlignedBuf>,
 }
 
 impl PartitionStore {
@@ -206,6 +208,7 @@ impl PartitionStore {
             snapshots: Vec::new(),
             snapshot_seq: 0,
             installing: false,
+            read_buf: None,
         };
         store.sync_dirs(io, &[generation_dir_file])?;
         // No earlier state exists: all four copies at once.

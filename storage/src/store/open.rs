@@ -90,6 +90,7 @@ impl PartitionStore {
             snapshots: Vec::new(),
             snapshot_seq: 0,
             installing: false,
+            read_buf: None,
         };
         if !chosen.copies_to_repair.is_empty() {
             // Normally just the half holding the previous state.

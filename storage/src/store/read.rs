@@ -2,7 +2,7 @@
 
 use super::walk::{Visit, WalkStop, Walker};
 use super::{PartitionStore, StoreError};
-use crate::io::IoBackend;
+use crate::io::{AlignedBuf, IoBackend};
 use crate::segment;
 
 /// Batches read from the log.
@@ -68,9 +68,22 @@ impl PartitionStore {
         };
         let mut out = Vec::new();
         let mut next_offset = from_offset;
-        let mut walker = Walker::new(file, max_bytes.max(64 * 1024));
-        let (_, stop) = walker
-            .walk(io, u64::from(position), limit, |_, view| {
+        // One read covers the distance from the indexed batch and the bytes
+        // wanted, in the common case.
+        let chunk_bytes = max_bytes.max(64 * 1024) + self.config.index_interval_bytes as usize;
+        let buf = self
+            .read_buf
+            .take()
+            .unwrap_or_else(|| AlignedBuf::new(chunk_bytes));
+        let mut walker = Walker::with_buf(file, chunk_bytes, buf);
+        // Shared by both callbacks: bytes taken so far.
+        let taken_bytes = std::cell::Cell::new(0usize);
+        let walked = walker.walk_until(
+            io,
+            u64::from(position),
+            limit,
+            |h| taken_bytes.get() > 0 && taken_bytes.get() + h.total_len() > max_bytes,
+            |_, view| {
                 let h = view.header();
                 if h.next_offset() <= from_offset {
                     return Visit::Continue;
@@ -78,22 +91,25 @@ impl PartitionStore {
                 if h.base_offset != next_offset && !out.is_empty() {
                     return Visit::Reject("offsets not contiguous".into());
                 }
-                let bytes = view.as_bytes();
-                if !out.is_empty() && out.len() + bytes.len() > max_bytes {
-                    return Visit::Stop;
-                }
-                out.extend_from_slice(bytes);
+                out.extend_from_slice(view.as_bytes());
+                taken_bytes.set(out.len());
                 next_offset = h.next_offset();
                 Visit::Continue
-            })
-            .map_err(|e| {
-                StoreError::io(
-                    pid,
-                    "read",
-                    segment::log_path(&self.generation_dir, base),
-                    e,
-                )
-            })?;
+            },
+        );
+        let buf = walker.into_buf();
+        // Kept for the next read unless a huge batch grew it past the cap.
+        if buf.capacity() <= 2 * self.config.read_bytes_max {
+            self.read_buf = Some(buf);
+        }
+        let (_, stop) = walked.map_err(|e| {
+            StoreError::io(
+                pid,
+                "read",
+                segment::log_path(&self.generation_dir, base),
+                e,
+            )
+        })?;
         if let WalkStop::Invalid { position, reason } = stop {
             // Durable data that fails verification: report, never skip.
             return Err(StoreError::Corruption {

@@ -17,14 +17,13 @@ pub(crate) enum WalkStop {
     /// The bytes at `position` are not a valid batch (torn, garbage or
     /// corrupt: the caller decides which by where it is).
     Invalid { position: u64, reason: String },
-    /// The visitor stopped the walk (it has what it needs).
+    /// A `walk_until` stop condition held (the caller has what it needs).
     Visitor,
 }
 
 /// What the visitor says after each batch.
 pub(crate) enum Visit {
     Continue,
-    Stop,
     /// The batch parses but does not belong here (offset or chain break).
     Reject(String),
 }
@@ -39,12 +38,24 @@ pub(crate) struct Walker {
 
 impl Walker {
     pub(crate) fn new(file: FileId, chunk_bytes: usize) -> Self {
+        Self::with_buf(file, chunk_bytes, AlignedBuf::new(chunk_bytes))
+    }
+
+    /// A walker reading into `buf` (grown if needed): callers that walk
+    /// often reuse one pre-touched buffer instead of faulting in fresh pages.
+    pub(crate) fn with_buf(file: FileId, chunk_bytes: usize, mut buf: AlignedBuf) -> Self {
+        buf.clear();
         Self {
             file,
-            buf: AlignedBuf::new(chunk_bytes),
+            buf,
             buf_start: 0,
             chunk_bytes: align_up(chunk_bytes as u64) as usize,
         }
+    }
+
+    /// Hands the buffer back for reuse.
+    pub(crate) fn into_buf(self) -> AlignedBuf {
+        self.buf
     }
 
     /// Makes `[position, position + len)` available in the buffer; returns
@@ -84,8 +95,22 @@ impl Walker {
     pub(crate) fn walk(
         &mut self,
         io: &mut impl IoBackend,
+        position: u64,
+        limit: u64,
+        visit: impl FnMut(u64, &BatchView<'_>) -> Visit,
+    ) -> std::io::Result<(u64, WalkStop)> {
+        self.walk_until(io, position, limit, |_| false, visit)
+    }
+
+    /// [`walk`](Walker::walk), stopping (with [`WalkStop::Visitor`]) before
+    /// reading the body of the first batch whose header `stop_before`
+    /// accepts, so a reader with enough bytes does not fetch one more batch.
+    pub(crate) fn walk_until(
+        &mut self,
+        io: &mut impl IoBackend,
         mut position: u64,
         limit: u64,
+        mut stop_before: impl FnMut(&BatchHeader) -> bool,
         mut visit: impl FnMut(u64, &BatchView<'_>) -> Visit,
     ) -> std::io::Result<(u64, WalkStop)> {
         loop {
@@ -102,6 +127,9 @@ impl Walker {
                 Ok(h) => h,
                 Err(e) => return Ok((position, invalid(position, e))),
             };
+            if stop_before(&header) {
+                return Ok((position, WalkStop::Visitor));
+            }
             let total = header.total_len();
             if position + total as u64 > limit {
                 return Ok((
@@ -128,7 +156,6 @@ impl Walker {
             };
             match visit(position, &view) {
                 Visit::Continue => position += total as u64,
-                Visit::Stop => return Ok((position, WalkStop::Visitor)),
                 Visit::Reject(reason) => {
                     return Ok((position, WalkStop::Invalid { position, reason }))
                 }
