@@ -612,8 +612,9 @@ mod tests {
             assert_eq!(c.summary.bytes, 2 << 20);
             assert_eq!(c.batches, 32);
             assert!(c.records >= 32);
-            // 256 KiB fetches over 3 partitions of ~11 batches each.
-            assert!(c.summary.ios >= 9, "{} fetches", c.summary.ios);
+            // 256 KiB fetches return at most 256 KiB: at least 2 MiB / 256 KiB
+            // of them (more where a partition's tail is a partial fetch).
+            assert!(c.summary.ios >= 8, "{} fetches", c.summary.ios);
             assert_eq!(c.summary.lat.samples, c.summary.ios);
         }
         let text = report.text();
