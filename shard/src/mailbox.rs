@@ -177,6 +177,11 @@ impl EventFd {
         }
     }
 
+    /// The descriptor, e.g. to register with an io_uring ring.
+    pub fn raw_fd(&self) -> std::os::fd::RawFd {
+        self.fd.as_raw_fd()
+    }
+
     /// A monoio file reading this eventfd (call on the shard's thread).
     pub fn reader(&self) -> std::io::Result<EventFdReader> {
         let dup = self.fd.try_clone()?;

@@ -87,6 +87,7 @@ pub struct ShardMetrics {
     pub connections_total: AtomicU64,
     pub connections_refused_total: AtomicU64,
     pub bad_frames_total: AtomicU64,
+    pub parked_total: AtomicU64,
 }
 
 impl Default for ShardMetrics {
@@ -106,6 +107,7 @@ impl Default for ShardMetrics {
             connections_total: AtomicU64::new(0),
             connections_refused_total: AtomicU64::new(0),
             bad_frames_total: AtomicU64::new(0),
+            parked_total: AtomicU64::new(0),
         }
     }
 }
@@ -167,6 +169,11 @@ pub fn render(shards: &[(&ShardMetrics, &MailboxTx)], uptime_s: u64) -> String {
         ("ringlog_bad_frames_total", "Client frames rejected", |m| {
             &m.bad_frames_total
         }),
+        (
+            "ringlog_parked_total",
+            "Requests held until their partition's flush in flight completed",
+            |m| &m.parked_total,
+        ),
     ];
     let _ = writeln!(out, "# HELP ringlog_uptime_seconds Seconds since start");
     let _ = writeln!(out, "# TYPE ringlog_uptime_seconds gauge");

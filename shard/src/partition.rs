@@ -7,12 +7,20 @@
 //! output: messages and I/O for the shard to execute); the shard's turn
 //! loop already treats "append now, acknowledge after the group commit's
 //! fdatasync" as separate steps, which is where PrepareOk quorums slot in.
+//!
+//! Flushes run asynchronously on the shard's storage ring: at most one per
+//! partition is in flight ([`Partition::prepare_flush`] until
+//! [`Partition::complete_flush`]). Appends may go on meanwhile as long as
+//! they cannot make the store flush on its own (a full write buffer or a
+//! segment roll flushes synchronously, which would be a second flush of the
+//! same bytes): [`Partition::append_must_wait`] tells the shard to hold such
+//! an append until the flush completed.
 
 use std::path::{Path, PathBuf};
 
 use ringlog_protocol::wire::{ErrorCode, FetchReply};
 use ringlog_protocol::{encode_header, BatchView, HEADER_LEN};
-use ringlog_storage::io::IoBackend;
+use ringlog_storage::io::{align_down, Completion, IoBackend, Sqe};
 use ringlog_storage::store::{Appended, PartitionStore, StoreConfig, StoreError};
 
 use crate::mailbox::{OpError, PartitionStatus};
@@ -29,6 +37,9 @@ pub struct Partition {
     pub id: u32,
     dir: PathBuf,
     state: State,
+    /// The active segment's end position the flush in flight covers, if one
+    /// is in flight.
+    flush_end: Option<u64>,
 }
 
 impl Partition {
@@ -57,18 +68,67 @@ impl Partition {
             id,
             dir: dir.to_path_buf(),
             state,
+            flush_end: None,
         }
+    }
+
+    /// Whether a flush of this partition is in flight.
+    pub fn flush_in_flight(&self) -> bool {
+        self.flush_end.is_some()
+    }
+
+    /// Queues this partition's flush (one write, one fdatasync) onto `sqes`
+    /// unless one is in flight already or nothing awaits flushing. Returns
+    /// how many entries it queued; their completions go to
+    /// [`Partition::complete_flush`], in order. Fails only when fenced.
+    pub fn prepare_flush(&mut self, sqes: &mut Vec<Sqe>) -> Result<usize, StoreError> {
+        if self.flush_end.is_some() {
+            return Ok(0);
+        }
+        let State::Open(store) = &mut self.state else {
+            return Ok(0);
+        };
+        let end = active_end(store);
+        let n = store.prepare_flush(sqes)?;
+        if n > 0 {
+            self.flush_end = Some(end);
+        }
+        Ok(n)
+    }
+
+    /// Takes back the completions of the flush in flight. A failure fences
+    /// the store (fail-stop) and is returned.
+    pub fn complete_flush(
+        &mut self,
+        completions: impl IntoIterator<Item = Completion>,
+    ) -> Result<(), StoreError> {
+        let was = self.flush_end.take();
+        debug_assert!(was.is_some(), "complete_flush without a flush in flight");
+        match &mut self.state {
+            State::Open(store) => store.complete_flush(completions),
+            State::Unavailable(_) => Ok(()),
+        }
+    }
+
+    /// Whether appending a batch of `len` bytes now would make the store
+    /// flush synchronously (its write buffer would overflow, or the segment
+    /// would roll) while a flush is in flight: such an append waits for the
+    /// completion. The buffer holds `[align_down(flush end), end)` plus the
+    /// batch and flushes when that exceeds `write_buffer_bytes`.
+    pub fn append_must_wait(&self, len: usize) -> bool {
+        let (Some(flush_end), State::Open(store)) = (self.flush_end, &self.state) else {
+            return false;
+        };
+        let config = store.config();
+        let end = active_end(store);
+        let len = len as u64;
+        let buffered = end.saturating_sub(align_down(flush_end));
+        buffered + len > config.write_buffer_bytes as u64
+            || (end > 0 && end + len > config.segment_size_bytes)
     }
 
     pub fn dir(&self) -> &Path {
         &self.dir
-    }
-
-    pub fn store_mut(&mut self) -> Option<&mut PartitionStore> {
-        match &mut self.state {
-            State::Open(s) => Some(s),
-            State::Unavailable(_) => None,
-        }
     }
 
     pub fn store(&self) -> Result<&PartitionStore, OpError> {
@@ -179,11 +239,18 @@ impl Partition {
         }
     }
 
+    /// Drops every stored batch (flushes first). The caller lets a flush in
+    /// flight complete first.
     pub fn purge(&mut self, io: &mut impl IoBackend) -> Result<(), OpError> {
+        debug_assert!(self.flush_end.is_none(), "purge with a flush in flight");
         self.store_or_err()?.purge(io).map_err(store_error)
     }
 
+    /// Maintenance; skipped while a flush is in flight (next tick).
     pub fn apply_retention(&mut self, io: &mut impl IoBackend, now_ms: u64) {
+        if self.flush_end.is_some() {
+            return;
+        }
         if let State::Open(s) = &mut self.state {
             if s.fenced().is_some() {
                 return;
@@ -237,8 +304,10 @@ impl Partition {
         st
     }
 
-    /// Flushes, checkpoints the superblock and closes the files.
+    /// Flushes, checkpoints the superblock and closes the files. The caller
+    /// lets a flush in flight complete first.
     pub fn close(self, io: &mut impl IoBackend) -> Result<(), StoreError> {
+        debug_assert!(self.flush_end.is_none(), "close with a flush in flight");
         match self.state {
             State::Open(s) if s.fenced().is_none() => s.close(io),
             // A fenced store is fail-stop: recover from durable state on
@@ -246,6 +315,12 @@ impl Partition {
             _ => Ok(()),
         }
     }
+}
+
+/// End position of the active segment's accepted bytes.
+fn active_end(store: &PartitionStore) -> u64 {
+    let sealed: u64 = store.sealed_segments().map(|s| s.length_bytes).sum();
+    store.size_bytes() - sealed
 }
 
 fn open_or_create(
@@ -296,4 +371,147 @@ pub fn store_error(e: StoreError) -> OpError {
         _ => ErrorCode::Storage,
     };
     OpError::new(code, e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::client::{batch_of, records};
+    use crate::config::ServerConfig;
+    use ringlog_storage::io::uring::{BatchId, UringBackend};
+
+    fn open(dir: &Path, io: &mut UringBackend) -> Partition {
+        let config = ServerConfig {
+            segment_size_bytes: 32 * 1024,
+            write_buffer_bytes: 8192,
+            ..ServerConfig::default()
+        }
+        .store_config();
+        let p = Partition::open(io, &dir.join("t").join("0"), "t", 0, 7, config, true);
+        assert!(p.status(0).fault.is_none());
+        p
+    }
+
+    fn batch(records: usize, value_len: usize, seed: usize) -> Vec<u8> {
+        let values: Vec<Vec<u8>> = (0..records)
+            .map(|r| vec![(seed + r) as u8; value_len])
+            .collect();
+        let refs: Vec<&[u8]> = values.iter().map(Vec::as_slice).collect();
+        batch_of(&refs).unwrap()
+    }
+
+    /// Spins on `reap` until `id` finished, then completes the flush.
+    fn complete(io: &mut UringBackend, p: &mut Partition, id: BatchId) {
+        loop {
+            if let Some((got, completions)) = io.reap().pop() {
+                assert_eq!(got, id);
+                p.complete_flush(completions).unwrap();
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_micros(100));
+        }
+    }
+
+    /// Appends while a flush is in flight whenever `append_must_wait` allows
+    /// it, across write-buffer overflows and segment rolls. The store asserts
+    /// one flush at a time: a wrong answer would panic there.
+    #[test]
+    fn appends_continue_behind_a_flush_unless_they_must_wait() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut io = UringBackend::new(64).unwrap();
+        let mut p = open(dir.path(), &mut io);
+        let mut flight: Option<BatchId> = None;
+        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = |n: u64| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng % n
+        };
+        let (mut waited, mut behind, mut records_in) = (0, 0, 0u64);
+        for i in 0..1500 {
+            let n = 1 + next(8) as usize;
+            let b = batch(n, 16 + next(400) as usize, i);
+            if p.append_must_wait(b.len()) {
+                waited += 1;
+                let id = flight.take().expect("waits only behind a flush");
+                complete(&mut io, &mut p, id);
+                assert!(!p.append_must_wait(b.len()));
+            } else if flight.is_some() {
+                behind += 1;
+            }
+            let app = p.produce(&mut io, b).unwrap();
+            assert_eq!(app.base_offset, records_in);
+            records_in += n as u64;
+            match flight {
+                None if next(3) == 0 => {
+                    let mut sqes = Vec::new();
+                    if p.prepare_flush(&mut sqes).unwrap() > 0 {
+                        assert!(p.flush_in_flight());
+                        flight = Some(io.submit_nowait(sqes));
+                    }
+                }
+                Some(id) if next(4) == 0 => {
+                    complete(&mut io, &mut p, id);
+                    flight = None;
+                }
+                _ => {
+                    // A second flush is never queued while one is in flight.
+                    let mut sqes = Vec::new();
+                    if flight.is_some() {
+                        assert_eq!(p.prepare_flush(&mut sqes).unwrap(), 0);
+                        assert!(sqes.is_empty());
+                    }
+                }
+            }
+        }
+        if let Some(id) = flight.take() {
+            complete(&mut io, &mut p, id);
+        }
+        let mut sqes = Vec::new();
+        if p.prepare_flush(&mut sqes).unwrap() > 0 {
+            let id = io.submit_nowait(sqes);
+            complete(&mut io, &mut p, id);
+        }
+        assert!(waited > 0 && behind > 0, "waited {waited}, behind {behind}");
+        assert_eq!(p.high_watermark(), Some(records_in));
+        assert!(p.status(0).sealed_segments > 0, "segments rolled");
+
+        let mut offset = 0;
+        let mut seen = 0u64;
+        while offset < records_in {
+            let f = p.fetch(&mut io, offset, 1 << 20).unwrap();
+            for r in records(&f.batches).unwrap() {
+                assert_eq!(r.offset, seen);
+                seen += 1;
+            }
+            offset = f.next_offset;
+        }
+        assert_eq!(seen, records_in);
+        p.close(&mut io).unwrap();
+    }
+
+    #[test]
+    fn a_failed_flush_fences_the_partition() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut io = UringBackend::new(64).unwrap();
+        let mut p = open(dir.path(), &mut io);
+        p.produce(&mut io, batch(3, 100, 1)).unwrap();
+        let mut sqes = Vec::new();
+        assert_eq!(p.prepare_flush(&mut sqes).unwrap(), 2);
+        // Appends behind the flush go on...
+        p.produce(&mut io, batch(2, 100, 2)).unwrap();
+        let mut completions = io.submit(sqes);
+        completions[1].result = Err(std::io::Error::from_raw_os_error(libc::EIO));
+        let err = p.complete_flush(completions).unwrap_err();
+        assert!(matches!(err, StoreError::Fenced { .. }), "{err}");
+        assert!(!p.flush_in_flight());
+        // ...but nothing became durable, and the partition is fail-stop.
+        assert_eq!(p.high_watermark(), Some(0));
+        let fault = p.status(0).fault.expect("fenced");
+        assert!(fault.contains("fdatasync"), "{fault}");
+        let e = p.produce(&mut io, batch(1, 10, 3)).unwrap_err();
+        assert_eq!(e.code, ErrorCode::PartitionFenced);
+        assert!(p.prepare_flush(&mut Vec::new()).is_err());
+    }
 }

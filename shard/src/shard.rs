@@ -7,19 +7,27 @@
 //! * wake: awaits the shard's eventfd, routes replies from other shards to
 //!   the waiting local tasks and kicks the turn task;
 //! * turn: takes the queued work (local requests plus the request mailbox),
-//!   applies it, then makes every append durable in one group commit and
-//!   acknowledges (see [`Shard::run_turn`]);
+//!   applies it, then submits one group commit for the partitions it
+//!   appended to, without waiting for it (see [`Shard::run_turn`]);
+//! * storage: awaits the storage ring's eventfd, reaps finished group
+//!   commits and acknowledges what they made durable (see
+//!   [`Shard::on_storage_completions`]);
 //! * tick: long-poll fetch deadlines and retention;
 //! * meta (shard 0 only): the controller, creating and deleting topics one at
 //!   a time (see `controller`).
 //!
-//! Storage I/O is synchronous on this thread for now: a group commit submits
-//! one write plus one fdatasync per touched partition in a single ring
-//! submission and blocks the shard until they complete (reads likewise).
-//! Network I/O that arrives meanwhile waits in socket buffers and joins the
-//! next turn, so batching grows with load. The non-blocking variant (ring
-//! eventfd awaited by a task, `prepare_flush`/`complete_flush`) is the next
-//! step; the turn structure already separates append from acknowledgement.
+//! Group commit does not block the shard: a turn appends, then queues one
+//! write plus one fdatasync per touched partition as a single ring
+//! submission and goes back to serving network and mailbox work. When the
+//! eventfd fires, the storage task completes each partition's flush (a
+//! failure fences the partition and fails its waiting appends) and only then
+//! acknowledges the appends whose offsets are durable. A partition has at
+//! most one flush in flight; appends into it go on and join its next flush,
+//! which starts as soon as the previous one completed. An op that would make
+//! the store flush on its own (purge, delete, an append that overflows the
+//! write buffer or rolls the segment) is parked, with everything behind it
+//! for that partition, until the flush in flight completed. Reads, opening
+//! partitions and the maintenance ops stay synchronous on the same ring.
 
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
@@ -32,15 +40,15 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use ringlog_protocol::wire::{ErrorCode, ProduceReply};
-use ringlog_storage::io::uring::UringBackend;
-use ringlog_storage::store::{flush_all, Appended, PartitionStore};
+use ringlog_storage::io::uring::{BatchId, UringBackend};
+use ringlog_storage::store::Appended;
 
 use crate::catalog::{Catalog, CatalogView, TopicState, TopicTable};
 use crate::config::ServerConfig;
 use crate::local::{self, Notify};
 use crate::mailbox::{
-    Envelope, MailboxRx, MailboxTx, MetaOp, Op, OpError, OpReply, Outcome, ReplyEnvelope, ReplyTo,
-    SendError, ShardStatus,
+    Envelope, EventFd, MailboxRx, MailboxTx, MetaOp, Op, OpError, OpReply, Outcome, ReplyEnvelope,
+    ReplyTo, SendError, ShardStatus,
 };
 use crate::metrics::{self, ShardMetrics};
 use crate::partition::Partition;
@@ -137,6 +145,58 @@ struct Waiter {
 struct Core {
     io: UringBackend,
     partitions: HashMap<u32, Partition>,
+    /// Group commits submitted to the storage ring and not reaped yet.
+    flights: HashMap<BatchId, Flight>,
+    /// Per partition: appends waiting for durability and work parked
+    /// behind its flush in flight (absent when both are empty).
+    lanes: HashMap<u32, Lane>,
+}
+
+/// One group commit in flight: the partitions it flushes, with how many
+/// ring entries each queued (in submission order).
+struct Flight {
+    parts: Vec<(u32, usize)>,
+    started: Instant,
+}
+
+#[derive(Default)]
+struct Lane {
+    /// Appended, acknowledged once durable; in offset order.
+    acks: VecDeque<Ack>,
+    /// Work that must wait for the flush in flight, in arrival order.
+    parked: VecDeque<Work>,
+}
+
+struct Ack {
+    appended: Appended,
+    index: u32,
+    reply: Responder,
+}
+
+/// What applying work produced.
+struct Applied {
+    replies: Vec<(Responder, Outcome)>,
+    /// Partitions to flush and settle afterwards.
+    touched: Vec<u32>,
+}
+
+impl Applied {
+    fn with_capacity(n: usize) -> Self {
+        Self {
+            replies: Vec::with_capacity(n),
+            touched: Vec::new(),
+        }
+    }
+
+    fn touch(&mut self, pid: u32) {
+        touch(&mut self.touched, pid);
+    }
+}
+
+fn touch(touched: &mut Vec<u32>, pid: u32) {
+    if !touched.contains(&pid) {
+        touched.push(pid);
+    }
 }
 
 pub(crate) struct Shard {
@@ -152,6 +212,10 @@ pub(crate) struct Shard {
     core: RefCell<Core>,
     queue: RefCell<VecDeque<Work>>,
     turn: Notify,
+    /// Signalled by the storage ring when flushes may have finished.
+    storage_wake: EventFd,
+    /// Told after each batch of finished flushes was processed.
+    flushed: Notify,
     pending: RefCell<HashMap<u64, local::Sender<Outcome>>>,
     next_token: Cell<u64>,
     waiters: RefCell<HashMap<u32, Vec<Waiter>>>,
@@ -183,10 +247,17 @@ pub fn run(setup: ShardSetup) {
     let fail = |ready: &crossbeam_channel::Sender<Result<usize, String>>, msg: String| {
         let _ = ready.send(Err(msg));
     };
-    let io = match UringBackend::new(STORAGE_RING_ENTRIES) {
+    let mut io = match UringBackend::new(STORAGE_RING_ENTRIES) {
         Ok(io) => io,
         Err(e) => return fail(&ready, format!("shard {id}: storage ring: {e}")),
     };
+    let storage_wake = match EventFd::new() {
+        Ok(fd) => fd,
+        Err(e) => return fail(&ready, format!("shard {id}: storage eventfd: {e}")),
+    };
+    if let Err(e) = io.register_eventfd(storage_wake.raw_fd()) {
+        return fail(&ready, format!("shard {id}: storage eventfd: {e}"));
+    }
     let mut rt = match monoio::RuntimeBuilder::<monoio::IoUringDriver>::new()
         .enable_timer()
         .build()
@@ -208,9 +279,13 @@ pub fn run(setup: ShardSetup) {
         core: RefCell::new(Core {
             io,
             partitions: HashMap::new(),
+            flights: HashMap::new(),
+            lanes: HashMap::new(),
         }),
         queue: RefCell::new(VecDeque::new()),
         turn: Notify::default(),
+        storage_wake,
+        flushed: Notify::default(),
         pending: RefCell::new(HashMap::new()),
         next_token: Cell::new(1),
         waiters: RefCell::new(HashMap::new()),
@@ -229,8 +304,13 @@ pub fn run(setup: ShardSetup) {
             Ok(r) => r,
             Err(e) => return fail(&ready, format!("shard {id}: eventfd: {e}")),
         };
+        let storage_reader = match shard.storage_wake.reader() {
+            Ok(r) => r,
+            Err(e) => return fail(&ready, format!("shard {id}: storage eventfd: {e}")),
+        };
         let _ = ready.send(Ok(opened));
         monoio::spawn(shard.clone().wake_task(reader));
+        monoio::spawn(shard.clone().storage_task(storage_reader));
         monoio::spawn(shard.clone().turn_task());
         monoio::spawn(shard.clone().tick_task());
         if id == 0 {
@@ -284,7 +364,7 @@ impl Shard {
     fn open_owned_partitions(&self) -> usize {
         let table = self.table();
         let mut core = self.core.borrow_mut();
-        let Core { io, partitions } = &mut *core;
+        let Core { io, partitions, .. } = &mut *core;
         for (topic, meta) in &table.topics {
             for index in 0..meta.partitions {
                 if shard_for(topic, index, self.shard_count()) != self.id {
@@ -414,8 +494,11 @@ impl Shard {
     }
 
     /// Takes up to `group_commit_appends_max` work items (local queue first,
-    /// then the mailbox), applies them, group-commits and replies. Returns
-    /// how many items it took.
+    /// then the mailbox) and applies them; then queues one flush per touched
+    /// partition (without one in flight) as one ring submission, without
+    /// waiting for it, and replies to everything but the produces, which are
+    /// acknowledged once a completed flush covers them (see
+    /// [`Shard::on_storage_completions`]). Returns how many items it took.
     fn run_turn(&self) -> usize {
         let max = self.config.group_commit_appends_max;
         let mut works = Vec::new();
@@ -440,245 +523,415 @@ impl Shard {
         if taken == 0 {
             return 0;
         }
-        let mut replies: Vec<(Responder, Outcome)> = Vec::with_capacity(taken);
-        let mut acks: Vec<(u32, Appended, u32, Responder)> = Vec::new();
-        let mut touched: Vec<u32> = Vec::new();
+        let mut out = Applied::with_capacity(taken);
         {
             let mut core = self.core.borrow_mut();
-            let Core { io, partitions } = &mut *core;
-            for Work { op, reply } in works {
-                match op {
-                    Op::Produce {
-                        partition_id,
-                        batch,
-                    } => {
-                        let len = batch.len() as u64;
-                        let Some(p) = partitions.get_mut(&partition_id) else {
-                            replies.push((reply, Err(unknown_partition(partition_id))));
-                            continue;
-                        };
-                        match p.produce(io, batch) {
-                            Ok(app) => {
-                                metrics::add(&self.metrics.append_bytes_total, len);
-                                if !touched.contains(&partition_id) {
-                                    touched.push(partition_id);
-                                }
-                                acks.push((partition_id, app, p.index, reply));
-                            }
-                            Err(e) => {
-                                metrics::inc(&self.metrics.append_errors_total);
-                                replies.push((reply, Err(e)));
-                            }
-                        }
-                    }
-                    Op::Fetch {
-                        partition_id,
-                        offset,
-                        max_bytes,
-                        wait_ms,
-                    } => {
-                        let Some(p) = partitions.get_mut(&partition_id) else {
-                            replies.push((reply, Err(unknown_partition(partition_id))));
-                            continue;
-                        };
-                        let waits = wait_ms > 0 && p.high_watermark() == Some(offset);
-                        if waits {
-                            let mut waiters = self.waiters.borrow_mut();
-                            let list = waiters.entry(partition_id).or_default();
-                            if list.len() < self.config.fetch_waiters_max {
-                                list.push(Waiter {
-                                    offset,
-                                    max_bytes,
-                                    deadline: Instant::now()
-                                        + Duration::from_millis(u64::from(wait_ms)),
-                                    reply,
-                                });
-                                continue;
-                            }
-                        }
-                        let outcome = p.fetch(io, offset, max_bytes).map(|f| {
-                            metrics::inc(&self.metrics.fetches_total);
-                            metrics::add(&self.metrics.fetch_bytes_total, f.batches.len() as u64);
-                            OpReply::Fetched(f)
-                        });
-                        replies.push((reply, outcome));
-                    }
-                    Op::Purge { partition_id } => {
-                        let outcome = match partitions.get_mut(&partition_id) {
-                            Some(p) => p.purge(io).map(|()| OpReply::Empty),
-                            None => Err(unknown_partition(partition_id)),
-                        };
-                        replies.push((reply, outcome));
-                    }
-                    Op::Describe { partition_ids } => {
-                        let mut list: Vec<_> = match partition_ids {
-                            Some(ids) => ids
-                                .iter()
-                                .filter_map(|id| partitions.get(id))
-                                .map(|p| p.status(self.id))
-                                .collect(),
-                            None => partitions.values().map(|p| p.status(self.id)).collect(),
-                        };
-                        list.sort_by(|a, b| (&a.topic, a.partition).cmp(&(&b.topic, b.partition)));
-                        replies.push((reply, Ok(OpReply::Partitions(list))));
-                    }
-                    Op::OpenPartition {
-                        topic,
-                        index,
-                        partition_id,
-                        create,
-                    } => {
-                        let outcome = match partitions.entry(partition_id) {
-                            std::collections::hash_map::Entry::Occupied(_) => Ok(OpReply::Empty),
-                            std::collections::hash_map::Entry::Vacant(slot) => {
-                                let dir =
-                                    TopicTable::partition_dir(&self.config.data_dir, &topic, index);
-                                let p = Partition::open(
-                                    io,
-                                    &dir,
-                                    &topic,
-                                    index,
-                                    partition_id,
-                                    self.config.store_config(),
-                                    create,
-                                );
-                                let fault = p.status(self.id).fault;
-                                slot.insert(p);
-                                match fault {
-                                    None => Ok(OpReply::Empty),
-                                    Some(f) => Err(OpError::new(ErrorCode::Storage, f)),
-                                }
-                            }
-                        };
-                        replies.push((reply, outcome));
-                    }
-                    Op::DropPartition { partition_id } => {
-                        if let Some(p) = partitions.remove(&partition_id) {
-                            let dir = p.dir().to_path_buf();
-                            if let Err(e) = p.close(io) {
-                                tracing::warn!(partition_id, error = %e, "close before delete failed");
-                            }
-                            if let Err(e) = std::fs::remove_dir_all(&dir) {
-                                tracing::warn!(dir = %dir.display(), error = %e, "removing partition");
-                            }
-                        }
-                        if let Some(ws) = self.waiters.borrow_mut().remove(&partition_id) {
-                            for w in ws {
-                                replies.push((w.reply, Err(unknown_partition(partition_id))));
-                            }
-                        }
-                        replies.push((reply, Ok(OpReply::Empty)));
-                    }
-                    Op::ShardStatus => {
-                        let st = ShardStatus {
-                            shard: self.id,
-                            core: self.core_id,
-                            partitions: partitions.len(),
-                            connections: self
-                                .metrics
-                                .connections_open
-                                .load(std::sync::atomic::Ordering::Relaxed),
-                            mailbox_depth: self.rx.requests.len(),
-                        };
-                        replies.push((reply, Ok(OpReply::Shard(st))));
-                    }
-                    Op::Meta(m) => {
-                        let mut q = self.meta_queue.borrow_mut();
-                        if self.id != 0 {
-                            replies.push((
-                                reply,
-                                Err(OpError::new(ErrorCode::Internal, "not the controller")),
-                            ));
-                        } else if q.len() >= META_QUEUE_MAX {
-                            replies.push((
-                                reply,
-                                Err(OpError::new(
-                                    ErrorCode::Backpressure,
-                                    "too many topic operations queued; retry",
-                                )),
-                            ));
-                        } else {
-                            q.push_back((m, reply));
-                            self.meta.notify();
-                        }
-                    }
-                }
+            for work in works {
+                self.apply(&mut core, work, &mut out);
             }
-            if !acks.is_empty() {
-                self.group_commit(io, partitions, &touched, acks, &mut replies);
-            }
-            self.serve_waiters(io, partitions, &touched, &mut replies);
+            self.commit(&mut core, &mut out);
         }
-        for (reply, outcome) in replies {
+        for (reply, outcome) in out.replies {
             self.respond(reply, outcome);
         }
         taken
     }
 
-    /// One write plus one fdatasync per touched partition, in one ring
-    /// submission; then acknowledges exactly the appends the completed
-    /// fdatasync covers.
-    fn group_commit(
-        &self,
-        io: &mut UringBackend,
-        partitions: &mut HashMap<u32, Partition>,
-        touched: &[u32],
-        acks: Vec<(u32, Appended, u32, Responder)>,
-        replies: &mut Vec<(Responder, Outcome)>,
-    ) {
-        let started = Instant::now();
-        let mut stores: Vec<&mut PartitionStore> = partitions
-            .iter_mut()
-            .filter(|(id, _)| touched.contains(id))
-            .filter_map(|(_, p)| p.store_mut())
-            .collect();
-        let result = flush_all(io, &mut stores);
-        drop(stores);
-        let elapsed_us = started.elapsed().as_micros() as u64;
-        metrics::inc(&self.metrics.fsyncs_total);
-        self.metrics.fsync_latency_us.record(elapsed_us);
-        self.metrics.group_commit_appends.record(acks.len() as u64);
-        if let Err(e) = &result {
-            tracing::error!(shard = self.id, error = %e, "group commit failed");
+    /// The partition whose flush in flight `op` must wait for, if it must:
+    /// anything that would flush synchronously (purge, close, an append that
+    /// overflows the write buffer or rolls the segment), and anything queued
+    /// behind such an op, so a partition's ops keep their order. Fetches
+    /// read durable data only and never wait.
+    fn must_park(core: &Core, op: &Op) -> Option<u32> {
+        let pid = match op {
+            Op::Produce { partition_id, .. }
+            | Op::Purge { partition_id }
+            | Op::DropPartition { partition_id } => *partition_id,
+            _ => return None,
+        };
+        let p = core.partitions.get(&pid)?;
+        if !p.flush_in_flight() {
+            return None;
         }
-        for (pid, app, index, reply) in acks {
-            let durable = partitions
-                .get(&pid)
-                .and_then(|p| p.store().ok())
-                .map(|s| (s.durable().next_offset, s.fenced().map(str::to_string)));
-            let outcome = match durable {
-                Some((end, _)) if end >= app.next_offset => {
-                    metrics::inc(&self.metrics.appends_total);
-                    Ok(OpReply::Produced(ProduceReply {
-                        partition: index,
-                        base_offset: app.base_offset,
-                        next_offset: app.next_offset,
-                    }))
-                }
-                Some((_, Some(cause))) => Err(OpError::new(ErrorCode::PartitionFenced, cause)),
-                _ => Err(OpError::new(
-                    ErrorCode::Storage,
-                    result
-                        .as_ref()
-                        .err()
-                        .map_or_else(|| "append not durable".to_string(), |e| e.to_string()),
-                )),
+        let behind = core.lanes.get(&pid).is_some_and(|l| !l.parked.is_empty());
+        let wait = behind
+            || match op {
+                Op::Produce { batch, .. } => p.append_must_wait(batch.len()),
+                _ => true,
             };
-            if outcome.is_err() {
-                metrics::inc(&self.metrics.append_errors_total);
-            }
-            replies.push((reply, outcome));
+        wait.then_some(pid)
+    }
+
+    /// Applies one work item: replies go to `out.replies`, appends become
+    /// pending acknowledgements of their partition's lane.
+    fn apply(&self, core: &mut Core, work: Work, out: &mut Applied) {
+        if let Some(pid) = Self::must_park(core, &work.op) {
+            metrics::inc(&self.metrics.parked_total);
+            core.lanes.entry(pid).or_default().parked.push_back(work);
+            return;
         }
+        let Work { op, reply } = work;
+        let Core {
+            io,
+            partitions,
+            lanes,
+            ..
+        } = core;
+        let Applied { replies, touched } = out;
+        match op {
+            Op::Produce {
+                partition_id,
+                batch,
+            } => {
+                let len = batch.len() as u64;
+                let Some(p) = partitions.get_mut(&partition_id) else {
+                    replies.push((reply, Err(unknown_partition(partition_id))));
+                    return;
+                };
+                match p.produce(io, batch) {
+                    Ok(app) => {
+                        metrics::add(&self.metrics.append_bytes_total, len);
+                        touch(touched, partition_id);
+                        lanes.entry(partition_id).or_default().acks.push_back(Ack {
+                            appended: app,
+                            index: p.index,
+                            reply,
+                        });
+                    }
+                    Err(e) => {
+                        metrics::inc(&self.metrics.append_errors_total);
+                        replies.push((reply, Err(e)));
+                    }
+                }
+            }
+            Op::Fetch {
+                partition_id,
+                offset,
+                max_bytes,
+                wait_ms,
+            } => {
+                let Some(p) = partitions.get_mut(&partition_id) else {
+                    replies.push((reply, Err(unknown_partition(partition_id))));
+                    return;
+                };
+                let waits = wait_ms > 0 && p.high_watermark() == Some(offset);
+                if waits {
+                    let mut waiters = self.waiters.borrow_mut();
+                    let list = waiters.entry(partition_id).or_default();
+                    if list.len() < self.config.fetch_waiters_max {
+                        list.push(Waiter {
+                            offset,
+                            max_bytes,
+                            deadline: Instant::now() + Duration::from_millis(u64::from(wait_ms)),
+                            reply,
+                        });
+                        return;
+                    }
+                }
+                let outcome = p.fetch(io, offset, max_bytes).map(|f| {
+                    metrics::inc(&self.metrics.fetches_total);
+                    metrics::add(&self.metrics.fetch_bytes_total, f.batches.len() as u64);
+                    OpReply::Fetched(f)
+                });
+                replies.push((reply, outcome));
+            }
+            Op::Purge { partition_id } => {
+                let outcome = match partitions.get_mut(&partition_id) {
+                    Some(p) => p.purge(io).map(|()| OpReply::Empty),
+                    None => Err(unknown_partition(partition_id)),
+                };
+                // The purge flushed: pending acknowledgements may be due.
+                touch(touched, partition_id);
+                replies.push((reply, outcome));
+            }
+            Op::Describe { partition_ids } => {
+                let mut list: Vec<_> = match partition_ids {
+                    Some(ids) => ids
+                        .iter()
+                        .filter_map(|id| partitions.get(id))
+                        .map(|p| p.status(self.id))
+                        .collect(),
+                    None => partitions.values().map(|p| p.status(self.id)).collect(),
+                };
+                list.sort_by(|a, b| (&a.topic, a.partition).cmp(&(&b.topic, b.partition)));
+                replies.push((reply, Ok(OpReply::Partitions(list))));
+            }
+            Op::OpenPartition {
+                topic,
+                index,
+                partition_id,
+                create,
+            } => {
+                let outcome = match partitions.entry(partition_id) {
+                    std::collections::hash_map::Entry::Occupied(_) => Ok(OpReply::Empty),
+                    std::collections::hash_map::Entry::Vacant(slot) => {
+                        let dir = TopicTable::partition_dir(&self.config.data_dir, &topic, index);
+                        let p = Partition::open(
+                            io,
+                            &dir,
+                            &topic,
+                            index,
+                            partition_id,
+                            self.config.store_config(),
+                            create,
+                        );
+                        let fault = p.status(self.id).fault;
+                        slot.insert(p);
+                        match fault {
+                            None => Ok(OpReply::Empty),
+                            Some(f) => Err(OpError::new(ErrorCode::Storage, f)),
+                        }
+                    }
+                };
+                replies.push((reply, outcome));
+            }
+            Op::DropPartition { partition_id } => {
+                if let Some(p) = partitions.remove(&partition_id) {
+                    let dir = p.dir().to_path_buf();
+                    if let Err(e) = p.close(io) {
+                        tracing::warn!(partition_id, error = %e, "close before delete failed");
+                    }
+                    if let Err(e) = std::fs::remove_dir_all(&dir) {
+                        tracing::warn!(dir = %dir.display(), error = %e, "removing partition");
+                    }
+                }
+                // Appends still waiting for an acknowledgement get an error
+                // (the lane is settled as touched), as do waiting fetches.
+                touch(touched, partition_id);
+                if let Some(ws) = self.waiters.borrow_mut().remove(&partition_id) {
+                    for w in ws {
+                        replies.push((w.reply, Err(unknown_partition(partition_id))));
+                    }
+                }
+                replies.push((reply, Ok(OpReply::Empty)));
+            }
+            Op::ShardStatus => {
+                let st = ShardStatus {
+                    shard: self.id,
+                    core: self.core_id,
+                    partitions: partitions.len(),
+                    connections: self
+                        .metrics
+                        .connections_open
+                        .load(std::sync::atomic::Ordering::Relaxed),
+                    mailbox_depth: self.rx.requests.len(),
+                };
+                replies.push((reply, Ok(OpReply::Shard(st))));
+            }
+            Op::Meta(m) => {
+                let mut q = self.meta_queue.borrow_mut();
+                if self.id != 0 {
+                    replies.push((
+                        reply,
+                        Err(OpError::new(ErrorCode::Internal, "not the controller")),
+                    ));
+                } else if q.len() >= META_QUEUE_MAX {
+                    replies.push((
+                        reply,
+                        Err(OpError::new(
+                            ErrorCode::Backpressure,
+                            "too many topic operations queued; retry",
+                        )),
+                    ));
+                } else {
+                    q.push_back((m, reply));
+                    self.meta.notify();
+                }
+            }
+        }
+    }
+
+    /// After applying work: queues one flush per touched partition that has
+    /// none in flight, all in one ring submission that nobody waits for
+    /// (group commit), then acknowledges whatever is durable already and
+    /// answers long-poll fetches.
+    fn commit(&self, core: &mut Core, out: &mut Applied) {
+        if out.touched.is_empty() {
+            return;
+        }
+        let mut sqes = Vec::new();
+        let mut parts = Vec::new();
+        for &pid in &out.touched {
+            let Some(p) = core.partitions.get_mut(&pid) else {
+                continue;
+            };
+            match p.prepare_flush(&mut sqes) {
+                Ok(0) => {}
+                Ok(n) => parts.push((pid, n)),
+                // Fenced: `settle` answers its appends with the cause.
+                Err(e) => tracing::debug!(partition_id = pid, error = %e, "no flush"),
+            }
+        }
+        if !parts.is_empty() {
+            let id = core.io.submit_nowait(sqes);
+            metrics::inc(&self.metrics.fsyncs_total);
+            core.flights.insert(
+                id,
+                Flight {
+                    parts,
+                    started: Instant::now(),
+                },
+            );
+        }
+        let settled = self.settle(core, &out.touched, &mut out.replies);
+        if settled > 0 {
+            self.metrics.group_commit_appends.record(settled as u64);
+        }
+        self.serve_waiters(core, &out.touched, &mut out.replies);
+    }
+
+    /// Acknowledges the pending appends of `pids` that are durable now
+    /// (`durable().next_offset` reached their next offset); a fenced
+    /// partition fails the rest with its cause, a removed one with
+    /// UnknownPartition. Returns how many it acknowledged.
+    fn settle(
+        &self,
+        core: &mut Core,
+        pids: &[u32],
+        replies: &mut Vec<(Responder, Outcome)>,
+    ) -> usize {
+        let mut acked = 0;
+        for pid in pids {
+            let Some(lane) = core.lanes.get_mut(pid) else {
+                continue;
+            };
+            let Some(p) = core.partitions.get(pid) else {
+                let lane = core.lanes.remove(pid).unwrap_or_default();
+                for a in lane.acks {
+                    metrics::inc(&self.metrics.append_errors_total);
+                    replies.push((a.reply, Err(unknown_partition(*pid))));
+                }
+                for w in lane.parked {
+                    replies.push((w.reply, Err(unknown_partition(*pid))));
+                }
+                continue;
+            };
+            let (durable, fenced) = match p.store() {
+                Ok(s) => (
+                    s.durable().next_offset,
+                    s.fenced()
+                        .map(|cause| OpError::new(ErrorCode::PartitionFenced, cause)),
+                ),
+                Err(e) => (0, Some(e)),
+            };
+            while lane
+                .acks
+                .front()
+                .is_some_and(|a| a.appended.next_offset <= durable)
+            {
+                let Some(a) = lane.acks.pop_front() else {
+                    break;
+                };
+                metrics::inc(&self.metrics.appends_total);
+                acked += 1;
+                replies.push((
+                    a.reply,
+                    Ok(OpReply::Produced(ProduceReply {
+                        partition: a.index,
+                        base_offset: a.appended.base_offset,
+                        next_offset: a.appended.next_offset,
+                    })),
+                ));
+            }
+            let failure = match fenced {
+                Some(e) => Some(e),
+                // Nothing in flight will cover them (cannot happen: every
+                // append is followed by a flush attempt); never leave a
+                // producer hanging.
+                None if !lane.acks.is_empty() && !p.flush_in_flight() => {
+                    Some(OpError::new(ErrorCode::Storage, "append not durable"))
+                }
+                None => None,
+            };
+            if let Some(e) = failure {
+                for a in lane.acks.drain(..) {
+                    metrics::inc(&self.metrics.append_errors_total);
+                    replies.push((a.reply, Err(e.clone())));
+                }
+            }
+            if lane.acks.is_empty() && lane.parked.is_empty() {
+                core.lanes.remove(pid);
+            }
+        }
+        acked
+    }
+
+    /// Awaits the storage ring's eventfd and processes finished flushes.
+    async fn storage_task(self: Rc<Self>, reader: crate::mailbox::EventFdReader) {
+        loop {
+            if let Err(e) = reader.wait().await {
+                tracing::error!(shard = self.id, error = %e, "storage eventfd wait failed");
+                monoio::time::sleep(Duration::from_millis(10)).await;
+            }
+            self.on_storage_completions();
+        }
+    }
+
+    /// Reaps finished group commits: completes each partition's flush (a
+    /// failure fences it), runs the work parked behind those flushes, queues
+    /// the next flush of partitions that took appends meanwhile, and
+    /// acknowledges the appends that are durable now.
+    fn on_storage_completions(&self) {
+        let mut out = Applied::with_capacity(0);
+        {
+            let mut core = self.core.borrow_mut();
+            let reaped = core.io.reap();
+            if reaped.is_empty() {
+                return;
+            }
+            let mut done: Vec<u32> = Vec::new();
+            for (id, completions) in reaped {
+                let Some(flight) = core.flights.remove(&id) else {
+                    tracing::warn!(shard = self.id, batch = ?id, "completion of an unknown flush");
+                    continue;
+                };
+                let elapsed_us = flight.started.elapsed().as_micros() as u64;
+                self.metrics.fsync_latency_us.record(elapsed_us);
+                let mut completions = completions.into_iter();
+                for (pid, n) in flight.parts {
+                    let mine = completions.by_ref().take(n);
+                    match core.partitions.get_mut(&pid) {
+                        Some(p) => {
+                            if let Err(e) = p.complete_flush(mine) {
+                                tracing::error!(shard = self.id, partition_id = pid, error = %e, "flush failed");
+                            }
+                        }
+                        None => tracing::error!(partition_id = pid, "flushed partition is gone"),
+                    }
+                    done.push(pid);
+                }
+            }
+            for &pid in &done {
+                out.touch(pid);
+            }
+            // Work parked behind these flushes: nothing is in flight for
+            // these partitions now, so all of it runs.
+            for pid in done {
+                let parked = core
+                    .lanes
+                    .get_mut(&pid)
+                    .map(|l| std::mem::take(&mut l.parked))
+                    .unwrap_or_default();
+                for work in parked {
+                    self.apply(&mut core, work, &mut out);
+                }
+            }
+            self.commit(&mut core, &mut out);
+        }
+        for (reply, outcome) in out.replies {
+            self.respond(reply, outcome);
+        }
+        self.flushed.notify();
     }
 
     /// Answers long-poll fetches whose data became durable.
     fn serve_waiters(
         &self,
-        io: &mut UringBackend,
-        partitions: &mut HashMap<u32, Partition>,
+        core: &mut Core,
         touched: &[u32],
         replies: &mut Vec<(Responder, Outcome)>,
     ) {
+        let Core { io, partitions, .. } = core;
         let mut waiters = self.waiters.borrow_mut();
         for pid in touched {
             let Some(list) = waiters.get_mut(pid) else {
@@ -730,7 +983,7 @@ impl Shard {
             if retention_due && (self.config.retention_bytes > 0 || self.config.retention_ms > 0) {
                 last_retention = now;
                 let mut core = self.core.borrow_mut();
-                let Core { io, partitions } = &mut *core;
+                let Core { io, partitions, .. } = &mut *core;
                 let t = now_ms();
                 for p in partitions.values_mut() {
                     p.apply_retention(io, t);
@@ -752,8 +1005,9 @@ impl Shard {
     }
 
     /// Graceful stop: no new connections (the accept loop ended), finish the
-    /// queued work (appends get their group commit and acknowledgement),
-    /// then checkpoint and close every partition.
+    /// queued work (appends get their group commit and acknowledgement, work
+    /// parked behind a flush runs once it completed), then checkpoint and
+    /// close every partition.
     async fn finish(&self) {
         self.stopping.set(true);
         tracing::info!(shard = self.id, "shard stopping");
@@ -762,11 +1016,29 @@ impl Shard {
             yield_now().await;
             while self.run_turn() > 0 {}
         }
+        // No flush may be in flight when the partitions close.
+        while !self.core.borrow().flights.is_empty() {
+            monoio::select! {
+                _ = self.flushed.notified() => {}
+                // Reaping is idempotent: do it here too should a wake-up
+                // go missing.
+                _ = monoio::time::sleep(Duration::from_millis(50)) => {
+                    self.on_storage_completions();
+                }
+            }
+            while self.run_turn() > 0 {}
+        }
         let mut replies = Vec::new();
         for (_, list) in self.waiters.borrow_mut().drain() {
             for w in list {
                 replies.push(w.reply);
             }
+        }
+        for (_, lane) in self.core.borrow_mut().lanes.drain() {
+            // Not expected: with no flush in flight every append was
+            // settled and nothing stays parked.
+            replies.extend(lane.acks.into_iter().map(|a| a.reply));
+            replies.extend(lane.parked.into_iter().map(|w| w.reply));
         }
         for r in replies {
             self.respond(
@@ -778,7 +1050,7 @@ impl Shard {
             );
         }
         let mut core = self.core.borrow_mut();
-        let Core { io, partitions } = &mut *core;
+        let Core { io, partitions, .. } = &mut *core;
         for (_, p) in partitions.drain() {
             let (topic, index) = (p.topic.clone(), p.index);
             if let Err(e) = p.close(io) {

@@ -405,3 +405,250 @@ fn metadata_calls() {
     assert!(backend.open_dir(Path::new("/nonexistent-ringlog")).is_err());
     assert!(backend.submit(Vec::new()).is_empty());
 }
+
+// ---------------------------------------------------------------------------
+// Asynchronous batches: submit_nowait, reap and the registered eventfd.
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+use ringlog_storage::io::uring::BatchId;
+
+fn eventfd() -> OwnedFd {
+    // SAFETY: plain syscall; the result is checked.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    assert!(fd >= 0, "eventfd: {}", io::Error::last_os_error());
+    // SAFETY: a fresh descriptor nothing else owns.
+    unsafe { OwnedFd::from_raw_fd(fd) }
+}
+
+/// Sleeps in poll(2) (not in io_uring_enter on the backend's ring) until the
+/// eventfd is signalled, then clears it. False on timeout.
+fn wait_signal(fd: &OwnedFd, timeout: Duration) -> bool {
+    let mut pfd = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    let n = unsafe { libc::poll(&mut pfd, 1, timeout.as_millis() as libc::c_int) };
+    if n <= 0 {
+        return false;
+    }
+    let mut count = [0u8; 8];
+    // SAFETY: reads 8 bytes into a valid buffer.
+    let r = unsafe { libc::read(fd.as_raw_fd(), count.as_mut_ptr().cast(), 8) };
+    assert_eq!(r, 8);
+    true
+}
+
+/// Waits on the eventfd and reaps until every batch in `ids` was handed back.
+fn reap_all(
+    backend: &mut UringBackend,
+    fd: &OwnedFd,
+    ids: &[BatchId],
+) -> Vec<(BatchId, Vec<Completion>)> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut out = Vec::new();
+    while out.len() < ids.len() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        assert!(
+            wait_signal(fd, left),
+            "eventfd not signalled; {} of {} batches reaped",
+            out.len(),
+            ids.len()
+        );
+        out.extend(backend.reap());
+    }
+    // Batches finish in any order; each comes back exactly once.
+    out.sort_by_key(|(id, _)| *id);
+    let got: Vec<BatchId> = out.iter().map(|(id, _)| *id).collect();
+    assert_eq!(got, ids, "batches come back once each");
+    assert_eq!(backend.batches_running(), 0);
+    out
+}
+
+#[test]
+fn nowait_write_and_fdatasync_complete_through_the_eventfd() {
+    let dir = tempdir();
+    let mut backend = UringBackend::with_default_entries().unwrap();
+    let efd = eventfd();
+    backend.register_eventfd(efd.as_raw_fd()).unwrap();
+    let file = backend
+        .open_file(&dir.path().join("f"), OpenMode::Create)
+        .unwrap();
+    let data = pattern(256 << 10, 5);
+    let id = backend.submit_nowait(vec![
+        Sqe::linked(write(file, 0, &data)),
+        Sqe::new(Op::Fdatasync { file }),
+    ]);
+    assert_eq!(backend.batches_running(), 1);
+    // The thread sleeps in poll(2), never entering the backend's ring: the
+    // kernel must still post the completions and signal the eventfd.
+    let mut done = reap_all(&mut backend, &efd, &[id]);
+    let (_, completions) = done.pop().unwrap();
+    assert_eq!(completions.len(), 2);
+    assert_eq!(ok(&completions[0]), data.len());
+    assert_eq!(ok(&completions[1]), 0);
+    assert!(backend.reap().is_empty());
+    assert_eq!(read_back(&mut backend, file, 0, data.len()), data);
+}
+
+#[test]
+fn nowait_batches_report_failures_per_op() {
+    let dir = tempdir();
+    let mut backend = UringBackend::with_default_entries().unwrap();
+    let efd = eventfd();
+    backend.register_eventfd(efd.as_raw_fd()).unwrap();
+    let file = backend
+        .open_file(&dir.path().join("f"), OpenMode::Create)
+        .unwrap();
+    let data = pattern(4096, 9);
+    let a = backend.submit_nowait(vec![
+        Sqe::linked(write(FileId(9999), 0, &data)),
+        Sqe::new(Op::Fdatasync { file }),
+    ]);
+    let b = backend.submit_nowait(vec![
+        Sqe::linked(write(file, 0, &data)),
+        Sqe::new(Op::Fdatasync { file: FileId(9999) }),
+    ]);
+    let done = reap_all(&mut backend, &efd, &[a, b]);
+    assert_eq!(err(&done[0].1[0]).raw_os_error(), Some(libc::EBADF));
+    assert_eq!(err(&done[0].1[1]).raw_os_error(), Some(libc::ECANCELED));
+    assert_eq!(ok(&done[1].1[0]), 4096);
+    assert_eq!(err(&done[1].1[1]).raw_os_error(), Some(libc::EBADF));
+}
+
+#[test]
+fn nowait_batches_without_kernel_work_still_signal() {
+    let dir = tempdir();
+    let mut backend = UringBackend::with_default_entries().unwrap();
+    let efd = eventfd();
+    backend.register_eventfd(efd.as_raw_fd()).unwrap();
+    let file = backend
+        .open_file(&dir.path().join("f"), OpenMode::Create)
+        .unwrap();
+    let empty = backend.submit_nowait(Vec::new());
+    let done = reap_all(&mut backend, &efd, &[empty]);
+    assert!(done[0].1.is_empty());
+    // Refused before submission: no CQE will ever come for it.
+    let refused = backend.submit_nowait(vec![Sqe::new(Op::Read {
+        file,
+        offset: 0,
+        len: 8192,
+        buf: AlignedBuf::new(4096),
+    })]);
+    let done = reap_all(&mut backend, &efd, &[refused]);
+    assert_eq!(err(&done[0].1[0]).kind(), io::ErrorKind::InvalidInput);
+}
+
+#[test]
+fn nowait_batches_larger_than_the_ring_complete() {
+    let dir = tempdir();
+    let mut backend = UringBackend::new(8).unwrap();
+    let efd = eventfd();
+    backend.register_eventfd(efd.as_raw_fd()).unwrap();
+    let file = backend
+        .open_file(&dir.path().join("f"), OpenMode::Create)
+        .unwrap();
+    backend.allocate(file, 64 * 4096).unwrap();
+    let datas: Vec<Vec<u8>> = (0..64).map(|i| pattern(4096, i as u8)).collect();
+    // Four batches of 16 ops (two full-ring chains of 8 each): most of them
+    // wait in the backend until earlier ops complete and `reap` pushes them.
+    let mut ids = Vec::new();
+    for b in 0..4 {
+        let batch: Vec<Sqe> = (0..16)
+            .map(|k| {
+                let i = b * 16 + k;
+                let op = write(file, i as u64 * 4096, &datas[i]);
+                if k % 8 == 7 {
+                    Sqe::new(op)
+                } else {
+                    Sqe::linked(op)
+                }
+            })
+            .collect();
+        ids.push(backend.submit_nowait(batch));
+    }
+    assert_eq!(backend.batches_running(), 4);
+    for (_, completions) in reap_all(&mut backend, &efd, &ids) {
+        assert_eq!(completions.len(), 16);
+        for c in &completions {
+            assert_eq!(ok(c), 4096);
+        }
+    }
+    let all = read_back(&mut backend, file, 0, 64 * 4096);
+    for (i, chunk) in all.chunks(4096).enumerate() {
+        assert_eq!(chunk, &datas[i][..], "block {i}");
+    }
+}
+
+#[test]
+fn sync_submit_runs_while_nowait_batches_are_in_flight() {
+    let dir = tempdir();
+    let mut backend = UringBackend::new(8).unwrap();
+    let efd = eventfd();
+    backend.register_eventfd(efd.as_raw_fd()).unwrap();
+    let files: Vec<FileId> = (0..3)
+        .map(|i| {
+            backend
+                .open_file(&dir.path().join(format!("f{i}")), OpenMode::Create)
+                .unwrap()
+        })
+        .collect();
+    let old = pattern(64 << 10, 1);
+    let done = backend.submit(vec![
+        Sqe::linked(write(files[2], 0, &old)),
+        Sqe::new(Op::Fdatasync { file: files[2] }),
+    ]);
+    assert_eq!(ok(&done[0]), old.len());
+
+    // Two asynchronous flushes (write + fdatasync each), more than half the
+    // ring, then synchronous work on another file.
+    let datas: Vec<Vec<u8>> = (0..2).map(|i| pattern(1 << 20, 10 + i as u8)).collect();
+    let ids: Vec<BatchId> = (0..2)
+        .map(|i| {
+            backend.submit_nowait(vec![
+                Sqe::linked(write(files[i], 0, &datas[i])),
+                Sqe::new(Op::Fdatasync { file: files[i] }),
+            ])
+        })
+        .collect();
+    // Reads and writes of the synchronous batch: more ops than the ring has
+    // room for beside the asynchronous ones.
+    let mut batch: Vec<Sqe> = (0..6)
+        .map(|i| Sqe::new(read(files[2], i * 4096, 4096)))
+        .collect();
+    batch.push(Sqe::linked(write(files[2], 64 << 10, &old[..4096])));
+    batch.push(Sqe::new(Op::Fdatasync { file: files[2] }));
+    let done = backend.submit(batch);
+    for (i, c) in done[..6].iter().enumerate() {
+        assert_eq!(ok(c), 4096);
+        let buf = match &c.op {
+            Op::Read { buf, .. } => buf,
+            _ => unreachable!(),
+        };
+        assert_eq!(&buf[..], &old[i * 4096..(i + 1) * 4096]);
+    }
+    assert_eq!(ok(&done[6]), 4096);
+    assert_eq!(ok(&done[7]), 0);
+
+    // Whatever the synchronous call reaped of the asynchronous batches was
+    // set aside for `reap` (the eventfd was signalled for it).
+    for (_, completions) in reap_all(&mut backend, &efd, &ids) {
+        assert_eq!(ok(&completions[0]), 1 << 20);
+        assert_eq!(ok(&completions[1]), 0);
+    }
+    for i in 0..2 {
+        assert_eq!(read_back(&mut backend, files[i], 0, 1 << 20), datas[i]);
+    }
+}
+
+#[test]
+fn register_eventfd_twice_fails() {
+    let mut backend = UringBackend::with_default_entries().unwrap();
+    let a = eventfd();
+    let b = eventfd();
+    backend.register_eventfd(a.as_raw_fd()).unwrap();
+    assert!(backend.register_eventfd(b.as_raw_fd()).is_err());
+}

@@ -35,15 +35,38 @@
 //! submission is capped at `u32::MAX` rounded down to a block (the kernel caps
 //! it further, at about 2 GiB, and the rest goes through the short-I/O path).
 //!
+//! # Asynchronous batches
+//!
+//! [`UringBackend::submit_nowait`] queues a batch without waiting and returns
+//! its [`BatchId`]; [`UringBackend::reap`] hands back the batches whose every
+//! op has finished, in the same form as `submit` (one completion per op, in
+//! submission order). Short writes and reads, `EINTR`/`EAGAIN` retries and
+//! cancelled links are completed exactly as for `submit`: `reap` (and any
+//! `submit` running meanwhile) resubmits them without blocking, so a batch is
+//! only handed back once its final results are known. An eventfd registered
+//! with [`UringBackend::register_eventfd`] is signalled whenever `reap` may
+//! have something new: by the kernel for every completion it posts, and by the
+//! backend itself when a batch finishes without a kernel completion (an empty
+//! batch, ops failed up front, a ring failure). Wake-ups can be spurious.
+//!
+//! Synchronous `submit` may run while asynchronous batches are in flight (on
+//! the same thread): the in-flight bound below is shared, completions of the
+//! asynchronous batches that `submit` reaps are set aside for `reap`, and
+//! their retries are resubmitted. Nothing orders a synchronous batch against
+//! the asynchronous ones: callers must not let them touch the same bytes.
+//!
 //! # Ring failures
 //!
 //! If `io_uring_enter` fails with anything but `EINTR` (retried), or `EBUSY` /
-//! `EAGAIN` (retried at most [`ENTER_BUSY_LIMIT`] times in a row), every op of
-//! the batch that has not completed gets that error. Buffers and paths of ops
-//! the kernel may still own are kept by the backend (the [`Completion`] gets a
-//! fresh empty buffer in their place) until their completion shows up in a
-//! later `submit`, or are leaked when the backend is dropped, so the kernel
-//! never touches freed memory. Such an op may still execute later.
+//! `EAGAIN` (retried at most [`ENTER_BUSY_LIMIT`] times in a row), every op
+//! that has not completed gets that error: of the synchronous batch and of
+//! every asynchronous batch not reaped yet (entries of all of them may sit
+//! unsubmitted in the SQ). Buffers and paths of ops the kernel may still own
+//! are kept by the backend (the [`Completion`] gets a fresh empty buffer in
+//! their place) until their completion shows up later, or are leaked when the
+//! backend is dropped, so the kernel never touches freed memory. Such an op
+//! may still execute later. Asynchronous batches still running when the
+//! backend is dropped are leaked the same way.
 
 use std::collections::{HashMap, VecDeque};
 use std::ffi::CString;
@@ -81,12 +104,27 @@ pub struct UringBackend {
     capacity: usize,
     files: HashMap<u32, OwnedFd>,
     next_file: u32,
-    /// Tags user_data so completions of an abandoned batch are told apart.
+    /// Tags user_data so completions of different batches (and of an
+    /// abandoned one) are told apart.
     generation: u32,
     /// Resources of ops abandoned after a ring failure that the kernel may
     /// still use, keyed by user_data.
     quarantine: HashMap<u64, Quarantined>,
+    /// Ops in the kernel (submitted or queued in the SQ), over all batches.
+    in_flight: usize,
+    /// Batches of `submit_nowait` not reaped yet, in submission order.
+    running: VecDeque<(BatchId, Batch)>,
+    next_batch: u64,
+    /// The registered eventfd (owned by the caller).
+    eventfd: Option<RawFd>,
+    /// Scratch for draining the CQ.
+    cqes: Vec<(u64, i32)>,
 }
+
+/// Names a batch handed to [`UringBackend::submit_nowait`]; [`UringBackend::reap`]
+/// returns it with the batch's completions. Unique per backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BatchId(pub u64);
 
 struct Quarantined {
     _buf: Option<AlignedBuf>,
@@ -119,6 +157,11 @@ impl UringBackend {
             next_file: 0,
             generation: 0,
             quarantine: HashMap::new(),
+            in_flight: 0,
+            running: VecDeque::new(),
+            next_batch: 0,
+            eventfd: None,
+            cqes: Vec::new(),
         })
     }
 
@@ -166,9 +209,236 @@ impl UringBackend {
         }
     }
 
+    /// Registers `fd` (an eventfd the caller keeps open while the backend
+    /// lives) to be signalled when [`UringBackend::reap`] may have finished
+    /// batches (see the module docs). At most one; registering again fails
+    /// with `EBUSY`.
+    pub fn register_eventfd(&mut self, fd: RawFd) -> io::Result<()> {
+        self.ring.submitter().register_eventfd(fd)?;
+        self.eventfd = Some(fd);
+        Ok(())
+    }
+
+    /// Queues `batch` and submits as much of it as the in-flight bound allows,
+    /// without waiting for any of it. The rest, and every continuation or
+    /// retry, is submitted by later [`UringBackend::reap`] (or `submit`)
+    /// calls, so the caller must call `reap` when the eventfd fires (or
+    /// regularly) until it returned this batch. The buffers and paths of the
+    /// ops stay owned by the backend until then.
+    pub fn submit_nowait(&mut self, batch: Vec<Sqe>) -> BatchId {
+        let id = BatchId(self.next_batch);
+        self.next_batch += 1;
+        let tag = self.next_tag();
+        let batch = Batch::new(tag, batch, self.capacity);
+        let finished = batch.is_done();
+        self.running.push_back((id, batch));
+        if finished {
+            // Nothing for the kernel to complete: wake the reaper ourselves.
+            self.signal();
+        } else {
+            self.pump();
+        }
+        id
+    }
+
+    /// Hands back every batch of [`UringBackend::submit_nowait`] whose ops
+    /// have all finished (batches may finish in any order; those of one call
+    /// come in submission order), each with one completion per op in the
+    /// batch's order. Never blocks: it reaps what the kernel completed,
+    /// resubmits continuations and retries, and returns.
+    pub fn reap(&mut self) -> Vec<(BatchId, Vec<Completion>)> {
+        self.drain_cq(None);
+        self.pump();
+        let mut done = Vec::new();
+        let mut keep = VecDeque::with_capacity(self.running.len());
+        for (id, batch) in self.running.drain(..) {
+            if batch.is_done() {
+                done.push((id, batch.into_completions()));
+            } else {
+                keep.push_back((id, batch));
+            }
+        }
+        self.running = keep;
+        done
+    }
+
+    /// Batches of [`UringBackend::submit_nowait`] not handed back by `reap` yet.
+    pub fn batches_running(&self) -> usize {
+        self.running.len()
+    }
+
+    /// A user_data tag no running batch uses.
+    fn next_tag(&mut self) -> u32 {
+        loop {
+            self.generation = self.generation.wrapping_add(1);
+            let tag = self.generation;
+            if !self.running.iter().any(|(_, b)| b.tag == tag) {
+                return tag;
+            }
+        }
+    }
+
+    /// Adds one to the registered eventfd.
+    fn signal(&self) {
+        let Some(fd) = self.eventfd else { return };
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: writes 8 bytes from a valid buffer; the caller keeps the
+        // descriptor open while it is registered.
+        let n = unsafe { libc::write(fd, one.as_ptr().cast(), one.len()) };
+        if n != 8 {
+            // Only fails if the counter would overflow (already signalled).
+            tracing::trace!("eventfd write returned {n}");
+        }
+    }
+
+    /// Pushes `batch`'s waiting chains into the SQ while they fit under the
+    /// in-flight bound. Returns whether every waiting chain was pushed.
+    fn push_chains(&mut self, batch: &mut Batch) -> bool {
+        let cap = self.capacity;
+        // The SQ itself always has room: unconsumed SQEs are counted in flight.
+        while let Some(members) = batch.pending.pop_front() {
+            if self.in_flight + members.len() > cap {
+                batch.pending.push_front(members);
+                return false;
+            }
+            let tag = batch.tag;
+            let entries: Vec<squeue::Entry> = members
+                .iter()
+                .enumerate()
+                .map(|(pos, &i)| {
+                    let link = pos + 1 < members.len();
+                    build_entry(&self.files, &mut batch.slots[i], user_data(tag, i), link)
+                })
+                .collect();
+            // SAFETY: every pointer in `entries` points into memory owned by
+            // `batch.slots` (the AlignedBuf inside the slot's Op, or the slot's
+            // path CStrings), whose heap allocations do not move when a Slot
+            // or the Batch moves. A slot is marked in flight below and its Op
+            // is not handed out or dropped until its CQE has been reaped; if
+            // the batch is abandoned first, `abandon` moves the memory into
+            // `self.quarantine`, which lives until that CQE arrives or is
+            // leaked on drop (running batches are leaked on drop too). File
+            // descriptors are looked up now; the kernel takes its own
+            // reference when it issues the op.
+            let pushed = unsafe { self.ring.submission().push_multiple(&entries) };
+            if pushed.is_err() {
+                batch.pending.push_front(members);
+                return false;
+            }
+            let chain = batch.chains.len();
+            for &i in &members {
+                batch.slots[i].in_flight = true;
+                batch.slots[i].chain = chain;
+            }
+            batch.in_flight += members.len();
+            self.in_flight += members.len();
+            batch.chains.push(Chain {
+                outstanding: members.len(),
+                members,
+            });
+        }
+        true
+    }
+
+    /// Pushes the waiting chains of the running batches, oldest first,
+    /// stopping at the first that does not fit (no batch overtakes an older
+    /// one). Returns whether everything waiting was pushed.
+    fn push_running(&mut self) -> bool {
+        let mut running = std::mem::take(&mut self.running);
+        let mut all = true;
+        for (_, batch) in running.iter_mut() {
+            if !self.push_chains(batch) {
+                all = false;
+                break;
+            }
+        }
+        debug_assert!(self.running.is_empty());
+        self.running = running;
+        all
+    }
+
+    /// Takes every CQE off the ring and applies it to its batch: `sync` (the
+    /// batch a `submit` call runs) or a running one.
+    fn drain_cq(&mut self, mut sync: Option<&mut Batch>) {
+        let mut cqes = std::mem::take(&mut self.cqes);
+        cqes.extend(
+            self.ring
+                .completion()
+                .map(|cqe| (cqe.user_data(), cqe.result())),
+        );
+        for &(ud, res) in &cqes {
+            let tag = (ud >> 32) as u32;
+            let index = (ud & u64::from(u32::MAX)) as usize;
+            let batch = match sync.as_deref_mut() {
+                Some(b) if b.tag == tag => Some(b),
+                _ => self
+                    .running
+                    .iter_mut()
+                    .map(|(_, b)| b)
+                    .find(|b| b.tag == tag),
+            };
+            match batch {
+                Some(batch) => {
+                    if batch.complete(index, res) {
+                        self.in_flight -= 1;
+                    } else {
+                        tracing::warn!(user_data = ud, "unexpected io_uring completion");
+                    }
+                }
+                None => {
+                    // Late completion of an abandoned op: its memory is free now.
+                    if self.quarantine.remove(&ud).is_none() {
+                        tracing::warn!(user_data = ud, "unexpected io_uring completion");
+                    }
+                }
+            }
+        }
+        cqes.clear();
+        self.cqes = cqes;
+    }
+
+    /// Submits what the running batches have waiting, without waiting for
+    /// completions. A ring failure fails every running batch.
+    fn pump(&mut self) {
+        let mut busy = 0u32;
+        loop {
+            self.push_running();
+            if self.ring.submission().is_empty() {
+                return;
+            }
+            match self.ring.submit() {
+                Ok(_) => busy = 0,
+                Err(e) => match e.raw_os_error() {
+                    Some(libc::EINTR) => {}
+                    Some(libc::EBUSY) | Some(libc::EAGAIN) if busy < ENTER_BUSY_LIMIT => {
+                        busy += 1;
+                        std::thread::yield_now();
+                        self.drain_cq(None);
+                    }
+                    _ => {
+                        tracing::error!(error = %e, "io_uring_enter failed; failing the running batches");
+                        self.abandon_running(&e);
+                        return;
+                    }
+                },
+            }
+        }
+    }
+
+    /// Fails every running batch after a ring failure and wakes the reaper.
+    fn abandon_running(&mut self, err: &io::Error) {
+        let mut running = std::mem::take(&mut self.running);
+        for (_, batch) in running.iter_mut() {
+            self.abandon(batch, err);
+        }
+        self.running = running;
+        self.signal();
+    }
+
     /// Gives up on every unfinished op of the batch after a ring failure.
-    fn abandon(&mut self, slots: &mut [Slot], generation: u32, err: &io::Error) {
-        for (i, slot) in slots.iter_mut().enumerate() {
+    fn abandon(&mut self, batch: &mut Batch, err: &io::Error) {
+        let generation = batch.tag;
+        for (i, slot) in batch.slots.iter_mut().enumerate() {
             if slot.result.is_some() {
                 continue;
             }
@@ -192,14 +462,24 @@ impl UringBackend {
             }
             slot.result = Some(Err(copy_err(err)));
         }
+        // Abandoned ops no longer count against the bound (as before the
+        // failure, a later completion of theirs only frees their memory).
+        self.in_flight = self.in_flight.saturating_sub(batch.in_flight);
+        batch.in_flight = 0;
+        batch.pending.clear();
     }
 }
 
 impl Drop for UringBackend {
     fn drop(&mut self) {
+        // Ops the kernel may still be running: leak their memory rather than
+        // let it be reused under them.
+        for (_, batch) in std::mem::take(&mut self.running) {
+            if batch.in_flight > 0 {
+                std::mem::forget(batch);
+            }
+        }
         if !self.quarantine.is_empty() {
-            // Ops the kernel may still be running: leak their memory rather
-            // than let it be reused under them.
             std::mem::forget(std::mem::take(&mut self.quarantine));
         }
     }
@@ -277,73 +557,21 @@ impl IoBackend for UringBackend {
         if batch.is_empty() {
             return Vec::new();
         }
-        self.generation = self.generation.wrapping_add(1);
-        let generation = self.generation;
-        let cap = self.capacity;
-
-        let mut slots: Vec<Slot> = batch.into_iter().map(Slot::new).collect();
-        let mut pending: VecDeque<Vec<usize>> = VecDeque::new();
-        let mut start = 0;
-        for i in 0..slots.len() {
-            if !slots[i].link_next || i + 1 == slots.len() {
-                plan_chain(&mut slots, (start..=i).collect(), cap, &mut pending);
-                start = i + 1;
-            }
-        }
-
-        let mut chains: Vec<Chain> = Vec::new();
-        let mut ready: Vec<usize> = Vec::new();
-        let mut in_flight = 0usize;
+        let tag = self.next_tag();
+        let mut batch = Batch::new(tag, batch, self.capacity);
         let mut busy = 0u32;
         loop {
-            // Push whole chains while they fit under the in-flight bound. The
-            // SQ itself always has room: unconsumed SQEs are counted in flight.
-            while pending
-                .front()
-                .is_some_and(|chain| in_flight + chain.len() <= cap)
-            {
-                let Some(members) = pending.pop_front() else {
-                    break;
-                };
-                let entries: Vec<squeue::Entry> = members
-                    .iter()
-                    .enumerate()
-                    .map(|(pos, &i)| {
-                        let link = pos + 1 < members.len();
-                        build_entry(&self.files, &mut slots[i], user_data(generation, i), link)
-                    })
-                    .collect();
-                // SAFETY: every pointer in `entries` points into memory owned by
-                // `slots` (the AlignedBuf inside the slot's Op, or the slot's
-                // path CStrings), whose heap allocations do not move when a
-                // Slot moves. A slot is marked in flight below and its Op is
-                // not handed out or dropped until its CQE has been reaped; if
-                // the batch is abandoned first, `abandon` moves the memory into
-                // `self.quarantine`, which lives until that CQE arrives or is
-                // leaked on drop. File descriptors stay open for the call
-                // because `submit` holds `&mut self`.
-                let pushed = unsafe { self.ring.submission().push_multiple(&entries) };
-                if pushed.is_err() {
-                    pending.push_front(members);
-                    break;
-                }
-                for &i in &members {
-                    slots[i].in_flight = true;
-                    slots[i].chain = chains.len();
-                }
-                in_flight += members.len();
-                chains.push(Chain {
-                    outstanding: members.len(),
-                    members,
-                });
+            // Older (asynchronous) batches' waiting chains go first.
+            if self.push_running() {
+                self.push_chains(&mut batch);
             }
-            if in_flight == 0 {
-                // Anything still pending fits into an idle ring, so this only
-                // happens once everything is done.
-                debug_assert!(pending.is_empty());
+            if batch.is_done() {
                 break;
             }
-
+            // Something is in flight: this batch's ops, or ops of running
+            // batches that must finish before this batch's chains fit (a
+            // chain never exceeds the ring, so it fits into an idle ring).
+            debug_assert!(self.in_flight > 0);
             match self.ring.submit_and_wait(1) {
                 Ok(_) => busy = 0,
                 Err(e) => match e.raw_os_error() {
@@ -354,40 +582,81 @@ impl IoBackend for UringBackend {
                     }
                     _ => {
                         tracing::error!(error = %e, "io_uring_enter failed; failing the batch");
-                        self.abandon(&mut slots, generation, &e);
+                        self.abandon(&mut batch, &e);
+                        self.abandon_running(&e);
                         break;
                     }
                 },
             }
+            self.drain_cq(Some(&mut batch));
+        }
+        // Continuations of running batches queued by the completions above.
+        self.pump();
+        batch.into_completions()
+    }
+}
 
-            for cqe in self.ring.completion() {
-                let ud = cqe.user_data();
-                if (ud >> 32) as u32 != generation {
-                    // Late completion of an abandoned op: its memory is free now.
-                    self.quarantine.remove(&ud);
-                    continue;
-                }
-                let i = (ud & u64::from(u32::MAX)) as usize;
-                let Some(slot) = slots.get_mut(i).filter(|s| s.in_flight) else {
-                    tracing::warn!(user_data = ud, "unexpected io_uring completion");
-                    continue;
-                };
-                slot.in_flight = false;
-                slot.cqe = Some(cqe.result());
-                in_flight -= 1;
-                let chain = &mut chains[slot.chain];
-                chain.outstanding -= 1;
-                if chain.outstanding == 0 {
-                    ready.push(slot.chain);
-                }
-            }
-            for c in ready.drain(..) {
-                let members = std::mem::take(&mut chains[c].members);
-                process_chain(&mut slots, &members, &mut pending);
+/// One batch while it runs: its ops, the chains waiting to be (re)submitted
+/// and the chains in the kernel.
+struct Batch {
+    /// High half of the user_data of its entries.
+    tag: u32,
+    slots: Vec<Slot>,
+    /// Chains (whole, or continuations after a short or interrupted op)
+    /// waiting for room in the ring, in order.
+    pending: VecDeque<Vec<usize>>,
+    chains: Vec<Chain>,
+    /// Entries of this batch in the kernel.
+    in_flight: usize,
+}
+
+impl Batch {
+    fn new(tag: u32, batch: Vec<Sqe>, cap: usize) -> Self {
+        let mut slots: Vec<Slot> = batch.into_iter().map(Slot::new).collect();
+        let mut pending: VecDeque<Vec<usize>> = VecDeque::new();
+        let mut start = 0;
+        for i in 0..slots.len() {
+            if !slots[i].link_next || i + 1 == slots.len() {
+                plan_chain(&mut slots, (start..=i).collect(), cap, &mut pending);
+                start = i + 1;
             }
         }
+        Self {
+            tag,
+            slots,
+            pending,
+            chains: Vec::new(),
+            in_flight: 0,
+        }
+    }
 
-        slots
+    /// Every op has its final result.
+    fn is_done(&self) -> bool {
+        self.in_flight == 0 && self.pending.is_empty()
+    }
+
+    /// Applies the CQE of entry `index`; once its chain has completed as a
+    /// whole, finishes its ops or queues continuations. False if the entry
+    /// is not in flight (unexpected completion).
+    fn complete(&mut self, index: usize, res: i32) -> bool {
+        let Some(slot) = self.slots.get_mut(index).filter(|s| s.in_flight) else {
+            return false;
+        };
+        slot.in_flight = false;
+        slot.cqe = Some(res);
+        let c = slot.chain;
+        self.in_flight -= 1;
+        let chain = &mut self.chains[c];
+        chain.outstanding -= 1;
+        if chain.outstanding == 0 {
+            let members = std::mem::take(&mut chain.members);
+            process_chain(&mut self.slots, &members, &mut self.pending);
+        }
+        true
+    }
+
+    fn into_completions(self) -> Vec<Completion> {
+        self.slots
             .into_iter()
             .map(|slot| Completion {
                 op: slot.op,
