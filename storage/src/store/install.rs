@@ -30,10 +30,10 @@ use ringlog_protocol::manifest::Manifest;
 use super::open::list;
 use super::verify::LogVerifier;
 use super::{
-    submit_checked, write_new_file, ChainPoint, PartitionStore, SealedFile, StoreError,
-    TransferError, STAGING_DIR,
+    create_segment_file, submit_checked, write_new_file, ChainPoint, PartitionStore, SealedFile,
+    StoreError, TransferError, STAGING_DIR,
 };
-use crate::io::{AlignedBuf, BufPool, FileId, IoBackend, Op, OpenMode, Sqe};
+use crate::io::{align_up, AlignedBuf, BufPool, FileId, IoBackend, Op, Sqe};
 use crate::segment::{self, segment_checksum, SealedIndex, SparseIndex};
 use crate::superblock::{half_for, Frontier, SealedSegment, SEGMENTS_MAX};
 
@@ -273,9 +273,8 @@ impl PartitionStore {
         let mut files = Vec::with_capacity(manifest.artifacts.len());
         for a in &manifest.artifacts {
             let path = segment::log_path(&staging_dir, a.base_offset);
-            let file = io
-                .open_file(&path, OpenMode::Create)
-                .map_err(|e| StoreError::io(pid, "create", &path, e))?;
+            // Sized up front, so chunk writes never extend the file.
+            let file = create_segment_file(io, pid, &path, align_up(a.length_bytes))?;
             files.push(file);
         }
         self.installing = true;
