@@ -16,8 +16,11 @@
 //!   written; a write that makes no progress fails with `WriteZero`.
 //! * Short reads are continued until `len` bytes were read or a read returns 0
 //!   (end of file); the result is the total.
-//! * `EINTR` and `EAGAIN` completions are resubmitted, at most
-//!   [`RETRY_LIMIT`] times per op; after that the error is returned.
+//! * `EINTR` and `EAGAIN` completions of reads and writes are resubmitted, at
+//!   most [`RETRY_LIMIT`] times per op; after that the error is returned. The
+//!   same errors from an fsync, fdatasync, rename, unlink or rmdir are returned
+//!   at once: the kernel did not cancel the links behind such an op, so they
+//!   already ran and a retry would complete it after them.
 //! * The kernel cancels the rest of a link chain (`ECANCELED`) after a failed
 //!   or short read/write (not after a failed fsync, rename or unlink, whose
 //!   chains go on). When the cancelling read/write was only short or
@@ -904,12 +907,15 @@ fn evaluate(slot: &mut Slot, res: i32) -> Next {
     let is_rw = slot.is_rw();
     if res < 0 {
         let errno = -res;
-        if (errno == libc::EINTR || errno == libc::EAGAIN) && slot.tries < RETRY_LIMIT {
+        // Only a read or write is retried: its failure cancelled the links
+        // behind it, which go again after it, in order. A failed fsync,
+        // rename or unlink did not cancel them, so they already ran; a retry
+        // would complete out of order (and a retried fsync may report success
+        // for dirty pages the failed one dropped). Those fail as they are.
+        if is_rw && (errno == libc::EINTR || errno == libc::EAGAIN) && slot.tries < RETRY_LIMIT {
             slot.tries += 1;
             tracing::debug!(op = slot.op.kind(), errno, tries = slot.tries, "retrying");
-            // A failed read/write cancelled its links; a failed fsync, rename
-            // or unlink did not, so only the op itself goes again.
-            return Next::Again { with_run: is_rw };
+            return Next::Again { with_run: true };
         }
         slot.result = Some(Err(io::Error::from_raw_os_error(errno)));
         return Next::Done {
@@ -1126,14 +1132,32 @@ mod tests {
     }
 
     #[test]
-    fn interrupted_fsync_is_retried_alone() {
-        let mut slots = vec![sync(true), rename(false)];
-        let pending = complete(&mut slots, &[0, 1], &[-libc::EINTR, 0]);
-        assert_eq!(pending, [vec![0]]);
-        assert!(slots[1].result.as_ref().unwrap().is_ok());
-        let pending = complete(&mut slots, &[0], &[0]);
+    fn interrupted_fsync_fails_and_is_never_retried() {
+        // The rename linked behind the fsync already ran when the EINTR came
+        // back: retrying the fsync now would let it look as if the rename had
+        // waited for it. The failure goes to the caller (who fences).
+        for errno_in in [libc::EINTR, libc::EAGAIN] {
+            let mut slots = vec![sync(true), rename(false)];
+            let pending = complete(&mut slots, &[0, 1], &[-errno_in, 0]);
+            assert!(pending.is_empty(), "fsync must not be resubmitted");
+            assert_eq!(errno(&slots[0]), Some(errno_in));
+            assert!(slots[1].result.as_ref().unwrap().is_ok());
+        }
+        // Alone in its chain too: a retried fsync may report success for
+        // pages a failed one dropped.
+        let mut slots = vec![sync(false)];
+        let pending = complete(&mut slots, &[0], &[-libc::EINTR]);
         assert!(pending.is_empty());
-        assert!(slots[0].result.as_ref().unwrap().is_ok());
+        assert_eq!(errno(&slots[0]), Some(libc::EINTR));
+    }
+
+    #[test]
+    fn interrupted_rename_fails_and_is_not_retried_after_its_links() {
+        let mut slots = vec![rename(true), sync(false)];
+        let pending = complete(&mut slots, &[0, 1], &[-libc::EAGAIN, 0]);
+        assert!(pending.is_empty());
+        assert_eq!(errno(&slots[0]), Some(libc::EAGAIN));
+        assert!(slots[1].result.as_ref().unwrap().is_ok());
     }
 
     #[test]
