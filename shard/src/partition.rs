@@ -378,7 +378,8 @@ mod tests {
     use super::*;
     use crate::client::{batch_of, records};
     use crate::config::ServerConfig;
-    use ringlog_storage::io::uring::{BatchId, UringBackend};
+    use ringlog_storage::io::uring::UringBackend;
+    use ringlog_storage::io::BatchId;
 
     fn open(dir: &Path, io: &mut UringBackend) -> Partition {
         let config = ServerConfig {

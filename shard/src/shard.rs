@@ -40,7 +40,8 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use ringlog_protocol::wire::{ErrorCode, ProduceReply};
-use ringlog_storage::io::uring::{BatchId, UringBackend};
+use ringlog_storage::io::uring::UringBackend;
+use ringlog_storage::io::{BatchId, IoBackend};
 use ringlog_storage::store::Appended;
 
 use crate::catalog::{Catalog, CatalogView, TopicState, TopicTable};

@@ -412,7 +412,7 @@ fn metadata_calls() {
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
-use ringlog_storage::io::uring::BatchId;
+use ringlog_storage::io::BatchId;
 
 fn eventfd() -> OwnedFd {
     // SAFETY: plain syscall; the result is checked.

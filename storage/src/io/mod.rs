@@ -114,6 +114,12 @@ pub struct Completion {
     pub result: io::Result<usize>,
 }
 
+/// Names a batch handed to [`IoBackend::submit_nowait`];
+/// [`IoBackend::reap`] returns it with the batch's completions. Unique per
+/// backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BatchId(pub u64);
+
 /// How to open a file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OpenMode {
@@ -142,4 +148,15 @@ pub trait IoBackend {
     /// Submits a batch and waits for all of it; one completion per op, in
     /// submission order.
     fn submit(&mut self, batch: Vec<Sqe>) -> Vec<Completion>;
+    /// Queues a batch without waiting for it and names it. The backend owns
+    /// the ops (and their buffers) until [`IoBackend::reap`] hands the batch
+    /// back; the caller must keep calling `reap` until it did. Nothing orders
+    /// it against other batches (only links order ops).
+    fn submit_nowait(&mut self, batch: Vec<Sqe>) -> BatchId;
+    /// Never blocks: hands back every batch of [`IoBackend::submit_nowait`]
+    /// whose ops have all finished (batches in any order), each with one
+    /// completion per op in the batch's order.
+    fn reap(&mut self) -> Vec<(BatchId, Vec<Completion>)>;
+    /// Batches of [`IoBackend::submit_nowait`] not handed back by `reap` yet.
+    fn batches_running(&self) -> usize;
 }

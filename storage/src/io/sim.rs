@@ -20,7 +20,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::path::{Path, PathBuf};
 
-use super::{Completion, FileId, IoBackend, Op, OpenMode, Sqe, BLOCK_SIZE};
+use super::{BatchId, Completion, FileId, IoBackend, Op, OpenMode, Sqe, BLOCK_SIZE};
 
 /// Torn writes tear at this granularity (a disk sector).
 pub const SECTOR_SIZE: usize = 512;
@@ -132,6 +132,9 @@ pub struct SimBackend {
     /// The write that was in flight at the crash: (inode, offset, bytes).
     torn_candidate: Option<(Inode, u64, Vec<u8>)>,
     tear_in_flight: bool,
+    /// Batches of `submit_nowait` not run yet, in submission order.
+    queued: Vec<(BatchId, Vec<Sqe>)>,
+    next_batch: u64,
 }
 
 impl SimBackend {
@@ -153,6 +156,8 @@ impl SimBackend {
             crashed: false,
             torn_candidate: None,
             tear_in_flight: true,
+            queued: Vec::new(),
+            next_batch: 0,
         }
     }
 
@@ -261,6 +266,8 @@ impl SimBackend {
             crashed: false,
             torn_candidate: None,
             tear_in_flight: true,
+            queued: Vec::new(),
+            next_batch: 0,
         }
     }
 
@@ -628,6 +635,25 @@ impl IoBackend for SimBackend {
             })
             .collect()
     }
+
+    fn submit_nowait(&mut self, batch: Vec<Sqe>) -> BatchId {
+        let id = BatchId(self.next_batch);
+        self.next_batch += 1;
+        self.queued.push((id, batch));
+        id
+    }
+
+    /// Runs every queued batch, oldest first.
+    fn reap(&mut self) -> Vec<(BatchId, Vec<Completion>)> {
+        std::mem::take(&mut self.queued)
+            .into_iter()
+            .map(|(id, batch)| (id, self.submit(batch)))
+            .collect()
+    }
+
+    fn batches_running(&self) -> usize {
+        self.queued.len()
+    }
 }
 
 #[cfg(test)]
@@ -822,5 +848,30 @@ mod tests {
             kept_old_name += usize::from(at_s);
         }
         assert!(kept_old_name > 0 && kept_old_name < 16);
+    }
+
+    #[test]
+    fn submit_nowait_holds_batches_until_reap() {
+        let mut io = SimBackend::new(7);
+        let f = io.open_file(Path::new("/a"), OpenMode::Create).unwrap();
+        let a = io.submit_nowait(vec![Sqe::new(Op::Write {
+            file: f,
+            offset: 0,
+            buf: block(1),
+        })]);
+        let b = io.submit_nowait(vec![Sqe::new(Op::Fdatasync { file: f })]);
+        assert_ne!(a, b);
+        assert_eq!(io.batches_running(), 2);
+        // Nothing ran yet.
+        assert_eq!(io.read_whole(Path::new("/a")).unwrap().len(), 0);
+        let mut reaped = io.reap();
+        reaped.sort_by_key(|(id, _)| *id);
+        let ids: Vec<BatchId> = reaped.iter().map(|(id, _)| *id).collect();
+        assert_eq!(ids, [a, b]);
+        assert!(reaped
+            .iter()
+            .all(|(_, c)| c.len() == 1 && c[0].result.is_ok()));
+        assert_eq!(io.batches_running(), 0);
+        assert!(io.reap().is_empty());
     }
 }

@@ -40,8 +40,8 @@
 //!
 //! # Asynchronous batches
 //!
-//! [`UringBackend::submit_nowait`] queues a batch without waiting and returns
-//! its [`BatchId`]; [`UringBackend::reap`] hands back the batches whose every
+//! [`IoBackend::submit_nowait`] queues a batch without waiting and returns
+//! its [`BatchId`]; [`IoBackend::reap`] hands back the batches whose every
 //! op has finished, in the same form as `submit` (one completion per op, in
 //! submission order). Short writes and reads, `EINTR`/`EAGAIN` retries and
 //! cancelled links are completed exactly as for `submit`: `reap` (and any
@@ -81,7 +81,7 @@ use std::path::Path;
 
 use io_uring::{opcode, squeue, types, IoUring};
 
-use super::{align_down, AlignedBuf, Completion, FileId, IoBackend, Op, OpenMode, Sqe};
+use super::{align_down, AlignedBuf, BatchId, Completion, FileId, IoBackend, Op, OpenMode, Sqe};
 
 /// Ring size used by [`UringBackend::with_default_entries`].
 pub const DEFAULT_ENTRIES: u32 = 256;
@@ -123,11 +123,6 @@ pub struct UringBackend {
     /// Scratch for draining the CQ.
     cqes: Vec<(u64, i32)>,
 }
-
-/// Names a batch handed to [`UringBackend::submit_nowait`]; [`UringBackend::reap`]
-/// returns it with the batch's completions. Unique per backend.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct BatchId(pub u64);
 
 struct Quarantined {
     _buf: Option<AlignedBuf>,
@@ -213,61 +208,13 @@ impl UringBackend {
     }
 
     /// Registers `fd` (an eventfd the caller keeps open while the backend
-    /// lives) to be signalled when [`UringBackend::reap`] may have finished
+    /// lives) to be signalled when [`IoBackend::reap`] may have finished
     /// batches (see the module docs). At most one; registering again fails
     /// with `EBUSY`.
     pub fn register_eventfd(&mut self, fd: RawFd) -> io::Result<()> {
         self.ring.submitter().register_eventfd(fd)?;
         self.eventfd = Some(fd);
         Ok(())
-    }
-
-    /// Queues `batch` and submits as much of it as the in-flight bound allows,
-    /// without waiting for any of it. The rest, and every continuation or
-    /// retry, is submitted by later [`UringBackend::reap`] (or `submit`)
-    /// calls, so the caller must call `reap` when the eventfd fires (or
-    /// regularly) until it returned this batch. The buffers and paths of the
-    /// ops stay owned by the backend until then.
-    pub fn submit_nowait(&mut self, batch: Vec<Sqe>) -> BatchId {
-        let id = BatchId(self.next_batch);
-        self.next_batch += 1;
-        let tag = self.next_tag();
-        let batch = Batch::new(tag, batch, self.capacity);
-        let finished = batch.is_done();
-        self.running.push_back((id, batch));
-        if finished {
-            // Nothing for the kernel to complete: wake the reaper ourselves.
-            self.signal();
-        } else {
-            self.pump();
-        }
-        id
-    }
-
-    /// Hands back every batch of [`UringBackend::submit_nowait`] whose ops
-    /// have all finished (batches may finish in any order; those of one call
-    /// come in submission order), each with one completion per op in the
-    /// batch's order. Never blocks: it reaps what the kernel completed,
-    /// resubmits continuations and retries, and returns.
-    pub fn reap(&mut self) -> Vec<(BatchId, Vec<Completion>)> {
-        self.drain_cq(None);
-        self.pump();
-        let mut done = Vec::new();
-        let mut keep = VecDeque::with_capacity(self.running.len());
-        for (id, batch) in self.running.drain(..) {
-            if batch.is_done() {
-                done.push((id, batch.into_completions()));
-            } else {
-                keep.push_back((id, batch));
-            }
-        }
-        self.running = keep;
-        done
-    }
-
-    /// Batches of [`UringBackend::submit_nowait`] not handed back by `reap` yet.
-    pub fn batches_running(&self) -> usize {
-        self.running.len()
     }
 
     /// A user_data tag no running batch uses.
@@ -596,6 +543,51 @@ impl IoBackend for UringBackend {
         // Continuations of running batches queued by the completions above.
         self.pump();
         batch.into_completions()
+    }
+
+    /// Queues `batch` and submits as much of it as the in-flight bound allows,
+    /// without waiting for any of it. The rest, and every continuation or
+    /// retry, is submitted by later [`IoBackend::reap`] (or `submit`) calls,
+    /// so the caller must call `reap` when the eventfd fires (or regularly)
+    /// until it returned this batch. The buffers and paths of the ops stay
+    /// owned by the backend until then.
+    fn submit_nowait(&mut self, batch: Vec<Sqe>) -> BatchId {
+        let id = BatchId(self.next_batch);
+        self.next_batch += 1;
+        let tag = self.next_tag();
+        let batch = Batch::new(tag, batch, self.capacity);
+        let finished = batch.is_done();
+        self.running.push_back((id, batch));
+        if finished {
+            // Nothing for the kernel to complete: wake the reaper ourselves.
+            self.signal();
+        } else {
+            self.pump();
+        }
+        id
+    }
+
+    /// Batches may finish in any order; those of one call come in submission
+    /// order. It reaps what the kernel completed, resubmits continuations and
+    /// retries, and returns.
+    fn reap(&mut self) -> Vec<(BatchId, Vec<Completion>)> {
+        self.drain_cq(None);
+        self.pump();
+        let mut done = Vec::new();
+        let mut keep = VecDeque::with_capacity(self.running.len());
+        for (id, batch) in self.running.drain(..) {
+            if batch.is_done() {
+                done.push((id, batch.into_completions()));
+            } else {
+                keep.push_back((id, batch));
+            }
+        }
+        self.running = keep;
+        done
+    }
+
+    fn batches_running(&self) -> usize {
+        self.running.len()
     }
 }
 
