@@ -45,6 +45,10 @@ pub struct ServerArgs {
     /// Cross-shard mailbox capacity.
     #[arg(long)]
     mailbox_capacity: Option<String>,
+    /// Rebuild topics.json from the partition directories on disk (when it
+    /// was lost or is corrupt; a present file is kept as topics.json.replaced).
+    #[arg(long)]
+    rebuild_catalog: bool,
     /// Any other config key: --set key=value (repeatable).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     set: Vec<String>,
@@ -123,6 +127,7 @@ pub fn run(args: ServerArgs) -> i32 {
         config,
         Hooks {
             set_log_level: Some(set_level),
+            rebuild_catalog: args.rebuild_catalog,
         },
     ) {
         Ok(r) => r,

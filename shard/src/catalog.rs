@@ -7,6 +7,11 @@
 //! `creating` topic's missing partitions are created, while a `ready`
 //! topic's missing partition is a fault (reported, never silently recreated).
 //!
+//! A missing or unreadable catalog never deletes data: boot refuses with a
+//! message that says how to proceed, and [`TopicTable::rebuild`] (the
+//! `--rebuild-catalog` flag) recovers the table from the partition
+//! directories and the partition ids in their superblocks.
+//!
 //! One writer (the controller on shard 0); every shard reads through
 //! [`Catalog::snapshot`], which costs one atomic load unless the table
 //! changed.
@@ -61,8 +66,23 @@ pub enum CatalogError {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("{path} is corrupt: {message}")]
+    #[error(
+        "{path} is corrupt: {message} (nothing was deleted; restore it from a backup, \
+         or move it aside and start once with --rebuild-catalog)"
+    )]
     Corrupt { path: PathBuf, message: String },
+    #[error(
+        "{path} is missing but {dir} holds {topics} topic directories; nothing was deleted. \
+         Restore topics.json from a backup, or start once with --rebuild-catalog to \
+         rebuild it from the partitions on disk"
+    )]
+    Missing {
+        path: PathBuf,
+        dir: PathBuf,
+        topics: usize,
+    },
+    #[error("cannot rebuild the catalog from {path}: {message}")]
+    Rebuild { path: PathBuf, message: String },
 }
 
 fn io_err<'a>(
@@ -79,16 +99,28 @@ fn io_err<'a>(
 impl TopicTable {
     pub const FORMAT: u32 = 1;
 
-    /// Loads `topics.json` from `data_dir`; a missing file is an empty table.
+    fn empty() -> TopicTable {
+        TopicTable {
+            format: Self::FORMAT,
+            ..TopicTable::default()
+        }
+    }
+
+    /// Loads `topics.json` from `data_dir`. A missing file is an empty table
+    /// only if no topic directory exists (a fresh data dir); otherwise it is
+    /// [`CatalogError::Missing`], because garbage collection would take every
+    /// topic for a deleted one.
     pub fn load(data_dir: &Path) -> Result<TopicTable, CatalogError> {
         let path = data_dir.join(TOPICS_FILE);
         let text = match std::fs::read_to_string(&path) {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Ok(TopicTable {
-                    format: Self::FORMAT,
-                    ..TopicTable::default()
-                })
+                let dir = data_dir.join(TOPICS_DIR);
+                let topics = topic_dirs(&dir)?.len();
+                if topics > 0 {
+                    return Err(CatalogError::Missing { path, dir, topics });
+                }
+                return Ok(Self::empty());
             }
             Err(e) => return Err(io_err("read", &path)(e)),
         };
@@ -122,6 +154,69 @@ impl TopicTable {
         sync_dir(data_dir)
     }
 
+    /// Rebuilds the table from what is on disk: every `topics/<name>/<index>`
+    /// directory with the partition id its superblock records. Every topic
+    /// comes back `ready`; ids of deleted topics that left nothing on disk
+    /// may be handed out again (nothing refers to them any more). Refuses
+    /// (never guesses) if a topic's indexes have gaps, a superblock is
+    /// unreadable, or a topic's ids are not consecutive.
+    pub fn rebuild(data_dir: &Path) -> Result<TopicTable, CatalogError> {
+        let mut table = Self::empty();
+        let root = data_dir.join(TOPICS_DIR);
+        for (name, dir) in topic_dirs(&root)? {
+            let mut ids: BTreeMap<u32, u32> = BTreeMap::new();
+            for entry in std::fs::read_dir(&dir).map_err(io_err("list", &dir))? {
+                let entry = entry.map_err(io_err("list", &dir))?;
+                let index = entry
+                    .file_name()
+                    .to_str()
+                    .and_then(|s| s.parse::<u32>().ok());
+                let Some(index) = index else { continue };
+                ids.insert(index, superblock_partition_id(&entry.path())?);
+            }
+            let Some(&first) = ids.get(&0) else {
+                if ids.is_empty() {
+                    continue; // an empty topic directory holds no data
+                }
+                return Err(rebuild_err(&dir, "no partition 0".into()));
+            };
+            for (i, (&index, &id)) in ids.iter().enumerate() {
+                if index as usize != i || Some(id) != first.checked_add(index) {
+                    return Err(rebuild_err(
+                        &dir,
+                        format!(
+                            "partition {index} has id {id}; expected index {i} with id {first}+{i}"
+                        ),
+                    ));
+                }
+            }
+            let partitions = ids.len() as u32;
+            let end = first + partitions;
+            table.next_partition_id = table.next_partition_id.max(end);
+            table.topics.insert(
+                name,
+                TopicMeta {
+                    partitions,
+                    first_partition_id: first,
+                    state: TopicState::Ready,
+                },
+            );
+        }
+        let mut ranges: Vec<(u32, u32)> = table
+            .topics
+            .values()
+            .map(|m| (m.first_partition_id, m.first_partition_id + m.partitions))
+            .collect();
+        ranges.sort_unstable();
+        if ranges.windows(2).any(|w| w[0].1 > w[1].0) {
+            return Err(rebuild_err(
+                &root,
+                "two topics claim the same partition id".into(),
+            ));
+        }
+        Ok(table)
+    }
+
     /// Directory of one partition.
     pub fn partition_dir(data_dir: &Path, topic: &str, index: u32) -> PathBuf {
         data_dir
@@ -129,6 +224,40 @@ impl TopicTable {
             .join(topic)
             .join(index.to_string())
     }
+}
+
+fn rebuild_err(path: &Path, message: String) -> CatalogError {
+    CatalogError::Rebuild {
+        path: path.into(),
+        message,
+    }
+}
+
+/// The topic directories under `root` (name, path); none if it is absent.
+fn topic_dirs(root: &Path) -> Result<Vec<(String, PathBuf)>, CatalogError> {
+    let entries = match std::fs::read_dir(root) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(io_err("list", root)(e)),
+    };
+    let mut out = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(io_err("list", root))?;
+        let is_dir = entry.file_type().map_err(io_err("stat", root))?.is_dir();
+        if let (true, Some(name)) = (is_dir, entry.file_name().to_str()) {
+            out.push((name.to_string(), entry.path()));
+        }
+    }
+    Ok(out)
+}
+
+/// The partition id recorded in the superblock of partition directory `dir`.
+fn superblock_partition_id(dir: &Path) -> Result<u32, CatalogError> {
+    let path = dir.join(ringlog_storage::store::SUPERBLOCK_FILE);
+    let bytes = std::fs::read(&path).map_err(io_err("read", &path))?;
+    ringlog_storage::superblock::choose(&bytes, &path)
+        .map(|c| c.superblock.partition_id)
+        .map_err(|e| rebuild_err(&path, e.to_string()))
 }
 
 /// fsyncs a directory so the names in it are durable.
@@ -230,6 +359,25 @@ mod tests {
             TopicTable::load(dir.path()),
             Err(CatalogError::Corrupt { .. })
         ));
+    }
+
+    #[test]
+    fn missing_catalog_with_topic_dirs_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let part = TopicTable::partition_dir(dir.path(), "t", 0);
+        std::fs::create_dir_all(&part).unwrap();
+        let err = TopicTable::load(dir.path()).unwrap_err();
+        assert!(
+            matches!(err, CatalogError::Missing { topics: 1, .. }),
+            "{err}"
+        );
+        assert!(err.to_string().contains("--rebuild-catalog"), "{err}");
+        // A partition directory without a superblock is not guessed at.
+        let err = TopicTable::rebuild(dir.path()).unwrap_err();
+        assert!(err.to_string().contains("superblock"), "{err}");
+        assert!(part.is_dir());
+        std::fs::remove_dir(&part).unwrap();
+        assert!(TopicTable::rebuild(dir.path()).unwrap().topics.is_empty());
     }
 
     #[test]

@@ -1,8 +1,8 @@
 //! Booting and stopping a node.
 //!
 //! Start: lock the data directory, load topics.json, remove partition
-//! directories it does not reference (garbage from deleted topics), bind one
-//! SO_REUSEPORT listener per shard, start the pinned shard threads (each
+//! directories it does not reference (garbage from deleted topics), bind the
+//! client port once (shared by the shards, exclusive to this process), start the pinned shard threads (each
 //! opens its partitions), finish topics a crash left half-created, open the
 //! control socket, then print one `ready` line on stdout.
 //!
@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use thiserror::Error;
 
-use crate::catalog::{Catalog, CatalogError, TopicState, TopicTable, TOPICS_DIR};
+use crate::catalog::{Catalog, CatalogError, TopicState, TopicTable, TOPICS_DIR, TOPICS_FILE};
 use crate::config::ServerConfig;
 use crate::control::{ControlContext, ControlServer, LogLevelHook};
 use crate::mailbox::mailbox;
@@ -41,6 +41,8 @@ pub enum ServerError {
     Locked { path: PathBuf },
     #[error(transparent)]
     Catalog(#[from] CatalogError),
+    #[error("listen address {addr}: address in use (another process listens on it; stop it or pick another `listen`)")]
+    AddrInUse { addr: String },
     #[error("listen address {addr}: {source}")]
     Listen {
         addr: String,
@@ -55,10 +57,14 @@ pub enum ServerError {
     Shard(String),
 }
 
+/// What the binary passes besides the config.
 #[derive(Default)]
 pub struct Hooks {
     /// Changes the log filter (the binary owns the tracing subscriber).
     pub set_log_level: Option<LogLevelHook>,
+    /// Rebuild topics.json from the partitions on disk (`--rebuild-catalog`)
+    /// instead of loading it; a present file is kept as `topics.json.replaced`.
+    pub rebuild_catalog: bool,
 }
 
 /// A started node.
@@ -80,7 +86,11 @@ pub fn start(config: ServerConfig, hooks: Hooks) -> Result<Running, ServerError>
     };
     std::fs::create_dir_all(data_dir.join(TOPICS_DIR)).map_err(dir_err)?;
     let lock = lock_data_dir(&data_dir)?;
-    let mut table = TopicTable::load(&data_dir)?;
+    let mut table = if hooks.rebuild_catalog {
+        rebuild_catalog(&data_dir)?
+    } else {
+        TopicTable::load(&data_dir)?
+    };
     collect_garbage(&data_dir, &table);
 
     let shards = config.shard_count();
@@ -88,11 +98,18 @@ pub fn start(config: ServerConfig, hooks: Hooks) -> Result<Running, ServerError>
         addr: config.listen.clone(),
         source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "bad address"),
     })?;
-    let listeners =
-        crate::net::bind_reuseport(addr, shards).map_err(|source| ServerError::Listen {
-            addr: config.listen.clone(),
-            source,
-        })?;
+    let listeners = crate::net::bind_shared(addr, shards).map_err(|source| {
+        if source.kind() == std::io::ErrorKind::AddrInUse {
+            ServerError::AddrInUse {
+                addr: config.listen.clone(),
+            }
+        } else {
+            ServerError::Listen {
+                addr: config.listen.clone(),
+                source,
+            }
+        }
+    })?;
     let client_addr = listeners[0]
         .local_addr()
         .map_err(|source| ServerError::Listen {
@@ -264,6 +281,27 @@ fn lock_data_dir(data_dir: &Path) -> Result<std::fs::File, ServerError> {
         });
     }
     Ok(f)
+}
+
+/// Rebuilds topics.json from disk and stores it, keeping any previous file.
+fn rebuild_catalog(data_dir: &Path) -> Result<TopicTable, ServerError> {
+    let table = TopicTable::rebuild(data_dir)?;
+    let path = data_dir.join(TOPICS_FILE);
+    if path.exists() {
+        let kept = data_dir.join(format!("{TOPICS_FILE}.replaced"));
+        std::fs::rename(&path, &kept).map_err(|source| ServerError::DataDir {
+            path: path.clone(),
+            source,
+        })?;
+    }
+    table.store(data_dir)?;
+    let topics: Vec<_> = table
+        .topics
+        .iter()
+        .map(|(t, m)| (t, m.partitions))
+        .collect();
+    tracing::warn!(?topics, "rebuilt topics.json from the partitions on disk");
+    Ok(table)
 }
 
 /// Removes partition directories topics.json does not reference.

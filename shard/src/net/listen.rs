@@ -1,19 +1,23 @@
-//! Binding one listening socket per shard on the same address.
+//! Binding the client port once and sharing it between the shards.
+//!
+//! One socket is bound without SO_REUSEPORT, so a second process (any user)
+//! asking for the same address fails with "address in use" instead of
+//! silently taking half the connections; each shard accepts on its own
+//! descriptor (a dup) of that one socket.
 
 use std::net::{SocketAddr, TcpListener};
 use std::os::fd::{FromRawFd, OwnedFd};
 
-/// Binds `count` listeners on `addr` with SO_REUSEPORT, so the kernel spreads
-/// incoming connections across shards. With port 0 the first bind picks the
-/// port and the others join it.
-pub fn bind_reuseport(addr: SocketAddr, count: usize) -> std::io::Result<Vec<TcpListener>> {
+/// Binds `addr` once and returns `count` descriptors of the listening
+/// socket, one per shard.
+pub fn bind_shared(addr: SocketAddr, count: usize) -> std::io::Result<Vec<TcpListener>> {
+    assert!(count > 0, "at least one shard");
+    let first = bind_one(addr)?;
     let mut out: Vec<TcpListener> = Vec::with_capacity(count);
-    let mut addr = addr;
-    for _ in 0..count {
-        let l = bind_one(addr)?;
-        addr = l.local_addr()?;
-        out.push(l);
+    for _ in 1..count {
+        out.push(first.try_clone()?);
     }
+    out.push(first);
     Ok(out)
 }
 
@@ -30,20 +34,20 @@ fn bind_one(addr: SocketAddr) -> std::io::Result<TcpListener> {
     // SAFETY: socket returned a fresh descriptor nothing else owns.
     let owned = unsafe { OwnedFd::from_raw_fd(fd) };
     let one: libc::c_int = 1;
-    for opt in [libc::SO_REUSEADDR, libc::SO_REUSEPORT] {
-        // SAFETY: valid descriptor, option pointer and length.
-        let rc = unsafe {
-            libc::setsockopt(
-                fd,
-                libc::SOL_SOCKET,
-                opt,
-                (&one as *const libc::c_int).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
-        if rc != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
+    // SO_REUSEADDR only lets a restart bind past TIME_WAIT connections; on
+    // Linux it never lets two listeners share a port.
+    // SAFETY: valid descriptor, option pointer and length.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_REUSEADDR,
+            (&one as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
     }
     let (storage, len) = sockaddr(addr);
     // SAFETY: storage holds a valid sockaddr of length len.
@@ -103,10 +107,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn listeners_share_one_port() {
-        let ls = bind_reuseport("127.0.0.1:0".parse().unwrap(), 3).unwrap();
-        let port = ls[0].local_addr().unwrap().port();
-        assert_ne!(port, 0);
-        assert!(ls.iter().all(|l| l.local_addr().unwrap().port() == port));
+    fn listeners_share_one_port_and_exclude_others() {
+        let ls = bind_shared("127.0.0.1:0".parse().unwrap(), 3).unwrap();
+        let addr = ls[0].local_addr().unwrap();
+        assert_ne!(addr.port(), 0);
+        assert!(ls.iter().all(|l| l.local_addr().unwrap() == addr));
+        let err = bind_shared(addr, 1).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::AddrInUse, "{err}");
     }
 }

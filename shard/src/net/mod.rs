@@ -1,4 +1,4 @@
-//! The client port: SO_REUSEPORT listeners (one per shard), connections,
+//! The client port: one listening socket shared by the shards, connections,
 //! and request dispatch to partition owners.
 
 mod conn;
@@ -6,4 +6,4 @@ mod dispatch;
 mod listen;
 
 pub(crate) use conn::accept_loop;
-pub use listen::bind_reuseport;
+pub use listen::bind_shared;

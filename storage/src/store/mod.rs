@@ -55,7 +55,8 @@ use crate::superblock::{
     COPY_SIZE_BYTES, SEGMENTS_MAX,
 };
 
-const SUPERBLOCK_FILE: &str = "superblock";
+/// Name of the superblock file in a partition directory.
+pub const SUPERBLOCK_FILE: &str = "superblock";
 const RECYCLE_DIR: &str = "recycle";
 /// Where an install stages the next generation (one install at a time).
 const STAGING_DIR: &str = "staging";
