@@ -648,3 +648,85 @@ proptest! {
         converge(&actions);
     }
 }
+
+/// Delivers every chunk of `offer` in order, a window per call, stopping at
+/// the first refusal, which it returns.
+fn deliver(
+    io: &mut SimBackend,
+    install: &mut ringlog_storage::store::Install,
+    offer: &Offer,
+) -> Option<StoreError> {
+    for window in offer.chunks.chunks(install.window_chunks()) {
+        let chunks: Vec<(u32, u32, &[u8])> = window
+            .iter()
+            .map(|(a, c, bytes)| (*a, *c, &bytes[..]))
+            .collect();
+        if let Err(e) = install.accept_chunks(io, &chunks) {
+            return Some(e);
+        }
+    }
+    None
+}
+
+#[test]
+fn a_failed_staged_write_poisons_the_install() {
+    let mut src_io = SimBackend::new(21);
+    let mut src = source_plain(&mut src_io);
+    let offer = take_offer(&mut src_io, &mut src);
+    let expected = state(&mut src_io, &mut src).batches;
+
+    // Every I/O of the chunk deliveries, failed in turn.
+    let mut io = SimBackend::new(22);
+    let mut dst = receiver_prefix(&mut io);
+    let manifest = Manifest::decode(&offer.manifest, &ManifestLimits::default()).unwrap();
+    let mut install = dst.begin_install(&mut io, manifest.clone()).unwrap();
+    let from = io.ops_count();
+    assert!(deliver(&mut io, &mut install, &offer).is_none());
+    let delivery_ops = io.ops_count() - from;
+    dst.abort_install(&mut io, install).unwrap();
+    assert!(delivery_ops >= offer.chunks.len() as u64);
+
+    for k in 0..delivery_ops {
+        let label = format!("failed delivery I/O {k}");
+        let mut io = SimBackend::new(23 + k);
+        let mut dst = receiver_prefix(&mut io);
+        let before = state(&mut io, &mut dst);
+        let mut install = dst.begin_install(&mut io, manifest.clone()).unwrap();
+        io.set_fail_at(io.ops_count() + k);
+        let failure = deliver(&mut io, &mut install, &offer)
+            .unwrap_or_else(|| panic!("{label}: the failure went unreported"));
+        assert!(
+            matches!(failure, StoreError::Io { .. }),
+            "{label}: {failure}"
+        );
+        // Redelivering everything does not paper over the hole.
+        let again = deliver(&mut io, &mut install, &offer);
+        assert!(
+            matches!(
+                again,
+                Some(StoreError::Transfer {
+                    source: TransferError::Poisoned { .. },
+                    ..
+                })
+            ),
+            "{label}: redelivery after a failed write: {again:?}"
+        );
+        assert!(
+            matches!(
+                refused(dst.commit_install(&mut io, install)),
+                TransferError::Poisoned { .. }
+            ),
+            "{label}: a poisoned install committed"
+        );
+        assert!(state(&mut io, &mut dst) == before, "{label}: store changed");
+        assert!(
+            io.paths()
+                .iter()
+                .all(|p| !p.to_string_lossy().contains("staging")),
+            "{label}: staging left behind"
+        );
+        // A fresh install of the same offer succeeds and holds every batch.
+        install_ok(&mut io, &mut dst, &offer);
+        assert_eq!(state(&mut io, &mut dst).batches, expected, "{label}");
+    }
+}

@@ -141,6 +141,11 @@ pub enum TransferError {
     Busy,
     #[error("an install is already in progress")]
     InstallInProgress,
+    /// A staged write failed or staged bytes failed verification: what is on
+    /// disk no longer matches what was verified, so the install can only be
+    /// aborted (and started again).
+    #[error("install abandoned: {reason}")]
+    Poisoned { reason: String },
 }
 
 impl StoreError {

@@ -60,6 +60,11 @@ pub struct Install {
     index_interval_bytes: u32,
     /// Aligned chunk buffers, reused.
     pool: BufPool,
+    /// Staged writes that completed; the commit needs every chunk's.
+    chunks_written: u64,
+    /// Why the install can no longer commit (a failed staged write or
+    /// verification), once it cannot.
+    poisoned: Option<String>,
 }
 
 impl Install {
@@ -86,13 +91,26 @@ impl Install {
         self.missing().count() as u64
     }
 
+    /// Why this install can only be aborted, if it can.
+    pub fn poisoned(&self) -> Option<&str> {
+        self.poisoned.as_deref()
+    }
+
     /// Chunks that may be delivered ahead of the next one due.
     pub fn window_chunks(&self) -> usize {
         self.window_chunks
     }
 
+    /// Every chunk verified and its staged write completed.
     fn complete(&self) -> bool {
+        let chunks: usize = self
+            .manifest
+            .artifacts
+            .iter()
+            .map(|a| a.chunk_checksums.len())
+            .sum();
         self.cursor.0 as usize == self.manifest.artifacts.len()
+            && self.chunks_written == chunks as u64
     }
 
     /// One chunk; see [`Install::accept_chunks`].
@@ -110,35 +128,82 @@ impl Install {
     /// length, checksum) and the window; then every chunk now due is
     /// verified as log bytes and written, all writes in one submission.
     /// Duplicates of chunks already taken are ignored.
+    ///
+    /// A chunk is consumed once verified (the verifier's state moves past
+    /// it), so a failed staged write or a failed verification poisons the
+    /// install: every later call and the commit refuse it with
+    /// [`TransferError::Poisoned`]; only an abort is left.
     pub fn accept_chunks(
         &mut self,
         io: &mut impl IoBackend,
         chunks: &[(u32, u32, &[u8])],
     ) -> Result<(), StoreError> {
+        self.check_poisoned()?;
         for &(artifact, chunk, bytes) in chunks {
             self.take(artifact, chunk, bytes)?;
         }
         let mut sqes = Vec::new();
+        let mut refusal = None;
         while let Some(buf) = self.ahead.remove(&self.cursor) {
-            sqes.push(self.verify_due(buf)?);
+            match self.verify_due(buf) {
+                Ok(sqe) => sqes.push(sqe),
+                Err(e) => {
+                    self.poisoned = Some(e.to_string());
+                    refusal = Some(e);
+                    break;
+                }
+            }
         }
+        // Chunks verified above are past the cursor: write them even if a
+        // later one failed, so every buffer goes back to the pool.
+        let written = self.write_staged(io, sqes);
+        match (refusal, written) {
+            (Some(e), _) | (None, Err(e)) => Err(e),
+            (None, Ok(())) => Ok(()),
+        }
+    }
+
+    /// Submits staged writes and counts those that landed; the first failure
+    /// poisons the install and is returned.
+    fn write_staged(&mut self, io: &mut impl IoBackend, sqes: Vec<Sqe>) -> Result<(), StoreError> {
         if sqes.is_empty() {
             return Ok(());
         }
-        let completions = io.submit(sqes);
         let mut failure = None;
-        for c in completions {
-            if let Err(e) = &c.result {
-                failure.get_or_insert_with(|| format!("staged write failed: {e}"));
+        for c in io.submit(sqes) {
+            match (&c.result, &c.op) {
+                (Ok(_), _) => self.chunks_written += 1,
+                (Err(e), Op::Write { file, offset, .. }) => {
+                    let path = self
+                        .files
+                        .iter()
+                        .position(|f| f == file)
+                        .and_then(|i| self.manifest.artifacts.get(i))
+                        .map(|a| segment::log_path(&self.staging_dir, a.base_offset))
+                        .unwrap_or_else(|| self.staging_dir.clone());
+                    let reason = format!("staged write at {offset} failed: {e}");
+                    self.poisoned.get_or_insert(reason);
+                    let e = std::io::Error::new(e.kind(), e.to_string());
+                    failure.get_or_insert(StoreError::io(
+                        self.partition_id,
+                        "staged write",
+                        path,
+                        e,
+                    ));
+                }
+                (Err(e), op) => debug_assert!(false, "only writes are staged, got {op:?}: {e}"),
             }
             if let Some(buf) = c.op.into_buf() {
                 self.pool.put(buf);
             }
         }
-        match failure {
-            Some(reason) => Err(self.refusal(TransferError::Verification {
-                artifact: self.cursor.0,
-                reason,
+        failure.map_or(Ok(()), Err)
+    }
+
+    fn check_poisoned(&self) -> Result<(), StoreError> {
+        match &self.poisoned {
+            Some(reason) => Err(self.refusal(TransferError::Poisoned {
+                reason: reason.clone(),
             })),
             None => Ok(()),
         }
@@ -190,7 +255,13 @@ impl Install {
     /// and returns the write that stages it.
     fn verify_due(&mut self, mut buf: AlignedBuf) -> Result<Sqe, StoreError> {
         let (artifact, chunk) = self.cursor;
-        let a = &self.manifest.artifacts[artifact as usize];
+        // The cursor only reaches chunks `take` found in the manifest.
+        let (Some(a), Some(&file)) = (
+            self.manifest.artifacts.get(artifact as usize),
+            self.files.get(artifact as usize),
+        ) else {
+            return Err(self.refusal(TransferError::ChunkOutOfRange { artifact, chunk }));
+        };
         let verifier = self.verifier.get_or_insert_with(|| {
             LogVerifier::new(
                 self.partition_id,
@@ -203,22 +274,21 @@ impl Install {
         let fed = verifier.feed(&buf);
         let last_chunk = chunk as usize + 1 == a.chunk_checksums.len();
         let finished = match fed {
-            Ok(()) if last_chunk => {
-                let verifier = self.verifier.take().expect("verifier in use");
-                match verifier.finish(a.length_bytes, a.end_offset) {
+            Ok(()) if last_chunk => match self.verifier.take() {
+                Some(verifier) => match verifier.finish(a.length_bytes, a.end_offset) {
                     Ok((_, last)) if last != Some(a.last_batch_checksum) => {
                         Err("last batch differs from the manifest".to_string())
                     }
                     other => other.map(Some),
-                }
-            }
+                },
+                None => Err("verifier lost".to_string()),
+            },
             Ok(()) => Ok(None),
             Err(e) => Err(e),
         };
         let finished = finished
             .map_err(|reason| self.refusal(TransferError::Verification { artifact, reason }))?;
         let offset = u64::from(chunk) * u64::from(self.manifest.chunk_size_bytes);
-        let file = self.files[artifact as usize];
         if let Some((index, last)) = finished {
             self.indexes.push(index);
             self.chain = last;
@@ -294,6 +364,8 @@ impl PartitionStore {
             chain: None,
             batch_bytes_max: self.config.batch_bytes_max(),
             index_interval_bytes: self.config.index_interval_bytes,
+            chunks_written: 0,
+            poisoned: None,
         })
     }
 
@@ -317,6 +389,10 @@ impl PartitionStore {
         io: &mut impl IoBackend,
         install: Install,
     ) -> Result<(), StoreError> {
+        if let Err(e) = install.check_poisoned() {
+            self.abort_install(io, install)?;
+            return Err(e);
+        }
         if !install.complete() {
             let missing = install.missing_count();
             self.abort_install(io, install)?;
