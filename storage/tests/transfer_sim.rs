@@ -364,6 +364,20 @@ fn malformed_or_oversized_offers_and_bad_chunks_are_refused() {
         refused(dst.begin_install(&mut dst_io, gap)),
         TransferError::NotContiguous { .. }
     ));
+    // Chunk lists that do not cover the artifact (built in-process, so no
+    // decode checked them): refused before a chunk can index past the end.
+    let mut extra = manifest.clone();
+    extra.artifacts[0].chunk_checksums.push(0);
+    assert!(matches!(
+        refused(dst.begin_install(&mut dst_io, extra)),
+        TransferError::BadChunk { artifact: 0, .. }
+    ));
+    let mut short = manifest.clone();
+    short.artifacts[1].chunk_checksums.pop();
+    assert!(matches!(
+        refused(dst.begin_install(&mut dst_io, short)),
+        TransferError::BadChunk { artifact: 1, .. }
+    ));
     // Another chunk size.
     let other_chunks = StoreConfig {
         transfer_chunk_bytes: 8192,
@@ -728,5 +742,43 @@ fn a_failed_staged_write_poisons_the_install() {
         // A fresh install of the same offer succeeds and holds every batch.
         install_ok(&mut io, &mut dst, &offer);
         assert_eq!(state(&mut io, &mut dst).batches, expected, "{label}");
+    }
+}
+
+#[test]
+fn an_install_invalidates_open_snapshots_without_panicking() {
+    // Same segment bases before and after (the old snapshot would read the
+    // new files), and bases that vanish (it would find no segment at all).
+    for (k, scenario) in [&SCENARIOS[0], &SCENARIOS[2]].into_iter().enumerate() {
+        let mut src_io = SimBackend::new(31 + k as u64);
+        let mut src = (scenario.source)(&mut src_io);
+        let offer = take_offer(&mut src_io, &mut src);
+
+        let mut io = SimBackend::new(41 + k as u64);
+        let mut dst = (scenario.receiver)(&mut io);
+        // A peer is pulling the receiver's old log when the install lands.
+        let served = dst.open_snapshot(&mut io, NOW_MS).unwrap();
+        assert!(!served.artifacts.is_empty());
+        dst.read_chunk(&mut io, served.snapshot_id, 0, 0, NOW_MS)
+            .unwrap();
+        install_ok(&mut io, &mut dst, &offer);
+        for (a, artifact) in served.artifacts.iter().enumerate() {
+            for c in 0..artifact.chunk_checksums.len() as u32 {
+                let got = dst.read_chunk(&mut io, served.snapshot_id, a as u32, c, NOW_MS);
+                assert_eq!(
+                    refused(got),
+                    TransferError::SnapshotGone {
+                        id: served.snapshot_id
+                    },
+                    "{}: artifact {a} chunk {c}",
+                    scenario.name
+                );
+            }
+        }
+        // Released like any other; new snapshots serve the installed log.
+        dst.release_snapshot(served.snapshot_id);
+        let fresh = take_offer(&mut io, &mut dst);
+        let fresh = Manifest::decode(&fresh.manifest, &ManifestLimits::default()).unwrap();
+        assert_eq!(fresh.next_offset, src.durable().next_offset);
     }
 }

@@ -146,6 +146,10 @@ pub enum TransferError {
     /// aborted (and started again).
     #[error("install abandoned: {reason}")]
     Poisoned { reason: String },
+    /// The snapshot's segments were replaced (an install landed) while it
+    /// was served: the peer must open a new one.
+    #[error("snapshot {id} is gone: the log it described was replaced")]
+    SnapshotGone { id: u64 },
 }
 
 impl StoreError {

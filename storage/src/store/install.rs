@@ -218,7 +218,8 @@ impl Install {
             return Err(self.refusal(TransferError::ChunkOutOfRange { artifact, chunk }));
         };
         let chunk_bytes = u64::from(self.manifest.chunk_size_bytes);
-        let len = chunk_bytes.min(a.length_bytes - u64::from(chunk) * chunk_bytes) as usize;
+        let start = u64::from(chunk) * chunk_bytes;
+        let len = chunk_bytes.min(a.length_bytes.saturating_sub(start)) as usize;
         if bytes.len() != len {
             let reason = format!("{} bytes, expected {len}", bytes.len());
             return Err(self.refusal(TransferError::BadChunk {
@@ -488,6 +489,8 @@ impl PartitionStore {
         self.durable = chain;
         self.sb = next;
         self.installing = false;
+        // The old generation's files go next: no snapshot may read them.
+        self.invalidate_snapshots();
         self.switch_generation(
             io,
             (generation_dir, install.staging_dir_file),
@@ -547,13 +550,26 @@ impl PartitionStore {
                 max: self.config.segment_size_bytes,
             });
         }
-        // The caller's manifest decode already checked contiguity; an offer
-        // built in-process is checked here as well.
+        // The caller's manifest decode already checked contiguity and chunk
+        // counts; an offer built in-process is checked here as well.
         let mut expected = m.artifacts.first().map(|a| a.base_offset);
-        for a in &m.artifacts {
+        for (i, a) in m.artifacts.iter().enumerate() {
             if Some(a.base_offset) != expected || a.end_offset <= a.base_offset {
                 return refuse(TransferError::NotContiguous {
                     base_offset: a.base_offset,
+                });
+            }
+            let chunks = Manifest::chunk_count(a.length_bytes, m.chunk_size_bytes);
+            if a.length_bytes == 0 || a.chunk_checksums.len() as u64 != chunks {
+                return refuse(TransferError::BadChunk {
+                    artifact: i as u32,
+                    chunk: a.chunk_checksums.len() as u32,
+                    reason: format!(
+                        "artifact at offset {} lists {} chunks for {} bytes",
+                        a.base_offset,
+                        a.chunk_checksums.len(),
+                        a.length_bytes
+                    ),
                 });
             }
             expected = Some(a.end_offset);

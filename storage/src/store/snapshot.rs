@@ -7,7 +7,9 @@
 //! [`Manifest`]. Chunks are read from the live segment files with O_DIRECT
 //! while appends go on into the new active segment. Until the snapshot is
 //! released or its lease runs out, retention will not remove its segments and
-//! purge is refused.
+//! purge is refused. An install replaces the whole log: it invalidates the
+//! open snapshots (their reads return [`TransferError::SnapshotGone`]) rather
+//! than wait for their leases, as a lagging replica must catch up first.
 
 use ringlog_protocol::checksum;
 use ringlog_protocol::manifest::{Artifact, ArtifactKind, Manifest};
@@ -21,6 +23,8 @@ pub(super) struct Lease {
     id: u64,
     bases: Vec<u64>,
     expires_at_ms: u64,
+    /// The segments it described were replaced by an install.
+    gone: bool,
 }
 
 impl PartitionStore {
@@ -63,6 +67,7 @@ impl PartitionStore {
             id,
             bases: artifacts.iter().map(|a| a.base_offset).collect(),
             expires_at_ms: now_ms.saturating_add(self.config.snapshot_lease_ms),
+            gone: false,
         });
         Ok(Manifest {
             partition_id: self.partition_id,
@@ -89,7 +94,8 @@ impl PartitionStore {
         now_ms: u64,
     ) -> Result<AlignedBuf, StoreError> {
         let mut bufs = self.read_chunks(io, id, &[(artifact, chunk)], now_ms)?;
-        Ok(bufs.pop().expect("one buffer per chunk"))
+        bufs.pop()
+            .ok_or_else(|| self.transfer_error(TransferError::ChunkOutOfRange { artifact, chunk }))
     }
 
     /// Reads a window of chunks of snapshot `id` in one submission, each
@@ -109,6 +115,9 @@ impl PartitionStore {
             return Err(self.transfer_error(TransferError::UnknownSnapshot { id }));
         };
         lease.expires_at_ms = now_ms.saturating_add(lease_ms);
+        if lease.gone {
+            return Err(self.transfer_error(TransferError::SnapshotGone { id }));
+        }
         let bases = lease.bases.clone();
         let chunk_bytes = u64::from(self.config.transfer_chunk_bytes);
         // (segment index, chunk, offset, len, expected checksum) per chunk.
@@ -118,16 +127,20 @@ impl PartitionStore {
             let Some(&base) = bases.get(artifact as usize) else {
                 return Err(self.transfer_error(out_of_range));
             };
-            let i = self
+            // Pinned segments stay in the table while the lease is live, so
+            // a miss means the log changed under it: typed, never a panic.
+            let Ok(i) = self
                 .sealed
                 .binary_search_by_key(&base, |s| s.meta.base_offset)
-                .expect("pinned segments stay in the table");
+            else {
+                return Err(self.transfer_error(TransferError::SnapshotGone { id }));
+            };
             let s = &self.sealed[i];
             let Some(&expected) = s.chunk_checksums.get(chunk as usize) else {
                 return Err(self.transfer_error(out_of_range));
             };
             let offset = u64::from(chunk) * chunk_bytes;
-            let len = chunk_bytes.min(s.meta.length_bytes - offset) as usize;
+            let len = chunk_bytes.min(s.meta.length_bytes.saturating_sub(offset)) as usize;
             plan.push((i, chunk, offset, len, expected));
         }
         let sqes = plan
@@ -149,14 +162,19 @@ impl PartitionStore {
             let n = c
                 .result
                 .map_err(|e| StoreError::io(self.partition_id, "read", &path, e))?;
-            let mut buf = c.op.into_buf().expect("read returns its buffer");
+            let corrupt = |detail: String| StoreError::Corruption {
+                partition_id: self.partition_id,
+                segment: path.clone(),
+                position: offset,
+                detail,
+            };
+            let Some(mut buf) = c.op.into_buf() else {
+                return Err(corrupt(format!("chunk {chunk}: read returned no buffer")));
+            };
             if n < len || checksum(&buf[..len]) != expected {
-                return Err(StoreError::Corruption {
-                    partition_id: self.partition_id,
-                    segment: path,
-                    position: offset,
-                    detail: format!("chunk {chunk} does not match its recorded checksum"),
-                });
+                return Err(corrupt(format!(
+                    "chunk {chunk} does not match its recorded checksum"
+                )));
             }
             buf.set_len(len);
             bufs.push(buf);
@@ -169,6 +187,15 @@ impl PartitionStore {
         self.snapshots.retain(|l| l.id != id);
     }
 
+    /// Marks every open snapshot gone: the log they describe is being
+    /// replaced. They stay (counted against `snapshots_max`) until released
+    /// or expired, so their readers get a typed answer.
+    pub(super) fn invalidate_snapshots(&mut self) {
+        for lease in &mut self.snapshots {
+            lease.gone = true;
+        }
+    }
+
     /// Drops snapshots whose lease ran out.
     pub fn expire_snapshots(&mut self, now_ms: u64) {
         self.snapshots.retain(|l| l.expires_at_ms >= now_ms);
@@ -178,17 +205,16 @@ impl PartitionStore {
     pub(super) fn is_pinned(&self, base_offset: u64) -> bool {
         self.snapshots
             .iter()
-            .any(|l| l.bases.contains(&base_offset))
+            .any(|l| !l.gone && l.bases.contains(&base_offset))
     }
 
-    /// Refuses a purge while snapshots are open.
+    /// Refuses a purge while snapshots are open (a gone one pins nothing).
     pub(super) fn check_unpinned(&self) -> Result<(), StoreError> {
-        if self.snapshots.is_empty() {
+        let open = self.snapshots.iter().filter(|l| !l.gone).count();
+        if open == 0 {
             return Ok(());
         }
-        Err(self.transfer_error(TransferError::Pinned {
-            open: self.snapshots.len(),
-        }))
+        Err(self.transfer_error(TransferError::Pinned { open }))
     }
 
     pub(super) fn transfer_error(&self, source: TransferError) -> StoreError {
