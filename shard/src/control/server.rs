@@ -19,8 +19,8 @@ pub struct ControlServer {
 }
 
 impl ControlServer {
-    /// Binds `path` (replacing a stale socket file), restricts it to the
-    /// owner (0600) and starts serving.
+    /// Binds `path` (replacing a stale socket file), private to the owner
+    /// (0600) from the moment the name exists, and starts serving.
     pub fn start(path: &Path, ctx: ControlContext) -> std::io::Result<ControlServer> {
         if path.exists() {
             if UnixStream::connect(path).is_ok() {
@@ -34,8 +34,7 @@ impl ControlServer {
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
             std::fs::create_dir_all(parent)?;
         }
-        let listener = UnixListener::bind(path)?;
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+        let listener = bind_private(path)?;
         listener.set_nonblocking(true)?;
         let stop = Arc::new(AtomicBool::new(false));
         let ctx = Arc::new(ctx);
@@ -58,6 +57,43 @@ impl ControlServer {
         }
         let _ = std::fs::remove_file(&self.path);
     }
+}
+
+/// Binds a Unix socket at `path` that no other user can ever connect to: it
+/// is bound inside a fresh 0700 directory next to `path`, set to 0600 there,
+/// then renamed into place, so the name `path` only ever refers to a 0600
+/// socket. (A umask around bind would be process-wide and race with shard
+/// threads creating files.)
+fn bind_private(path: &Path) -> std::io::Result<UnixListener> {
+    use std::os::unix::fs::DirBuilderExt;
+    let parent = match path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        Some(p) => p.to_path_buf(),
+        None => PathBuf::from("."),
+    };
+    let name = path.file_name().ok_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "socket path has no file name",
+        )
+    })?;
+    let staging = parent.join(format!(
+        ".{}.{}.tmp",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    // A leftover from a crashed start of the same pid cannot be trusted.
+    let _ = std::fs::remove_dir_all(&staging);
+    std::fs::DirBuilder::new().mode(0o700).create(&staging)?;
+    let inner = staging.join("sock");
+    let bound = UnixListener::bind(&inner).and_then(|l| {
+        std::fs::set_permissions(&inner, std::fs::Permissions::from_mode(0o600))?;
+        std::fs::rename(&inner, path)?;
+        Ok(l)
+    });
+    let cleanup = std::fs::remove_dir_all(&staging);
+    let listener = bound?;
+    cleanup?;
+    Ok(listener)
 }
 
 fn accept_loop(listener: UnixListener, ctx: Arc<ControlContext>, stop: Arc<AtomicBool>) {
@@ -167,6 +203,39 @@ fn serve(stream: UnixStream, ctx: &ControlContext, stop: &AtomicBool) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn socket_is_private_whenever_its_name_exists() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ctl.sock");
+        // A watcher stats the name as fast as it can while we bind: it
+        // must never see the socket with any mode but 0600.
+        let stop = Arc::new(AtomicBool::new(false));
+        let (p2, s2) = (path.clone(), stop.clone());
+        let watcher = std::thread::spawn(move || {
+            let mut seen = Vec::new();
+            while !s2.load(Ordering::SeqCst) {
+                if let Ok(m) = std::fs::symlink_metadata(&p2) {
+                    seen.push(m.permissions().mode() & 0o777);
+                }
+            }
+            seen
+        });
+        for _ in 0..200 {
+            let l = bind_private(&path).unwrap();
+            let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o600);
+            assert!(UnixStream::connect(&path).is_ok(), "renamed socket answers");
+            drop(l);
+            std::fs::remove_file(&path).unwrap();
+        }
+        stop.store(true, Ordering::SeqCst);
+        let seen = watcher.join().unwrap();
+        assert!(seen.iter().all(|&m| m == 0o600), "modes seen: {seen:?}");
+        // Nothing is left beside the socket.
+        let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+        assert!(left.is_empty(), "{left:?}");
+    }
 
     #[test]
     fn long_lines_are_skipped_whole() {
