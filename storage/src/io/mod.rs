@@ -3,8 +3,9 @@
 //! The store never touches a file descriptor: it describes I/O as [`Op`]s,
 //! hands a batch to a backend and reads back one [`Completion`] per op. The
 //! io_uring backend ([`uring::UringBackend`]) submits a batch as one ring
-//! submission; the sim backend ([`sim::SimBackend`]) runs it in memory and can
-//! crash at any op, which is what the crash-point tests are built on.
+//! submission; the sim backend ([`sim::SimBackend`]) runs it in memory, in a
+//! seeded order, and can crash at any op or inject faults (EIO, bit flips,
+//! ENOSPC), which is what the crash-point and fault tests are built on.
 //!
 //! Metadata calls that are off the hot path (open, create, mkdir, fallocate,
 //! listing) are plain synchronous trait methods.

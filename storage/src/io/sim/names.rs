@@ -1,0 +1,208 @@
+//! The sim's namespace: names as the process sees them, as they would
+//! survive a power cut, and the changes in between.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use super::faults::SimRng;
+
+pub(super) type Inode = u64;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Node {
+    File(Inode),
+    Dir,
+}
+
+#[derive(Clone, Debug)]
+pub(super) enum NameChange {
+    Insert { path: PathBuf, node: Node },
+    Remove { path: PathBuf },
+    Rename { from: PathBuf, to: PathBuf },
+}
+
+impl NameChange {
+    fn touches_dir(&self, dir: &Path) -> bool {
+        let parent_is = |p: &Path| p.parent() == Some(dir);
+        match self {
+            NameChange::Insert { path, .. } | NameChange::Remove { path } => parent_is(path),
+            NameChange::Rename { from, to } => parent_is(from) || parent_is(to),
+        }
+    }
+
+    /// Whether this change makes `path` exist.
+    fn creates(&self, path: &Path) -> bool {
+        match self {
+            NameChange::Insert { path: p, .. } => p == path,
+            NameChange::Rename { to, .. } => to == path,
+            NameChange::Remove { .. } => false,
+        }
+    }
+
+    fn apply(&self, names: &mut BTreeMap<PathBuf, Node>) {
+        match self {
+            NameChange::Insert { path, node } => {
+                names.insert(path.clone(), *node);
+            }
+            NameChange::Remove { path } => {
+                names.remove(path);
+            }
+            NameChange::Rename { from, to } => {
+                if let Some(node) = names.remove(from) {
+                    names.insert(to.clone(), node);
+                }
+            }
+        }
+    }
+}
+
+/// The namespace. "/" always exists.
+#[derive(Clone, Debug)]
+pub(super) struct Namespace {
+    /// What the process sees.
+    pub names: BTreeMap<PathBuf, Node>,
+    /// What survives a crash.
+    durable: BTreeMap<PathBuf, Node>,
+    /// Changes made since, in order, not covered by a directory fsync.
+    pending: Vec<NameChange>,
+}
+
+impl Namespace {
+    pub fn new() -> Self {
+        let mut names = BTreeMap::new();
+        names.insert(PathBuf::from("/"), Node::Dir);
+        Self::durable(names)
+    }
+
+    fn durable(names: BTreeMap<PathBuf, Node>) -> Self {
+        Self {
+            durable: names.clone(),
+            names,
+            pending: Vec::new(),
+        }
+    }
+
+    pub fn get(&self, path: &Path) -> Option<Node> {
+        self.names.get(path).copied()
+    }
+
+    pub fn parent_exists(&self, path: &Path) -> bool {
+        match path.parent() {
+            Some(parent) if !parent.as_os_str().is_empty() => {
+                self.names.get(parent) == Some(&Node::Dir)
+            }
+            _ => true,
+        }
+    }
+
+    pub fn change(&mut self, change: NameChange) {
+        change.apply(&mut self.names);
+        self.pending.push(change);
+    }
+
+    /// A directory fsync: its pending name changes become durable, with the
+    /// earlier changes they depend on (what created a renamed source, or the
+    /// parent directory of a new name), in their original order, as a
+    /// journaling filesystem commits them. Unrelated changes stay pending.
+    pub fn commit(&mut self, dir: &Path) {
+        let pending = std::mem::take(&mut self.pending);
+        let mut commit = vec![false; pending.len()];
+        let mut stack: Vec<usize> = (0..pending.len())
+            .filter(|&i| pending[i].touches_dir(dir))
+            .collect();
+        while let Some(i) = stack.pop() {
+            if std::mem::replace(&mut commit[i], true) {
+                continue;
+            }
+            let needs: Vec<PathBuf> = match &pending[i] {
+                NameChange::Rename { from, to } => {
+                    vec![
+                        from.clone(),
+                        to.parent().map(Path::to_path_buf).unwrap_or_default(),
+                    ]
+                }
+                NameChange::Insert { path, .. } => {
+                    vec![path.parent().map(Path::to_path_buf).unwrap_or_default()]
+                }
+                NameChange::Remove { .. } => Vec::new(),
+            };
+            for need in needs {
+                if let Some(j) = (0..i).rev().find(|&j| pending[j].creates(&need)) {
+                    stack.push(j);
+                }
+            }
+        }
+        for (change, done) in pending.into_iter().zip(commit) {
+            if done {
+                change.apply(&mut self.durable);
+            } else {
+                self.pending.push(change);
+            }
+        }
+    }
+
+    /// Moves the children of directory `from` to `to` at once, in both views
+    /// (a directory's entries go with it, durable or not, as on a real
+    /// filesystem). The rename of `from` itself is a separate change.
+    pub fn move_children(&mut self, from: &Path, to: &Path) {
+        let children: Vec<(PathBuf, Node)> = self
+            .names
+            .range(from.to_path_buf()..)
+            .take_while(|(p, _)| p.starts_with(from))
+            .filter(|(p, _)| *p != from)
+            .map(|(p, n)| (p.clone(), *n))
+            .collect();
+        for (path, node) in children {
+            let Ok(rel) = path.strip_prefix(from) else {
+                continue;
+            };
+            let moved = to.join(rel);
+            self.names.remove(&path);
+            self.names.insert(moved.clone(), node);
+            if let Some(n) = self.durable.remove(&path) {
+                self.durable.insert(moved, n);
+            }
+        }
+    }
+
+    /// The namespace the next boot sees: the durable names plus a seeded
+    /// prefix of the pending changes (in order, as a journal commits them).
+    pub fn after_crash(&self, rng: &mut SimRng) -> Namespace {
+        let mut names = self.durable.clone();
+        let keep = rng.below(self.pending.len() as u64 + 1) as usize;
+        for change in &self.pending[..keep] {
+            change.apply(&mut names);
+        }
+        // A directory rename that is lost takes its children back with it
+        // (they moved with the directory when it was renamed).
+        for change in self.pending[keep..].iter().rev() {
+            if let NameChange::Rename { from, to } = change {
+                let moved: Vec<PathBuf> = names
+                    .keys()
+                    .filter(|p| p.starts_with(to) && *p != to)
+                    .cloned()
+                    .collect();
+                for path in moved {
+                    let Ok(rel) = path.strip_prefix(to).map(Path::to_path_buf) else {
+                        continue;
+                    };
+                    if let Some(node) = names.remove(&path) {
+                        names.insert(from.join(rel), node);
+                    }
+                }
+            }
+        }
+        // A name whose directory did not survive is gone with it.
+        let dirs: BTreeSet<PathBuf> = names
+            .iter()
+            .filter(|(_, n)| **n == Node::Dir)
+            .map(|(p, _)| p.clone())
+            .collect();
+        names.retain(|p, _| {
+            p.ancestors()
+                .skip(1)
+                .all(|a| a.as_os_str().is_empty() || dirs.contains(a))
+        });
+        Namespace::durable(names)
+    }
+}
