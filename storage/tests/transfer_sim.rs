@@ -782,3 +782,167 @@ fn an_install_invalidates_open_snapshots_without_panicking() {
         assert_eq!(fresh.next_offset, src.durable().next_offset);
     }
 }
+
+/// Paths under a staging directory that the backend holds open.
+fn open_in_staging(io: &SimBackend) -> usize {
+    io.open_paths()
+        .iter()
+        .filter(|p| p.to_string_lossy().contains("staging"))
+        .count()
+}
+
+#[test]
+fn a_dropped_install_does_not_block_the_next() {
+    let mut src_io = SimBackend::new(51);
+    let mut src = source_plain(&mut src_io);
+    let offer = take_offer(&mut src_io, &mut src);
+    let manifest = Manifest::decode(&offer.manifest, &ManifestLimits::default()).unwrap();
+
+    let mut io = SimBackend::new(52);
+    let mut dst = receiver_prefix(&mut io);
+    let mut install = dst.begin_install(&mut io, manifest.clone()).unwrap();
+    let (a, c, bytes) = &offer.chunks[0];
+    install.accept_chunk(&mut io, *a, *c, bytes).unwrap();
+    let held = open_in_staging(&io);
+    assert!(held > manifest.artifacts.len());
+    // The caller loses the install (a task cancelled, a peer gone).
+    drop(install);
+    // While one is alive, a second is refused.
+    let install = dst.begin_install(&mut io, manifest.clone()).unwrap();
+    assert_eq!(
+        refused(dst.begin_install(&mut io, manifest.clone())),
+        TransferError::InstallInProgress
+    );
+    // The dropped install's files were closed when its staging was cleared.
+    assert_eq!(
+        open_in_staging(&io),
+        held,
+        "the dropped install's files leak"
+    );
+    drop(install);
+    install_ok(&mut io, &mut dst, &offer);
+    assert_eq!(
+        state(&mut io, &mut dst).batches,
+        state(&mut src_io, &mut src).batches
+    );
+}
+
+/// Whether `e` reports a failure of the commit's staging rename.
+fn is_commit_rename_failure(e: &StoreError) -> bool {
+    match e {
+        StoreError::Io { what, path, .. } => {
+            *what == "rename" && path.to_string_lossy().contains("staging")
+        }
+        StoreError::Fenced { cause, .. } => cause.contains("install commit rename"),
+        _ => false,
+    }
+}
+
+#[test]
+fn a_failed_commit_rename_keeps_the_old_state() {
+    let mut src_io = SimBackend::new(61);
+    let mut src = source_plain(&mut src_io);
+    let offer = take_offer(&mut src_io, &mut src);
+
+    // Fail each I/O of the commit in turn until the staging rename fails.
+    let mut found = false;
+    for k in 0..200 {
+        let mut io = SimBackend::new(62);
+        let mut dst = receiver_prefix(&mut io);
+        let old = state(&mut io, &mut dst);
+        let old_sb = dst.superblock().clone();
+        let manifest = Manifest::decode(&offer.manifest, &ManifestLimits::default()).unwrap();
+        let mut install = dst.begin_install(&mut io, manifest).unwrap();
+        assert!(deliver(&mut io, &mut install, &offer).is_none());
+        io.set_fail_at(io.ops_count() + k);
+        let Err(e) = dst.commit_install(&mut io, install) else {
+            continue;
+        };
+        if !is_commit_rename_failure(&e) {
+            continue;
+        }
+        found = true;
+        assert!(
+            matches!(e, StoreError::Io { .. }),
+            "a failed rename before the commit point fences: {e}"
+        );
+        assert_eq!(dst.superblock(), &old_sb, "the superblock moved on");
+        assert!(state(&mut io, &mut dst) == old);
+        let mut io = io.reboot();
+        let mut dst = PartitionStore::open(&mut io, dir("/dst"), PID, small_config()).unwrap();
+        assert_eq!(dst.superblock().sequence, old_sb.sequence);
+        assert!(state(&mut io, &mut dst) == old, "old generation lost");
+        install_ok(&mut io, &mut dst, &offer);
+        break;
+    }
+    assert!(found, "no I/O of the commit was its rename");
+}
+
+/// Creates `path` as a directory holding one junk file, durably.
+fn make_stale_dir(io: &mut SimBackend, parent: &Path, path: &Path) {
+    use ringlog_storage::io::{IoBackend, Op, OpenMode, Sqe};
+    io.create_dir(path).unwrap();
+    let f = io
+        .open_file(&path.join("junk.log"), OpenMode::Create)
+        .unwrap();
+    io.close(f);
+    let d = io.open_dir(path).unwrap();
+    let p = io.open_dir(parent).unwrap();
+    for c in io.submit(vec![
+        Sqe::new(Op::Fsync { file: d }),
+        Sqe::new(Op::Fsync { file: p }),
+    ]) {
+        c.result.unwrap();
+    }
+    io.close(d);
+    io.close(p);
+}
+
+#[test]
+fn a_stale_generation_directory_does_not_break_install_or_recovery() {
+    use ringlog_storage::io::{IoBackend, Op, Sqe};
+    let mut src_io = SimBackend::new(71);
+    let mut src = source_plain(&mut src_io);
+    let offer = take_offer(&mut src_io, &mut src);
+    let expected = state(&mut src_io, &mut src);
+
+    // An earlier attempt's generation directory whose removal failed: the
+    // superblock does not name it, so it is garbage.
+    let mut io = SimBackend::new(72);
+    let mut dst = receiver_prefix(&mut io);
+    let next_gen = dst.superblock().live_generation + 1;
+    let stale = Path::new("/dst").join(format!("gen-{next_gen:020}"));
+    make_stale_dir(&mut io, dir("/dst"), &stale);
+    install_ok(&mut io, &mut dst, &offer);
+    assert!(state(&mut io, &mut dst) == expected);
+    dst.close(&mut io).unwrap();
+    let mut io = io.reboot();
+    let mut dst = PartitionStore::open(&mut io, dir("/dst"), PID, small_config()).unwrap();
+    assert!(state(&mut io, &mut dst) == expected);
+    assert!(!io.paths().iter().any(|p| p.ends_with("junk.log")));
+    let live = dst.superblock().live_generation;
+    dst.close(&mut io).unwrap();
+
+    // What an older build left when that rename failed and its superblock
+    // was written anyway: the named generation is the stale directory and
+    // the committed files are still in staging. Recovery rolls forward.
+    let live_dir = Path::new("/dst").join(format!("gen-{live:020}"));
+    let staging = Path::new("/dst/staging");
+    let p = io.open_dir(dir("/dst")).unwrap();
+    let moved = io.submit(vec![
+        Sqe::linked(Op::Rename {
+            from: live_dir.clone(),
+            to: staging.into(),
+        }),
+        Sqe::new(Op::Fsync { file: p }),
+    ]);
+    assert!(moved.iter().all(|c| c.result.is_ok()));
+    io.close(p);
+    make_stale_dir(&mut io, dir("/dst"), &live_dir);
+    let mut io = io.reboot();
+    let mut dst = PartitionStore::open(&mut io, dir("/dst"), PID, small_config())
+        .unwrap_or_else(|e| panic!("recovery with a stale named generation: {e}"));
+    assert!(state(&mut io, &mut dst) == expected);
+    assert!(!io.paths().iter().any(|p| p.ends_with("junk.log")));
+    assert!(!io.paths().iter().any(|p| p.starts_with(staging)));
+}

@@ -243,6 +243,11 @@ impl SimBackend {
         self.ns.names.keys().cloned().collect()
     }
 
+    /// The paths of every open file and directory, for test assertions.
+    pub fn open_paths(&self) -> Vec<PathBuf> {
+        self.open.values().map(|(path, _)| path.clone()).collect()
+    }
+
     /// Runs one op of the held batches: the head of a link chain drawn by the
     /// seed. False if nothing is left to run.
     pub fn step(&mut self) -> bool {

@@ -23,6 +23,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Weak};
 
 use ringlog_protocol::checksum;
 use ringlog_protocol::manifest::Manifest;
@@ -35,7 +36,20 @@ use super::{
 };
 use crate::io::{align_up, AlignedBuf, BufPool, FileId, IoBackend, Op, Sqe};
 use crate::segment::{self, segment_checksum, SealedIndex, SparseIndex};
-use crate::superblock::{half_for, Frontier, SealedSegment, SEGMENTS_MAX};
+use crate::superblock::{Frontier, SealedSegment, SEGMENTS_MAX};
+
+/// What the store keeps of its install in progress, so it notices one that
+/// was dropped without a commit or abort (and closes its files).
+pub(super) struct InstallSlot {
+    alive: Weak<()>,
+    /// The staged files and the staging directory.
+    files: Vec<FileId>,
+}
+
+/// A backend that returned fewer completions than ops broke its contract.
+fn lost_completion() -> std::io::Error {
+    std::io::Error::other("backend returned no completion")
+}
 
 /// An install in progress: the offer and what has arrived of it.
 pub struct Install {
@@ -65,6 +79,8 @@ pub struct Install {
     /// Why the install can no longer commit (a failed staged write or
     /// verification), once it cannot.
     poisoned: Option<String>,
+    /// Held while the install lives: the store sees it dropped.
+    _alive: Arc<()>,
 }
 
 impl Install {
@@ -316,16 +332,16 @@ impl Install {
 
 impl PartitionStore {
     /// Checks an offer and prepares to stage it. Refusals are typed
-    /// [`TransferError`]s; nothing on disk changes for a refused offer.
+    /// [`TransferError`]s; nothing on disk changes for a refused offer, and
+    /// a begin that fails half-way closes what it opened and removes its
+    /// staging directory.
     pub fn begin_install(
         &mut self,
         io: &mut impl IoBackend,
         manifest: Manifest,
     ) -> Result<Install, StoreError> {
         self.check_fenced()?;
-        if self.installing {
-            return Err(self.transfer_error(TransferError::InstallInProgress));
-        }
+        self.clear_dropped_install(io)?;
         self.check_offer(&manifest)?;
         let pid = self.partition_id;
         let staging_dir = self.dir.join(STAGING_DIR);
@@ -348,7 +364,13 @@ impl PartitionStore {
             let file = create_segment_file(io, pid, &path, align_up(a.length_bytes))?;
             files.push(file);
         }
-        self.installing = true;
+        let alive = Arc::new(());
+        let mut held = files.clone();
+        held.push(staging_dir_file);
+        self.installing = Some(InstallSlot {
+            alive: Arc::downgrade(&alive),
+            files: held,
+        });
         let window_chunks = self.config.transfer_window_chunks;
         Ok(Install {
             partition_id: pid,
@@ -367,7 +389,31 @@ impl PartitionStore {
             index_interval_bytes: self.config.index_interval_bytes,
             chunks_written: 0,
             poisoned: None,
+            _alive: alive,
         })
+    }
+
+    /// Refuses a second install while one is alive; one dropped without a
+    /// commit or abort is over: its files are closed here (its staging
+    /// directory is removed by the begin that follows).
+    fn clear_dropped_install(&mut self, io: &mut impl IoBackend) -> Result<(), StoreError> {
+        match self.installing.take() {
+            Some(slot) if slot.alive.strong_count() > 0 => {
+                self.installing = Some(slot);
+                Err(self.transfer_error(TransferError::InstallInProgress))
+            }
+            Some(slot) => {
+                tracing::warn!(
+                    partition = self.partition_id,
+                    "clearing an install dropped without commit or abort"
+                );
+                for file in slot.files {
+                    io.close(file);
+                }
+                Ok(())
+            }
+            None => Ok(()),
+        }
     }
 
     /// Drops an unfinished install and its staged files.
@@ -376,7 +422,7 @@ impl PartitionStore {
         io: &mut impl IoBackend,
         install: Install,
     ) -> Result<(), StoreError> {
-        self.installing = false;
+        self.installing = None;
         for file in install.files {
             io.close(file);
         }
@@ -390,34 +436,10 @@ impl PartitionStore {
         io: &mut impl IoBackend,
         install: Install,
     ) -> Result<(), StoreError> {
-        if let Err(e) = install.check_poisoned() {
-            self.abort_install(io, install)?;
-            return Err(e);
-        }
-        if !install.complete() {
-            let missing = install.missing_count();
-            self.abort_install(io, install)?;
-            return Err(self.transfer_error(TransferError::Incomplete { missing }));
-        }
-        // The log may have moved (a purge, appends) since the offer arrived.
-        if let Err(e) = self.check_offer(&install.manifest) {
-            self.abort_install(io, install)?;
-            return Err(e);
-        }
-        if let Some(&end) = install.manifest.artifacts.last().map(|a| &a.end_offset) {
-            debug_assert_eq!(end, install.manifest.next_offset);
-        }
-        if install
-            .chain
-            .is_some_and(|c| c != install.manifest.last_checksum)
-        {
-            self.abort_install(io, install)?;
-            return Err(self.transfer_error(TransferError::Verification {
-                artifact: 0,
-                reason: "the log does not end at the offered last checksum".into(),
-            }));
-        }
-        let sealed = match self.stage_indexes(io, &install) {
+        let staged = self
+            .check_committable(&install)
+            .and_then(|()| self.stage_indexes(io, &install));
+        let sealed = match staged {
             Ok(sealed) => sealed,
             Err(e) => {
                 self.abort_install(io, install)?;
@@ -428,7 +450,7 @@ impl PartitionStore {
         let active_path = segment::log_path(&install.staging_dir, m.next_offset);
         let active_file = self.provision_segment(io, &active_path)?;
 
-        // Everything staged is durable before the commit chain starts.
+        // Everything staged is durable before the rename.
         let mut sqes: Vec<Sqe> = install
             .files
             .iter()
@@ -443,6 +465,13 @@ impl PartitionStore {
 
         let generation = self.sb.live_generation + 1;
         let generation_dir = segment::generation_dir(&self.dir, generation);
+        if let Err(e) = self.rename_staging(io, &install.staging_dir, &generation_dir) {
+            io.close(active_file);
+            if !matches!(e, StoreError::Fenced { .. }) {
+                self.abort_install(io, install)?;
+            }
+            return Err(e);
+        }
         let mut next = self.sb.successor();
         next.live_generation = generation;
         next.purge_generation = next.purge_generation.max(m.purge_generation);
@@ -456,22 +485,9 @@ impl PartitionStore {
             active_position: 0,
             active_prev_checksum: m.last_checksum,
         };
-        // One submission: rename, directory fsync, superblock copies. The
-        // chain does not stop on a failed rename or fsync, so every
-        // completion is checked; any failure leaves the outcome to recovery.
-        let mut sqes = vec![
-            Sqe::linked(Op::Rename {
-                from: install.staging_dir.clone(),
-                to: generation_dir.clone(),
-            }),
-            Sqe::linked(Op::Fsync {
-                file: self.dir_file,
-            }),
-        ];
-        sqes.extend(self.superblock_sqes(&next, &half_for(next.sequence))?);
-        if let Err((kind, e)) = submit_checked(io, sqes) {
-            return Err(self.fence(format!("install commit {kind} failed: {e}")));
-        }
+        // The commit point; a failure fences (recovery decides from the
+        // copies that landed).
+        self.write_superblock(io, next)?;
         tracing::info!(
             partition = self.partition_id,
             next_offset = m.next_offset,
@@ -487,8 +503,7 @@ impl PartitionStore {
         };
         self.chain = chain;
         self.durable = chain;
-        self.sb = next;
-        self.installing = false;
+        self.installing = None;
         // The old generation's files go next: no snapshot may read them.
         self.invalidate_snapshots();
         self.switch_generation(
@@ -498,6 +513,70 @@ impl PartitionStore {
             (chain.next_offset, active_file, chain.last_checksum),
         );
         Ok(())
+    }
+
+    /// The refusals of a finished install: poisoned, incomplete, overtaken
+    /// by the local log, or not ending where the offer said.
+    fn check_committable(&self, install: &Install) -> Result<(), StoreError> {
+        install.check_poisoned()?;
+        if !install.complete() {
+            let missing = install.missing_count();
+            return Err(self.transfer_error(TransferError::Incomplete { missing }));
+        }
+        // The log may have moved (a purge, appends) since the offer arrived.
+        self.check_offer(&install.manifest)?;
+        if install
+            .chain
+            .is_some_and(|c| c != install.manifest.last_checksum)
+        {
+            return Err(self.transfer_error(TransferError::Verification {
+                artifact: 0,
+                reason: "the log does not end at the offered last checksum".into(),
+            }));
+        }
+        Ok(())
+    }
+
+    /// Renames the staging directory to the next generation and fsyncs the
+    /// partition directory, in a submission of its own: a failed rename
+    /// does not stop a link chain, and the superblock must never name a
+    /// generation whose rename failed. A failed rename changes nothing (the
+    /// install can be aborted); a failed fsync fences.
+    fn rename_staging(
+        &mut self,
+        io: &mut impl IoBackend,
+        from: &Path,
+        to: &Path,
+    ) -> Result<(), StoreError> {
+        let pid = self.partition_id;
+        // A directory of that name is garbage the superblock does not name:
+        // an attempt that never committed, whose removal failed.
+        if io
+            .exists(to)
+            .map_err(|e| StoreError::io(pid, "stat", to, e))?
+        {
+            tracing::warn!(partition = pid, dir = %to.display(), "removing a stale generation");
+            self.remove_tree(io, to)?;
+        }
+        let sqes = vec![
+            Sqe::linked(Op::Rename {
+                from: from.into(),
+                to: to.into(),
+            }),
+            Sqe::new(Op::Fsync {
+                file: self.dir_file,
+            }),
+        ];
+        let mut results = io.submit(sqes).into_iter().map(|c| c.result);
+        let renamed = results.next().unwrap_or_else(|| Err(lost_completion()));
+        let synced = results.next().unwrap_or_else(|| Err(lost_completion()));
+        if let Err(e) = renamed {
+            return Err(StoreError::io(pid, "rename", from, e));
+        }
+        match synced {
+            Ok(_) => Ok(()),
+            Err(e) => Err(self.fence(format!("install commit directory fsync failed: {e}"))),
+        }
     }
 
     /// The refusals that protect the local log from stale or hostile offers.

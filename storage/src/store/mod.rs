@@ -138,8 +138,8 @@ pub struct PartitionStore {
     snapshots: Vec<snapshot::Lease>,
     /// Distinguishes snapshots opened in the same millisecond.
     snapshot_seq: u64,
-    /// Whether an install is staged (at most one at a time).
-    installing: bool,
+    /// The install being staged, if any (at most one at a time).
+    installing: Option<install::InstallSlot>,
     /// The read buffer, kept pre-touched between reads.
     read_buf: Option<AlignedBuf>,
 }
@@ -208,7 +208,7 @@ impl PartitionStore {
             fenced: None,
             snapshots: Vec::new(),
             snapshot_seq: 0,
-            installing: false,
+            installing: None,
             read_buf: None,
         };
         store.sync_dirs(io, &[generation_dir_file])?;

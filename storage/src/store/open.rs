@@ -56,7 +56,7 @@ impl PartitionStore {
             .open_dir(dir)
             .map_err(|e| StoreError::io(pid, "open", dir, e))?;
         let generation_dir = segment::generation_dir(dir, sb.live_generation);
-        roll_install_forward(io, pid, dir, dir_file, &generation_dir)?;
+        roll_install_forward(io, pid, (dir, dir_file), &generation_dir, &sb)?;
         let generation_dir_file = io
             .open_dir(&generation_dir)
             .map_err(|e| StoreError::io(pid, "open", &generation_dir, e))?;
@@ -89,7 +89,7 @@ impl PartitionStore {
             fenced: None,
             snapshots: Vec::new(),
             snapshot_seq: 0,
-            installing: false,
+            installing: None,
             read_buf: None,
         };
         if !chosen.copies_to_repair.is_empty() {
@@ -175,19 +175,42 @@ impl PartitionStore {
 
 /// If the superblock names a generation whose directory is still called
 /// `staging`, the install committed but its rename did not land: finish it.
+/// Total over what a crash or an older build can leave: a directory with the
+/// named generation's name that lacks the files the superblock references,
+/// while `staging` holds them all, is a stale attempt (an older build wrote
+/// the superblock after a failed rename): it is removed, then the rename is
+/// rolled forward. Otherwise `staging` is garbage, removed later.
 fn roll_install_forward(
     io: &mut impl IoBackend,
     pid: u32,
-    dir: &Path,
-    dir_file: FileId,
+    (dir, dir_file): (&Path, FileId),
     generation_dir: &Path,
+    sb: &Superblock,
 ) -> Result<(), StoreError> {
     let staging = dir.join(STAGING_DIR);
-    let exists = |io: &mut _, p: &Path| {
-        IoBackend::exists(io, p).map_err(|e| StoreError::io(pid, "stat", p, e))
-    };
-    if exists(io, generation_dir)? || !exists(io, &staging)? {
+    if !exists(io, pid, &staging)? {
         return Ok(());
+    }
+    if exists(io, pid, generation_dir)? {
+        if holds_generation(io, pid, generation_dir, sb)?
+            || !holds_generation(io, pid, &staging, sb)?
+        {
+            return Ok(());
+        }
+        tracing::warn!(partition = pid, dir = %generation_dir.display(), "removing a stale generation the committed install replaces");
+        // Its files, then the directory itself; no fsync needed: a removal
+        // that is lost leaves the same stale state for the next open.
+        let unlinks = list(io, pid, generation_dir)?
+            .into_iter()
+            .map(|path| Sqe::new(Op::Unlink { path }))
+            .collect();
+        let rmdir = Sqe::new(Op::RemoveDir {
+            path: generation_dir.into(),
+        });
+        for sqes in [unlinks, vec![rmdir]] {
+            submit_checked(io, sqes)
+                .map_err(|(kind, e)| StoreError::io(pid, kind, generation_dir, e))?;
+        }
     }
     tracing::warn!(partition = pid, "rolling an interrupted install forward");
     let sqes = vec![
@@ -200,6 +223,27 @@ fn roll_install_forward(
     submit_checked(io, sqes)
         .map(|_| ())
         .map_err(|(kind, e)| StoreError::io(pid, kind, &staging, e))
+}
+
+fn exists(io: &mut impl IoBackend, pid: u32, path: &Path) -> Result<bool, StoreError> {
+    io.exists(path)
+        .map_err(|e| StoreError::io(pid, "stat", path, e))
+}
+
+/// Whether `dir` holds every segment log the superblock references.
+fn holds_generation(
+    io: &mut impl IoBackend,
+    pid: u32,
+    dir: &Path,
+    sb: &Superblock,
+) -> Result<bool, StoreError> {
+    let bases = sb.segments.iter().map(|s| s.base_offset);
+    for base in bases.chain([sb.frontier.active_base]) {
+        if !exists(io, pid, &segment::log_path(dir, base))? {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
 /// Opens every sealed segment and loads (or rebuilds) its index.
