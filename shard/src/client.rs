@@ -103,11 +103,18 @@ impl Client {
     /// Sends one request and waits for its reply.
     pub fn call(&mut self, req: &Request) -> Result<Body, ClientError> {
         let correlation = self.next_correlation;
-        self.next_correlation = self.next_correlation.wrapping_add(1);
+        // Correlation 0 is the server's: errors about the connection itself
+        // (refused over the connection cap, bad frame, shutting down).
+        self.next_correlation = self.next_correlation.checked_add(1).unwrap_or(1);
         let mut frame = Vec::new();
         req.encode(correlation, &mut frame)?;
         self.stream.write_all(&frame)?;
         let reply = self.read_reply()?;
+        if reply.correlation == 0 {
+            if let Err((code, message)) = reply.result {
+                return Err(ClientError::Server { code, message });
+            }
+        }
         if reply.correlation != correlation {
             return Err(ClientError::Unexpected(format!(
                 "reply for request {} while waiting for {correlation}",

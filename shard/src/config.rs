@@ -46,8 +46,23 @@ pub struct ServerConfig {
     /// Requests one shard may have forwarded and unanswered at once (bounds
     /// its reply mailbox).
     pub forward_inflight_max: usize,
+    /// Bytes of produce batches one shard's request mailbox may hold; a
+    /// forward that would exceed it gets a retryable Backpressure error.
+    /// At least `frame_bytes_max`, so any batch can be forwarded.
+    pub mailbox_bytes_max: u64,
     /// Client connections per shard; more are refused with an error.
     pub connections_per_shard_max: usize,
+    /// Byte budget of each shard's client connections: request bodies from
+    /// their header until their reply is written, and the reply room of
+    /// each fetch. Over it, requests get a retryable Backpressure error.
+    /// At least `frame_bytes_max`.
+    pub shard_request_bytes_max: u64,
+    /// A started frame must deliver its 12-byte header within this, and its
+    /// body must make progress at least this often; else the connection is
+    /// closed.
+    pub header_timeout_ms: u64,
+    /// A connection with no request for this long is closed.
+    pub idle_timeout_ms: u64,
     /// Largest client frame body accepted.
     pub frame_bytes_max: u32,
     /// Long-poll fetches waiting per partition; more return at once.
@@ -75,7 +90,11 @@ impl Default for ServerConfig {
             group_commit_delay_us: 0,
             mailbox_capacity: 1024,
             forward_inflight_max: 4096,
+            mailbox_bytes_max: 256 * 1024 * 1024,
             connections_per_shard_max: 1024,
+            shard_request_bytes_max: 256 * 1024 * 1024,
+            header_timeout_ms: 10_000,
+            idle_timeout_ms: 300_000,
             frame_bytes_max: 16 * 1024 * 1024,
             fetch_waiters_max: 256,
             fetch_wait_ms_max: 60_000,
@@ -216,6 +235,8 @@ impl ServerConfig {
             self.group_commit_appends_max as u64,
         )?;
         positive("retention_check_ms", self.retention_check_ms)?;
+        positive("header_timeout_ms", self.header_timeout_ms)?;
+        positive("idle_timeout_ms", self.idle_timeout_ms)?;
         if self.listen.parse::<std::net::SocketAddr>().is_err() {
             return Err((
                 "listen",
@@ -233,6 +254,20 @@ impl ServerConfig {
                     ringlog_protocol::wire::FRAME_BYTES_MAX
                 ),
             ));
+        }
+        for (key, value) in [
+            ("shard_request_bytes_max", self.shard_request_bytes_max),
+            ("mailbox_bytes_max", self.mailbox_bytes_max),
+        ] {
+            if value < u64::from(self.frame_bytes_max) {
+                return Err((
+                    key,
+                    format!(
+                        "{value} is below frame_bytes_max ({}): the largest frame would never fit",
+                        self.frame_bytes_max
+                    ),
+                ));
+            }
         }
         let store = self.store_config();
         store.validate().map_err(|e| {
@@ -370,6 +405,12 @@ mod tests {
             ("segment_size_bytes = 1000\n", "segment_size_bytes"),
             ("mailbox_capacity = 0\n", "mailbox_capacity"),
             ("listen = \"nope\"\n", "listen"),
+            (
+                "shard_request_bytes_max = 4096\n",
+                "shard_request_bytes_max",
+            ),
+            ("mailbox_bytes_max = 100\n", "mailbox_bytes_max"),
+            ("idle_timeout_ms = 0\n", "idle_timeout_ms"),
         ] {
             std::fs::write(&path, text).unwrap();
             let err = ServerConfig::load(Some(&path), Vec::new(), &[]).unwrap_err();

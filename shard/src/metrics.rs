@@ -88,6 +88,9 @@ pub struct ShardMetrics {
     pub connections_refused_total: AtomicU64,
     pub bad_frames_total: AtomicU64,
     pub parked_total: AtomicU64,
+    pub idle_timeouts_total: AtomicU64,
+    pub header_timeouts_total: AtomicU64,
+    pub over_budget_total: AtomicU64,
 }
 
 impl Default for ShardMetrics {
@@ -108,6 +111,9 @@ impl Default for ShardMetrics {
             connections_refused_total: AtomicU64::new(0),
             bad_frames_total: AtomicU64::new(0),
             parked_total: AtomicU64::new(0),
+            idle_timeouts_total: AtomicU64::new(0),
+            header_timeouts_total: AtomicU64::new(0),
+            over_budget_total: AtomicU64::new(0),
         }
     }
 }
@@ -173,6 +179,21 @@ pub fn render(shards: &[(&ShardMetrics, &MailboxTx)], uptime_s: u64) -> String {
             "ringlog_parked_total",
             "Requests held until their partition's flush in flight completed",
             |m| &m.parked_total,
+        ),
+        (
+            "ringlog_idle_timeouts_total",
+            "Client connections closed after idle_timeout_ms without a request",
+            |m| &m.idle_timeouts_total,
+        ),
+        (
+            "ringlog_header_timeouts_total",
+            "Client connections closed because a started frame stalled (header_timeout_ms)",
+            |m| &m.header_timeouts_total,
+        ),
+        (
+            "ringlog_over_budget_total",
+            "Requests refused with Backpressure over shard_request_bytes_max",
+            |m| &m.over_budget_total,
         ),
     ];
     let _ = writeln!(out, "# HELP ringlog_uptime_seconds Seconds since start");

@@ -122,8 +122,12 @@ pub fn start(config: ServerConfig, hooks: Hooks) -> Result<Running, ServerError>
     let mut txs = Vec::with_capacity(shards);
     let mut rxs = Vec::with_capacity(shards);
     for _ in 0..shards {
-        let (tx, rx) = mailbox(config.mailbox_capacity, config.forward_inflight_max)
-            .map_err(|e| ServerError::Shard(format!("mailbox: {e}")))?;
+        let (tx, rx) = mailbox(
+            config.mailbox_capacity,
+            config.mailbox_bytes_max,
+            config.forward_inflight_max,
+        )
+        .map_err(|e| ServerError::Shard(format!("mailbox: {e}")))?;
         txs.push(tx);
         rxs.push(rx);
     }

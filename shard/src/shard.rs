@@ -469,7 +469,7 @@ impl Shard {
                     tx.send(r.outcome);
                 }
             }
-            if !self.rx.requests.is_empty() {
+            if !self.rx.is_empty() {
                 self.turn.notify();
             }
             if self.shutdown.is_triggered() {
@@ -511,7 +511,7 @@ impl Shard {
             }
         }
         while works.len() < max {
-            let Ok(env) = self.rx.requests.try_recv() else {
+            let Some(env) = self.rx.try_recv() else {
                 break;
             };
             let reply = match env.reply {
@@ -715,7 +715,7 @@ impl Shard {
                         .metrics
                         .connections_open
                         .load(std::sync::atomic::Ordering::Relaxed),
-                    mailbox_depth: self.rx.requests.len(),
+                    mailbox_depth: self.rx.len(),
                 };
                 replies.push((reply, Ok(OpReply::Shard(st))));
             }

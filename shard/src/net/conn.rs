@@ -2,21 +2,38 @@
 //! check it, dispatch it, write the reply. Requests on one connection are
 //! answered in order, one at a time; clients use several connections for
 //! parallelism.
+//!
+//! Bounds, each from the config: at most `connections_per_shard_max`
+//! connections per shard (more are answered with Backpressure and closed);
+//! a connection idle for `idle_timeout_ms` between frames is closed; a
+//! started frame must deliver its header within `header_timeout_ms`, and
+//! its body must make progress at least that often, or the connection is
+//! closed. A body is allocated as its bytes arrive (never more than twice
+//! what was received) and only after its declared length was taken from
+//! the shard's byte budget (`shard_request_bytes_max`), which also holds
+//! room for each fetch reply until it is written. Over the budget, the
+//! body is read and discarded in small chunks and the request is answered
+//! with Backpressure, so the connection stays in sync and usable.
 
 use std::rc::Rc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
-use monoio::io::{AsyncReadRentExt, AsyncWriteRentExt};
+use monoio::buf::IoBufMut;
+use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
 use monoio::net::{TcpListener, TcpStream};
 use ringlog_protocol::wire::{
-    decode_frame_header, Body, ErrorCode, HelloReply, Opcode, Reply, Request, FRAME_HEADER_LEN,
-    PROTOCOL_VERSION,
+    decode_frame_header, Body, ErrorCode, HelloReply, Opcode, Reply, Request, WireError,
+    FRAME_HEADER_LEN, PROTOCOL_VERSION,
 };
 
+use super::budget::{ByteBudget, Charge};
+use crate::config::ServerConfig;
 use crate::metrics;
 use crate::shard::Shard;
 
 pub(crate) async fn accept_loop(shard: Rc<Shard>, listener: TcpListener) {
+    let budget = ByteBudget::new(shard.config.shard_request_bytes_max);
     loop {
         if shard.is_stopping() {
             break;
@@ -45,11 +62,11 @@ pub(crate) async fn accept_loop(shard: Rc<Shard>, listener: TcpListener) {
             .metrics
             .connections_open
             .fetch_add(1, Ordering::Relaxed);
-        let s = shard.clone();
+        let (s, b) = (shard.clone(), budget.clone());
         monoio::spawn(async move {
             let _ = stream.set_nodelay(true);
             tracing::debug!(shard = s.id, %peer, "connection");
-            serve(&s, stream).await;
+            serve(&s, &b, stream).await;
             s.metrics.connections_open.fetch_sub(1, Ordering::Relaxed);
         });
     }
@@ -85,40 +102,211 @@ async fn write_reply(stream: &mut TcpStream, reply: &Reply) -> std::io::Result<(
     res.map(|_| ())
 }
 
-/// Serves one connection until it closes, errs, or the shard stops.
-async fn serve(shard: &Shard, mut stream: TcpStream) {
+/// Largest first allocation of a body; it grows as bytes arrive.
+const BODY_CHUNK_BYTES: usize = 64 * 1024;
+/// Scratch for discarding a body that did not fit the budget.
+const DRAIN_CHUNK_BYTES: usize = 4096;
+
+struct Limits {
+    frame_max: u32,
+    header_timeout: Duration,
+    idle_timeout: Duration,
+}
+
+impl Limits {
+    fn of(config: &ServerConfig) -> Limits {
+        Limits {
+            frame_max: config.frame_bytes_max,
+            header_timeout: Duration::from_millis(config.header_timeout_ms),
+            idle_timeout: Duration::from_millis(config.idle_timeout_ms),
+        }
+    }
+}
+
+/// Why a connection stops reading.
+enum Stop {
+    /// Closed or reset by the peer.
+    Closed,
+    TimedOut,
+}
+
+enum Frame {
+    /// A whole body and the budget it holds.
+    Body(Vec<u8>, Charge),
+    /// The body did not fit the budget and was discarded.
+    OverBudget { opcode: u16, correlation: u32 },
+    /// The header does not decode: answer, then close.
+    BadHeader(WireError),
+    /// Nothing to answer: close.
+    Gone,
+}
+
+/// One read into `buf[len..end]` within `limit`. The buffer is lost on a
+/// timeout (the runtime owns it until the cancelled read completes); the
+/// connection is closed then anyway.
+async fn read_some(
+    stream: &mut TcpStream,
+    buf: Vec<u8>,
+    end: usize,
+    limit: Duration,
+) -> Result<Vec<u8>, Stop> {
+    let start = buf.len();
+    debug_assert!(start < end && end <= buf.capacity());
+    match monoio::time::timeout(limit, stream.read(buf.slice_mut(start..end))).await {
+        Err(_) => Err(Stop::TimedOut),
+        Ok((Ok(0), _)) | Ok((Err(_), _)) => Err(Stop::Closed),
+        Ok((Ok(_), slice)) => Ok(slice.into_inner()),
+    }
+}
+
+async fn read_frame(
+    shard: &Shard,
+    budget: &Rc<ByteBudget>,
+    limits: &Limits,
+    stream: &mut TcpStream,
+) -> Frame {
+    let m = &shard.metrics;
+    let counted = |stop: Stop, timeouts: &AtomicU64| {
+        if let Stop::TimedOut = stop {
+            metrics::inc(timeouts);
+        }
+        Frame::Gone
+    };
+    let buf = Vec::with_capacity(FRAME_HEADER_LEN);
+    let mut buf = match read_some(stream, buf, FRAME_HEADER_LEN, limits.idle_timeout).await {
+        Ok(b) => b,
+        Err(stop) => return counted(stop, &m.idle_timeouts_total),
+    };
+    let deadline = Instant::now() + limits.header_timeout;
+    while buf.len() < FRAME_HEADER_LEN {
+        let left = deadline.saturating_duration_since(Instant::now());
+        buf = match read_some(stream, buf, FRAME_HEADER_LEN, left).await {
+            Ok(b) => b,
+            Err(stop) => return counted(stop, &m.header_timeouts_total),
+        };
+    }
+    let mut head = [0u8; FRAME_HEADER_LEN];
+    head.copy_from_slice(&buf);
+    let header = match decode_frame_header(&head, limits.frame_max) {
+        Ok(h) => h,
+        Err(e) => return Frame::BadHeader(e),
+    };
+    let len = header.body_len as usize;
+    let Some(charge) = budget.try_charge(u64::from(header.body_len)) else {
+        return match discard_body(stream, len, limits.header_timeout).await {
+            Ok((opcode, correlation)) => Frame::OverBudget {
+                opcode,
+                correlation,
+            },
+            Err(stop) => counted(stop, &m.header_timeouts_total),
+        };
+    };
+    let body = match read_body(stream, len, limits.header_timeout).await {
+        Ok(b) => b,
+        Err(stop) => return counted(stop, &m.header_timeouts_total),
+    };
+    if let Err(e) = header.verify(&body) {
+        return Frame::BadHeader(e);
+    }
+    Frame::Body(body, charge)
+}
+
+/// Reads `len` bytes, growing the buffer only as bytes arrive.
+async fn read_body(stream: &mut TcpStream, len: usize, stall: Duration) -> Result<Vec<u8>, Stop> {
+    let mut body = Vec::with_capacity(len.min(BODY_CHUNK_BYTES));
+    while body.len() < len {
+        if body.len() == body.capacity() {
+            let more = body.capacity().min(len - body.len());
+            body.reserve_exact(more);
+        }
+        let end = body.capacity().min(len);
+        body = read_some(stream, body, end, stall).await?;
+    }
+    Ok(body)
+}
+
+/// Reads and drops `len` bytes; returns the opcode and correlation from the
+/// body's first 8 bytes (opcode u16, flags u16, correlation u32) so the
+/// refusal can be addressed.
+async fn discard_body(
+    stream: &mut TcpStream,
+    len: usize,
+    stall: Duration,
+) -> Result<(u16, u32), Stop> {
+    let mut prefix = [0u8; 8];
+    let mut got = 0usize;
+    let mut chunk = Vec::with_capacity(DRAIN_CHUNK_BYTES.min(len));
+    while got < len {
+        chunk.clear();
+        let end = chunk.capacity().min(len - got);
+        chunk = read_some(stream, chunk, end, stall).await?;
+        for (i, b) in chunk.iter().enumerate() {
+            if let Some(p) = prefix.get_mut(got + i) {
+                *p = *b;
+            }
+        }
+        got += chunk.len();
+    }
+    let opcode = u16::from_le_bytes([prefix[0], prefix[1]]);
+    let correlation = u32::from_le_bytes([prefix[4], prefix[5], prefix[6], prefix[7]]);
+    Ok((opcode, correlation))
+}
+
+/// Budget a request holds beside its body until its reply is written: a
+/// fetch's reply room.
+fn reply_room_bytes(limits: &Limits, req: &Request) -> u64 {
+    match req {
+        Request::Fetch { max_bytes, .. } => u64::from((*max_bytes).min(limits.frame_max)),
+        _ => 0,
+    }
+}
+
+fn over_budget(shard: &Shard, opcode: u16, correlation: u32) -> Reply {
+    metrics::inc(&shard.metrics.over_budget_total);
+    Reply::error(
+        opcode,
+        correlation,
+        ErrorCode::Backpressure,
+        format!(
+            "shard {} has its request byte budget (shard_request_bytes_max = {}) in use; retry",
+            shard.id, shard.config.shard_request_bytes_max
+        ),
+    )
+}
+
+/// Serves one connection until it closes, errs, times out, or the shard
+/// stops.
+async fn serve(shard: &Shard, budget: &Rc<ByteBudget>, mut stream: TcpStream) {
+    let limits = Limits::of(&shard.config);
+    let frame_max = limits.frame_max;
     let mut greeted = false;
-    let frame_max = shard.config.frame_bytes_max;
     loop {
         if shard.is_stopping() {
             let r = Reply::error(0, 0, ErrorCode::ShuttingDown, "server shutting down");
             let _ = write_reply(&mut stream, &r).await;
             return;
         }
-        let (res, head) = stream.read_exact(vec![0u8; FRAME_HEADER_LEN]).await;
-        if res.is_err() {
-            return; // closed or reset
-        }
-        let mut head_arr = [0u8; FRAME_HEADER_LEN];
-        head_arr.copy_from_slice(&head);
-        let header = match decode_frame_header(&head_arr, frame_max) {
-            Ok(h) => h,
-            Err(e) => {
+        let (body, _body_charge) = match read_frame(shard, budget, &limits, &mut stream).await {
+            Frame::Body(b, c) => (b, c),
+            Frame::Gone => return,
+            Frame::BadHeader(e) => {
                 metrics::inc(&shard.metrics.bad_frames_total);
                 let _ =
                     write_reply(&mut stream, &Reply::error(0, 0, e.code(), e.to_string())).await;
                 return;
             }
+            Frame::OverBudget {
+                opcode,
+                correlation,
+            } => {
+                let reply = over_budget(shard, opcode, correlation);
+                if write_reply(&mut stream, &reply).await.is_err() {
+                    return;
+                }
+                continue;
+            }
         };
-        let (res, body) = stream.read_exact(vec![0u8; header.body_len as usize]).await;
-        if res.is_err() {
-            return;
-        }
-        if let Err(e) = header.verify(&body) {
-            metrics::inc(&shard.metrics.bad_frames_total);
-            let _ = write_reply(&mut stream, &Reply::error(0, 0, e.code(), e.to_string())).await;
-            return;
-        }
+        let mut _reply_charge = None;
         let (correlation, opcode, decoded) = Request::decode(&body);
         drop(body);
         let reply = match decoded {
@@ -161,7 +349,13 @@ async fn serve(shard: &Shard, mut stream: TcpStream) {
                 ErrorCode::HandshakeRequired,
                 "the first request must be Hello",
             ),
-            Ok(req) => super::dispatch::handle(shard, correlation, req).await,
+            Ok(req) => match budget.try_charge(reply_room_bytes(&limits, &req)) {
+                Some(c) => {
+                    _reply_charge = Some(c);
+                    super::dispatch::handle(shard, correlation, req).await
+                }
+                None => over_budget(shard, opcode, correlation),
+            },
         };
         let closes = matches!(&reply.result, Err((code, _)) if code.closes_connection());
         if write_reply(&mut stream, &reply).await.is_err() || closes {

@@ -1,6 +1,7 @@
 //! The client port: one listening socket shared by the shards, connections,
 //! and request dispatch to partition owners.
 
+mod budget;
 mod conn;
 mod dispatch;
 mod listen;
