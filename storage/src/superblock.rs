@@ -12,8 +12,8 @@
 //! a state whose parent matches none of the valid copies one sequence below);
 //! copies that are invalid or older are repaired by rewriting them.
 //!
-//! Layout of a copy (little-endian), version 1. Fields only ever tail-append:
-//! a later version adds fields after `segments` and bumps `version`.
+//! Layout of a copy (little-endian), version 2. Fields only ever tail-append:
+//! a later version adds fields after `table_last` and bumps `version`.
 //! ```text
 //!   0 magic u64            8 version u16        10 copy_index u16
 //!  12 reserved u32        16 checksum u64       24 sequence u64
@@ -24,29 +24,29 @@
 //! 112 active_base u64    120 active_position u64
 //! 128 active_prev_checksum u64 (chain anchor before the active segment)
 //! 136 purge_generation u64  144 live_generation u64
-//! 152 segment_count u32  156 reserved u32
-//! 160 segments: segment_count x 48 bytes (base_offset, end_offset,
-//!     length_bytes, checksum, last_batch_checksum, max_timestamp_ms: u64 each)
+//! 152 table_id u64       160 table_first u64   168 table_count u64
+//! 176 table_anchor u64   184 table_last u64
+//! 192 zero to the end of the copy
 //! ```
+//! Version 1 held the sealed segments inside the copy (at most 338 of them);
+//! version 2 keeps them in the segment table file the `table_*` fields name
+//! and commit (see `store::table`), so a copy is one fixed-size block.
 
 use std::path::Path;
 
 use ringlog_protocol::checksum;
 use thiserror::Error;
 
-/// Size of one copy; the segment table must fit in it.
-pub const COPY_SIZE_BYTES: usize = 16 * 1024;
+/// Size of one copy: one block, whatever the number of segments.
+pub const COPY_SIZE_BYTES: usize = 4096;
 /// Number of copies in the superblock file.
 pub const COPIES: usize = 4;
 /// Size of the whole superblock file.
 pub const FILE_SIZE_BYTES: usize = COPY_SIZE_BYTES * COPIES;
 /// "RLGSUPER"
 const MAGIC: u64 = u64::from_le_bytes(*b"RLGSUPER");
-const VERSION: u16 = 1;
-const FIXED_LEN: usize = 160;
-const SEGMENT_ENTRY_LEN: usize = 48;
-/// The most sealed segments a partition can hold (bounded by the copy size).
-pub const SEGMENTS_MAX: usize = (COPY_SIZE_BYTES - FIXED_LEN) / SEGMENT_ENTRY_LEN;
+const VERSION: u16 = 2;
+const FIXED_LEN: usize = 192;
 
 /// The two copies that receive the state with this sequence number.
 pub fn half_for(sequence: u64) -> [usize; 2] {
@@ -84,6 +84,20 @@ pub struct Frontier {
     pub active_prev_checksum: u64,
 }
 
+/// Names and commits the live part of the segment table file: entries
+/// `[first, first + count)` of `gen-<live_generation>/segments-<id>.tbl`,
+/// whose chained checksum runs from `anchor` (the chain value before entry
+/// `first`) to `last` (the value after the last live entry; `anchor` when
+/// there is none).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TableRef {
+    pub id: u64,
+    pub first: u64,
+    pub count: u64,
+    pub anchor: u64,
+    pub last: u64,
+}
+
 /// A sealed segment as recorded once, at seal.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SealedSegment {
@@ -116,7 +130,8 @@ pub struct Superblock {
     /// commits by naming the generation it staged; recovery finishes its
     /// rename if needed.
     pub live_generation: u64,
-    pub segments: Vec<SealedSegment>,
+    /// The sealed segments, oldest first, in the segment table file.
+    pub table: TableRef,
 }
 
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
@@ -127,8 +142,6 @@ pub enum SuperblockError {
     Forked { path: String, sequence: u64 },
     #[error("superblock {path}: file is {len} bytes, expected {FILE_SIZE_BYTES}")]
     Short { path: String, len: usize },
-    #[error("superblock: {count} sealed segments exceed the table limit {SEGMENTS_MAX}")]
-    TableFull { count: usize },
 }
 
 /// Why a single copy was rejected.
@@ -138,7 +151,6 @@ pub enum CopyError {
     UnsupportedVersion(u16),
     BadChecksum,
     BadCopyIndex(u16),
-    BadSegmentCount(u32),
     NonZeroReserved,
 }
 
@@ -156,19 +168,12 @@ impl Superblock {
     pub fn checksum(&self) -> u64 {
         let mut copy = vec![0u8; COPY_SIZE_BYTES];
         self.encode(0, &mut copy)
-            .expect("checksum of a superblock that fits");
-        u64::from_le_bytes(copy[16..24].try_into().expect("8 bytes"))
     }
 
     /// Encodes copy `copy_index` into `out` (`COPY_SIZE_BYTES` long) and
     /// returns the checksum.
-    pub fn encode(&self, copy_index: u16, out: &mut [u8]) -> Result<u64, SuperblockError> {
+    pub fn encode(&self, copy_index: u16, out: &mut [u8]) -> u64 {
         assert_eq!(out.len(), COPY_SIZE_BYTES);
-        if self.segments.len() > SEGMENTS_MAX {
-            return Err(SuperblockError::TableFull {
-                count: self.segments.len(),
-            });
-        }
         out.fill(0);
         let mut w = Writer { out, at: 0 };
         w.u64(MAGIC);
@@ -186,6 +191,7 @@ impl Superblock {
         w.u64(self.vsr.commit);
         w.u64(self.vsr.op);
         let f = &self.frontier;
+        let t = &self.table;
         for v in [
             f.next_offset,
             f.last_op,
@@ -195,28 +201,19 @@ impl Superblock {
             f.active_prev_checksum,
             self.purge_generation,
             self.live_generation,
+            t.id,
+            t.first,
+            t.count,
+            t.anchor,
+            t.last,
         ] {
             w.u64(v);
         }
-        w.u32(self.segments.len() as u32);
-        w.u32(0);
         debug_assert_eq!(w.at, FIXED_LEN);
-        for s in &self.segments {
-            for v in [
-                s.base_offset,
-                s.end_offset,
-                s.length_bytes,
-                s.checksum,
-                s.last_batch_checksum,
-                s.max_timestamp_ms,
-            ] {
-                w.u64(v);
-            }
-        }
         let sum = checksum(out);
         out[16..24].copy_from_slice(&sum.to_le_bytes());
         out[10..12].copy_from_slice(&copy_index.to_le_bytes());
-        Ok(sum)
+        sum
     }
 
     /// Decodes one copy; returns the state, its checksum and its copy index.
@@ -270,23 +267,14 @@ impl Superblock {
         };
         let purge_generation = r.u64();
         let live_generation = r.u64();
-        let count = r.u32();
-        if r.u32() != 0 {
-            return Err(CopyError::NonZeroReserved);
-        }
-        if count as usize > SEGMENTS_MAX {
-            return Err(CopyError::BadSegmentCount(count));
-        }
-        let segments = (0..count)
-            .map(|_| SealedSegment {
-                base_offset: r.u64(),
-                end_offset: r.u64(),
-                length_bytes: r.u64(),
-                checksum: r.u64(),
-                last_batch_checksum: r.u64(),
-                max_timestamp_ms: r.u64(),
-            })
-            .collect();
+        let table = TableRef {
+            id: r.u64(),
+            first: r.u64(),
+            count: r.u64(),
+            anchor: r.u64(),
+            last: r.u64(),
+        };
+        debug_assert_eq!(r.at, FIXED_LEN);
         if copy[r.at..].iter().any(|&b| b != 0) {
             return Err(CopyError::NonZeroReserved);
         }
@@ -301,7 +289,7 @@ impl Superblock {
                 frontier,
                 purge_generation,
                 live_generation,
-                segments,
+                table,
             },
             stored,
             copy_index,
@@ -396,7 +384,7 @@ impl Writer<'_> {
 }
 
 /// Reads fixed fields; the caller guarantees the copy is long enough
-/// (`COPY_SIZE_BYTES` always covers the fixed part and `SEGMENTS_MAX` entries).
+/// (`COPY_SIZE_BYTES` always covers the fixed part).
 struct Reader<'a> {
     bytes: &'a [u8],
     at: usize,
@@ -446,16 +434,13 @@ mod tests {
             },
             purge_generation: 1,
             live_generation: 2,
-            segments: (0..5)
-                .map(|i| SealedSegment {
-                    base_offset: i * 80,
-                    end_offset: (i + 1) * 80,
-                    length_bytes: 1 << 20,
-                    checksum: i,
-                    last_batch_checksum: i + 1,
-                    max_timestamp_ms: 1000 + i,
-                })
-                .collect(),
+            table: TableRef {
+                id: 3,
+                first: 17,
+                count: 5,
+                anchor: 0xabcd,
+                last: 0x1234,
+            },
         }
     }
 
@@ -465,8 +450,7 @@ mod tests {
             sb.encode(
                 i as u16,
                 &mut file[i * COPY_SIZE_BYTES..(i + 1) * COPY_SIZE_BYTES],
-            )
-            .unwrap();
+            );
         }
         file
     }
@@ -476,8 +460,8 @@ mod tests {
         let sb = sample();
         let mut a = vec![0u8; COPY_SIZE_BYTES];
         let mut b = vec![0u8; COPY_SIZE_BYTES];
-        let sa = sb.encode(0, &mut a).unwrap();
-        let sbs = sb.encode(3, &mut b).unwrap();
+        let sa = sb.encode(0, &mut a);
+        let sbs = sb.encode(3, &mut b);
         assert_eq!(sa, sbs);
         assert_eq!(sa, sb.checksum());
         let (decoded, sum, index) = Superblock::decode(&b).unwrap();
@@ -488,8 +472,8 @@ mod tests {
     #[test]
     fn every_bit_flip_in_the_used_part_is_rejected() {
         let mut copy = vec![0u8; COPY_SIZE_BYTES];
-        sample().encode(0, &mut copy).unwrap();
-        let used = FIXED_LEN + 5 * SEGMENT_ENTRY_LEN;
+        sample().encode(0, &mut copy);
+        let used = FIXED_LEN;
         for i in (0..used).chain([used + 1, COPY_SIZE_BYTES - 1]) {
             let mut bad = copy.clone();
             bad[i] ^= 0x10;
@@ -564,13 +548,15 @@ mod tests {
     }
 
     #[test]
-    fn oversized_table_is_refused() {
-        let mut sb = sample();
-        sb.segments = vec![sb.segments[0]; SEGMENTS_MAX + 1];
+    fn a_version_1_copy_is_refused() {
+        // Version 1 listed the segments inside the copy; reading one as
+        // version 2 would lose them.
         let mut copy = vec![0u8; COPY_SIZE_BYTES];
-        assert!(matches!(
-            sb.encode(0, &mut copy),
-            Err(SuperblockError::TableFull { .. })
-        ));
+        sample().encode(0, &mut copy);
+        copy[8..10].copy_from_slice(&1u16.to_le_bytes());
+        assert_eq!(
+            Superblock::decode(&copy).unwrap_err(),
+            CopyError::UnsupportedVersion(1)
+        );
     }
 }

@@ -32,6 +32,8 @@ enum Step {
     Retention {
         now_ms: u64,
     },
+    /// Open a snapshot (sealing the active segment) and release it.
+    Snapshot,
     Close,
 }
 
@@ -86,6 +88,10 @@ fn run(
                 store.apply_retention(io, now_ms)?;
                 model.log_start_done = store.log_start_offset();
                 model.log_start_inflight.clear();
+            }
+            Step::Snapshot => {
+                let manifest = store.open_snapshot(io, 0)?;
+                store.release_snapshot(manifest.snapshot_id);
             }
             Step::Close => {
                 let frontier = store.durable().next_offset;
@@ -312,4 +318,98 @@ fn crash_during_retention() {
     ];
     let points = crash_everywhere("retention", &config, &steps);
     assert!(points > 100, "only {points} crash points");
+}
+
+/// 8 KiB segments: two ~3 KiB batches each, so rolls (each appending to the
+/// segment table file) come every other batch.
+fn tiny_segments() -> StoreConfig {
+    StoreConfig {
+        segment_size_bytes: 8 * 1024,
+        write_buffer_bytes: 8 * 1024,
+        transfer_chunk_bytes: 4096,
+        ..small_config()
+    }
+}
+
+#[test]
+fn crash_during_rolls_that_write_the_segment_table() {
+    let config = StoreConfig {
+        retention_bytes: Some(16 * 1024),
+        ..tiny_segments()
+    };
+    let big = Step::Append {
+        n: 4,
+        records: 1,
+        value_len: 3000,
+    };
+    let small = Step::Append {
+        n: 1,
+        records: 1,
+        value_len: 40,
+    };
+    // About 70 rolls (enough for a block of dead table entries), snapshots
+    // sealing tiny segments, then retention dropping all but the newest
+    // segments (which compacts the table) and rolls into the compacted table.
+    let mut steps = vec![big; 32];
+    steps.extend([small, Step::Snapshot, small, Step::Snapshot, Step::Close]);
+    steps.extend([big; 2]);
+    steps.extend([
+        Step::Retention { now_ms: 1 },
+        big,
+        big,
+        small,
+        Step::Close,
+        big,
+    ]);
+    // The workload does compact the table and roll into the compacted one.
+    let mut io = SimBackend::new(1);
+    run(&mut io, &config, &steps, &mut Model::default()).unwrap();
+    let store = PartitionStore::open(&mut io, Path::new(DIR), PARTITION, config.clone()).unwrap();
+    let table = store.superblock().table;
+    assert!(
+        table.id == 2 && table.first == 0 && table.count > 2,
+        "{table:?}"
+    );
+    let points = crash_everywhere("table", &config, &steps);
+    assert!(points > 500, "only {points} crash points");
+}
+
+#[test]
+fn a_damaged_segment_table_is_reported_as_corruption() {
+    let config = tiny_segments();
+    let mut io = SimBackend::new(5);
+    let mut model = Model::default();
+    let steps = [Step::Append {
+        n: 12,
+        records: 1,
+        value_len: 3000,
+    }];
+    run(&mut io, &config, &steps, &mut model).unwrap();
+    let generation = Path::new(DIR).join(format!("gen-{:020}", 1));
+    let tables: Vec<_> = io
+        .paths()
+        .into_iter()
+        .filter(|p| p.starts_with(&generation) && p.extension().is_some_and(|e| e == "tbl"))
+        .collect();
+    assert_eq!(tables.len(), 1, "{tables:?}");
+    let table = &tables[0];
+    let len = io.read_whole(table).unwrap().len();
+    let sealed = PartitionStore::open(&mut io, Path::new(DIR), PARTITION, config.clone())
+        .unwrap()
+        .sealed_segments()
+        .count();
+    assert!(sealed >= 5, "only {sealed} segments sealed");
+    // Every byte of every live entry (64 bytes each) is covered.
+    for at in 0..sealed * 64 {
+        let byte = io.read_whole(table).unwrap()[at];
+        io.corrupt(table, at, &[byte ^ 0x04]);
+        match PartitionStore::open(&mut io, Path::new(DIR), PARTITION, config.clone()) {
+            Err(StoreError::Corruption { segment, .. }) => assert_eq!(&segment, table),
+            Err(e) => panic!("flip at {at}: {e}"),
+            Ok(_) => panic!("flip at {at} of {len} accepted"),
+        }
+        io.corrupt(table, at, &[byte]);
+    }
+    // Undamaged, it opens again.
+    PartitionStore::open(&mut io, Path::new(DIR), PARTITION, config).unwrap();
 }

@@ -26,17 +26,17 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Weak};
 
 use ringlog_protocol::checksum;
-use ringlog_protocol::manifest::Manifest;
+use ringlog_protocol::manifest::{Manifest, ManifestLimits};
 
 use super::open::list;
 use super::verify::LogVerifier;
 use super::{
-    create_segment_file, submit_checked, write_new_file, ChainPoint, PartitionStore, SealedFile,
-    StoreError, TransferError, STAGING_DIR,
+    create_segment_file, submit_checked, table, write_new_file, ChainPoint, PartitionStore,
+    SealedFile, StoreError, TransferError, STAGING_DIR,
 };
 use crate::io::{align_up, AlignedBuf, BufPool, FileId, IoBackend, Op, Sqe};
 use crate::segment::{self, segment_checksum, SealedIndex, SparseIndex};
-use crate::superblock::{Frontier, SealedSegment, SEGMENTS_MAX};
+use crate::superblock::{Frontier, SealedSegment};
 
 /// What the store keeps of its install in progress, so it notices one that
 /// was dropped without a commit or abort (and closes its files).
@@ -438,9 +438,17 @@ impl PartitionStore {
     ) -> Result<(), StoreError> {
         let staged = self
             .check_committable(&install)
-            .and_then(|()| self.stage_indexes(io, &install));
-        let sealed = match staged {
-            Ok(sealed) => sealed,
+            .and_then(|()| self.stage_indexes(io, &install))
+            .and_then(|sealed| {
+                // The new generation's segment table, made durable with the
+                // staged files and named by the commit below.
+                let metas: Vec<SealedSegment> = sealed.iter().map(|s| s.meta).collect();
+                let id = self.sb.table.id + 1;
+                table::write_fresh(io, self.partition_id, &install.staging_dir, id, &metas)
+                    .map(|table| (sealed, table))
+            });
+        let (sealed, table) = match staged {
+            Ok(staged) => staged,
             Err(e) => {
                 self.abort_install(io, install)?;
                 return Err(e);
@@ -476,7 +484,7 @@ impl PartitionStore {
         next.live_generation = generation;
         next.purge_generation = next.purge_generation.max(m.purge_generation);
         next.vsr.commit = next.vsr.commit.max(m.commit);
-        next.segments = sealed.iter().map(|s| s.meta).collect();
+        next.table = table;
         next.frontier = Frontier {
             next_offset: m.next_offset,
             last_op: m.last_op,
@@ -611,11 +619,13 @@ impl PartitionStore {
                 ours: self.config.transfer_chunk_bytes,
             });
         }
-        if m.artifacts.len() > SEGMENTS_MAX {
+        // The staged files are held open: at most what a manifest may list.
+        let artifacts_max = ManifestLimits::default().artifacts_max;
+        if m.artifacts.len() > artifacts_max as usize {
             return refuse(TransferError::OfferTooLarge {
                 what: "artifact count",
                 value: m.artifacts.len() as u64,
-                max: SEGMENTS_MAX as u64,
+                max: u64::from(artifacts_max),
             });
         }
         if let Some(a) = m

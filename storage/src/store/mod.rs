@@ -6,6 +6,7 @@
 //! gen-<generation:020>/           the live generation: segments + indexes
 //!     <base_offset:020>.log
 //!     <base_offset:020>.idx       sealed segments only
+//!     segments-<id:020>.tbl       the segment table (see `table.rs`)
 //! recycle/                        unreferenced segment files kept for reuse
 //! ```
 //! Only the superblock defines state: files it does not reference are
@@ -32,6 +33,7 @@ mod open;
 mod read;
 mod retention;
 mod snapshot;
+mod table;
 mod verify;
 mod walk;
 
@@ -51,8 +53,7 @@ use crate::io::{
 };
 use crate::segment::{self, SealedIndex, SegmentHasher, SparseIndex};
 use crate::superblock::{
-    half_for, Frontier, SealedSegment, Superblock, SuperblockError, VsrState, COPIES,
-    COPY_SIZE_BYTES, SEGMENTS_MAX,
+    half_for, Frontier, SealedSegment, Superblock, VsrState, COPIES, COPY_SIZE_BYTES,
 };
 
 /// Name of the superblock file in a partition directory.
@@ -171,6 +172,7 @@ impl PartitionStore {
             .map_err(|e| StoreError::io(pid, "mkdir", &generation_dir, e))?;
         let active_path = segment::log_path(&generation_dir, 0);
         let active_file = create_segment_file(io, pid, &active_path, config.segment_size_bytes)?;
+        let table = table::write_fresh(io, pid, &generation_dir, 1, &[])?;
         let sb_path = dir.join(SUPERBLOCK_FILE);
         let sb_file = io
             .open_file(&sb_path, OpenMode::Create)
@@ -185,6 +187,7 @@ impl PartitionStore {
             sequence: 1,
             partition_id,
             live_generation: generation,
+            table,
             ..Superblock::default()
         };
         let pending = AlignedBuf::new(config.write_buffer_bytes);
@@ -499,12 +502,6 @@ impl PartitionStore {
 
     /// Seals the active segment and starts a new one at the log's end.
     fn roll(&mut self, io: &mut impl IoBackend) -> Result<(), StoreError> {
-        if self.sealed.len() >= SEGMENTS_MAX {
-            return Err(SuperblockError::TableFull {
-                count: self.sealed.len() + 1,
-            }
-            .into());
-        }
         self.flush(io)?;
         let active = &self.active;
         let meta = SealedSegment {
@@ -520,7 +517,9 @@ impl PartitionStore {
         let new_path = segment::log_path(&self.generation_dir, new_base);
         let new_file = self.provision_segment(io, &new_path)?;
         let mut next = self.sb.successor();
-        next.segments.push(meta);
+        // Durable before the superblock that counts it (a linked chain
+        // would not stop at a failed fdatasync: this is its own submission).
+        next.table = self.append_table_entry(io, &meta)?;
         next.frontier = Frontier {
             next_offset: new_base,
             last_op: self.durable.last_op,
@@ -534,7 +533,7 @@ impl PartitionStore {
         // recovery recreates a missing active segment that holds nothing, and
         // nothing is written into it before both completed. The sealed
         // segment's index is a cache written later (`persist_indexes`).
-        let mut sqes = self.superblock_sqes(&next, &half_for(next.sequence))?;
+        let mut sqes = self.superblock_sqes(&next, &half_for(next.sequence));
         sqes.push(Sqe::new(Op::Fsync {
             file: self.generation_dir_file,
         }));
@@ -623,7 +622,7 @@ impl PartitionStore {
         sb: &Superblock,
         copies: &[usize],
     ) -> Result<(), StoreError> {
-        let sqes = self.superblock_sqes(sb, copies)?;
+        let sqes = self.superblock_sqes(sb, copies);
         let result = submit_checked(io, sqes)
             .map(|_| ())
             .map_err(|(kind, e)| format!("superblock {kind} failed: {e}"));
@@ -636,13 +635,13 @@ impl PartitionStore {
     /// Writes `copies` of `sb` (linked), then one fdatasync. Callers never
     /// include every copy holding the last durable state, so a torn write
     /// leaves that state whole (see [`half_for`]).
-    fn superblock_sqes(&self, sb: &Superblock, copies: &[usize]) -> Result<Vec<Sqe>, StoreError> {
+    fn superblock_sqes(&self, sb: &Superblock, copies: &[usize]) -> Vec<Sqe> {
         debug_assert!(copies.iter().all(|&c| c < COPIES));
         let mut sqes = Vec::with_capacity(copies.len() + 1);
         for &copy in copies {
             let mut buf = AlignedBuf::new(COPY_SIZE_BYTES);
             buf.set_len(COPY_SIZE_BYTES);
-            sb.encode(copy as u16, &mut buf)?;
+            sb.encode(copy as u16, &mut buf);
             sqes.push(Sqe::linked(Op::Write {
                 file: self.sb_file,
                 offset: (copy * COPY_SIZE_BYTES) as u64,
@@ -650,7 +649,7 @@ impl PartitionStore {
             }));
         }
         sqes.push(Sqe::new(Op::Fdatasync { file: self.sb_file }));
-        Ok(sqes)
+        sqes
     }
 
     /// fsyncs directories (making names durable); failure fences.

@@ -1,8 +1,10 @@
 //! Opening a partition: recovery from the superblock plus verified log bytes.
 //!
 //! 1. Read the superblock by quorum; repair stale or corrupt copies.
-//! 2. Open the sealed segments it lists; load each `.idx`, or rebuild it from
-//!    the log (verifying the segment against its recorded checksum).
+//! 2. Read the segment table file it names, verified against the range and
+//!    chained checksum it records (a mismatch is corruption); open the sealed
+//!    segments listed there; load each `.idx`, or rebuild it from the log
+//!    (verifying the segment against its recorded checksum).
 //! 3. Scan the active segment from its start: batches below the frontier
 //!    checkpoint must all verify (a failure there is corruption, reported,
 //!    never truncated); past it, the scan stops at the first batch that fails
@@ -16,8 +18,8 @@ use std::path::{Path, PathBuf};
 
 use super::walk::{Visit, WalkStop, Walker};
 use super::{
-    create_segment_file, submit_checked, write_new_file, ActiveSegment, ChainPoint, PartitionStore,
-    SealedFile, StoreConfig, StoreError, RECYCLE_DIR, STAGING_DIR, SUPERBLOCK_FILE,
+    create_segment_file, submit_checked, table, write_new_file, ActiveSegment, ChainPoint,
+    PartitionStore, SealedFile, StoreConfig, StoreError, RECYCLE_DIR, STAGING_DIR, SUPERBLOCK_FILE,
 };
 use crate::io::{align_down, AlignedBuf, FileId, IoBackend, Op, OpenMode, Sqe, BLOCK_SIZE};
 use crate::segment::{self, SealedIndex, SegmentHasher, SparseIndex};
@@ -111,10 +113,10 @@ impl PartitionStore {
     /// file whose removal is lost is garbage again at the next open.
     fn collect_garbage(&mut self, io: &mut impl IoBackend) -> Result<(), StoreError> {
         let pid = self.partition_id;
-        let mut referenced: Vec<PathBuf> = vec![segment::log_path(
-            &self.generation_dir,
-            self.active.base_offset,
-        )];
+        let mut referenced: Vec<PathBuf> = vec![
+            segment::log_path(&self.generation_dir, self.active.base_offset),
+            table::path(&self.generation_dir, self.sb.table.id),
+        ];
         for s in &self.sealed {
             referenced.push(segment::log_path(&self.generation_dir, s.meta.base_offset));
             referenced.push(segment::index_path(
@@ -230,14 +232,23 @@ fn exists(io: &mut impl IoBackend, pid: u32, path: &Path) -> Result<bool, StoreE
         .map_err(|e| StoreError::io(pid, "stat", path, e))
 }
 
-/// Whether `dir` holds every segment log the superblock references.
+/// Whether `dir` holds the segment table the superblock references (whole:
+/// it verifies against the superblock) and every segment log it lists.
 fn holds_generation(
     io: &mut impl IoBackend,
     pid: u32,
     dir: &Path,
     sb: &Superblock,
 ) -> Result<bool, StoreError> {
-    let bases = sb.segments.iter().map(|s| s.base_offset);
+    let metas = match table::load(io, pid, dir, &sb.table) {
+        Ok(metas) => metas,
+        Err(StoreError::Corruption { .. }) => return Ok(false),
+        Err(StoreError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+            return Ok(false)
+        }
+        Err(e) => return Err(e),
+    };
+    let bases = metas.iter().map(|s| s.base_offset);
     for base in bases.chain([sb.frontier.active_base]) {
         if !exists(io, pid, &segment::log_path(dir, base))? {
             return Ok(false);
@@ -254,9 +265,10 @@ fn open_sealed(
     sb: &Superblock,
     config: &StoreConfig,
 ) -> Result<Vec<SealedFile>, StoreError> {
-    let mut sealed = Vec::with_capacity(sb.segments.len());
-    let mut expected_base = sb.segments.first().map(|s| s.base_offset);
-    for (i, meta) in sb.segments.iter().enumerate() {
+    let metas = table::load(io, pid, generation_dir, &sb.table)?;
+    let mut sealed = Vec::with_capacity(metas.len());
+    let mut expected_base = metas.first().map(|s| s.base_offset);
+    for (i, meta) in metas.iter().enumerate() {
         let path = segment::log_path(generation_dir, meta.base_offset);
         if Some(meta.base_offset) != expected_base || meta.end_offset <= meta.base_offset {
             return Err(corruption(
@@ -270,7 +282,7 @@ fn open_sealed(
         let file = io
             .open_file(&path, OpenMode::Existing)
             .map_err(|e| StoreError::io(pid, "open sealed segment", &path, e))?;
-        let prev = i.checked_sub(1).map(|p| sb.segments[p].last_batch_checksum);
+        let prev = i.checked_sub(1).map(|p| metas[p].last_batch_checksum);
         let loaded = load_index(io, generation_dir, meta)
             .filter(|l| l.chunk_size_bytes == config.transfer_chunk_bytes);
         let loaded = match loaded {

@@ -7,14 +7,16 @@
 //! also why removals need no directory fsync. Removed
 //! segment files are recycled (renamed into `recycle/`) up to
 //! `recycled_files_max`, else unlinked. Neither runs on the append path: the
-//! shard calls them from its own maintenance turn.
+//! shard calls them from its own maintenance turn. Retention drops entries
+//! from the front of the segment table by moving its committed range, and
+//! compacts the table file when dead entries dominate (see `table.rs`).
 
 use std::path::{Path, PathBuf};
 
-use super::{ActiveSegment, PartitionStore, SealedFile, StoreError, RECYCLE_DIR};
+use super::{table, ActiveSegment, PartitionStore, SealedFile, StoreError, RECYCLE_DIR};
 use crate::io::{AlignedBuf, FileId, IoBackend, Op, Sqe};
 use crate::segment;
-use crate::superblock::Frontier;
+use crate::superblock::{Frontier, SealedSegment};
 
 /// What retention removed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -40,12 +42,14 @@ impl PartitionStore {
         let new_dir_file = self.fence_on_err(created)?;
         let base = self.durable.next_offset;
         let new_file = self.provision_segment(io, &segment::log_path(&new_dir, base))?;
+        let fresh = table::write_fresh(io, pid, &new_dir, self.sb.table.id + 1, &[]);
+        let table = self.fence_on_err(fresh)?;
         self.sync_dirs(io, &[new_dir_file, self.dir_file])?;
 
         let mut next = self.sb.successor();
         next.purge_generation += 1;
         next.live_generation = generation;
-        next.segments.clear();
+        next.table = table;
         next.frontier = Frontier {
             next_offset: base,
             last_op: self.durable.last_op,
@@ -102,6 +106,15 @@ impl PartitionStore {
             &segment::log_path(&old_dir, old_active.base_offset),
             &mut ops,
         );
+        // The old generation's segment table (and any uncommitted
+        // compaction's); a failed listing leaves them to the next open.
+        if let Ok(names) = io.list_dir(&old_dir) {
+            for name in names.into_iter().filter(|n| n.ends_with(".tbl")) {
+                ops.push(Op::Unlink {
+                    path: old_dir.join(name),
+                });
+            }
+        }
         ops.push(Op::RemoveDir { path: old_dir });
         self.run_removals(io, ops);
     }
@@ -137,13 +150,22 @@ impl PartitionStore {
         if count == 0 {
             return Ok(RetentionOutcome::default());
         }
+        let dropped: Vec<SealedSegment> = self.sealed[..count].iter().map(|s| s.meta).collect();
         let mut next = self.sb.successor();
-        next.segments = self.sealed[count..].iter().map(|s| s.meta).collect();
+        next.table = table::advanced(&self.sb.table, &dropped);
+        if table::wants_compaction(&next.table) {
+            let live: Vec<SealedSegment> = self.sealed[count..].iter().map(|s| s.meta).collect();
+            next.table = self.compact_table(io, &live)?;
+        }
+        let old_table = table::path(&self.generation_dir, self.sb.table.id);
         next.frontier = self.frontier_now();
         self.write_superblock(io, next)?;
 
         let mut outcome = RetentionOutcome::default();
         let mut ops = Vec::new();
+        if old_table != table::path(&self.generation_dir, self.sb.table.id) {
+            ops.push(Op::Unlink { path: old_table });
+        }
         for s in self.sealed.drain(..count).collect::<Vec<_>>() {
             io.close(s.file);
             outcome.segments_removed += 1;
