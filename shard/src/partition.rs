@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 
 use ringlog_protocol::wire::{ErrorCode, FetchReply};
 use ringlog_protocol::{encode_header, BatchView, HEADER_LEN};
-use ringlog_storage::io::{align_down, Completion, IoBackend, Sqe};
+use ringlog_storage::io::{align_down, Completion, IoBackend, Op, Sqe};
 use ringlog_storage::store::{Appended, PartitionStore, StoreConfig, StoreError};
 
 use crate::mailbox::{OpError, PartitionStatus};
@@ -330,7 +330,10 @@ fn open_or_create(
     config: StoreConfig,
     create: bool,
 ) -> Result<PartitionStore, String> {
-    if dir.exists() {
+    let exists = io
+        .exists(dir)
+        .map_err(|e| format!("stat {}: {e}", dir.display()))?;
+    if exists {
         match PartitionStore::open(io, dir, id, config.clone()) {
             Ok(s) => return Ok(s),
             Err(e) if !create => return Err(format!("open {}: {e}", dir.display())),
@@ -338,22 +341,68 @@ fn open_or_create(
                 // Only a topic that never finished creation gets here: its
                 // partitions never acknowledged anything.
                 tracing::warn!(dir = %dir.display(), error = %e, "recreating partition of an unfinished topic");
-                std::fs::remove_dir_all(dir)
-                    .map_err(|e| format!("remove {}: {e}", dir.display()))?;
+                remove_tree(io, dir).map_err(|e| format!("remove {}: {e}", dir.display()))?;
             }
         }
     } else if !create {
         return Err(format!("partition directory {} is missing", dir.display()));
     }
     if let Some(parent) = dir.parent() {
-        std::fs::create_dir_all(parent).map_err(|e| format!("mkdir {}: {e}", parent.display()))?;
-        if let Some(grand) = parent.parent() {
-            crate::catalog::sync_dir(grand).map_err(|e| e.to_string())?;
-        }
-        crate::catalog::sync_dir(parent).map_err(|e| e.to_string())?;
+        create_dirs(io, parent).map_err(|e| format!("mkdir {}: {e}", parent.display()))?;
     }
     PartitionStore::create(io, dir, id, config)
         .map_err(|e| format!("create {}: {e}", dir.display()))
+}
+
+/// Creates `dir` and its missing ancestors through the backend, fsyncing
+/// each directory that got a new entry and `dir` itself, so the path is
+/// durable before the partition is created inside it.
+fn create_dirs(io: &mut impl IoBackend, dir: &Path) -> std::io::Result<()> {
+    let mut missing = Vec::new();
+    let mut at = Some(dir);
+    while let Some(path) = at.filter(|p| !p.as_os_str().is_empty()) {
+        if io.exists(path)? {
+            break;
+        }
+        missing.push(path);
+        at = path.parent();
+    }
+    let mut to_sync: Vec<&Path> = Vec::new();
+    for &path in missing.iter().rev() {
+        io.create_dir(path)?;
+        to_sync.extend(path.parent());
+    }
+    to_sync.push(dir);
+    for path in to_sync {
+        let handle = io.open_dir(path)?;
+        let done = run_op(io, Op::Fsync { file: handle });
+        io.close(handle);
+        done?;
+    }
+    Ok(())
+}
+
+/// Removes `dir` and everything under it through the backend.
+fn remove_tree(io: &mut impl IoBackend, dir: &Path) -> std::io::Result<()> {
+    for name in io.list_dir(dir)? {
+        let path = dir.join(name);
+        // Listing fails on anything but a directory.
+        if io.list_dir(&path).is_ok() {
+            remove_tree(io, &path)?;
+        } else {
+            run_op(io, Op::Unlink { path })?;
+        }
+    }
+    run_op(io, Op::RemoveDir { path: dir.into() })
+}
+
+/// Runs one op and returns its result.
+fn run_op(io: &mut impl IoBackend, op: Op) -> std::io::Result<()> {
+    let completion = io.submit(vec![Sqe::new(op)]).pop();
+    match completion {
+        Some(c) => c.result.map(drop),
+        None => Err(std::io::Error::other("backend returned no completion")),
+    }
 }
 
 /// The client-visible code of a store error.

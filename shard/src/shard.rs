@@ -143,8 +143,9 @@ struct Waiter {
     reply: Responder,
 }
 
-struct Core {
-    io: UringBackend,
+/// The shard's storage state, over any backend (the sim in tests).
+struct Core<B: IoBackend> {
+    io: B,
     partitions: HashMap<u32, Partition>,
     /// Group commits submitted to the storage ring and not reaped yet.
     flights: HashMap<BatchId, Flight>,
@@ -200,7 +201,7 @@ fn touch(touched: &mut Vec<u32>, pid: u32) {
     }
 }
 
-pub(crate) struct Shard {
+pub(crate) struct Shard<B: IoBackend = UringBackend> {
     pub id: usize,
     pub config: Arc<ServerConfig>,
     pub catalog: Arc<Catalog>,
@@ -210,7 +211,7 @@ pub(crate) struct Shard {
     pub metrics: Arc<ShardMetrics>,
     pub shutdown: Arc<Shutdown>,
     core_id: Option<usize>,
-    core: RefCell<Core>,
+    core: RefCell<Core<B>>,
     queue: RefCell<VecDeque<Work>>,
     turn: Notify,
     /// Signalled by the storage ring when flushes may have finished.
@@ -228,19 +229,8 @@ pub(crate) struct Shard {
 
 /// Runs a shard on the current thread until shutdown.
 pub fn run(setup: ShardSetup) {
-    let ShardSetup {
-        id,
-        config,
-        catalog,
-        peers,
-        rx,
-        metrics,
-        shutdown,
-        listener,
-        core,
-        ready,
-    } = setup;
-    if let Some(c) = core {
+    let id = setup.id;
+    if let Some(c) = setup.core {
         if !core_affinity::set_for_current(c) {
             tracing::warn!(shard = id, core = c.id, "could not pin shard thread");
         }
@@ -250,51 +240,24 @@ pub fn run(setup: ShardSetup) {
     };
     let mut io = match UringBackend::new(STORAGE_RING_ENTRIES) {
         Ok(io) => io,
-        Err(e) => return fail(&ready, format!("shard {id}: storage ring: {e}")),
+        Err(e) => return fail(&setup.ready, format!("shard {id}: storage ring: {e}")),
     };
     let storage_wake = match EventFd::new() {
         Ok(fd) => fd,
-        Err(e) => return fail(&ready, format!("shard {id}: storage eventfd: {e}")),
+        Err(e) => return fail(&setup.ready, format!("shard {id}: storage eventfd: {e}")),
     };
     if let Err(e) = io.register_eventfd(storage_wake.raw_fd()) {
-        return fail(&ready, format!("shard {id}: storage eventfd: {e}"));
+        return fail(&setup.ready, format!("shard {id}: storage eventfd: {e}"));
     }
     let mut rt = match monoio::RuntimeBuilder::<monoio::IoUringDriver>::new()
         .enable_timer()
         .build()
     {
         Ok(rt) => rt,
-        Err(e) => return fail(&ready, format!("shard {id}: io_uring runtime: {e}")),
+        Err(e) => return fail(&setup.ready, format!("shard {id}: io_uring runtime: {e}")),
     };
-    let view = CatalogView::new(catalog.clone());
-    let shard = Rc::new(Shard {
-        id,
-        config,
-        catalog,
-        view: RefCell::new(view),
-        peers,
-        rx,
-        metrics,
-        shutdown,
-        core_id: core.map(|c| c.id),
-        core: RefCell::new(Core {
-            io,
-            partitions: HashMap::new(),
-            flights: HashMap::new(),
-            lanes: HashMap::new(),
-        }),
-        queue: RefCell::new(VecDeque::new()),
-        turn: Notify::default(),
-        storage_wake,
-        flushed: Notify::default(),
-        pending: RefCell::new(HashMap::new()),
-        next_token: Cell::new(1),
-        waiters: RefCell::new(HashMap::new()),
-        meta_queue: RefCell::new(VecDeque::new()),
-        meta: Notify::default(),
-        stop: Notify::default(),
-        stopping: Cell::new(false),
-    });
+    let (shard, listener, ready) = Shard::new(setup, io, storage_wake);
+    let shard = Rc::new(shard);
     rt.block_on(async move {
         let opened = shard.open_owned_partitions();
         let listener = match monoio::net::TcpListener::from_std(listener) {
@@ -347,7 +310,62 @@ fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-impl Shard {
+impl<B: IoBackend> Shard<B> {
+    /// Builds the shard over `io` (whose completions `storage_wake` signals);
+    /// hands back what of `setup` the runtime needs.
+    fn new(
+        setup: ShardSetup,
+        io: B,
+        storage_wake: EventFd,
+    ) -> (
+        Self,
+        std::net::TcpListener,
+        crossbeam_channel::Sender<Result<usize, String>>,
+    ) {
+        let ShardSetup {
+            id,
+            config,
+            catalog,
+            peers,
+            rx,
+            metrics,
+            shutdown,
+            listener,
+            core,
+            ready,
+        } = setup;
+        let view = CatalogView::new(catalog.clone());
+        let shard = Shard {
+            id,
+            config,
+            catalog,
+            view: RefCell::new(view),
+            peers,
+            rx,
+            metrics,
+            shutdown,
+            core_id: core.map(|c| c.id),
+            core: RefCell::new(Core {
+                io,
+                partitions: HashMap::new(),
+                flights: HashMap::new(),
+                lanes: HashMap::new(),
+            }),
+            queue: RefCell::new(VecDeque::new()),
+            turn: Notify::default(),
+            storage_wake,
+            flushed: Notify::default(),
+            pending: RefCell::new(HashMap::new()),
+            next_token: Cell::new(1),
+            waiters: RefCell::new(HashMap::new()),
+            meta_queue: RefCell::new(VecDeque::new()),
+            meta: Notify::default(),
+            stop: Notify::default(),
+            stopping: Cell::new(false),
+        };
+        (shard, listener, ready)
+    }
+
     /// The current topic table.
     pub fn table(&self) -> Arc<TopicTable> {
         self.view.borrow_mut().get().clone()
@@ -543,7 +561,7 @@ impl Shard {
     /// overflows the write buffer or rolls the segment), and anything queued
     /// behind such an op, so a partition's ops keep their order. Fetches
     /// read durable data only and never wait.
-    fn must_park(core: &Core, op: &Op) -> Option<u32> {
+    fn must_park(core: &Core<B>, op: &Op) -> Option<u32> {
         let pid = match op {
             Op::Produce { partition_id, .. }
             | Op::Purge { partition_id }
@@ -565,7 +583,7 @@ impl Shard {
 
     /// Applies one work item: replies go to `out.replies`, appends become
     /// pending acknowledgements of their partition's lane.
-    fn apply(&self, core: &mut Core, work: Work, out: &mut Applied) {
+    fn apply(&self, core: &mut Core<B>, work: Work, out: &mut Applied) {
         if let Some(pid) = Self::must_park(core, &work.op) {
             metrics::inc(&self.metrics.parked_total);
             core.lanes.entry(pid).or_default().parked.push_back(work);
@@ -746,7 +764,7 @@ impl Shard {
     /// none in flight, all in one ring submission that nobody waits for
     /// (group commit), then acknowledges whatever is durable already and
     /// answers long-poll fetches.
-    fn commit(&self, core: &mut Core, out: &mut Applied) {
+    fn commit(&self, core: &mut Core<B>, out: &mut Applied) {
         if out.touched.is_empty() {
             return;
         }
@@ -787,7 +805,7 @@ impl Shard {
     /// UnknownPartition. Returns how many it acknowledged.
     fn settle(
         &self,
-        core: &mut Core,
+        core: &mut Core<B>,
         pids: &[u32],
         replies: &mut Vec<(Responder, Outcome)>,
     ) -> usize {
@@ -928,7 +946,7 @@ impl Shard {
     /// Answers long-poll fetches whose data became durable.
     fn serve_waiters(
         &self,
-        core: &mut Core,
+        core: &mut Core<B>,
         touched: &[u32],
         replies: &mut Vec<(Responder, Outcome)>,
     ) {
@@ -993,18 +1011,6 @@ impl Shard {
         }
     }
 
-    async fn meta_task(self: Rc<Self>) {
-        loop {
-            self.meta.notified().await;
-            loop {
-                let next = self.meta_queue.borrow_mut().pop_front();
-                let Some((op, reply)) = next else { break };
-                let outcome = crate::controller::run(&self, op).await;
-                self.respond(reply, outcome);
-            }
-        }
-    }
-
     /// Graceful stop: no new connections (the accept loop ended), finish the
     /// queued work (appends get their group commit and acknowledgement, work
     /// parked behind a flush runs once it completed), then checkpoint and
@@ -1062,9 +1068,28 @@ impl Shard {
     }
 }
 
+impl Shard {
+    /// Runs the controller's topic operations (shard 0 only). The controller
+    /// is written against the io_uring shard.
+    async fn meta_task(self: Rc<Self>) {
+        loop {
+            self.meta.notified().await;
+            loop {
+                let next = self.meta_queue.borrow_mut().pop_front();
+                let Some((op, reply)) = next else { break };
+                let outcome = crate::controller::run(&self, op).await;
+                self.respond(reply, outcome);
+            }
+        }
+    }
+}
+
 pub(crate) fn unknown_partition(partition_id: u32) -> OpError {
     OpError::new(
         ErrorCode::UnknownPartition,
         format!("partition id {partition_id} is not on this node (topic deleted?)"),
     )
 }
+
+#[cfg(test)]
+mod crash_sim;
