@@ -58,7 +58,7 @@ fn shard(io: SimBackend, state: TopicState) -> Shard<SimBackend> {
             state,
         },
     );
-    let (tx, rx) = mailbox(16, 16).expect("mailbox");
+    let (tx, rx) = mailbox(16, 1 << 20, 16).expect("mailbox");
     let setup = ShardSetup {
         id: 0,
         config: Arc::new(config()),
