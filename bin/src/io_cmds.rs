@@ -77,6 +77,9 @@ pub fn produce(args: ProduceArgs) -> i32 {
         Ok(()) => 0,
         Err(e) => {
             eprintln!("ringlog produce: {e}");
+            if let Some(advice) = e.advice() {
+                eprintln!("ringlog produce: {advice}");
+            }
             1
         }
     }
@@ -170,6 +173,9 @@ pub fn consume(args: ConsumeArgs) -> i32 {
         Ok(()) => 0,
         Err(e) => {
             eprintln!("ringlog consume: {e}");
+            if let Some(advice) = e.advice() {
+                eprintln!("ringlog consume: {advice}");
+            }
             1
         }
     }

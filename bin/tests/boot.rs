@@ -141,3 +141,53 @@ fn second_process_on_the_same_port_fails_with_address_in_use() {
         c.list_topics().unwrap();
     }
 }
+
+#[test]
+fn a_memory_backed_data_dir_gets_a_loud_warning() {
+    let shm = std::path::Path::new("/dev/shm");
+    if !shm.is_dir() {
+        eprintln!("no /dev/shm here; nothing to check");
+        return;
+    }
+    let dir = tempfile::tempdir_in(shm).unwrap();
+    let data = dir.path().join("data");
+    // Kernels >= 6.6 give tmpfs O_DIRECT: the server starts and warns;
+    // older ones refuse it, naming the dir and tmpfs.
+    let mut child = Command::new(BIN)
+        .arg("server")
+        .arg("--data-dir")
+        .arg(&data)
+        .args(["--listen", "127.0.0.1:0", "--shards", "1"])
+        .arg("--control-socket")
+        .arg(data.join("ctl.sock"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    use std::io::BufRead;
+    let _ = stdout.read_line(&mut line);
+    // SAFETY: plain kill(2) on our own child.
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGTERM);
+    }
+    wait_bounded(&mut child, Duration::from_secs(30));
+    let mut err = String::new();
+    use std::io::Read;
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    if line.contains("ready") {
+        assert!(
+            err.contains("DATA IS NOT DURABLE") && err.contains("tmpfs"),
+            "{err}"
+        );
+    } else {
+        assert!(err.contains("O_DIRECT") && err.contains("tmpfs"), "{err}");
+    }
+}

@@ -52,6 +52,22 @@ impl ClientError {
     pub fn is_retryable(&self) -> bool {
         self.code().is_some_and(ErrorCode::is_retryable)
     }
+
+    /// What a person should know or do about this error, if anything
+    /// beyond its message.
+    pub fn advice(&self) -> Option<&'static str> {
+        match self.code()? {
+            ErrorCode::DiskFull => Some(
+                "the server's disk is full: nothing was written and reads keep working; \
+                 appends resume once space is freed (retention, purge, or more disk)",
+            ),
+            ErrorCode::PartitionFenced => Some(
+                "the partition stopped after an I/O error (fail-stop); see the server log; \
+                 it recovers on restart",
+            ),
+            _ => None,
+        }
+    }
 }
 
 pub struct Client {
@@ -315,5 +331,26 @@ pub fn with_retry<T>(
             }
             other => return other,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn disk_full_is_retryable_and_explained() {
+        let e = ClientError::Server {
+            code: ErrorCode::DiskFull,
+            message: "partition 3: no space left".into(),
+        };
+        assert!(e.is_retryable());
+        assert!(e.to_string().contains("disk_full"), "{e}");
+        assert!(e.advice().unwrap().contains("disk is full"));
+        let other = ClientError::Server {
+            code: ErrorCode::UnknownTopic,
+            message: String::new(),
+        };
+        assert!(other.advice().is_none());
     }
 }

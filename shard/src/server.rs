@@ -53,6 +53,11 @@ pub enum ServerError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error(
+        "data directory {path} is on a {fs} filesystem, which does not support O_DIRECT \
+         (direct I/O); ringlog needs it: put data_dir on ext4 or xfs"
+    )]
+    NoDirectIo { path: PathBuf, fs: String },
     #[error("shard startup failed: {0}")]
     Shard(String),
 }
@@ -86,6 +91,7 @@ pub fn start(config: ServerConfig, hooks: Hooks) -> Result<Running, ServerError>
     };
     std::fs::create_dir_all(data_dir.join(TOPICS_DIR)).map_err(dir_err)?;
     let lock = lock_data_dir(&data_dir)?;
+    check_filesystem(&data_dir, open_direct)?;
     let mut table = if hooks.rebuild_catalog {
         rebuild_catalog(&data_dir)?
     } else {
@@ -266,6 +272,87 @@ impl Running {
     }
 }
 
+/// Name of the file that probes O_DIRECT support at boot.
+const DIRECT_PROBE_FILE: &str = ".direct-io-probe";
+
+fn open_direct(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+}
+
+/// The filesystem type of `dir` (statfs f_type), e.g. 0xEF53 for ext4.
+fn filesystem_type(dir: &Path) -> std::io::Result<i64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes())
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    // SAFETY: all-zero is a valid statfs to be filled in.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: c is a NUL-terminated path; st is a valid out pointer.
+    if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(st.f_type as i64)
+}
+
+const TMPFS_MAGIC: i64 = 0x0102_1994;
+const RAMFS_MAGIC: i64 = 0x8584_58f6;
+
+fn filesystem_name(f_type: i64) -> String {
+    match f_type {
+        0xEF53 => "ext4".into(),
+        0x5846_5342 => "xfs".into(),
+        0x9123_683E => "btrfs".into(),
+        TMPFS_MAGIC => "tmpfs".into(),
+        RAMFS_MAGIC => "ramfs".into(),
+        0x794C_7630 => "overlayfs".into(),
+        0x6969 => "nfs".into(),
+        0x6573_5546 => "fuse".into(),
+        0x2FC1_2FC1 => "zfs".into(),
+        other => format!("type {other:#x}"),
+    }
+}
+
+/// Refuses a data dir whose filesystem lacks O_DIRECT (the partitions'
+/// files need it) with an error naming the dir and the filesystem, and
+/// warns loudly when it is memory-backed (tmpfs, ramfs): fdatasync there
+/// makes nothing durable. `open` is the O_DIRECT open (a parameter so a
+/// test can inject EINVAL).
+fn check_filesystem(
+    data_dir: &Path,
+    open: impl Fn(&Path) -> std::io::Result<std::fs::File>,
+) -> Result<(), ServerError> {
+    let dir_err = |source| ServerError::DataDir {
+        path: data_dir.into(),
+        source,
+    };
+    let f_type = filesystem_type(data_dir).map_err(dir_err)?;
+    let fs = filesystem_name(f_type);
+    if matches!(f_type, TMPFS_MAGIC | RAMFS_MAGIC) {
+        tracing::warn!(
+            data_dir = %data_dir.display(),
+            filesystem = %fs,
+            "DATA IS NOT DURABLE: the data directory is on {fs}, a memory-backed \
+             filesystem; every acknowledged record is lost at reboot or power loss"
+        );
+    }
+    let probe = data_dir.join(DIRECT_PROBE_FILE);
+    let opened = open(&probe);
+    let _ = std::fs::remove_file(&probe);
+    match opened {
+        Ok(_) => Ok(()),
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Err(ServerError::NoDirectIo {
+            path: data_dir.into(),
+            fs,
+        }),
+        Err(e) => Err(dir_err(e)),
+    }
+}
+
 /// An exclusive flock on `<data_dir>/LOCK`, held while the process runs.
 fn lock_data_dir(data_dir: &Path) -> Result<std::fs::File, ServerError> {
     let path = data_dir.join("LOCK");
@@ -342,5 +429,32 @@ fn collect_garbage(data_dir: &Path, table: &TopicTable) {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_filesystem_without_direct_io_is_named_in_the_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let einval = |_: &Path| -> std::io::Result<std::fs::File> {
+            Err(std::io::Error::from_raw_os_error(libc::EINVAL))
+        };
+        let err = check_filesystem(dir.path(), einval).unwrap_err();
+        let msg = err.to_string();
+        let fs = filesystem_name(filesystem_type(dir.path()).unwrap());
+        assert!(matches!(err, ServerError::NoDirectIo { .. }), "{msg}");
+        assert!(msg.contains(&dir.path().display().to_string()), "{msg}");
+        assert!(msg.contains(&fs) && msg.contains("O_DIRECT"), "{msg}");
+        // Other failures stay I/O errors on the data dir; no probe is left.
+        let eacces = |_: &Path| -> std::io::Result<std::fs::File> {
+            Err(std::io::Error::from_raw_os_error(libc::EACCES))
+        };
+        let err = check_filesystem(dir.path(), eacces).unwrap_err();
+        assert!(matches!(err, ServerError::DataDir { .. }), "{err}");
+        check_filesystem(dir.path(), open_direct).unwrap();
+        assert!(!dir.path().join(DIRECT_PROBE_FILE).exists());
     }
 }

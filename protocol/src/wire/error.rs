@@ -41,6 +41,9 @@ pub enum ErrorCode {
     Internal = 19,
     /// A read found corrupted durable data.
     Corruption = 20,
+    /// The partition's disk is full: nothing was written, reads keep
+    /// working; retry once space is freed.
+    DiskFull = 21,
 }
 
 impl ErrorCode {
@@ -68,13 +71,17 @@ impl ErrorCode {
             18 => ShuttingDown,
             19 => Internal,
             20 => Corruption,
+            21 => DiskFull,
             _ => return None,
         })
     }
 
     /// Whether the same request may succeed if simply sent again later.
     pub fn is_retryable(self) -> bool {
-        matches!(self, ErrorCode::Backpressure | ErrorCode::ShuttingDown)
+        matches!(
+            self,
+            ErrorCode::Backpressure | ErrorCode::ShuttingDown | ErrorCode::DiskFull
+        )
     }
 
     /// Whether the server closes the connection after this error.
@@ -112,6 +119,7 @@ impl ErrorCode {
             ShuttingDown => "shutting_down",
             Internal => "internal",
             Corruption => "corruption",
+            DiskFull => "disk_full",
         }
     }
 }

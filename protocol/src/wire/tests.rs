@@ -243,8 +243,11 @@ fn topic_names_and_key_routing() {
     }
     assert_eq!(partition_for_key(b"abc", 7), partition_for_key(b"abc", 7));
     assert!(ErrorCode::Backpressure.is_retryable());
-    for code in 0..=20 {
+    assert!(ErrorCode::DiskFull.is_retryable());
+    assert!(!ErrorCode::PartitionFenced.is_retryable());
+    assert_eq!(ErrorCode::DiskFull.to_string(), "disk_full");
+    for code in 0..=21 {
         assert_eq!(ErrorCode::from_u16(code).unwrap() as u16, code);
     }
-    assert!(ErrorCode::from_u16(21).is_none());
+    assert!(ErrorCode::from_u16(22).is_none());
 }
