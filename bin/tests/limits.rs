@@ -200,3 +200,39 @@ fn connections_over_the_cap_get_a_clear_retryable_error() {
     c.list_topics().unwrap();
     assert!(metric(&server, "ringlog_connections_refused_total") >= 1);
 }
+
+#[test]
+fn mailbox_byte_budget_pushes_back_and_loses_nothing() {
+    use std::sync::{Arc, Mutex};
+    let dir = tempfile::tempdir().unwrap();
+    // One ~3 KiB batch fills a shard's mailbox byte budget; the count bound
+    // is far away, so every refusal here comes from the bytes.
+    let server = Server::start(
+        &dir.path().join("data"),
+        &[
+            "--set",
+            "frame_bytes_max=4096",
+            "--set",
+            "mailbox_bytes_max=4096",
+            "--group-commit-delay-us",
+            "3000",
+        ],
+    );
+    let mut c = server.client();
+    let targets = create_topics(&mut c, &[("mb", 4)]);
+    let acked = Arc::new(Mutex::new(Acked::new()));
+    let handles: Vec<_> = (0..12)
+        .map(|p| {
+            let (addr, acked) = (server.addr.clone(), acked.clone());
+            let mut t = targets.clone();
+            t.rotate_left(p % targets.len());
+            std::thread::spawn(move || produce_run(&addr, p, &t, 20, 2, 1500, &acked, false))
+        })
+        .collect();
+    let refusals: u64 = handles.into_iter().map(|h| h.join().unwrap()).sum();
+    let acked = acked.lock().unwrap();
+    assert_eq!(acked.values().map(|m| m.len()).sum::<usize>(), 12 * 20 * 2);
+    verify(&mut c, &acked, true);
+    assert!(refusals > 0, "producers saw Backpressure");
+    assert!(metric(&server, "ringlog_mailbox_rejections_total") > 0);
+}
