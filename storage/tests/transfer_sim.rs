@@ -10,7 +10,9 @@ use common::{next_batch, read_all, small_config};
 use proptest::prelude::*;
 use ringlog_protocol::manifest::{Manifest, ManifestError, ManifestLimits};
 use ringlog_storage::io::sim::SimBackend;
-use ringlog_storage::store::{ChainPoint, PartitionStore, StoreConfig, StoreError, TransferError};
+use ringlog_storage::store::{
+    ChainPoint, InstallBudget, PartitionStore, StoreConfig, StoreError, TransferError,
+};
 use ringlog_storage::superblock::VsrState;
 
 const PID: u32 = 5;
@@ -72,7 +74,7 @@ fn install(
     offer: &Offer,
 ) -> Result<(), StoreError> {
     let manifest = Manifest::decode(&offer.manifest, &ManifestLimits::default()).unwrap();
-    let mut install = store.begin_install(io, manifest)?;
+    let mut install = store.begin_install(io, manifest, &budget())?;
     // Deliver a window at a time, each window reversed, with a duplicate,
     // as a windowed pull over a reordering network would.
     for window in offer.chunks.chunks(install.window_chunks()) {
@@ -94,6 +96,12 @@ fn transfer(
 ) -> Result<(), StoreError> {
     let offer = take_offer(src_io, src);
     install(dst_io, dst, &offer)
+}
+
+/// A shard's install budget, as the tests' receivers get it: room for a few
+/// windows.
+fn budget() -> InstallBudget {
+    InstallBudget::new(4 << 20)
 }
 
 fn dir(name: &str) -> &Path {
@@ -347,21 +355,21 @@ fn malformed_or_oversized_offers_and_bad_chunks_are_refused() {
     let mut big = manifest.clone();
     big.artifacts[0].length_bytes = small_config().segment_size_bytes + 4096;
     assert!(matches!(
-        refused(dst.begin_install(&mut dst_io, big)),
+        refused(dst.begin_install(&mut dst_io, big, &budget())),
         TransferError::OfferTooLarge { .. }
     ));
     // Overlapping artifacts.
     let mut overlap = manifest.clone();
     overlap.artifacts[1].base_offset -= 1;
     assert!(matches!(
-        refused(dst.begin_install(&mut dst_io, overlap)),
+        refused(dst.begin_install(&mut dst_io, overlap, &budget())),
         TransferError::NotContiguous { .. }
     ));
     // A gap.
     let mut gap = manifest.clone();
     gap.artifacts.remove(1);
     assert!(matches!(
-        refused(dst.begin_install(&mut dst_io, gap)),
+        refused(dst.begin_install(&mut dst_io, gap, &budget())),
         TransferError::NotContiguous { .. }
     ));
     // Chunk lists that do not cover the artifact (built in-process, so no
@@ -369,13 +377,13 @@ fn malformed_or_oversized_offers_and_bad_chunks_are_refused() {
     let mut extra = manifest.clone();
     extra.artifacts[0].chunk_checksums.push(0);
     assert!(matches!(
-        refused(dst.begin_install(&mut dst_io, extra)),
+        refused(dst.begin_install(&mut dst_io, extra, &budget())),
         TransferError::BadChunk { artifact: 0, .. }
     ));
     let mut short = manifest.clone();
     short.artifacts[1].chunk_checksums.pop();
     assert!(matches!(
-        refused(dst.begin_install(&mut dst_io, short)),
+        refused(dst.begin_install(&mut dst_io, short, &budget())),
         TransferError::BadChunk { artifact: 1, .. }
     ));
     // Another chunk size.
@@ -386,12 +394,14 @@ fn malformed_or_oversized_offers_and_bad_chunks_are_refused() {
     let mut o_io = SimBackend::new(10);
     let mut o = PartitionStore::create(&mut o_io, dir("/o"), PID, other_chunks).unwrap();
     assert!(matches!(
-        refused(o.begin_install(&mut o_io, manifest.clone())),
+        refused(o.begin_install(&mut o_io, manifest.clone(), &budget())),
         TransferError::ChunkSize { .. }
     ));
 
     // Chunks: outside the manifest, wrong length, wrong checksum.
-    let mut install = dst.begin_install(&mut dst_io, manifest.clone()).unwrap();
+    let mut install = dst
+        .begin_install(&mut dst_io, manifest.clone(), &budget())
+        .unwrap();
     let (a, c, good) = &offer.chunks[0];
     assert!(matches!(
         refused(install.accept_chunk(&mut dst_io, 99, 0, good)),
@@ -432,7 +442,7 @@ fn malformed_or_oversized_offers_and_bad_chunks_are_refused() {
     lying_chunks[1].2[5] ^= 0xFF;
     lying.artifacts[0].chunk_checksums[1] = ringlog_protocol::checksum(&lying_chunks[1].2);
     let before = state(&mut dst_io, &mut dst);
-    let mut install = dst.begin_install(&mut dst_io, lying).unwrap();
+    let mut install = dst.begin_install(&mut dst_io, lying, &budget()).unwrap();
     let (a, c, bytes) = &lying_chunks[0];
     install.accept_chunk(&mut dst_io, *a, *c, bytes).unwrap();
     let (a, c, bytes) = &lying_chunks[1];
@@ -446,7 +456,9 @@ fn malformed_or_oversized_offers_and_bad_chunks_are_refused() {
         "a refused install changed the store"
     );
     // Chunks too far ahead of the next one due are refused (bounded memory).
-    let mut install = dst.begin_install(&mut dst_io, manifest.clone()).unwrap();
+    let mut install = dst
+        .begin_install(&mut dst_io, manifest.clone(), &budget())
+        .unwrap();
     let window = install.window_chunks();
     assert!(offer.chunks.len() > window + 1);
     for (a, c, bytes) in &offer.chunks[1..=window] {
@@ -693,19 +705,24 @@ fn a_failed_staged_write_poisons_the_install() {
     let mut io = SimBackend::new(22);
     let mut dst = receiver_prefix(&mut io);
     let manifest = Manifest::decode(&offer.manifest, &ManifestLimits::default()).unwrap();
-    let mut install = dst.begin_install(&mut io, manifest.clone()).unwrap();
+    let mut install = dst
+        .begin_install(&mut io, manifest.clone(), &budget())
+        .unwrap();
     let from = io.ops_count();
     assert!(deliver(&mut io, &mut install, &offer).is_none());
     let delivery_ops = io.ops_count() - from;
     dst.abort_install(&mut io, install).unwrap();
     assert!(delivery_ops >= offer.chunks.len() as u64);
 
+    let mut poisoned = 0;
     for k in 0..delivery_ops {
         let label = format!("failed delivery I/O {k}");
         let mut io = SimBackend::new(23 + k);
         let mut dst = receiver_prefix(&mut io);
         let before = state(&mut io, &mut dst);
-        let mut install = dst.begin_install(&mut io, manifest.clone()).unwrap();
+        let mut install = dst
+            .begin_install(&mut io, manifest.clone(), &budget())
+            .unwrap();
         io.set_fail_at(io.ops_count() + k);
         let failure = deliver(&mut io, &mut install, &offer)
             .unwrap_or_else(|| panic!("{label}: the failure went unreported"));
@@ -713,18 +730,21 @@ fn a_failed_staged_write_poisons_the_install() {
             matches!(failure, StoreError::Io { .. }),
             "{label}: {failure}"
         );
-        // Redelivering everything does not paper over the hole.
-        let again = deliver(&mut io, &mut install, &offer);
-        assert!(
-            matches!(
-                again,
-                Some(StoreError::Transfer {
-                    source: TransferError::Poisoned { .. },
-                    ..
-                })
-            ),
-            "{label}: redelivery after a failed write: {again:?}"
-        );
+        // Redelivering everything does not paper over a hole: after a failed
+        // write the install is poisoned; a failed reservation consumed
+        // nothing, so the redelivered chunks go on.
+        match deliver(&mut io, &mut install, &offer) {
+            Some(StoreError::Transfer {
+                source: TransferError::Poisoned { .. },
+                ..
+            }) => poisoned += 1,
+            None => {
+                dst.commit_install(&mut io, install).unwrap();
+                assert_eq!(state(&mut io, &mut dst).batches, expected, "{label}");
+                continue;
+            }
+            Some(other) => panic!("{label}: redelivery after a failed I/O: {other}"),
+        }
         assert!(
             matches!(
                 refused(dst.commit_install(&mut io, install)),
@@ -743,6 +763,7 @@ fn a_failed_staged_write_poisons_the_install() {
         install_ok(&mut io, &mut dst, &offer);
         assert_eq!(state(&mut io, &mut dst).batches, expected, "{label}");
     }
+    assert!(poisoned >= offer.chunks.len(), "{poisoned} writes failed");
 }
 
 #[test]
@@ -800,7 +821,9 @@ fn a_dropped_install_does_not_block_the_next() {
 
     let mut io = SimBackend::new(52);
     let mut dst = receiver_prefix(&mut io);
-    let mut install = dst.begin_install(&mut io, manifest.clone()).unwrap();
+    let mut install = dst
+        .begin_install(&mut io, manifest.clone(), &budget())
+        .unwrap();
     let (a, c, bytes) = &offer.chunks[0];
     install.accept_chunk(&mut io, *a, *c, bytes).unwrap();
     let held = open_in_staging(&io);
@@ -808,9 +831,11 @@ fn a_dropped_install_does_not_block_the_next() {
     // The caller loses the install (a task cancelled, a peer gone).
     drop(install);
     // While one is alive, a second is refused.
-    let install = dst.begin_install(&mut io, manifest.clone()).unwrap();
+    let install = dst
+        .begin_install(&mut io, manifest.clone(), &budget())
+        .unwrap();
     assert_eq!(
-        refused(dst.begin_install(&mut io, manifest.clone())),
+        refused(dst.begin_install(&mut io, manifest.clone(), &budget())),
         TransferError::InstallInProgress
     );
     // The dropped install's files were closed when its staging was cleared.
@@ -852,7 +877,7 @@ fn a_failed_commit_rename_keeps_the_old_state() {
         let old = state(&mut io, &mut dst);
         let old_sb = dst.superblock().clone();
         let manifest = Manifest::decode(&offer.manifest, &ManifestLimits::default()).unwrap();
-        let mut install = dst.begin_install(&mut io, manifest).unwrap();
+        let mut install = dst.begin_install(&mut io, manifest, &budget()).unwrap();
         assert!(deliver(&mut io, &mut install, &offer).is_none());
         io.set_fail_at(io.ops_count() + k);
         let Err(e) = dst.commit_install(&mut io, install) else {
@@ -945,4 +970,178 @@ fn a_stale_generation_directory_does_not_break_install_or_recovery() {
     assert!(state(&mut io, &mut dst) == expected);
     assert!(!io.paths().iter().any(|p| p.ends_with("junk.log")));
     assert!(!io.paths().iter().any(|p| p.starts_with(staging)));
+}
+
+/// Bytes the staged files of an install occupy (allocated or written).
+fn staged_bytes(io: &SimBackend) -> u64 {
+    io.paths()
+        .iter()
+        .filter(|p| p.starts_with("/dst/staging"))
+        .filter_map(|p| io.read_whole(p))
+        .map(|data| data.len() as u64)
+        .sum()
+}
+
+#[test]
+fn staged_space_is_reserved_per_window() {
+    let mut src_io = SimBackend::new(81);
+    let mut src = PartitionStore::create(&mut src_io, dir("/src"), PID, small_config()).unwrap();
+    append(&mut src_io, &mut src, 120, 900, 1);
+    let offer = take_offer(&mut src_io, &mut src);
+    let manifest = Manifest::decode(&offer.manifest, &ManifestLimits::default()).unwrap();
+    let config = StoreConfig {
+        transfer_window_chunks: 2,
+        ..small_config()
+    };
+    let window_bytes =
+        u64::from(config.transfer_chunk_bytes) * config.transfer_window_chunks as u64;
+    let total: u64 = manifest.artifacts.iter().map(|a| a.length_bytes).sum();
+    assert!(total > 4 * window_bytes, "the offer spans several windows");
+
+    let mut io = SimBackend::new(82);
+    let mut dst = PartitionStore::create(&mut io, dir("/dst"), PID, config).unwrap();
+    let mut install = dst
+        .begin_install(&mut io, manifest.clone(), &budget())
+        .unwrap();
+    assert!(
+        staged_bytes(&io) <= window_bytes,
+        "begin_install reserved {} bytes of a {total} byte offer (window {window_bytes})",
+        staged_bytes(&io)
+    );
+    let mut written = 0u64;
+    for window in offer.chunks.chunks(install.window_chunks()) {
+        let chunks: Vec<(u32, u32, &[u8])> = window
+            .iter()
+            .map(|(a, c, bytes)| (*a, *c, &bytes[..]))
+            .collect();
+        install.accept_chunks(&mut io, &chunks).unwrap();
+        written += window
+            .iter()
+            .map(|(_, _, b)| ringlog_storage::io::align_up(b.len() as u64))
+            .sum::<u64>();
+        let staged = staged_bytes(&io);
+        assert!(
+            staged <= written + window_bytes,
+            "{staged} bytes staged with {written} written (window {window_bytes})"
+        );
+    }
+    dst.commit_install(&mut io, install).unwrap();
+    assert_eq!(
+        state(&mut io, &mut dst).batches,
+        state(&mut src_io, &mut src).batches
+    );
+}
+
+#[test]
+fn a_failed_begin_install_leaves_no_staging_and_no_open_files() {
+    let mut src_io = SimBackend::new(91);
+    let mut src = source_plain(&mut src_io);
+    let offer = take_offer(&mut src_io, &mut src);
+    let manifest = Manifest::decode(&offer.manifest, &ManifestLimits::default()).unwrap();
+    assert!(manifest.artifacts.len() >= 2);
+
+    let mut io = SimBackend::new(92);
+    let mut dst = receiver_prefix(&mut io);
+    let from = io.ops_count();
+    let install = dst
+        .begin_install(&mut io, manifest.clone(), &budget())
+        .unwrap();
+    let begin_ops = io.ops_count() - from;
+    dst.abort_install(&mut io, install).unwrap();
+    assert!(begin_ops >= 2);
+
+    for k in 0..begin_ops {
+        let label = format!("failed begin_install I/O {k}");
+        let mut io = SimBackend::new(93 + k);
+        let mut dst = receiver_prefix(&mut io);
+        io.set_fail_at(io.ops_count() + k);
+        let e = dst.begin_install(&mut io, manifest.clone(), &budget());
+        assert!(
+            matches!(e, Err(StoreError::Io { .. })),
+            "{label}: {:?}",
+            e.err()
+        );
+        let leftovers: Vec<_> = io
+            .paths()
+            .into_iter()
+            .filter(|p| p.to_string_lossy().contains("staging"))
+            .collect();
+        assert!(leftovers.is_empty(), "{label}: staging left: {leftovers:?}");
+        assert_eq!(open_in_staging(&io), 0, "{label}: staged files left open");
+        install_ok(&mut io, &mut dst, &offer);
+    }
+}
+
+#[test]
+fn installs_share_the_shard_budget_and_refuse_beyond_it() {
+    let mut src_io = SimBackend::new(101);
+    let mut src = source_plain(&mut src_io);
+    let offer = take_offer(&mut src_io, &mut src);
+    let manifest = Manifest::decode(&offer.manifest, &ManifestLimits::default()).unwrap();
+    let config = StoreConfig {
+        transfer_window_chunks: 2,
+        ..small_config()
+    };
+    let window_bytes = u64::from(config.transfer_chunk_bytes) * 2;
+    assert!(manifest.artifacts[0].length_bytes > window_bytes);
+
+    // Less than one window: refused before anything is created.
+    let mut io = SimBackend::new(102);
+    let mut a = PartitionStore::create(&mut io, dir("/a"), PID, config.clone()).unwrap();
+    let mut b = PartitionStore::create(&mut io, dir("/b"), PID, config.clone()).unwrap();
+    let tight = InstallBudget::new(window_bytes - 4096);
+    assert_eq!(
+        refused(a.begin_install(&mut io, manifest.clone(), &tight)),
+        TransferError::ReserveBudget {
+            needed_bytes: window_bytes,
+            free_bytes: window_bytes - 4096
+        }
+    );
+    assert!(!io.paths().iter().any(|p| p.ends_with("staging")));
+
+    // One window for the whole shard: installs take turns.
+    let shard = InstallBudget::new(window_bytes);
+    let mut install_a = a.begin_install(&mut io, manifest.clone(), &shard).unwrap();
+    assert_eq!(shard.reserved_bytes(), window_bytes);
+    assert!(matches!(
+        refused(b.begin_install(&mut io, manifest.clone(), &shard)),
+        TransferError::ReserveBudget { .. }
+    ));
+    let chunks = |range: std::ops::Range<usize>| -> Vec<(u32, u32, &[u8])> {
+        offer.chunks[range]
+            .iter()
+            .map(|(a, c, bytes)| (*a, *c, &bytes[..]))
+            .collect()
+    };
+    // Written chunks return their reservation.
+    install_a.accept_chunks(&mut io, &chunks(0..2)).unwrap();
+    assert_eq!(shard.reserved_bytes(), 0);
+    let install_b = b.begin_install(&mut io, manifest.clone(), &shard).unwrap();
+    // A's next window does not fit: refused, the chunks stay parked.
+    assert!(matches!(
+        refused(install_a.accept_chunks(&mut io, &chunks(2..4))),
+        TransferError::ReserveBudget { .. }
+    ));
+    let (a4, c4, _) = &offer.chunks[4];
+    assert_eq!(install_a.missing().next(), Some((*a4, *c4)));
+    // Dropping B (never aborted) returns its reservation; A goes on.
+    drop(install_b);
+    assert_eq!(shard.reserved_bytes(), 0);
+    install_a.accept_chunks(&mut io, &[]).unwrap();
+    for window in offer.chunks[4..].chunks(2) {
+        let window: Vec<(u32, u32, &[u8])> = window
+            .iter()
+            .map(|(a, c, bytes)| (*a, *c, &bytes[..]))
+            .collect();
+        install_a.accept_chunks(&mut io, &window).unwrap();
+        assert!(shard.reserved_bytes() <= window_bytes);
+    }
+    a.commit_install(&mut io, install_a).unwrap();
+    assert_eq!(shard.reserved_bytes(), 0);
+    assert_eq!(
+        state(&mut io, &mut a).batches,
+        state(&mut src_io, &mut src).batches
+    );
+    // B's dropped install is cleared by its next begin.
+    install_ok(&mut io, &mut b, &offer);
 }

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use common::{next_batch, read_all};
 use ringlog_protocol::manifest::{Manifest, ManifestLimits};
 use ringlog_storage::io::uring::UringBackend;
-use ringlog_storage::store::{PartitionStore, StoreConfig};
+use ringlog_storage::store::{InstallBudget, PartitionStore, StoreConfig};
 
 /// Counts live heap bytes and their peak.
 struct Counting;
@@ -91,7 +91,8 @@ fn transfer_256_mib_while_the_source_appends() {
     let baseline = LIVE_BYTES.load(Ordering::Relaxed);
     PEAK_BYTES.store(baseline, Ordering::Relaxed);
     let started = std::time::Instant::now();
-    let mut install = dst.begin_install(&mut dst_io, offer).unwrap();
+    let budget = InstallBudget::new(64 * MIB);
+    let mut install = dst.begin_install(&mut dst_io, offer, &budget).unwrap();
     let wanted: Vec<(u32, u32)> = install.missing().collect();
     let mut appended_during = 0;
     for window in wanted.chunks(WINDOW_CHUNKS) {

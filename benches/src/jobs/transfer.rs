@@ -19,7 +19,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use ringlog_protocol::manifest::{Manifest, ManifestError, ManifestLimits};
 use ringlog_protocol::{restamp, Stamp};
 use ringlog_storage::io::uring::UringBackend;
-use ringlog_storage::store::{PartitionStore, StoreConfig, StoreError};
+use ringlog_storage::store::{InstallBudget, PartitionStore, StoreConfig, StoreError};
 
 use super::append::{build_batch, store_config_for, AppendError, RING_ENTRIES};
 use crate::stats::{CpuMeter, LatencyRecorder, LatencySummary, RunSummary, Timeline};
@@ -186,7 +186,13 @@ impl Source {
         let mut timeline = Timeline::starting(start);
         let manifest = source.open_snapshot(src_io, now_ms())?;
         let offer = Manifest::decode(&manifest.encode(), &ManifestLimits::default())?;
-        let mut install = receiver.begin_install(&mut dst_io, offer)?;
+        // One window of chunks reserved ahead of the writes: what one
+        // install needs.
+        let budget = InstallBudget::new(
+            u64::from(receiver.config().transfer_chunk_bytes)
+                * receiver.config().transfer_window_chunks as u64,
+        );
+        let mut install = receiver.begin_install(&mut dst_io, offer, &budget)?;
         let opened = Instant::now();
         let missing: Vec<(u32, u32)> = install.missing().collect();
         // A window of chunks is read in one submission and written in one

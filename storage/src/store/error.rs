@@ -150,6 +150,9 @@ pub enum TransferError {
     /// was served: the peer must open a new one.
     #[error("snapshot {id} is gone: the log it described was replaced")]
     SnapshotGone { id: u64 },
+    /// The shard's install budget cannot reserve the next window of disk.
+    #[error("install budget: {needed_bytes} bytes to reserve, {free_bytes} free")]
+    ReserveBudget { needed_bytes: u64, free_bytes: u64 },
 }
 
 impl StoreError {

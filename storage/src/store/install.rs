@@ -3,7 +3,10 @@
 //! 1. [`PartitionStore::begin_install`] refuses stale or oversized offers
 //!    (purge generation, frontier or commit below ours; more artifacts or
 //!    bigger ones than we could hold; another chunk size), then creates the
-//!    staging directory with one file per artifact.
+//!    staging directory with one empty file per artifact. Disk is reserved
+//!    (fallocate) a window at a time, as chunks come due, within the
+//!    caller's [`InstallBudget`]: an offer reserves nothing it has not
+//!    begun to deliver.
 //! 2. [`Install::accept_chunks`] verifies each chunk against its manifest
 //!    checksum, then, in order, verifies its bytes as a log (batches,
 //!    offsets, hash chain; a streaming verifier that also builds the index)
@@ -23,6 +26,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
 use ringlog_protocol::checksum;
@@ -31,12 +35,104 @@ use ringlog_protocol::manifest::{Manifest, ManifestLimits};
 use super::open::list;
 use super::verify::LogVerifier;
 use super::{
-    create_segment_file, submit_checked, table, write_new_file, ChainPoint, PartitionStore,
-    SealedFile, StoreError, TransferError, STAGING_DIR,
+    submit_checked, table, write_new_file, ChainPoint, PartitionStore, SealedFile, StoreError,
+    TransferError, STAGING_DIR,
 };
-use crate::io::{align_up, AlignedBuf, BufPool, FileId, IoBackend, Op, Sqe};
+use crate::io::{align_up, AlignedBuf, BufPool, FileId, IoBackend, Op, OpenMode, Sqe};
 use crate::segment::{self, segment_checksum, SealedIndex, SparseIndex};
 use crate::superblock::{Frontier, SealedSegment};
+
+/// Disk that installs may hold reserved (fallocated) ahead of the verified
+/// chunks written into it: one per shard, shared by its partitions' installs.
+/// Each install holds at most one window of chunks per staged file beyond
+/// its written bytes; a reservation over the budget is refused with
+/// [`TransferError::ReserveBudget`] (the install may retry once others
+/// progress). Bytes are returned as the chunks they were reserved for are
+/// written, or when the install ends (commit, abort or drop).
+#[derive(Clone, Debug)]
+pub struct InstallBudget(Arc<BudgetState>);
+
+#[derive(Debug)]
+struct BudgetState {
+    reserved_bytes: AtomicU64,
+    reserve_bytes_max: u64,
+}
+
+impl InstallBudget {
+    pub fn new(reserve_bytes_max: u64) -> Self {
+        Self(Arc::new(BudgetState {
+            reserved_bytes: AtomicU64::new(0),
+            reserve_bytes_max,
+        }))
+    }
+
+    /// Bytes reserved now by all installs sharing this budget.
+    pub fn reserved_bytes(&self) -> u64 {
+        self.0.reserved_bytes.load(Ordering::Relaxed)
+    }
+
+    pub fn reserve_bytes_max(&self) -> u64 {
+        self.0.reserve_bytes_max
+    }
+
+    fn refusal(&self, needed_bytes: u64, reserved_bytes: u64) -> TransferError {
+        TransferError::ReserveBudget {
+            needed_bytes,
+            free_bytes: self.0.reserve_bytes_max.saturating_sub(reserved_bytes),
+        }
+    }
+
+    fn check(&self, bytes: u64) -> Result<(), TransferError> {
+        let reserved = self.reserved_bytes();
+        match reserved.checked_add(bytes) {
+            Some(n) if n <= self.0.reserve_bytes_max => Ok(()),
+            _ => Err(self.refusal(bytes, reserved)),
+        }
+    }
+
+    fn take(&self, bytes: u64) -> Result<(), TransferError> {
+        let max = self.0.reserve_bytes_max;
+        self.0
+            .reserved_bytes
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |r| {
+                r.checked_add(bytes).filter(|&n| n <= max)
+            })
+            .map(|_| ())
+            .map_err(|reserved| self.refusal(bytes, reserved))
+    }
+
+    fn give_back(&self, bytes: u64) {
+        let before = self.0.reserved_bytes.fetch_sub(bytes, Ordering::Relaxed);
+        debug_assert!(before >= bytes, "budget returned more than it lent");
+    }
+}
+
+/// One install's share of an [`InstallBudget`], returned when dropped.
+#[derive(Debug)]
+struct Reservation {
+    budget: InstallBudget,
+    bytes: u64,
+}
+
+impl Reservation {
+    fn take(&mut self, bytes: u64) -> Result<(), TransferError> {
+        self.budget.take(bytes)?;
+        self.bytes += bytes;
+        Ok(())
+    }
+
+    fn give_back(&mut self, bytes: u64) {
+        let bytes = bytes.min(self.bytes);
+        self.bytes -= bytes;
+        self.budget.give_back(bytes);
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.budget.give_back(self.bytes);
+    }
+}
 
 /// What the store keeps of its install in progress, so it notices one that
 /// was dropped without a commit or abort (and closes its files).
@@ -81,6 +177,10 @@ pub struct Install {
     poisoned: Option<String>,
     /// Held while the install lives: the store sees it dropped.
     _alive: Arc<()>,
+    /// Per staged file: bytes allocated from its start.
+    allocated: Vec<u64>,
+    /// Allocated bytes not yet written, lent by the budget.
+    reservation: Reservation,
 }
 
 impl Install {
@@ -160,7 +260,16 @@ impl Install {
         }
         let mut sqes = Vec::new();
         let mut refusal = None;
-        while let Some(buf) = self.ahead.remove(&self.cursor) {
+        while self.ahead.contains_key(&self.cursor) {
+            // Before the chunk is consumed: a refused reservation leaves it
+            // parked, to be retried by a later call.
+            if let Err(e) = self.reserve_due(io) {
+                refusal = Some(e);
+                break;
+            }
+            let Some(buf) = self.ahead.remove(&self.cursor) else {
+                break;
+            };
             match self.verify_due(buf) {
                 Ok(sqe) => sqes.push(sqe),
                 Err(e) => {
@@ -188,6 +297,12 @@ impl Install {
         let mut failure = None;
         for c in io.submit(sqes) {
             match (&c.result, &c.op) {
+                (Ok(_), Op::Write { buf, .. }) => {
+                    // Written: these bytes are staged data, no longer a
+                    // reservation ahead of it.
+                    self.reservation.give_back(buf.len() as u64);
+                    self.chunks_written += 1;
+                }
                 (Ok(_), _) => self.chunks_written += 1,
                 (Err(e), Op::Write { file, offset, .. }) => {
                     let path = self
@@ -214,6 +329,37 @@ impl Install {
             }
         }
         failure.map_or(Ok(()), Err)
+    }
+
+    /// Makes sure the chunk at the cursor lands in allocated space: if it
+    /// does not, allocates its file up to a window of chunks further (or
+    /// its end), within the budget.
+    fn reserve_due(&mut self, io: &mut impl IoBackend) -> Result<(), StoreError> {
+        let (artifact, chunk) = self.cursor;
+        let i = artifact as usize;
+        let (Some(a), Some(&file), Some(&allocated)) = (
+            self.manifest.artifacts.get(i),
+            self.files.get(i),
+            self.allocated.get(i),
+        ) else {
+            return Err(self.refusal(TransferError::ChunkOutOfRange { artifact, chunk }));
+        };
+        let chunk_bytes = u64::from(self.manifest.chunk_size_bytes);
+        let start = u64::from(chunk) * chunk_bytes;
+        let file_end = align_up(a.length_bytes);
+        if (start + chunk_bytes).min(file_end) <= allocated {
+            return Ok(());
+        }
+        let window_end = (start + chunk_bytes * self.window_chunks as u64).min(file_end);
+        let bytes = window_end - allocated;
+        self.reservation.take(bytes).map_err(|e| self.refusal(e))?;
+        if let Err(e) = io.allocate(file, window_end) {
+            self.reservation.give_back(bytes);
+            let path = segment::log_path(&self.staging_dir, a.base_offset);
+            return Err(StoreError::io(self.partition_id, "fallocate", path, e));
+        }
+        self.allocated[i] = window_end;
+        Ok(())
     }
 
     fn check_poisoned(&self) -> Result<(), StoreError> {
@@ -331,50 +477,41 @@ impl Install {
 }
 
 impl PartitionStore {
-    /// Checks an offer and prepares to stage it. Refusals are typed
-    /// [`TransferError`]s; nothing on disk changes for a refused offer, and
-    /// a begin that fails half-way closes what it opened and removes its
-    /// staging directory.
+    /// Checks an offer and prepares to stage it, reserving the first window
+    /// of disk from `budget`. Refusals are typed [`TransferError`]s; nothing
+    /// on disk changes for a refused offer, and a begin that fails half-way
+    /// closes what it opened and removes its staging directory.
     pub fn begin_install(
         &mut self,
         io: &mut impl IoBackend,
         manifest: Manifest,
+        budget: &InstallBudget,
     ) -> Result<Install, StoreError> {
         self.check_fenced()?;
         self.clear_dropped_install(io)?;
         self.check_offer(&manifest)?;
-        let pid = self.partition_id;
+        let window_chunks = self.config.transfer_window_chunks;
+        let first_window = manifest.artifacts.first().map_or(0, |a| {
+            let window = u64::from(manifest.chunk_size_bytes) * window_chunks as u64;
+            align_up(a.length_bytes).min(window)
+        });
+        // Checked before anything is created; taken by the first reserve.
+        budget
+            .check(first_window)
+            .map_err(|e| self.transfer_error(e))?;
+        let reservation = Reservation {
+            budget: budget.clone(),
+            bytes: 0,
+        };
         let staging_dir = self.dir.join(STAGING_DIR);
-        // Leftovers of an install abandoned earlier in this process.
-        if io
-            .exists(&staging_dir)
-            .map_err(|e| StoreError::io(pid, "stat", &staging_dir, e))?
-        {
-            self.remove_tree(io, &staging_dir)?;
-        }
-        io.create_dir(&staging_dir)
-            .map_err(|e| StoreError::io(pid, "mkdir", &staging_dir, e))?;
-        let staging_dir_file = io
-            .open_dir(&staging_dir)
-            .map_err(|e| StoreError::io(pid, "open", &staging_dir, e))?;
-        let mut files = Vec::with_capacity(manifest.artifacts.len());
-        for a in &manifest.artifacts {
-            let path = segment::log_path(&staging_dir, a.base_offset);
-            // Sized up front, so chunk writes never extend the file.
-            let file = create_segment_file(io, pid, &path, align_up(a.length_bytes))?;
-            files.push(file);
-        }
+        let (staging_dir_file, files) = self.create_staging(io, &staging_dir, &manifest)?;
         let alive = Arc::new(());
         let mut held = files.clone();
         held.push(staging_dir_file);
-        self.installing = Some(InstallSlot {
-            alive: Arc::downgrade(&alive),
-            files: held,
-        });
-        let window_chunks = self.config.transfer_window_chunks;
-        Ok(Install {
-            partition_id: pid,
+        let mut install = Install {
+            partition_id: self.partition_id,
             pool: BufPool::new(manifest.chunk_size_bytes as usize, window_chunks),
+            allocated: vec![0; files.len()],
             manifest,
             staging_dir,
             staging_dir_file,
@@ -389,8 +526,64 @@ impl PartitionStore {
             index_interval_bytes: self.config.index_interval_bytes,
             chunks_written: 0,
             poisoned: None,
-            _alive: alive,
-        })
+            _alive: alive.clone(),
+            reservation,
+        };
+        self.installing = Some(InstallSlot {
+            alive: Arc::downgrade(&alive),
+            files: held,
+        });
+        if !install.complete() {
+            if let Err(e) = install.reserve_due(io) {
+                self.abort_install(io, install)?;
+                return Err(e);
+            }
+        }
+        Ok(install)
+    }
+
+    /// Creates the staging directory and one empty file per artifact; on
+    /// failure, closes what it opened and removes the directory again.
+    fn create_staging(
+        &mut self,
+        io: &mut impl IoBackend,
+        staging_dir: &Path,
+        manifest: &Manifest,
+    ) -> Result<(FileId, Vec<FileId>), StoreError> {
+        let pid = self.partition_id;
+        // Leftovers of an install abandoned earlier in this process.
+        if io
+            .exists(staging_dir)
+            .map_err(|e| StoreError::io(pid, "stat", staging_dir, e))?
+        {
+            self.remove_tree(io, staging_dir)?;
+        }
+        io.create_dir(staging_dir)
+            .map_err(|e| StoreError::io(pid, "mkdir", staging_dir, e))?;
+        let mut opened = Vec::with_capacity(manifest.artifacts.len() + 1);
+        let created = io
+            .open_dir(staging_dir)
+            .map_err(|e| StoreError::io(pid, "open", staging_dir, e))
+            .map(|dir_file| opened.push(dir_file))
+            .and_then(|()| {
+                for a in &manifest.artifacts {
+                    let path = segment::log_path(staging_dir, a.base_offset);
+                    let file = io
+                        .open_file(&path, OpenMode::Create)
+                        .map_err(|e| StoreError::io(pid, "create", &path, e))?;
+                    opened.push(file);
+                }
+                Ok(())
+            });
+        if let Err(e) = created {
+            for file in opened {
+                io.close(file);
+            }
+            self.remove_tree(io, staging_dir)?;
+            return Err(e);
+        }
+        let dir_file = opened.remove(0);
+        Ok((dir_file, opened))
     }
 
     /// Refuses a second install while one is alive; one dropped without a

@@ -44,7 +44,7 @@ use ringlog_protocol::BatchView;
 pub use config::StoreConfig;
 pub use error::{StoreError, TransferError};
 pub use group::flush_all;
-pub use install::Install;
+pub use install::{Install, InstallBudget};
 pub use read::Fetched;
 pub use retention::RetentionOutcome;
 
