@@ -1000,8 +1000,10 @@ fn staged_space_is_reserved_per_window() {
 
     let mut io = SimBackend::new(82);
     let mut dst = PartitionStore::create(&mut io, dir("/dst"), PID, config).unwrap();
+    // Exactly one window for the shard: enough, whatever the offer's size.
+    let shard = InstallBudget::new(window_bytes);
     let mut install = dst
-        .begin_install(&mut io, manifest.clone(), &budget())
+        .begin_install(&mut io, manifest.clone(), &shard)
         .unwrap();
     assert!(
         staged_bytes(&io) <= window_bytes,
@@ -1009,7 +1011,10 @@ fn staged_space_is_reserved_per_window() {
         staged_bytes(&io)
     );
     let mut written = 0u64;
-    for window in offer.chunks.chunks(install.window_chunks()) {
+    // The first chunk alone, then whole windows: windows straddle the
+    // artifact boundaries.
+    let (first, rest) = offer.chunks.split_at(1);
+    for window in std::iter::once(first).chain(rest.chunks(install.window_chunks())) {
         let chunks: Vec<(u32, u32, &[u8])> = window
             .iter()
             .map(|(a, c, bytes)| (*a, *c, &bytes[..]))
@@ -1024,6 +1029,7 @@ fn staged_space_is_reserved_per_window() {
             staged <= written + window_bytes,
             "{staged} bytes staged with {written} written (window {window_bytes})"
         );
+        assert!(shard.reserved_bytes() <= window_bytes);
     }
     dst.commit_install(&mut io, install).unwrap();
     assert_eq!(

@@ -347,10 +347,18 @@ impl Install {
         let chunk_bytes = u64::from(self.manifest.chunk_size_bytes);
         let start = u64::from(chunk) * chunk_bytes;
         let file_end = align_up(a.length_bytes);
-        if (start + chunk_bytes).min(file_end) <= allocated {
+        let need_end = (start + chunk_bytes).min(file_end);
+        if need_end <= allocated {
             return Ok(());
         }
-        let window_end = (start + chunk_bytes * self.window_chunks as u64).min(file_end);
+        // One window for the whole install, also where it spans two files
+        // (the chunk itself is always covered).
+        let window_bytes = chunk_bytes * self.window_chunks as u64;
+        let room = window_bytes.saturating_sub(self.reservation.bytes);
+        let window_end = (start + window_bytes)
+            .min(file_end)
+            .min(allocated + room)
+            .max(need_end);
         let bytes = window_end - allocated;
         self.reservation.take(bytes).map_err(|e| self.refusal(e))?;
         if let Err(e) = io.allocate(file, window_end) {
