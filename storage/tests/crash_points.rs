@@ -32,7 +32,8 @@ enum Step {
     Retention {
         now_ms: u64,
     },
-    /// Open a snapshot (sealing the active segment) and release it.
+    /// Open a snapshot (flushing, serving the active segment in place) and
+    /// release it.
     Snapshot,
     Close,
 }
@@ -347,8 +348,8 @@ fn crash_during_rolls_that_write_the_segment_table() {
         records: 1,
         value_len: 40,
     };
-    // About 70 rolls (enough for a block of dead table entries), snapshots
-    // sealing tiny segments, then retention dropping all but the newest
+    // About 70 rolls (enough for a block of dead table entries), snapshots,
+    // then retention dropping all but the newest
     // segments (which compacts the table) and rolls into the compacted table.
     let mut steps = vec![big; 32];
     steps.extend([small, Step::Snapshot, small, Step::Snapshot, Step::Close]);

@@ -137,7 +137,7 @@ pub enum TransferError {
     Incomplete { missing: u64 },
     #[error("staged artifact {artifact} fails verification: {reason}")]
     Verification { artifact: u32, reason: String },
-    #[error("appends are pending; an install replaces the log and needs it idle")]
+    #[error("appends or a flush are pending; this needs the log idle")]
     Busy,
     #[error("an install is already in progress")]
     InstallInProgress,

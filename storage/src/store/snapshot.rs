@@ -1,11 +1,15 @@
 //! Serving snapshots for state transfer.
 //!
-//! A snapshot is the partition's sealed segments at one instant. Opening one
-//! seals the active segment if it holds anything (so the whole committed log
-//! is in sealed segments, whose checksums and chunk checksums were computed
-//! as they were written: nothing is rehashed), then describes them in a
-//! [`Manifest`]. Chunks are read from the live segment files with O_DIRECT
-//! while appends go on into the new active segment. Until the snapshot is
+//! A snapshot is the partition's durable log at one instant: its sealed
+//! segments plus the durable prefix of the active segment, described in a
+//! [`Manifest`] with the checksums and chunk checksums computed as the bytes
+//! were written (nothing is rehashed). The active segment is not sealed, so
+//! a snapshot costs no segment, table entry or file: bytes below the durable
+//! end never change (a flush rewrites the tail block with the same prefix),
+//! and the lease keeps that prefix's length and chunk checksums, so its
+//! chunks read as offered even after the segment rolled. Chunks are read
+//! from the live segment files with O_DIRECT while appends go on. Until the
+//! snapshot is
 //! released or its lease runs out, retention will not remove its segments and
 //! purge is refused. An install replaces the whole log: it invalidates the
 //! open snapshots (their reads return [`TransferError::SnapshotGone`]) rather
@@ -15,16 +19,35 @@ use ringlog_protocol::checksum;
 use ringlog_protocol::manifest::{Artifact, ArtifactKind, Manifest};
 
 use super::{PartitionStore, StoreError, TransferError};
-use crate::io::{AlignedBuf, IoBackend, Op, Sqe};
+use crate::io::{AlignedBuf, FileId, IoBackend, Op, Sqe};
 use crate::segment;
 
 /// An open snapshot: the base offsets of the segments it pins.
 pub(super) struct Lease {
     id: u64,
     bases: Vec<u64>,
+    /// The active segment's prefix it serves, if any (its last artifact).
+    tail: Option<TailPrefix>,
     expires_at_ms: u64,
     /// The segments it described were replaced by an install.
     gone: bool,
+}
+
+/// The part of the then active segment a snapshot describes.
+struct TailPrefix {
+    base_offset: u64,
+    length_bytes: u64,
+    chunk_checksums: Vec<u64>,
+}
+
+/// One chunk read planned: where, how long, what it must hash to.
+struct ChunkRead {
+    file: FileId,
+    base_offset: u64,
+    chunk: u32,
+    offset: u64,
+    len: usize,
+    expected: u64,
 }
 
 impl PartitionStore {
@@ -42,10 +65,14 @@ impl PartitionStore {
                 open: self.snapshots.len(),
             }));
         }
-        if self.active.end_position > 0 {
-            self.roll(io)?;
+        // Everything accepted becomes durable, so the active segment's
+        // hasher covers exactly the prefix offered; a group-commit flush in
+        // flight must complete first.
+        if self.flushing.is_some() {
+            return Err(self.transfer_error(TransferError::Busy));
         }
-        let artifacts: Vec<Artifact> = self
+        self.flush(io)?;
+        let mut artifacts: Vec<Artifact> = self
             .sealed
             .iter()
             .map(|s| Artifact {
@@ -59,6 +86,26 @@ impl PartitionStore {
                 chunk_checksums: s.chunk_checksums.clone(),
             })
             .collect();
+        let active = &self.active;
+        let tail = (active.durable_position > 0).then(|| {
+            debug_assert_eq!(active.durable_position, active.end_position);
+            let chunk_checksums = active.hasher.chunk_checksums();
+            artifacts.push(Artifact {
+                kind: ArtifactKind::Segment,
+                base_offset: active.base_offset,
+                end_offset: self.durable.next_offset,
+                length_bytes: active.durable_position,
+                checksum: active.hasher.checksum(),
+                last_batch_checksum: self.durable.last_checksum,
+                max_timestamp_ms: active.max_timestamp_ms,
+                chunk_checksums: chunk_checksums.clone(),
+            });
+            TailPrefix {
+                base_offset: active.base_offset,
+                length_bytes: active.durable_position,
+                chunk_checksums,
+            }
+        });
         self.snapshot_seq += 1;
         // Unique across restarts too: the clock moves on, the sequence
         // separates snapshots opened in the same millisecond.
@@ -66,6 +113,7 @@ impl PartitionStore {
         self.snapshots.push(Lease {
             id,
             bases: artifacts.iter().map(|a| a.base_offset).collect(),
+            tail,
             expires_at_ms: now_ms.saturating_add(self.config.snapshot_lease_ms),
             gone: false,
         });
@@ -111,45 +159,28 @@ impl PartitionStore {
         self.check_fenced()?;
         self.expire_snapshots(now_ms);
         let lease_ms = self.config.snapshot_lease_ms;
-        let Some(lease) = self.snapshots.iter_mut().find(|l| l.id == id) else {
+        let Some(li) = self.snapshots.iter().position(|l| l.id == id) else {
             return Err(self.transfer_error(TransferError::UnknownSnapshot { id }));
         };
+        let lease = &mut self.snapshots[li];
         lease.expires_at_ms = now_ms.saturating_add(lease_ms);
         if lease.gone {
             return Err(self.transfer_error(TransferError::SnapshotGone { id }));
         }
-        let bases = lease.bases.clone();
-        let chunk_bytes = u64::from(self.config.transfer_chunk_bytes);
-        // (segment index, chunk, offset, len, expected checksum) per chunk.
         let mut plan = Vec::with_capacity(chunks.len());
         for &(artifact, chunk) in chunks {
-            let out_of_range = TransferError::ChunkOutOfRange { artifact, chunk };
-            let Some(&base) = bases.get(artifact as usize) else {
-                return Err(self.transfer_error(out_of_range));
-            };
-            // Pinned segments stay in the table while the lease is live, so
-            // a miss means the log changed under it: typed, never a panic.
-            let Ok(i) = self
-                .sealed
-                .binary_search_by_key(&base, |s| s.meta.base_offset)
-            else {
-                return Err(self.transfer_error(TransferError::SnapshotGone { id }));
-            };
-            let s = &self.sealed[i];
-            let Some(&expected) = s.chunk_checksums.get(chunk as usize) else {
-                return Err(self.transfer_error(out_of_range));
-            };
-            let offset = u64::from(chunk) * chunk_bytes;
-            let len = chunk_bytes.min(s.meta.length_bytes.saturating_sub(offset)) as usize;
-            plan.push((i, chunk, offset, len, expected));
+            match self.plan_chunk(&self.snapshots[li], artifact, chunk) {
+                Ok(read) => plan.push(read),
+                Err(e) => return Err(self.transfer_error(e)),
+            }
         }
         let sqes = plan
             .iter()
-            .map(|&(i, _, offset, len, _)| {
-                let buf = AlignedBuf::new(len);
+            .map(|r| {
+                let buf = AlignedBuf::new(r.len);
                 Sqe::new(Op::Read {
-                    file: self.sealed[i].file,
-                    offset,
+                    file: r.file,
+                    offset: r.offset,
                     len: buf.capacity(),
                     buf,
                 })
@@ -157,8 +188,9 @@ impl PartitionStore {
             .collect();
         let completions = io.submit(sqes);
         let mut bufs = Vec::with_capacity(plan.len());
-        for (c, &(i, chunk, offset, len, expected)) in completions.into_iter().zip(&plan) {
-            let path = segment::log_path(&self.generation_dir, self.sealed[i].meta.base_offset);
+        for (c, r) in completions.into_iter().zip(&plan) {
+            let (chunk, offset, len) = (r.chunk, r.offset, r.len);
+            let path = segment::log_path(&self.generation_dir, r.base_offset);
             let n = c
                 .result
                 .map_err(|e| StoreError::io(self.partition_id, "read", &path, e))?;
@@ -171,7 +203,7 @@ impl PartitionStore {
             let Some(mut buf) = c.op.into_buf() else {
                 return Err(corrupt(format!("chunk {chunk}: read returned no buffer")));
             };
-            if n < len || checksum(&buf[..len]) != expected {
+            if n < len || checksum(&buf[..len]) != r.expected {
                 return Err(corrupt(format!(
                     "chunk {chunk} does not match its recorded checksum"
                 )));
@@ -180,6 +212,55 @@ impl PartitionStore {
             bufs.push(buf);
         }
         Ok(bufs)
+    }
+
+    /// Where chunk `chunk` of the lease's artifact `artifact` is and what
+    /// it must hash to.
+    fn plan_chunk(
+        &self,
+        lease: &Lease,
+        artifact: u32,
+        chunk: u32,
+    ) -> Result<ChunkRead, TransferError> {
+        let out_of_range = TransferError::ChunkOutOfRange { artifact, chunk };
+        let base_offset = *lease
+            .bases
+            .get(artifact as usize)
+            .ok_or_else(|| out_of_range.clone())?;
+        // Pinned segments stay in the table while the lease is live, so a
+        // miss means the log changed under it: typed, never a panic.
+        let gone = TransferError::SnapshotGone { id: lease.id };
+        let sealed = || {
+            self.sealed
+                .binary_search_by_key(&base_offset, |s| s.meta.base_offset)
+                .map(|i| &self.sealed[i])
+                .map_err(|_| gone.clone())
+        };
+        let (file, length_bytes, sums) =
+            match lease.tail.as_ref().filter(|t| t.base_offset == base_offset) {
+                // The served prefix, in the active segment or (rolled since)
+                // the sealed one that started at the same offset.
+                Some(t) if self.active.base_offset == base_offset => {
+                    (self.active.file, t.length_bytes, &t.chunk_checksums)
+                }
+                Some(t) => (sealed()?.file, t.length_bytes, &t.chunk_checksums),
+                None => {
+                    let s = sealed()?;
+                    (s.file, s.meta.length_bytes, &s.chunk_checksums)
+                }
+            };
+        let expected = *sums.get(chunk as usize).ok_or(out_of_range)?;
+        let offset = u64::from(chunk) * u64::from(self.config.transfer_chunk_bytes);
+        let len = u64::from(self.config.transfer_chunk_bytes)
+            .min(length_bytes.saturating_sub(offset)) as usize;
+        Ok(ChunkRead {
+            file,
+            base_offset,
+            chunk,
+            offset,
+            len,
+            expected,
+        })
     }
 
     /// Ends a snapshot, unpinning its segments.
