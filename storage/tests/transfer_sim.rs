@@ -1151,3 +1151,19 @@ fn installs_share_the_shard_budget_and_refuse_beyond_it() {
     // B's dropped install is cleared by its next begin.
     install_ok(&mut io, &mut b, &offer);
 }
+
+#[test]
+fn close_releases_the_files_of_a_dropped_install() {
+    let mut src_io = SimBackend::new(111);
+    let mut src = source_plain(&mut src_io);
+    let offer = take_offer(&mut src_io, &mut src);
+    let manifest = Manifest::decode(&offer.manifest, &ManifestLimits::default()).unwrap();
+
+    let mut io = SimBackend::new(112);
+    let mut dst = receiver_prefix(&mut io);
+    let install = dst.begin_install(&mut io, manifest, &budget()).unwrap();
+    assert!(open_in_staging(&io) > 0);
+    drop(install);
+    dst.close(&mut io).unwrap();
+    assert_eq!(io.open_paths(), Vec::<std::path::PathBuf>::new());
+}

@@ -142,6 +142,16 @@ pub(super) struct InstallSlot {
     files: Vec<FileId>,
 }
 
+impl InstallSlot {
+    /// Closes the staged files: the install is over (dropped, or its store
+    /// is closing).
+    pub(super) fn close_files(self, io: &mut impl IoBackend) {
+        for file in self.files {
+            io.close(file);
+        }
+    }
+}
+
 /// A backend that returned fewer completions than ops broke its contract.
 fn lost_completion() -> std::io::Error {
     std::io::Error::other("backend returned no completion")
@@ -608,9 +618,7 @@ impl PartitionStore {
                     partition = self.partition_id,
                     "clearing an install dropped without commit or abort"
                 );
-                for file in slot.files {
-                    io.close(file);
-                }
+                slot.close_files(io);
                 Ok(())
             }
             None => Ok(()),

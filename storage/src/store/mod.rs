@@ -489,6 +489,10 @@ impl PartitionStore {
         for s in &self.sealed {
             io.close(s.file);
         }
+        // An install left behind (its staging is garbage to the next open).
+        if let Some(slot) = self.installing.take() {
+            slot.close_files(io);
+        }
         for f in [
             self.active.file,
             self.sb_file,
