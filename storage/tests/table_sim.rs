@@ -174,3 +174,47 @@ fn a_snapshot_waits_for_a_flush_in_flight() {
     assert_eq!(manifest.next_offset, 1);
     assert_eq!(manifest.artifacts.len(), 1);
 }
+
+#[test]
+fn retention_keeps_the_table_file_bounded_by_live_segments() {
+    let mut io = SimBackend::new(8);
+    let config = StoreConfig {
+        retention_bytes: Some(32 * 1024),
+        ..tiny_segments()
+    };
+    let mut store = PartitionStore::create(&mut io, Path::new(DIR), PID, config.clone()).unwrap();
+    let mut all = Vec::new();
+    let tables = |io: &SimBackend| -> Vec<(std::path::PathBuf, usize)> {
+        io.paths()
+            .into_iter()
+            .filter(|p| p.extension().is_some_and(|e| e == "tbl"))
+            .map(|p| {
+                let len = io.read_whole(&p).unwrap().len();
+                (p, len)
+            })
+            .collect()
+    };
+    let mut size_max = 0;
+    for seed in 0..1_200 {
+        append_acked(&mut io, &mut store, 3_000, seed, &mut all);
+        if seed % 10 == 9 {
+            store.apply_retention(&mut io, 0).unwrap();
+            let t = tables(&io);
+            assert_eq!(t.len(), 1, "old tables left behind: {t:?}");
+            size_max = size_max.max(t[0].1);
+        }
+    }
+    // ~600 segments sealed, a handful live: the file holds at most a block
+    // of dead records beyond twice the live ones.
+    let table = store.superblock().table;
+    assert!(table.id > 5, "never compacted: {table:?}");
+    assert!(size_max <= 2 * 4096, "table grew to {size_max} bytes");
+    let live = store.sealed_segments().count();
+    assert!(live <= 6, "{live} live segments");
+    let start = store.log_start_offset();
+    let kept: Vec<_> = all.into_iter().filter(|(o, _)| *o >= start).collect();
+    drop(store);
+    let mut io = io.reboot();
+    let mut store = PartitionStore::open(&mut io, Path::new(DIR), PID, config).unwrap();
+    assert_eq!(read_all(&mut io, &mut store), kept);
+}
