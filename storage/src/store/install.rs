@@ -14,11 +14,14 @@
 //!    chunks is written in one submission. Chunks that arrive ahead of the
 //!    next one due wait in memory, at most `transfer_window_chunks` of them:
 //!    memory is bounded by the window, whatever the segment size.
-//! 3. [`PartitionStore::commit_install`] writes the indexes, fsyncs the
-//!    staged files and then, in one linked submission, renames the staging
-//!    directory to the next generation, fsyncs the partition directory and
-//!    writes the superblock. Every completion is checked; the superblock
-//!    write is the commit point.
+//!    A chunk is consumed once verified, so a failed staged write (or a
+//!    failed verification) poisons the install: only an abort is left.
+//! 3. [`PartitionStore::commit_install`] writes the indexes and the segment
+//!    table, fsyncs the staged files, renames the staging directory to the
+//!    next generation and fsyncs the partition directory (a submission of
+//!    its own: a link chain does not stop at a failed rename), then writes
+//!    the superblock. Every completion is checked; the superblock write is
+//!    the commit point.
 //!
 //! Recovery needs nothing but the superblock: if it names a generation whose
 //! directory is still called `staging` (the rename did not land), the rename
@@ -40,12 +43,12 @@ use super::{
 };
 use crate::io::{align_up, AlignedBuf, BufPool, FileId, IoBackend, Op, OpenMode, Sqe};
 use crate::segment::{self, segment_checksum, SealedIndex, SparseIndex};
-use crate::superblock::{Frontier, SealedSegment};
+use crate::superblock::{Frontier, SealedSegment, Superblock, TableRef};
 
 /// Disk that installs may hold reserved (fallocated) ahead of the verified
 /// chunks written into it: one per shard, shared by its partitions' installs.
-/// Each install holds at most one window of chunks per staged file beyond
-/// its written bytes; a reservation over the budget is refused with
+/// Each install holds at most one window of chunks beyond its written
+/// bytes; a reservation over the budget is refused with
 /// [`TransferError::ReserveBudget`] (the install may retry once others
 /// progress). Bytes are returned as the chunks they were reserved for are
 /// written, or when the install ends (commit, abort or drop).
@@ -679,7 +682,6 @@ impl PartitionStore {
         if let Err((kind, e)) = submit_checked(io, sqes) {
             return Err(self.fence(format!("staged {kind} failed: {e}")));
         }
-
         let generation = self.sb.live_generation + 1;
         let generation_dir = segment::generation_dir(&self.dir, generation);
         if let Err(e) = self.rename_staging(io, &install.staging_dir, &generation_dir) {
@@ -689,21 +691,9 @@ impl PartitionStore {
             }
             return Err(e);
         }
-        let mut next = self.sb.successor();
-        next.live_generation = generation;
-        next.purge_generation = next.purge_generation.max(m.purge_generation);
-        next.vsr.commit = next.vsr.commit.max(m.commit);
-        next.table = table;
-        next.frontier = Frontier {
-            next_offset: m.next_offset,
-            last_op: m.last_op,
-            last_checksum: m.last_checksum,
-            active_base: m.next_offset,
-            active_position: 0,
-            active_prev_checksum: m.last_checksum,
-        };
         // The commit point; a failure fences (recovery decides from the
         // copies that landed).
+        let next = self.installed_superblock(m, generation, table);
         self.write_superblock(io, next)?;
         tracing::info!(
             partition = self.partition_id,
@@ -730,6 +720,25 @@ impl PartitionStore {
             (chain.next_offset, active_file, chain.last_checksum),
         );
         Ok(())
+    }
+
+    /// The superblock that makes the installed snapshot this partition's
+    /// state: its generation and table, an empty active segment at its end.
+    fn installed_superblock(&self, m: &Manifest, generation: u64, table: TableRef) -> Superblock {
+        let mut next = self.sb.successor();
+        next.live_generation = generation;
+        next.purge_generation = next.purge_generation.max(m.purge_generation);
+        next.vsr.commit = next.vsr.commit.max(m.commit);
+        next.table = table;
+        next.frontier = Frontier {
+            next_offset: m.next_offset,
+            last_op: m.last_op,
+            last_checksum: m.last_checksum,
+            active_base: m.next_offset,
+            active_position: 0,
+            active_prev_checksum: m.last_checksum,
+        };
+        next
     }
 
     /// The refusals of a finished install: poisoned, incomplete, overtaken
