@@ -236,3 +236,66 @@ fn mailbox_byte_budget_pushes_back_and_loses_nothing() {
     assert!(refusals > 0, "producers saw Backpressure");
     assert!(metric(&server, "ringlog_mailbox_rejections_total") > 0);
 }
+
+#[test]
+fn a_client_that_stops_reading_is_closed_and_frees_its_reply_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(
+        &dir.path().join("data"),
+        &[
+            "--set",
+            "shards=1",
+            "--set",
+            "header_timeout_ms=1000",
+            "--set",
+            "shard_request_bytes_max=16777216",
+        ],
+    );
+    let mut c = server.client();
+    c.create_topic("big", 1).unwrap();
+    let value = vec![b'v'; 1 << 20];
+    for _ in 0..15 {
+        c.produce("big", 0, batch_of(&[&value[..]]).unwrap())
+            .unwrap();
+    }
+    // A fetch of ~15 MiB that the client never reads: more than the socket
+    // buffers hold, so the server's write stalls.
+    let mut slow = TcpStream::connect(&server.addr).unwrap();
+    let mut frames = Vec::new();
+    ringlog_protocol::wire::Request::Hello {
+        version_min: 1,
+        version_max: ringlog_protocol::wire::PROTOCOL_VERSION,
+        client: "slow".into(),
+    }
+    .encode(1, &mut frames)
+    .unwrap();
+    ringlog_protocol::wire::Request::Fetch {
+        topic: "big".into(),
+        partition: 0,
+        offset: 0,
+        max_bytes: 16 << 20,
+        wait_ms: 0,
+    }
+    .encode(2, &mut frames)
+    .unwrap();
+    slow.write_all(&frames).unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(metric(&server, "ringlog_write_timeouts_total") >= 1);
+    // What it can still read ends early: the server gave up on the reply.
+    slow.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut got = 0usize;
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        match slow.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break,
+            Err(e) => panic!("still open after reading {got} bytes: {e}"),
+        }
+    }
+    assert!(got < 15 << 20, "read {got} bytes: the whole reply");
+    // Its reply room (the whole 16 MiB budget) is free again.
+    let page = c.fetch("big", 0, 0, 8 << 20, 0).unwrap();
+    assert!(!page.batches.is_empty());
+}

@@ -91,6 +91,7 @@ pub struct ShardMetrics {
     pub idle_timeouts_total: AtomicU64,
     pub header_timeouts_total: AtomicU64,
     pub over_budget_total: AtomicU64,
+    pub write_timeouts_total: AtomicU64,
 }
 
 impl Default for ShardMetrics {
@@ -114,6 +115,7 @@ impl Default for ShardMetrics {
             idle_timeouts_total: AtomicU64::new(0),
             header_timeouts_total: AtomicU64::new(0),
             over_budget_total: AtomicU64::new(0),
+            write_timeouts_total: AtomicU64::new(0),
         }
     }
 }
@@ -194,6 +196,11 @@ pub fn render(shards: &[(&ShardMetrics, &MailboxTx)], uptime_s: u64) -> String {
             "ringlog_over_budget_total",
             "Requests refused with Backpressure over shard_request_bytes_max",
             |m| &m.over_budget_total,
+        ),
+        (
+            "ringlog_write_timeouts_total",
+            "Client connections closed because a reply took no bytes for header_timeout_ms",
+            |m| &m.write_timeouts_total,
         ),
     ];
     let _ = writeln!(out, "# HELP ringlog_uptime_seconds Seconds since start");

@@ -8,7 +8,7 @@
 //! a connection idle for `idle_timeout_ms` between frames is closed; a
 //! started frame must deliver its header within `header_timeout_ms`, and
 //! its body must make progress at least that often, or the connection is
-//! closed. A body is allocated as its bytes arrive (never more than twice
+//! closed; so must a reply's write (a client that stops reading). A body is allocated as its bytes arrive (never more than twice
 //! what was received) and only after its declared length was taken from
 //! the shard's byte budget (`shard_request_bytes_max`), which also holds
 //! room for each fetch reply until it is written. Over the budget, the
@@ -19,8 +19,8 @@ use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use monoio::buf::IoBufMut;
-use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
+use monoio::buf::{IoBuf, IoBufMut};
+use monoio::io::{AsyncReadRent, AsyncWriteRent};
 use monoio::net::{TcpListener, TcpStream};
 use ringlog_protocol::wire::{
     decode_frame_header, Body, ErrorCode, HelloReply, Opcode, Reply, Request, WireError,
@@ -54,7 +54,8 @@ pub(crate) async fn accept_loop(shard: Rc<Shard>, listener: TcpListener) {
         let open = shard.metrics.connections_open.load(Ordering::Relaxed);
         if open >= shard.config.connections_per_shard_max as u64 {
             metrics::inc(&shard.metrics.connections_refused_total);
-            monoio::spawn(refuse(stream));
+            let stall = Duration::from_millis(shard.config.header_timeout_ms);
+            monoio::spawn(refuse(stream, stall));
             continue;
         }
         metrics::inc(&shard.metrics.connections_total);
@@ -73,17 +74,21 @@ pub(crate) async fn accept_loop(shard: Rc<Shard>, listener: TcpListener) {
     tracing::info!(shard = shard.id, "stopped accepting connections");
 }
 
-async fn refuse(mut stream: TcpStream) {
+async fn refuse(mut stream: TcpStream, stall: Duration) {
     let reply = Reply::error(
         Opcode::Hello as u16,
         0,
         ErrorCode::Backpressure,
         "too many connections on this shard; retry later",
     );
-    let _ = write_reply(&mut stream, &reply).await;
+    let _ = write_reply(&mut stream, &reply, stall).await;
 }
 
-async fn write_reply(stream: &mut TcpStream, reply: &Reply) -> std::io::Result<()> {
+async fn write_reply(
+    stream: &mut TcpStream,
+    reply: &Reply,
+    stall: Duration,
+) -> std::io::Result<()> {
     let mut out = Vec::new();
     if let Err(e) = reply.encode(&mut out) {
         tracing::error!(error = %e, "reply does not encode");
@@ -98,8 +103,36 @@ async fn write_reply(stream: &mut TcpStream, reply: &Reply) -> std::io::Result<(
             .encode(&mut out)
             .map_err(|e| std::io::Error::other(e.to_string()))?;
     }
-    let (res, _) = stream.write_all(out).await;
-    res.map(|_| ())
+    write_within(stream, out, stall).await
+}
+
+/// Writes all of `buf`, failing with TimedOut if the peer takes no bytes
+/// for `stall`: a client that stops reading cannot hold a reply (and its
+/// budget) forever.
+async fn write_within(
+    stream: &mut TcpStream,
+    mut buf: Vec<u8>,
+    stall: Duration,
+) -> std::io::Result<()> {
+    let mut pos = 0;
+    while pos < buf.len() {
+        let end = buf.len();
+        match monoio::time::timeout(stall, stream.write(buf.slice(pos..end))).await {
+            Err(_) => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "client stopped reading",
+                ))
+            }
+            Ok((Ok(0), _)) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok((Ok(n), slice)) => {
+                buf = slice.into_inner();
+                pos += n;
+            }
+            Ok((Err(e), _)) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// Largest first allocation of a body; it grows as bytes arrive.
@@ -274,6 +307,12 @@ fn over_budget(shard: &Shard, opcode: u16, correlation: u32) -> Reply {
     )
 }
 
+fn count_write_error(shard: &Shard, e: &std::io::Error) {
+    if e.kind() == std::io::ErrorKind::TimedOut {
+        metrics::inc(&shard.metrics.write_timeouts_total);
+    }
+}
+
 /// Serves one connection until it closes, errs, times out, or the shard
 /// stops.
 async fn serve(shard: &Shard, budget: &Rc<ByteBudget>, mut stream: TcpStream) {
@@ -283,16 +322,20 @@ async fn serve(shard: &Shard, budget: &Rc<ByteBudget>, mut stream: TcpStream) {
     loop {
         if shard.is_stopping() {
             let r = Reply::error(0, 0, ErrorCode::ShuttingDown, "server shutting down");
-            let _ = write_reply(&mut stream, &r).await;
+            let _ = write_reply(&mut stream, &r, limits.header_timeout).await;
             return;
         }
-        let (body, _body_charge) = match read_frame(shard, budget, &limits, &mut stream).await {
+        let (body, body_charge) = match read_frame(shard, budget, &limits, &mut stream).await {
             Frame::Body(b, c) => (b, c),
             Frame::Gone => return,
             Frame::BadHeader(e) => {
                 metrics::inc(&shard.metrics.bad_frames_total);
-                let _ =
-                    write_reply(&mut stream, &Reply::error(0, 0, e.code(), e.to_string())).await;
+                let _ = write_reply(
+                    &mut stream,
+                    &Reply::error(0, 0, e.code(), e.to_string()),
+                    limits.header_timeout,
+                )
+                .await;
                 return;
             }
             Frame::OverBudget {
@@ -300,7 +343,8 @@ async fn serve(shard: &Shard, budget: &Rc<ByteBudget>, mut stream: TcpStream) {
                 correlation,
             } => {
                 let reply = over_budget(shard, opcode, correlation);
-                if write_reply(&mut stream, &reply).await.is_err() {
+                if let Err(e) = write_reply(&mut stream, &reply, limits.header_timeout).await {
+                    count_write_error(shard, &e);
                     return;
                 }
                 continue;
@@ -309,6 +353,9 @@ async fn serve(shard: &Shard, budget: &Rc<ByteBudget>, mut stream: TcpStream) {
         let mut _reply_charge = None;
         let (correlation, opcode, decoded) = Request::decode(&body);
         drop(body);
+        // Only a produce keeps its body's bytes (as the batch) until the
+        // reply; any other request's decoded form is small.
+        let _body_charge = matches!(decoded, Ok(Request::Produce { .. })).then_some(body_charge);
         let reply = match decoded {
             Err(e) => {
                 metrics::inc(&shard.metrics.bad_frames_total);
@@ -358,7 +405,11 @@ async fn serve(shard: &Shard, budget: &Rc<ByteBudget>, mut stream: TcpStream) {
             },
         };
         let closes = matches!(&reply.result, Err((code, _)) if code.closes_connection());
-        if write_reply(&mut stream, &reply).await.is_err() || closes {
+        if let Err(e) = write_reply(&mut stream, &reply, limits.header_timeout).await {
+            count_write_error(shard, &e);
+            return;
+        }
+        if closes {
             return;
         }
     }
