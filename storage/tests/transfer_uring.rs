@@ -91,8 +91,15 @@ fn transfer_256_mib_while_the_source_appends() {
     let baseline = LIVE_BYTES.load(Ordering::Relaxed);
     PEAK_BYTES.store(baseline, Ordering::Relaxed);
     let started = std::time::Instant::now();
-    let budget = InstallBudget::new(64 * MIB);
+    // The shard's install budget: one window of disk ahead of the writes.
+    let window_bytes = WINDOW_CHUNKS as u64 * chunk_bytes;
+    let budget = InstallBudget::new(window_bytes);
     let mut install = dst.begin_install(&mut dst_io, offer, &budget).unwrap();
+    let staging = tmp.path().join("dst").join("staging");
+    let mut written = 0u64;
+    // Before any chunk: the first window only (it used to be the offer).
+    let mut ahead_peak = allocated_bytes(&staging);
+    assert_eq!(budget.reserved_bytes(), window_bytes);
     let wanted: Vec<(u32, u32)> = install.missing().collect();
     let mut appended_during = 0;
     for window in wanted.chunks(WINDOW_CHUNKS) {
@@ -114,6 +121,12 @@ fn transfer_256_mib_while_the_source_appends() {
             .map(|(a, c, buf)| (*a, *c, &buf[..]))
             .collect();
         install.accept_chunks(&mut dst_io, &delivered).unwrap();
+        written += delivered
+            .iter()
+            .map(|(_, _, b)| ringlog_storage::io::align_up(b.len() as u64))
+            .sum::<u64>();
+        ahead_peak = ahead_peak.max(allocated_bytes(&staging).saturating_sub(written));
+        assert!(budget.reserved_bytes() <= window_bytes);
     }
     dst.commit_install(&mut dst_io, install).unwrap();
     let elapsed = started.elapsed();
@@ -133,6 +146,18 @@ fn transfer_256_mib_while_the_source_appends() {
     assert!(
         (peak as u64) <= bound,
         "peak {peak} bytes over the bound {bound}"
+    );
+    // Disk: allocated only a window ahead of what was written, never the
+    // whole offer up front (1 MiB of slack for filesystem rounding).
+    println!(
+        "staged disk allocated ahead of the written bytes: peak {:.1} MiB (window {} MiB, offer {} MiB)",
+        ahead_peak as f64 / MIB as f64,
+        window_bytes / MIB,
+        total / MIB
+    );
+    assert!(
+        ahead_peak <= window_bytes + MIB,
+        "{ahead_peak} bytes allocated ahead of the writes"
     );
 
     // Byte for byte: the receiver holds exactly the snapshot's batches.
@@ -156,4 +181,16 @@ fn transfer_256_mib_while_the_source_appends() {
     let batch = next_batch(&dst, 2, 100, 7);
     dst.append(&mut dst_io, &batch).unwrap();
     dst.flush(&mut dst_io).unwrap();
+}
+
+/// Disk blocks allocated to the files in `dir` (0 once it is gone).
+fn allocated_bytes(dir: &std::path::Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .filter_map(|e| e.ok()?.metadata().ok())
+        .map(|m| m.blocks() * 512)
+        .sum()
 }
