@@ -1,10 +1,13 @@
 //! Booting and stopping a node.
 //!
-//! Start: lock the data directory, load topics.json, remove partition
-//! directories it does not reference (garbage from deleted topics), bind the
-//! client port once (shared by the shards, exclusive to this process), start the pinned shard threads (each
-//! opens its partitions), finish topics a crash left half-created, open the
-//! control socket, then print one `ready` line on stdout.
+//! Start: lock the data directory, check its filesystem (O_DIRECT, and a
+//! warning on tmpfs/ramfs), load topics.json (a missing or corrupt one
+//! refuses to start unless `--rebuild-catalog`), remove partition
+//! directories it does not reference (garbage from deleted topics), bind
+//! the client port once (shared by the shards, exclusive to this process),
+//! start the pinned shard threads (each opens its partitions), finish
+//! topics a crash left half-created, open the control socket (0600 from the
+//! start), then print one `ready` line on stdout.
 //!
 //! Stop ([`Shutdown::trigger`]: SIGINT/SIGTERM via the binary, or the control
 //! socket): every shard stops accepting, runs its queued work to completion
