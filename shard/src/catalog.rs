@@ -156,8 +156,10 @@ impl TopicTable {
 
     /// Rebuilds the table from what is on disk: every `topics/<name>/<index>`
     /// directory with the partition id its superblock records. Every topic
-    /// comes back `ready`; ids of deleted topics that left nothing on disk
-    /// may be handed out again (nothing refers to them any more). Refuses
+    /// comes back `ready`, and so does a topic deleted while its
+    /// directories were not yet removed; ids of deleted topics that left
+    /// nothing on disk may be handed out again (nothing refers to them any
+    /// more). Refuses
     /// (never guesses) if a topic's indexes have gaps, a superblock is
     /// unreadable, or a topic's ids are not consecutive.
     pub fn rebuild(data_dir: &Path) -> Result<TopicTable, CatalogError> {
