@@ -40,6 +40,10 @@ pub struct Partition {
     /// The active segment's end position the flush in flight covers, if one
     /// is in flight.
     flush_end: Option<u64>,
+    /// The durable end seen at the last idle check: unchanged for a whole
+    /// tick means idle, and an idle partition's frontier record is brought
+    /// up to its durable end (see [`Partition::prepare_checkpoint`]).
+    idle_seen: Option<u64>,
 }
 
 impl Partition {
@@ -69,6 +73,7 @@ impl Partition {
             dir: dir.to_path_buf(),
             state,
             flush_end: None,
+            idle_seen: None,
         }
     }
 
@@ -90,6 +95,36 @@ impl Partition {
         };
         let end = active_end(store);
         let n = store.prepare_flush(sqes)?;
+        if n > 0 {
+            self.flush_end = Some(end);
+        }
+        Ok(n)
+    }
+
+    /// Queues a frontier checkpoint (record write plus fdatasync) if the
+    /// partition was idle since the previous call and its durable frontier
+    /// record lags its durable end; the completions go to
+    /// [`Partition::complete_flush`] like a flush's. Called once per tick:
+    /// the record of an idle partition catches up within about two ticks,
+    /// and a busy one never pays for it (its next flush writes the record).
+    pub fn prepare_checkpoint(&mut self, sqes: &mut Vec<Sqe>) -> Result<usize, StoreError> {
+        if self.flush_end.is_some() {
+            return Ok(0);
+        }
+        let State::Open(store) = &mut self.state else {
+            return Ok(0);
+        };
+        if store.fenced().is_some() || store.frontier_lag_bytes() == 0 {
+            return Ok(0);
+        }
+        let durable = store.durable().next_offset;
+        let idle = store.chain().next_offset == durable && self.idle_seen == Some(durable);
+        self.idle_seen = Some(durable);
+        if !idle {
+            return Ok(0);
+        }
+        let end = active_end(store);
+        let n = store.prepare_checkpoint(sqes)?;
         if n > 0 {
             self.flush_end = Some(end);
         }
@@ -124,7 +159,7 @@ impl Partition {
         let len = len as u64;
         let buffered = end.saturating_sub(align_down(flush_end));
         buffered + len > config.write_buffer_bytes as u64
-            || (end > 0 && end + len > config.segment_size_bytes)
+            || (end > 0 && end + len > store.active_capacity_bytes())
     }
 
     pub fn dir(&self) -> &Path {
@@ -309,10 +344,19 @@ impl Partition {
     pub fn close(self, io: &mut impl IoBackend) -> Result<(), StoreError> {
         debug_assert!(self.flush_end.is_none(), "close with a flush in flight");
         match self.state {
-            State::Open(s) if s.fenced().is_none() => s.close(io),
-            // A fenced store is fail-stop: recover from durable state on
-            // restart, write nothing more.
-            _ => Ok(()),
+            State::Open(s) => {
+                // A fenced store is fail-stop: it writes nothing more (its
+                // close only releases the files) and recovers from durable
+                // state on restart.
+                let fenced = s.fenced().is_some();
+                let closed = s.close(io);
+                if fenced {
+                    Ok(())
+                } else {
+                    closed
+                }
+            }
+            State::Unavailable(_) => Ok(()),
         }
     }
 }
@@ -538,6 +582,45 @@ mod tests {
             offset = f.next_offset;
         }
         assert_eq!(seen, records_in);
+        p.close(&mut io).unwrap();
+    }
+
+    /// An idle partition's frontier record catches up on the second idle
+    /// check; a busy one's is left to its next flush.
+    #[test]
+    fn an_idle_partition_checkpoints_its_frontier_record_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut io = UringBackend::new(64).unwrap();
+        let mut p = open(dir.path(), &mut io);
+        let flush = |io: &mut UringBackend, p: &mut Partition| {
+            let mut sqes = Vec::new();
+            assert!(p.prepare_flush(&mut sqes).unwrap() > 0);
+            let id = io.submit_nowait(sqes);
+            complete(io, p, id);
+        };
+        for i in 0..2 {
+            p.produce(&mut io, batch(2, 100, i)).unwrap();
+            flush(&mut io, &mut p);
+        }
+        let lag = |p: &Partition| p.store().unwrap().frontier_lag_bytes();
+        assert!(lag(&p) > 0, "the record trails by the last flush");
+        let mut sqes = Vec::new();
+        assert_eq!(
+            p.prepare_checkpoint(&mut sqes).unwrap(),
+            0,
+            "first sighting"
+        );
+        // Appends since the last check: not idle.
+        p.produce(&mut io, batch(2, 100, 3)).unwrap();
+        flush(&mut io, &mut p);
+        assert_eq!(p.prepare_checkpoint(&mut sqes).unwrap(), 0);
+        assert_eq!(p.prepare_checkpoint(&mut sqes).unwrap(), 2);
+        assert!(p.flush_in_flight());
+        let id = io.submit_nowait(std::mem::take(&mut sqes));
+        complete(&mut io, &mut p, id);
+        assert_eq!(lag(&p), 0);
+        assert_eq!(p.prepare_checkpoint(&mut sqes).unwrap(), 0);
+        assert!(sqes.is_empty());
         p.close(&mut io).unwrap();
     }
 

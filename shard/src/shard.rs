@@ -1008,6 +1008,43 @@ impl<B: IoBackend> Shard<B> {
                     p.apply_retention(io, t);
                 }
             }
+            if !self.is_stopping() {
+                self.checkpoint_idle();
+            }
+        }
+    }
+
+    /// Brings the durable frontier record of partitions idle since the last
+    /// tick up to their durable end, in one group submission nobody waits
+    /// for: a partition's record otherwise trails by its last flush until
+    /// its next one (see `PartitionStore::prepare_checkpoint`).
+    fn checkpoint_idle(&self) {
+        let mut core = self.core.borrow_mut();
+        let Core {
+            io,
+            partitions,
+            flights,
+            ..
+        } = &mut *core;
+        let mut sqes = Vec::new();
+        let mut parts = Vec::new();
+        for (&pid, p) in partitions.iter_mut() {
+            match p.prepare_checkpoint(&mut sqes) {
+                Ok(0) => {}
+                Ok(n) => parts.push((pid, n)),
+                Err(e) => tracing::debug!(partition_id = pid, error = %e, "no checkpoint"),
+            }
+        }
+        if !parts.is_empty() {
+            let id = io.submit_nowait(sqes);
+            metrics::inc(&self.metrics.fsyncs_total);
+            flights.insert(
+                id,
+                Flight {
+                    parts,
+                    started: Instant::now(),
+                },
+            );
         }
     }
 

@@ -5,6 +5,13 @@
 //! written once at seal; it is a cache, rebuilt from the log when missing or
 //! invalid. The active segment's index lives in memory and is rebuilt from
 //! the log at open.
+//!
+//! Every segment file also has two frontier record slots ([`FrontierSlot`])
+//! of one block each, right after its data capacity: each flush writes one
+//! (alternating) in the same linked chain as its data, covered by the same
+//! fdatasync, recording how far the log was already durable. Recovery trusts
+//! the newest valid slot of the live active segment as the durable frontier
+//! (see `store/open.rs`).
 
 use std::path::{Path, PathBuf};
 
@@ -35,6 +42,10 @@ pub struct IndexEntry {
 }
 
 const INDEX_MAGIC: u64 = u64::from_le_bytes(*b"RLGINDEX");
+/// Version 1 (the field was reserved, 0, before) is the first whose chunk
+/// checksums are the ones the version 2 superblock's segment checksum is
+/// computed from. An index of another version is rebuilt.
+const INDEX_VERSION: u32 = 1;
 const INDEX_HEADER_LEN: usize = 40;
 const INDEX_ENTRY_LEN: usize = 16;
 
@@ -176,8 +187,8 @@ pub struct SealedIndex {
 }
 
 impl SealedIndex {
-    /// Header (magic, base offset, entry count, chunk size and count,
-    /// checksum of the rest), then index entries, then chunk checksums.
+    /// Header (magic, base offset, entry count, chunk count and size,
+    /// version, checksum of the rest), then index entries, then chunk checksums.
     pub fn encode(&self, base_offset: u64) -> Vec<u8> {
         let mut body = Vec::with_capacity(
             self.index.entries.len() * INDEX_ENTRY_LEN + self.chunk_checksums.len() * 8,
@@ -196,7 +207,7 @@ impl SealedIndex {
         out.extend_from_slice(&(self.index.entries.len() as u32).to_le_bytes());
         out.extend_from_slice(&(self.chunk_checksums.len() as u32).to_le_bytes());
         out.extend_from_slice(&self.chunk_size_bytes.to_le_bytes());
-        out.extend_from_slice(&0u32.to_le_bytes());
+        out.extend_from_slice(&INDEX_VERSION.to_le_bytes());
         out.extend_from_slice(&checksum(&body).to_le_bytes());
         out.extend_from_slice(&body);
         out
@@ -208,7 +219,7 @@ impl SealedIndex {
         let header = bytes.get(..INDEX_HEADER_LEN)?;
         let u64_at = |i: usize| u64::from_le_bytes(header[i..i + 8].try_into().expect("8 bytes"));
         let u32_at = |i: usize| u32::from_le_bytes(header[i..i + 4].try_into().expect("4 bytes"));
-        if u64_at(0) != INDEX_MAGIC || u64_at(8) != base_offset || u32_at(28) != 0 {
+        if u64_at(0) != INDEX_MAGIC || u64_at(8) != base_offset || u32_at(28) != INDEX_VERSION {
             return None;
         }
         let entries_len = (u32_at(16) as usize).checked_mul(INDEX_ENTRY_LEN)?;
@@ -236,6 +247,108 @@ impl SealedIndex {
                 .chunks_exact(8)
                 .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
                 .collect(),
+        })
+    }
+}
+
+/// Size of one frontier record slot.
+pub const SLOT_BYTES: u64 = 4096;
+/// Frontier record slots per segment file.
+pub const SLOTS: u64 = 2;
+const SLOT_MAGIC: u64 = u64::from_le_bytes(*b"RLGFRONT");
+const SLOT_VERSION: u16 = 1;
+const SLOT_LEN: usize = 96;
+
+/// Offset of frontier record slot `slot` in a segment of `capacity_bytes`.
+pub fn slot_offset(capacity_bytes: u64, slot: u64) -> u64 {
+    debug_assert!(slot < SLOTS);
+    capacity_bytes + slot * SLOT_BYTES
+}
+
+/// One frontier record: the active segment's durable end as of some flush.
+/// The identity fields (partition, generation, base, capacity) make a slot
+/// left in a recycled file, or by an earlier segment, never match.
+///
+/// Layout (little-endian): magic u64, version u16, reserved u16+u32,
+/// checksum u64 (xxh3 of the first 96 bytes with this field zero),
+/// partition_id u32, reserved u32, live_generation, active_base,
+/// capacity_bytes, sequence, position, next_offset, last_checksum, last_op
+/// (u64 each); the rest of the block is zero.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FrontierSlot {
+    pub partition_id: u32,
+    pub live_generation: u64,
+    pub active_base: u64,
+    pub capacity_bytes: u64,
+    /// Counts the slots written into this segment; slot `sequence % 2`.
+    pub sequence: u64,
+    /// Byte position in the segment below which every batch is durable.
+    pub position: u64,
+    pub next_offset: u64,
+    pub last_checksum: u64,
+    pub last_op: u64,
+}
+
+impl FrontierSlot {
+    /// Encodes into `out` (one slot block, zero-filled past the record).
+    pub fn encode(&self, out: &mut [u8]) {
+        assert_eq!(out.len() as u64, SLOT_BYTES);
+        out.fill(0);
+        let mut at = 0;
+        let mut put = |bytes: &[u8]| {
+            out[at..at + bytes.len()].copy_from_slice(bytes);
+            at += bytes.len();
+        };
+        put(&SLOT_MAGIC.to_le_bytes());
+        put(&SLOT_VERSION.to_le_bytes());
+        put(&[0; 6]);
+        put(&[0; 8]); // checksum
+        put(&self.partition_id.to_le_bytes());
+        put(&[0; 4]);
+        for v in [
+            self.live_generation,
+            self.active_base,
+            self.capacity_bytes,
+            self.sequence,
+            self.position,
+            self.next_offset,
+            self.last_checksum,
+            self.last_op,
+        ] {
+            put(&v.to_le_bytes());
+        }
+        debug_assert_eq!(at, SLOT_LEN);
+        let sum = checksum(&out[..SLOT_LEN]);
+        out[16..24].copy_from_slice(&sum.to_le_bytes());
+    }
+
+    /// Decodes one slot block; `None` unless it is a whole, valid record.
+    pub fn decode(block: &[u8]) -> Option<FrontierSlot> {
+        let block = block.get(..SLOT_BYTES as usize)?;
+        let u64_at = |i: usize| u64::from_le_bytes(block[i..i + 8].try_into().expect("8 bytes"));
+        let version = u16::from_le_bytes([block[8], block[9]]);
+        if u64_at(0) != SLOT_MAGIC || version != SLOT_VERSION {
+            return None;
+        }
+        let mut zeroed = [0u8; SLOT_LEN];
+        zeroed.copy_from_slice(&block[..SLOT_LEN]);
+        zeroed[16..24].fill(0);
+        let reserved_zero = block[10..16].iter().all(|&b| b == 0)
+            && block[28..32].iter().all(|&b| b == 0)
+            && block[SLOT_LEN..].iter().all(|&b| b == 0);
+        if checksum(&zeroed) != u64_at(16) || !reserved_zero {
+            return None;
+        }
+        Some(FrontierSlot {
+            partition_id: u32::from_le_bytes(block[24..28].try_into().expect("4 bytes")),
+            live_generation: u64_at(32),
+            active_base: u64_at(40),
+            capacity_bytes: u64_at(48),
+            sequence: u64_at(56),
+            position: u64_at(64),
+            next_offset: u64_at(72),
+            last_checksum: u64_at(80),
+            last_op: u64_at(88),
         })
     }
 }
@@ -279,6 +392,45 @@ mod tests {
         bytes[50] ^= 1;
         assert!(SealedIndex::decode(&bytes, 7).is_none());
         assert!(SealedIndex::decode(&bytes[..20], 7).is_none());
+    }
+
+    #[test]
+    fn index_of_another_version_is_rejected() {
+        let sealed = SealedIndex {
+            index: SparseIndex::default(),
+            chunk_size_bytes: 4096,
+            chunk_checksums: vec![9],
+        };
+        let mut bytes = sealed.encode(0);
+        assert_eq!(SealedIndex::decode(&bytes, 0).unwrap(), sealed);
+        bytes[28..32].copy_from_slice(&0u32.to_le_bytes());
+        assert!(SealedIndex::decode(&bytes, 0).is_none());
+    }
+
+    #[test]
+    fn frontier_slot_round_trip_and_damage() {
+        let slot = FrontierSlot {
+            partition_id: 3,
+            live_generation: 2,
+            active_base: 100,
+            capacity_bytes: 65536,
+            sequence: 7,
+            position: 12288,
+            next_offset: 140,
+            last_checksum: 0xdead_beef,
+            last_op: 141,
+        };
+        let mut block = vec![0u8; SLOT_BYTES as usize];
+        slot.encode(&mut block);
+        assert_eq!(FrontierSlot::decode(&block), Some(slot));
+        for i in (0..SLOT_LEN).chain([SLOT_LEN, 4095]) {
+            let mut bad = block.clone();
+            bad[i] ^= 0x04;
+            assert_eq!(FrontierSlot::decode(&bad), None, "flip at {i} accepted");
+        }
+        assert_eq!(FrontierSlot::decode(&block[..100]), None);
+        assert_eq!(FrontierSlot::decode(&[0u8; 4096]), None);
+        assert_eq!(slot_offset(65536, 1), 65536 + 4096);
     }
 
     #[test]

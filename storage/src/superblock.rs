@@ -8,12 +8,15 @@
 //! only the half in flight, and the other half still holds the previous
 //! state whole. One fsync per update keeps seals and installs cheap.
 //!
-//! At open, [`choose`] picks the highest valid sequence (refusing a fork:
-//! a state whose parent matches none of the valid copies one sequence below);
-//! copies that are invalid or older are repaired by rewriting them.
+//! At open, [`choose`] picks the highest valid sequence, refusing a fork:
+//! a state whose parent matches none of the valid copies one sequence below,
+//! or two valid copies with the same sequence and different contents (only
+//! a write that bypassed fail-stop can make those, and picking one would be
+//! arbitrary). Copies that are invalid or older are repaired by rewriting
+//! them.
 //!
-//! Layout of a copy (little-endian), version 2. Fields only ever tail-append:
-//! a later version adds fields after `table_last` and bumps `version`.
+//! Layout of a copy (little-endian), version 3. A decoder accepts exactly
+//! [`VERSION`]; a later version bumps it.
 //! ```text
 //!   0 magic u64            8 version u16        10 copy_index u16
 //!  12 reserved u32        16 checksum u64       24 sequence u64
@@ -26,11 +29,16 @@
 //! 136 purge_generation u64  144 live_generation u64
 //! 152 table_id u64       160 table_first u64   168 table_count u64
 //! 176 table_anchor u64   184 table_last u64
-//! 192 zero to the end of the copy
+//! 192 active_capacity u64 (the active segment's size bound, fixed when it
+//!     was created: recovery scans to it, whatever the configuration says)
+//! 200 zero to the end of the copy
 //! ```
-//! Version 1 held the sealed segments inside the copy (at most 338 of them);
-//! version 2 keeps them in the segment table file the `table_*` fields name
-//! and commit (see `store::table`), so a copy is one fixed-size block.
+//! Version 1 held the sealed segments inside the copy (at most 338 of them)
+//! and its segment checksum was over the segment's bytes; since version 2
+//! it is the xxh3 of the chunk checksums (see `segment::SegmentHasher`) and
+//! the segments are in the segment table file the `table_*` fields name and
+//! commit (see `store::table`), so a copy is one fixed-size block. Version 3
+//! adds `active_capacity`.
 
 use std::path::Path;
 
@@ -45,8 +53,8 @@ pub const COPIES: usize = 4;
 pub const FILE_SIZE_BYTES: usize = COPY_SIZE_BYTES * COPIES;
 /// "RLGSUPER"
 const MAGIC: u64 = u64::from_le_bytes(*b"RLGSUPER");
-const VERSION: u16 = 2;
-const FIXED_LEN: usize = 192;
+pub const VERSION: u16 = 3;
+const FIXED_LEN: usize = 200;
 
 /// The two copies that receive the state with this sequence number.
 pub fn half_for(sequence: u64) -> [usize; 2] {
@@ -82,6 +90,9 @@ pub struct Frontier {
     pub active_position: u64,
     /// Header checksum of the batch before the active segment's first batch.
     pub active_prev_checksum: u64,
+    /// Size bound of the active segment's data, fixed when it was created
+    /// (the frontier record slots sit right after it).
+    pub active_capacity_bytes: u64,
 }
 
 /// Names and commits the live part of the segment table file: entries
@@ -140,6 +151,12 @@ pub enum SuperblockError {
     NoValidCopy { path: String, reasons: String },
     #[error("superblock {path}: sequence {sequence} does not chain to any copy of sequence {}", sequence - 1)]
     Forked { path: String, sequence: u64 },
+    #[error("superblock {path}: two valid copies of sequence {sequence} differ (copies {copies:?}): a write bypassed fail-stop; refusing to pick one, restore the partition from a replica or a backup")]
+    SameSequenceFork {
+        path: String,
+        sequence: u64,
+        copies: [usize; 2],
+    },
     #[error("superblock {path}: file is {len} bytes, expected {FILE_SIZE_BYTES}")]
     Short { path: String, len: usize },
 }
@@ -206,6 +223,7 @@ impl Superblock {
             t.count,
             t.anchor,
             t.last,
+            f.active_capacity_bytes,
         ] {
             w.u64(v);
         }
@@ -264,6 +282,7 @@ impl Superblock {
             active_base: r.u64(),
             active_position: r.u64(),
             active_prev_checksum: r.u64(),
+            active_capacity_bytes: 0,
         };
         let purge_generation = r.u64();
         let live_generation = r.u64();
@@ -273,6 +292,10 @@ impl Superblock {
             count: r.u64(),
             anchor: r.u64(),
             last: r.u64(),
+        };
+        let frontier = Frontier {
+            active_capacity_bytes: r.u64(),
+            ..frontier
         };
         debug_assert_eq!(r.at, FIXED_LEN);
         if copy[r.at..].iter().any(|&b| b != 0) {
@@ -335,6 +358,7 @@ pub fn choose(file: &[u8], path: &Path) -> Result<Chosen, SuperblockError> {
             reasons,
         });
     };
+    refuse_same_sequence_fork(&decoded, &path_str)?;
     let parents: Vec<u64> = decoded
         .iter()
         .filter_map(|d| d.as_ref().ok())
@@ -360,6 +384,29 @@ pub fn choose(file: &[u8], path: &Path) -> Result<Chosen, SuperblockError> {
         superblock: best.clone(),
         copies_to_repair,
     })
+}
+
+/// Two valid copies of one sequence must hold one state: each state is
+/// written whole to one half, so differing copies mean a second state was
+/// written under the same sequence (a write after fail-stop, or a bug).
+fn refuse_same_sequence_fork(
+    decoded: &[Result<(Superblock, u64, u16), CopyError>],
+    path: &str,
+) -> Result<(), SuperblockError> {
+    for (i, a) in decoded.iter().enumerate() {
+        let Ok((sa, suma, _)) = a else { continue };
+        for (j, b) in decoded.iter().enumerate().skip(i + 1) {
+            let Ok((sb, sumb, _)) = b else { continue };
+            if sa.sequence == sb.sequence && suma != sumb {
+                return Err(SuperblockError::SameSequenceFork {
+                    path: path.to_string(),
+                    sequence: sa.sequence,
+                    copies: [i, j],
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 struct Writer<'a> {
@@ -431,6 +478,7 @@ mod tests {
                 active_base: 400,
                 active_position: 8192,
                 active_prev_checksum: 41,
+                active_capacity_bytes: 65536,
             },
             purge_generation: 1,
             live_generation: 2,
@@ -548,15 +596,48 @@ mod tests {
     }
 
     #[test]
-    fn a_version_1_copy_is_refused() {
-        // Version 1 listed the segments inside the copy; reading one as
-        // version 2 would lose them.
+    fn other_versions_are_refused() {
+        // Version 1 listed the segments inside the copy and version 2 had no
+        // active capacity; reading either as version 3 would lose state.
         let mut copy = vec![0u8; COPY_SIZE_BYTES];
         sample().encode(0, &mut copy);
-        copy[8..10].copy_from_slice(&1u16.to_le_bytes());
+        for version in [1u16, 2, VERSION + 1] {
+            let mut bad = copy.clone();
+            bad[8..10].copy_from_slice(&version.to_le_bytes());
+            assert_eq!(
+                Superblock::decode(&bad).unwrap_err(),
+                CopyError::UnsupportedVersion(version)
+            );
+        }
+    }
+
+    #[test]
+    fn two_copies_of_one_sequence_with_different_contents_are_refused() {
+        let old = sample();
+        let new = old.successor();
+        let mut other = new.clone();
+        other.vsr.commit += 1;
+        let file = file_of([&new, &other, &old, &old]);
+        let err = choose(&file, Path::new("/d/superblock")).unwrap_err();
         assert_eq!(
-            Superblock::decode(&copy).unwrap_err(),
-            CopyError::UnsupportedVersion(1)
+            err,
+            SuperblockError::SameSequenceFork {
+                path: "/d/superblock".into(),
+                sequence: new.sequence,
+                copies: [0, 1],
+            }
+        );
+        let msg = err.to_string();
+        assert!(
+            msg.contains("/d/superblock") && msg.contains("fail-stop"),
+            "{msg}"
+        );
+        // The same state in both copies of a half is the normal case.
+        assert_eq!(
+            choose(&file_of([&new, &new, &old, &old]), Path::new("sb"))
+                .unwrap()
+                .superblock,
+            new
         );
     }
 }

@@ -48,9 +48,10 @@ fn flushed(
     (store, batches)
 }
 
-/// Flips one byte inside the body of the batch at `position`.
-fn flip(io: &mut SimBackend, segment: &Path, position: u64) {
-    let at = position as usize + 150;
+/// Flips one byte inside the batch of `len` bytes at `position`, past its
+/// header.
+fn flip(io: &mut SimBackend, segment: &Path, position: u64, len: usize) {
+    let at = position as usize + (ringlog_protocol::HEADER_LEN + len) / 2;
     let byte = io.read_whole(segment).unwrap()[at];
     io.corrupt(segment, at, &[byte ^ 0x01]);
 }
@@ -97,11 +98,45 @@ fn a_bad_batch_below_the_flushed_end_is_corruption_after_a_crash() {
     let (store, batches) = flushed(&mut io, small_config(), 10);
     let segment = active_segment(&store);
     drop(store);
-    let (position, _) = batches[4];
-    flip(&mut io, &segment, position);
+    let (position, batch) = &batches[4];
+    let position = *position;
+    flip(&mut io, &segment, position, batch.len());
     let mut io = io.reboot();
     let err = open_err(&mut io, small_config());
     assert_corruption_at(&err, &segment, position);
+}
+
+/// The exact bound: the record trails the durable end by the last completed
+/// flush, so a bad byte there is taken for a torn tail (its batches are
+/// dropped) until a checkpoint records that flush; after one, it is
+/// corruption.
+#[test]
+fn the_last_flush_is_below_the_record_only_after_a_checkpoint() {
+    for checkpoint in [false, true] {
+        let mut io = SimBackend::new(13);
+        let (mut store, batches) = flushed(&mut io, small_config(), 10);
+        assert!(store.frontier_lag_bytes() > 0);
+        if checkpoint {
+            store.checkpoint_frontier(&mut io).unwrap();
+            assert_eq!(store.frontier_lag_bytes(), 0);
+            // Nothing left to record: no I/O.
+            let ops = io.ops_count();
+            store.checkpoint_frontier(&mut io).unwrap();
+            assert_eq!(io.ops_count(), ops);
+        }
+        let segment = active_segment(&store);
+        drop(store);
+        let (position, batch) = &batches[9];
+        flip(&mut io, &segment, *position, batch.len());
+        let mut io = io.reboot();
+        if checkpoint {
+            let err = open_err(&mut io, small_config());
+            assert_corruption_at(&err, &segment, *position);
+        } else {
+            let store = PartitionStore::open(&mut io, dir(), PID, small_config()).unwrap();
+            assert_eq!(store.next_offset(), 9 * 3, "dropped as a torn tail");
+        }
+    }
 }
 
 /// Item 2: the recovery scan is bounded by the segment's recorded capacity,
@@ -242,10 +277,14 @@ fn crash_at_every_flush_io_loses_nothing_and_reports_corruption_below_the_record
             if n < 2 {
                 continue;
             }
-            let (position, _) = *model.groups[n - 2].last().unwrap();
-            flip(&mut io, &segment, position);
+            let (position, batch) = model.groups[n - 2].last().unwrap();
+            let position = *position;
+            flip(&mut io, &segment, position, batch.len());
             let mut io = io.reboot();
-            let err = open_err(&mut io, config.clone());
+            let err = match PartitionStore::open(&mut io, dir(), PID, config.clone()) {
+                Err(e) => e,
+                Ok(s) => panic!("{label}: opened over a bad batch at {position} (flush {} of {n}), next offset {}", n - 2, s.next_offset()),
+            };
             assert_corruption_at(&err, &segment, position);
             flipped += 1;
         }

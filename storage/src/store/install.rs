@@ -737,6 +737,7 @@ impl PartitionStore {
             active_base: m.next_offset,
             active_position: 0,
             active_prev_checksum: m.last_checksum,
+            active_capacity_bytes: self.config.segment_size_bytes,
         };
         next
     }
@@ -744,6 +745,8 @@ impl PartitionStore {
     /// The refusals of a finished install: poisoned, incomplete, overtaken
     /// by the local log, or not ending where the offer said.
     fn check_committable(&self, install: &Install) -> Result<(), StoreError> {
+        // Fail-stop: a fenced partition commits nothing.
+        self.check_fenced()?;
         install.check_poisoned()?;
         if !install.complete() {
             let missing = install.missing_count();

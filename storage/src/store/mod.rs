@@ -22,8 +22,13 @@
 //! and may be acknowledged, once a flush that covers it completed.
 //!
 //! The superblock's frontier is a checkpoint, written at seal, purge,
-//! retention and close, not on every flush: recovery scans the active
-//! segment past it (see `open.rs`).
+//! retention and close, not on every flush. Between checkpoints the durable
+//! frontier is recorded in the active segment file itself: each flush's
+//! chain is data write, frontier record write (the durable end the previous
+//! flush's completed fdatasync made durable), fdatasync, so the record costs
+//! one 4 KiB write and no extra fsync. Recovery verifies every batch below
+//! the newest record and may drop as torn only what lies past it (the bound
+//! is stated in `open.rs`).
 
 mod config;
 mod error;
@@ -51,7 +56,7 @@ pub use retention::RetentionOutcome;
 use crate::io::{
     align_down, align_up, AlignedBuf, Completion, FileId, IoBackend, Op, OpenMode, Sqe,
 };
-use crate::segment::{self, SealedIndex, SegmentHasher, SparseIndex};
+use crate::segment::{self, FrontierSlot, SealedIndex, SegmentHasher, SparseIndex};
 use crate::superblock::{
     half_for, Frontier, SealedSegment, Superblock, VsrState, COPIES, COPY_SIZE_BYTES,
 };
@@ -104,12 +109,24 @@ struct ActiveSegment {
     durable_position: u64,
     /// Bytes `[align_down(flushing or durable end), end_position)`.
     pending: AlignedBuf,
+    /// Size bound of the data, fixed when the segment was created (from
+    /// the superblock at open, never from the current configuration); the
+    /// frontier record slots follow it.
+    capacity_bytes: u64,
+    /// Frontier records written into this segment so far; the next one
+    /// goes to slot `slot_sequence % 2`, never over the newest durable one.
+    slot_sequence: u64,
+    /// The position the newest durable frontier record (superblock or
+    /// slot) names: recovery verifies every batch below it.
+    recorded_position: u64,
 }
 
-/// A flush submitted but not completed.
+/// A flush (or frontier checkpoint) submitted but not completed.
 struct Flushing {
     end_position: u64,
     chain: ChainPoint,
+    /// The position its frontier record names, if it writes one.
+    recorded_position: Option<u64>,
 }
 
 pub struct PartitionStore {
@@ -131,6 +148,8 @@ pub struct PartitionStore {
     flushing: Option<Flushing>,
     /// The second write buffer, swapped in while the first is in flight.
     spare: Option<AlignedBuf>,
+    /// The frontier record's block buffer, reused by every flush.
+    slot_buf: Option<AlignedBuf>,
     /// Unreferenced segment files available for reuse.
     recycled: Vec<PathBuf>,
     /// Set on the first write or fsync failure: fail-stop.
@@ -188,10 +207,20 @@ impl PartitionStore {
             partition_id,
             live_generation: generation,
             table,
+            frontier: Frontier {
+                active_capacity_bytes: config.segment_size_bytes,
+                ..Frontier::default()
+            },
             ..Superblock::default()
         };
         let pending = AlignedBuf::new(config.write_buffer_bytes);
-        let active = ActiveSegment::empty(0, active_file, 0, pending, config.transfer_chunk_bytes);
+        let active = ActiveSegment::empty(
+            0,
+            active_file,
+            0,
+            pending,
+            (config.transfer_chunk_bytes, config.segment_size_bytes),
+        );
         let mut store = PartitionStore {
             partition_id,
             config,
@@ -207,6 +236,7 @@ impl PartitionStore {
             durable: ChainPoint::default(),
             flushing: None,
             spare: None,
+            slot_buf: None,
             recycled: Vec::new(),
             fenced: None,
             snapshots: Vec::new(),
@@ -267,6 +297,13 @@ impl PartitionStore {
         self.sealed
             .first()
             .map_or(self.active.base_offset, |s| s.meta.base_offset)
+    }
+
+    /// The active segment's data capacity: an append that would pass it
+    /// rolls the segment first. Fixed when the segment was created, so it
+    /// may differ from the configured segment size after a config change.
+    pub fn active_capacity_bytes(&self) -> u64 {
+        self.active.capacity_bytes
     }
 
     /// The last durable superblock state.
@@ -333,9 +370,16 @@ impl PartitionStore {
             });
         }
         let len = bytes.len() as u64;
-        if self.active.end_position > 0
-            && self.active.end_position + len > self.config.segment_size_bytes
-        {
+        if self.active.end_position + len > self.active.capacity_bytes {
+            if self.active.end_position == 0 {
+                // Only when the segment was created under a smaller
+                // segment size than the batch limit allows now.
+                return Err(StoreError::BatchTooLarge {
+                    partition_id: pid,
+                    len_bytes: bytes.len(),
+                    max_bytes: self.active.capacity_bytes as usize,
+                });
+            }
             self.roll(io)?;
         }
         if self.active.pending.len() + bytes.len() > self.active.pending.capacity() {
@@ -343,7 +387,7 @@ impl PartitionStore {
         }
         let active = &mut self.active;
         let position = active.end_position;
-        debug_assert!(position + len <= self.config.segment_size_bytes);
+        debug_assert!(position + len <= active.capacity_bytes);
         let relative = h.base_offset - active.base_offset;
         debug_assert!(relative <= u64::from(u32::MAX));
         active.index.observe(
@@ -367,14 +411,21 @@ impl PartitionStore {
         })
     }
 
-    /// Queues this partition's flush (one write, linked to one fdatasync)
-    /// onto `sqes`. Returns how many entries it added (0: nothing to flush).
-    /// The matching completions go to [`complete_flush`], in order.
+    /// Queues this partition's flush onto `sqes`: the data write, then (if
+    /// the durable end moved past the newest frontier record) a record of
+    /// that durable end, then one fdatasync, linked. Returns how many entries
+    /// it added (0: nothing to flush). The matching completions go to
+    /// [`complete_flush`], in order.
+    ///
+    /// The record names only what an earlier, completed fdatasync made
+    /// durable, never this flush's bytes: this flush may tear, the record
+    /// must not claim torn bytes.
     ///
     /// [`complete_flush`]: PartitionStore::complete_flush
     pub fn prepare_flush(&mut self, sqes: &mut Vec<Sqe>) -> Result<usize, StoreError> {
         self.check_fenced()?;
         assert!(self.flushing.is_none(), "one flush at a time per partition");
+        let before = sqes.len();
         let active = &mut self.active;
         let flushed_from = active.durable_position;
         if active.end_position == flushed_from {
@@ -395,23 +446,111 @@ impl PartitionStore {
         let mut buf = std::mem::replace(&mut active.pending, next);
         buf.full_mut()[len..padded].fill(0);
         buf.set_len(padded);
+        debug_assert!(start + padded as u64 <= active.capacity_bytes);
         sqes.push(Sqe::linked(Op::Write {
             file: active.file,
             offset: start,
             buf,
         }));
-        sqes.push(Sqe::new(Op::Fdatasync { file: active.file }));
+        let recorded_position = self.push_record(sqes);
+        sqes.push(Sqe::new(Op::Fdatasync {
+            file: self.active.file,
+        }));
         self.flushing = Some(Flushing {
-            end_position: active.end_position,
+            end_position: self.active.end_position,
             chain: self.chain,
+            recorded_position,
         });
-        Ok(2)
+        Ok(sqes.len() - before)
     }
 
-    /// Takes the completions of the entries [`prepare_flush`] queued. Any
-    /// failure fences the partition: a failed fsync is never retried.
+    /// Queues a frontier record of the durable end, with its fdatasync, if
+    /// the newest record lags it: after a partition's last flush, the
+    /// record trails by that flush until the next one (or this) writes it.
+    /// The shard's maintenance calls this for idle partitions, bounding the
+    /// lag in time. Returns the entries added (0: the record is current);
+    /// the completions go to [`complete_flush`], in order.
+    ///
+    /// [`complete_flush`]: PartitionStore::complete_flush
+    pub fn prepare_checkpoint(&mut self, sqes: &mut Vec<Sqe>) -> Result<usize, StoreError> {
+        self.check_fenced()?;
+        assert!(self.flushing.is_none(), "one flush at a time per partition");
+        let before = sqes.len();
+        let Some(recorded_position) = self.push_record(sqes) else {
+            return Ok(0);
+        };
+        sqes.push(Sqe::new(Op::Fdatasync {
+            file: self.active.file,
+        }));
+        self.flushing = Some(Flushing {
+            end_position: self.active.durable_position,
+            chain: self.durable,
+            recorded_position: Some(recorded_position),
+        });
+        Ok(sqes.len() - before)
+    }
+
+    /// [`prepare_checkpoint`] and wait for it.
+    ///
+    /// [`prepare_checkpoint`]: PartitionStore::prepare_checkpoint
+    pub fn checkpoint_frontier(&mut self, io: &mut impl IoBackend) -> Result<(), StoreError> {
+        let mut sqes = Vec::with_capacity(2);
+        if self.prepare_checkpoint(&mut sqes)? == 0 {
+            return Ok(());
+        }
+        let completions = io.submit(sqes);
+        self.complete_flush(completions)
+    }
+
+    /// Bytes of the active segment that are durable but not yet below the
+    /// newest frontier record (what a crash plus a bad byte there could
+    /// make recovery take for a torn tail).
+    pub fn frontier_lag_bytes(&self) -> u64 {
+        self.active.durable_position - self.active.recorded_position
+    }
+
+    /// Pushes a linked write of the frontier record for the durable end into
+    /// the next slot, if that end is past the newest record; returns the
+    /// position it records.
+    fn push_record(&mut self, sqes: &mut Vec<Sqe>) -> Option<u64> {
+        let active = &mut self.active;
+        if active.durable_position == active.recorded_position {
+            return None;
+        }
+        debug_assert!(active.durable_position > active.recorded_position);
+        let slot = FrontierSlot {
+            partition_id: self.partition_id,
+            live_generation: self.sb.live_generation,
+            active_base: active.base_offset,
+            capacity_bytes: active.capacity_bytes,
+            sequence: active.slot_sequence,
+            position: active.durable_position,
+            next_offset: self.durable.next_offset,
+            last_checksum: self.durable.last_checksum,
+            last_op: self.durable.last_op,
+        };
+        let mut buf = self
+            .slot_buf
+            .take()
+            .unwrap_or_else(|| AlignedBuf::new(segment::SLOT_BYTES as usize));
+        buf.set_len(segment::SLOT_BYTES as usize);
+        slot.encode(&mut buf);
+        let offset = segment::slot_offset(active.capacity_bytes, slot.sequence % segment::SLOTS);
+        active.slot_sequence += 1;
+        sqes.push(Sqe::linked(Op::Write {
+            file: active.file,
+            offset,
+            buf,
+        }));
+        Some(slot.position)
+    }
+
+    /// Takes the completions of the entries [`prepare_flush`] (or
+    /// [`prepare_checkpoint`]) queued. Any failure fences the partition: a
+    /// failed fsync is never retried.
     ///
     /// [`prepare_flush`]: PartitionStore::prepare_flush
+    /// [`prepare_checkpoint`]: PartitionStore::prepare_checkpoint
     pub fn complete_flush(
         &mut self,
         completions: impl IntoIterator<Item = Completion>,
@@ -427,7 +566,12 @@ impl PartitionStore {
                 failure.get_or_insert_with(|| format!("{kind} failed: {e}"));
             }
             if let Some(buf) = c.op.into_buf() {
-                self.spare = Some(buf);
+                // Write buffers are at least two blocks (validated).
+                if buf.capacity() == segment::SLOT_BYTES as usize {
+                    self.slot_buf = Some(buf);
+                } else {
+                    self.spare = Some(buf);
+                }
             }
         }
         if let Some(cause) = failure {
@@ -435,6 +579,9 @@ impl PartitionStore {
         }
         self.active.durable_position = flushing.end_position;
         self.durable = flushing.chain;
+        if let Some(position) = flushing.recorded_position {
+            self.active.recorded_position = position;
+        }
         Ok(())
     }
 
@@ -479,13 +626,11 @@ impl PartitionStore {
     }
 
     /// Flushes and checkpoints the frontier in the superblock, so the next
-    /// open verifies instead of scanning; then closes the files.
+    /// open verifies instead of scanning; then closes the files. The files
+    /// are closed whatever happened: a fenced partition writes nothing and
+    /// returns its fence, but releases its handles.
     pub fn close(mut self, io: &mut impl IoBackend) -> Result<(), StoreError> {
-        self.flush(io)?;
-        self.persist_indexes(io)?;
-        let mut next = self.sb.successor();
-        next.frontier = self.frontier_now();
-        self.write_superblock(io, next)?;
+        let checkpointed = self.checkpoint_for_close(io);
         for s in &self.sealed {
             io.close(s.file);
         }
@@ -501,7 +646,16 @@ impl PartitionStore {
         ] {
             io.close(f);
         }
-        Ok(())
+        checkpointed
+    }
+
+    fn checkpoint_for_close(&mut self, io: &mut impl IoBackend) -> Result<(), StoreError> {
+        self.check_fenced()?;
+        self.flush(io)?;
+        self.persist_indexes(io)?;
+        let mut next = self.sb.successor();
+        next.frontier = self.frontier_now();
+        self.write_superblock(io, next)
     }
 
     /// Seals the active segment and starts a new one at the log's end.
@@ -531,6 +685,7 @@ impl PartitionStore {
             active_base: new_base,
             active_position: 0,
             active_prev_checksum: self.durable.last_checksum,
+            active_capacity_bytes: self.config.segment_size_bytes,
         };
         // The superblock and the new segment's directory entry are made
         // durable side by side, in one submission: either may land first, as
@@ -553,7 +708,10 @@ impl PartitionStore {
             new_file,
             self.durable.last_checksum,
             pending,
-            self.config.transfer_chunk_bytes,
+            (
+                self.config.transfer_chunk_bytes,
+                self.config.segment_size_bytes,
+            ),
         );
         let old = std::mem::replace(&mut self.active, new_active);
         self.sb = next;
@@ -576,6 +734,7 @@ impl PartitionStore {
             active_base: self.active.base_offset,
             active_position: self.active.durable_position,
             active_prev_checksum: self.active.prev_checksum,
+            active_capacity_bytes: self.active.capacity_bytes,
         }
     }
 
@@ -616,6 +775,11 @@ impl PartitionStore {
         debug_assert_eq!(next.sequence, self.sb.sequence + 1);
         debug_assert!(next.frontier.next_offset >= self.sb.frontier.next_offset);
         self.write_superblock_copies(io, &next, &half_for(next.sequence))?;
+        // A superblock frontier is a frontier record too.
+        if next.frontier.active_base == self.active.base_offset {
+            let active = &mut self.active;
+            active.recorded_position = active.recorded_position.max(next.frontier.active_position);
+        }
         self.sb = next;
         Ok(())
     }
@@ -698,12 +862,14 @@ impl PartitionStore {
 }
 
 impl ActiveSegment {
+    /// A new segment with nothing in it; the superblock that names it
+    /// records its frontier (position 0), so no slot record is due yet.
     fn empty(
         base_offset: u64,
         file: FileId,
         prev_checksum: u64,
         mut pending: AlignedBuf,
-        chunk_size_bytes: u32,
+        (chunk_size_bytes, capacity_bytes): (u32, u64),
     ) -> Self {
         pending.clear();
         Self {
@@ -716,6 +882,9 @@ impl ActiveSegment {
             end_position: 0,
             durable_position: 0,
             pending,
+            capacity_bytes,
+            slot_sequence: 0,
+            recorded_position: 0,
         }
     }
 }

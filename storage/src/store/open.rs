@@ -5,14 +5,44 @@
 //!    chained checksum it records (a mismatch is corruption); open the sealed
 //!    segments listed there; load each `.idx`, or rebuild it from the log
 //!    (verifying the segment against its recorded checksum).
-//! 3. Scan the active segment from its start: batches below the frontier
-//!    checkpoint must all verify (a failure there is corruption, reported,
-//!    never truncated); past it, the scan stops at the first batch that fails
-//!    its checksum, offset or hash chain, and the log ends there (the torn
-//!    tail is dropped: the next flush overwrites it).
+//! 3. Scan the active segment from its start, up to its capacity as the
+//!    superblock recorded it (never the configured segment size, which may
+//!    have changed): batches below the durable frontier record must all
+//!    verify and the log must meet the record exactly (a failure there is
+//!    corruption, reported, never truncated); past it, the scan stops at the
+//!    first batch that fails its checksum, offset or hash chain, and the log
+//!    ends there (the torn tail is dropped: the next flush overwrites it).
+//!    The record is the newest of the superblock frontier and the segment's
+//!    two frontier record slots (see `segment::FrontierSlot`).
 //! 4. Files the superblock does not reference are garbage: recycled or
 //!    removed. An install whose superblock committed but whose staging
 //!    rename did not land is rolled forward; any other staging is garbage.
+//!
+//! ## The torn-tail bound
+//!
+//! Let flush N be the active segment's last flush whose fdatasync completed
+//! before the crash: every acknowledged append ends at or below end(N). At
+//! most one flush, N+1, can be in flight (one flush per partition at a
+//! time). Flush N's chain wrote a record of end(N-1) before its fdatasync,
+//! into the slot flush N+1 does not write (they alternate), so after any
+//! crash the newest valid record names at least end(N-1) (or more: a
+//! checkpoint, a close, a roll). Hence:
+//! - a crash alone never loses an acknowledged batch: end(N) is durable and
+//!   every batch below it is valid, so the scan passes it;
+//! - what recovery can ever drop as torn lies in [end(N-1), end(N+1)): the
+//!   bytes of at most the last two flushes, each at most
+//!   `write_buffer_bytes` of new data, so at most 2 x `write_buffer_bytes`
+//!   (8 MiB with the default 4 MiB buffer), of which only flush N's, at most
+//!   `write_buffer_bytes`, were acknowledged, and those only if they were
+//!   also damaged (a bad byte there reads as a torn tail, not as
+//!   corruption);
+//! - an idle partition closes that window with a checkpoint
+//!   (`PartitionStore::prepare_checkpoint`, which the shard issues for
+//!   partitions idle for a tick), after which nothing acknowledged is above
+//!   the record; `close` does the same through the superblock.
+//!
+//! The record costs one 4 KiB write in each flush's chain and no fsync of
+//! its own.
 
 use std::path::{Path, PathBuf};
 
@@ -22,7 +52,7 @@ use super::{
     PartitionStore, SealedFile, StoreConfig, StoreError, RECYCLE_DIR, STAGING_DIR, SUPERBLOCK_FILE,
 };
 use crate::io::{align_down, AlignedBuf, FileId, IoBackend, Op, OpenMode, Sqe, BLOCK_SIZE};
-use crate::segment::{self, SealedIndex, SegmentHasher, SparseIndex};
+use crate::segment::{self, FrontierSlot, SealedIndex, SegmentHasher, SparseIndex};
 use crate::superblock::{choose, SealedSegment, Superblock, FILE_SIZE_BYTES};
 
 /// Read size while scanning segments at open.
@@ -87,6 +117,7 @@ impl PartitionStore {
             durable: chain,
             flushing: None,
             spare: None,
+            slot_buf: None,
             recycled: Vec::new(),
             fenced: None,
             snapshots: Vec::new(),
@@ -406,26 +437,85 @@ fn rebuild_index(
     })
 }
 
-/// Recovers the active segment: verify below the frontier, find the end of
-/// valid data past it.
-fn recover_active(
+/// The durable frontier the active segment is held to at open: the
+/// superblock's, or the newest frontier record slot past it.
+struct Record {
+    position: u64,
+    next_offset: u64,
+    last_checksum: u64,
+    /// The next slot write's sequence: never the newest valid slot's.
+    slot_sequence: u64,
+}
+
+/// Reads the active segment's frontier record slots and picks the newest one
+/// that belongs to this very segment (partition, generation, base and
+/// capacity match) and is not behind the superblock frontier. Slots that do
+/// not decode (torn, never written, or data of a recycled file) are ignored.
+fn frontier_record(
+    io: &mut impl IoBackend,
+    pid: u32,
+    (path, file): (&Path, FileId),
+    sb: &Superblock,
+) -> Result<Record, StoreError> {
+    let f = sb.frontier;
+    let capacity = f.active_capacity_bytes;
+    let bytes = read_range(
+        io,
+        file,
+        capacity,
+        (segment::SLOTS * segment::SLOT_BYTES) as usize,
+    )
+    .map_err(|e| StoreError::io(pid, "read frontier record", path, e))?;
+    let newest = bytes
+        .chunks(segment::SLOT_BYTES as usize)
+        .enumerate()
+        .filter_map(|(i, block)| FrontierSlot::decode(block).map(|s| (i as u64, s)))
+        .filter(|(i, s)| {
+            s.sequence % segment::SLOTS == *i
+                && s.partition_id == pid
+                && s.live_generation == sb.live_generation
+                && s.active_base == f.active_base
+                && s.capacity_bytes == capacity
+                && s.position <= capacity
+                && s.position >= f.active_position
+                && s.next_offset >= f.next_offset
+        })
+        .map(|(_, s)| s)
+        .max_by_key(|s| s.sequence);
+    Ok(match newest {
+        Some(s) if s.position > f.active_position => Record {
+            position: s.position,
+            next_offset: s.next_offset,
+            last_checksum: s.last_checksum,
+            slot_sequence: s.sequence + 1,
+        },
+        _ => Record {
+            position: f.active_position,
+            next_offset: f.next_offset,
+            last_checksum: f.last_checksum,
+            slot_sequence: newest.map_or(0, |s| s.sequence + 1),
+        },
+    })
+}
+
+/// Opens the active segment's file; recreates it if it is a lost empty one.
+fn open_active_file(
     io: &mut impl IoBackend,
     pid: u32,
     (generation_dir, generation_dir_file): (&Path, FileId),
     sb: &Superblock,
-    config: &StoreConfig,
-) -> Result<(ActiveSegment, ChainPoint), StoreError> {
+) -> Result<(PathBuf, FileId), StoreError> {
     let frontier = sb.frontier;
     let path = segment::log_path(generation_dir, frontier.active_base);
-    let file = match io.open_file(&path, OpenMode::Existing) {
-        Ok(file) => file,
+    match io.open_file(&path, OpenMode::Existing) {
+        Ok(file) => Ok((path, file)),
         // A roll or purge commits its new, still empty active segment in
         // the superblock after fsyncing its directory entry, so a missing
         // file can only be a lost empty one if nothing was checkpointed in
         // it; anything else is damage.
         Err(e) if e.kind() == std::io::ErrorKind::NotFound && frontier.active_position == 0 => {
             tracing::warn!(partition = pid, segment = %path.display(), "recreating empty active segment");
-            let file = create_segment_file(io, pid, &path, config.segment_size_bytes)?;
+            let file = create_segment_file(io, pid, &path, frontier.active_capacity_bytes)?;
             // Appends will land in it: its name must be durable first.
             submit_checked(
                 io,
@@ -434,10 +524,34 @@ fn recover_active(
                 })],
             )
             .map_err(|(kind, e)| StoreError::io(pid, kind, generation_dir, e))?;
-            file
+            Ok((path, file))
         }
-        Err(e) => return Err(StoreError::io(pid, "open active segment", &path, e)),
-    };
+        Err(e) => Err(StoreError::io(pid, "open active segment", &path, e)),
+    }
+}
+
+/// Recovers the active segment: every batch below the durable frontier
+/// record must verify and the log must meet the record exactly (else
+/// Corruption); past it, the first bad batch ends the log (a torn tail; see
+/// the bound at the top of this file). The scan is bounded by the segment's
+/// recorded capacity, never by the current configuration.
+fn recover_active(
+    io: &mut impl IoBackend,
+    pid: u32,
+    generation: (&Path, FileId),
+    sb: &Superblock,
+    config: &StoreConfig,
+) -> Result<(ActiveSegment, ChainPoint), StoreError> {
+    let frontier = sb.frontier;
+    let capacity = frontier.active_capacity_bytes;
+    let block = BLOCK_SIZE as u64;
+    if capacity == 0 || !capacity.is_multiple_of(block) || capacity > u64::from(u32::MAX) + 1 {
+        let path = segment::log_path(generation.0, frontier.active_base);
+        let detail = format!("superblock records an active segment capacity of {capacity} bytes");
+        return Err(corruption(pid, &path, 0, detail));
+    }
+    let (path, file) = open_active_file(io, pid, generation, sb)?;
+    let record = frontier_record(io, pid, (&path, file), sb)?;
     let mut chain = ChainPoint {
         next_offset: frontier.active_base,
         last_checksum: frontier.active_prev_checksum,
@@ -446,16 +560,18 @@ fn recover_active(
     let mut index = SparseIndex::default();
     let mut hasher = SegmentHasher::new(config.transfer_chunk_bytes);
     let mut max_timestamp_ms = 0;
-    let mut met_frontier = frontier.active_position == 0;
+    let meets = |c: &ChainPoint| {
+        c.next_offset == record.next_offset && c.last_checksum == record.last_checksum
+    };
+    let mut met_record = record.position == 0;
     let mut walker = Walker::new(file, SCAN_CHUNK_BYTES);
     let (end, stop) = walker
-        .walk(io, 0, config.segment_size_bytes, |position, view| {
+        .walk(io, 0, capacity, |position, view| {
             let h = view.header();
-            if position == frontier.active_position {
-                met_frontier = chain.next_offset == frontier.next_offset
-                    && chain.last_checksum == frontier.last_checksum;
-                if !met_frontier {
-                    return Visit::Reject("log disagrees with the superblock frontier".into());
+            if position == record.position {
+                met_record = meets(&chain);
+                if !met_record {
+                    return Visit::Reject("log disagrees with the durable frontier record".into());
                 }
             }
             if h.partition_id != pid || h.base_offset != chain.next_offset {
@@ -483,14 +599,13 @@ fn recover_active(
             Visit::Continue
         })
         .map_err(|e| StoreError::io(pid, "read", &path, e))?;
-    if end == frontier.active_position {
-        met_frontier = chain.next_offset == frontier.next_offset
-            && chain.last_checksum == frontier.last_checksum;
+    if end == record.position {
+        met_record = meets(&chain);
     }
-    if end < frontier.active_position || !met_frontier {
+    if end < record.position || !met_record {
         let reason = match stop {
             WalkStop::Invalid { reason, .. } => reason,
-            _ => "log ends below the durable frontier".into(),
+            _ => "log ends below the durable frontier record".into(),
         };
         return Err(corruption(pid, &path, end, reason));
     }
@@ -515,6 +630,9 @@ fn recover_active(
         end_position: end,
         durable_position: end,
         pending,
+        capacity_bytes: capacity,
+        slot_sequence: record.slot_sequence,
+        recorded_position: record.position,
     };
     Ok((active, chain))
 }

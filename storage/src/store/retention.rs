@@ -30,6 +30,7 @@ impl PartitionStore {
     /// at the same next offset, in a new generation.
     /// Refused while snapshots are open (see `expire_snapshots`).
     pub fn purge(&mut self, io: &mut impl IoBackend) -> Result<(), StoreError> {
+        self.check_fenced()?;
         self.check_unpinned()?;
         self.flush(io)?;
         let pid = self.partition_id;
@@ -57,6 +58,7 @@ impl PartitionStore {
             active_base: base,
             active_position: 0,
             active_prev_checksum: self.durable.last_checksum,
+            active_capacity_bytes: self.config.segment_size_bytes,
         };
         self.write_superblock(io, next)?;
 
@@ -87,7 +89,10 @@ impl PartitionStore {
             file,
             prev_checksum,
             pending,
-            self.config.transfer_chunk_bytes,
+            (
+                self.config.transfer_chunk_bytes,
+                self.config.segment_size_bytes,
+            ),
         );
         let old_active = std::mem::replace(&mut self.active, active);
         let old_sealed = std::mem::replace(&mut self.sealed, sealed);
@@ -128,6 +133,7 @@ impl PartitionStore {
         io: &mut impl IoBackend,
         now_ms: u64,
     ) -> Result<RetentionOutcome, StoreError> {
+        self.check_fenced()?;
         self.persist_indexes(io)?;
         self.expire_snapshots(now_ms);
         let mut size = self.size_bytes();
