@@ -883,9 +883,9 @@ enum Next {
     /// because it was short, but it succeeded (read up to end of file), so the
     /// cancelled ops go on.
     Done { resubmit_run: bool },
-    /// Submit it again (remainder or retry); `with_run`: the links the kernel
-    /// cancelled after it follow it in the new chain.
-    Again { with_run: bool },
+    /// Submit it again (a read or write: remainder or retry), with the links
+    /// the kernel cancelled after it following it in the new chain.
+    Again,
 }
 
 /// Applies one completion to `slot`; sets `slot.result` when it is final.
@@ -907,7 +907,7 @@ fn evaluate(slot: &mut Slot, res: i32) -> Next {
         if is_rw && (errno == libc::EINTR || errno == libc::EAGAIN) && slot.tries < RETRY_LIMIT {
             slot.tries += 1;
             tracing::debug!(op = slot.op.kind(), errno, tries = slot.tries, "retrying");
-            return Next::Again { with_run: true };
+            return Next::Again;
         }
         slot.result = Some(Err(io::Error::from_raw_os_error(errno)));
         return Next::Done {
@@ -933,7 +933,7 @@ fn evaluate(slot: &mut Slot, res: i32) -> Next {
                     resubmit_run: false,
                 }
             } else {
-                Next::Again { with_run: true }
+                Next::Again
             }
         }
         Op::Read { len, buf, .. } => {
@@ -946,7 +946,7 @@ fn evaluate(slot: &mut Slot, res: i32) -> Next {
                     resubmit_run: short,
                 }
             } else {
-                Next::Again { with_run: true }
+                Next::Again
             }
         }
         _ => {
@@ -993,13 +993,11 @@ fn process_chain(slots: &mut [Slot], members: &[usize], pending: &mut VecDeque<V
                     }
                 }
             }
-            Next::Again { with_run } => {
+            Next::Again => {
                 let mut chain = vec![i];
-                if with_run {
-                    let run = cancelled_run(slots, &members[k..]);
-                    k += run.len();
-                    chain.extend(run);
-                }
+                let run = cancelled_run(slots, &members[k..]);
+                k += run.len();
+                chain.extend(run);
                 pending.push_back(chain);
             }
         }
