@@ -21,6 +21,7 @@ pub mod batch;
 pub mod checksum;
 pub mod manifest;
 mod reader;
+pub mod replication;
 pub mod wire;
 
 pub use batch::{
