@@ -8,7 +8,7 @@
 //!
 //! Layout (little-endian):
 //! ```text
-//! header (header_len bytes, 88 in version 1):
+//! header (header_len bytes, 88 in version 2):
 //!   0 magic u32 "RLGM"   4 version u16        6 header_len u16
 //!   8 partition_id u32  12 view u32          16 commit u64
 //!  24 next_offset u64   32 last_op u64       40 last_checksum u64
@@ -16,17 +16,21 @@
 //!  64 chunk_size_bytes u32                   68 artifact_count u32
 //!  72 total_length_bytes u64                 80 reserved u64 (0)
 //! artifact_count x artifact:
-//!   0 entry_len u16 (64 in version 1)  2 kind u8  3 reserved [u8;5]
+//!   0 entry_len u16 (64 in version 2)  2 kind u8  3 reserved [u8;5]
 //!   8 base_offset u64  16 end_offset u64  24 length_bytes u64
 //!  32 checksum u64     40 last_batch_checksum u64  48 max_timestamp_ms u64
 //!  56 chunk_count u32  60 reserved u32
 //!   then chunk_count x u64 chunk checksums
 //! trailer: checksum u64 of every byte before it
 //! ```
-//! Tail-append rule: later versions only add fields at the end of the header
-//! or of an artifact entry and raise `header_len` / `entry_len`; a decoder
-//! skips bytes it does not know. Every count and size is checked against
-//! [`ManifestLimits`] before anything is allocated.
+//! Version 1 had the same layout, but its artifact checksum was the xxh3 of
+//! the artifact's bytes; version 2's is the xxh3 of its chunk checksums. A
+//! decoder accepts exactly [`MANIFEST_VERSION`]: even a version that only
+//! appends fields may change what a known one means, as version 2 did.
+//! Later versions still only add fields at the end of the header or of an
+//! artifact entry and raise `header_len` / `entry_len`, so a version-aware
+//! decoder can skip what it does not need. Every count and size is checked
+//! against [`ManifestLimits`] before anything is allocated.
 
 use thiserror::Error;
 
@@ -34,9 +38,9 @@ use crate::checksum::checksum;
 use crate::reader::Reader;
 
 const MAGIC: u32 = u32::from_le_bytes(*b"RLGM");
-pub const MANIFEST_VERSION: u16 = 1;
-const HEADER_LEN_V1: u16 = 88;
-const ENTRY_LEN_V1: u16 = 64;
+pub const MANIFEST_VERSION: u16 = 2;
+const HEADER_LEN: u16 = 88;
+const ENTRY_LEN: u16 = 64;
 
 /// What an artifact is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -117,7 +121,7 @@ pub enum ManifestError {
     BadMagic(u32),
     #[error("unsupported manifest version {0}")]
     UnsupportedVersion(u16),
-    #[error("manifest {field} length {len} is below version 1's {min}")]
+    #[error("manifest {field} length {len} is below this version's {min}")]
     ShortSection {
         field: &'static str,
         len: u16,
@@ -193,7 +197,7 @@ impl Manifest {
         let mut out = Vec::new();
         out.extend_from_slice(&MAGIC.to_le_bytes());
         out.extend_from_slice(&MANIFEST_VERSION.to_le_bytes());
-        out.extend_from_slice(&HEADER_LEN_V1.to_le_bytes());
+        out.extend_from_slice(&HEADER_LEN.to_le_bytes());
         out.extend_from_slice(&self.partition_id.to_le_bytes());
         out.extend_from_slice(&self.view.to_le_bytes());
         for v in [
@@ -210,9 +214,9 @@ impl Manifest {
         out.extend_from_slice(&(self.artifacts.len() as u32).to_le_bytes());
         out.extend_from_slice(&self.total_length_bytes().to_le_bytes());
         out.extend_from_slice(&0u64.to_le_bytes());
-        debug_assert_eq!(out.len(), usize::from(HEADER_LEN_V1));
+        debug_assert_eq!(out.len(), usize::from(HEADER_LEN));
         for a in &self.artifacts {
-            out.extend_from_slice(&ENTRY_LEN_V1.to_le_bytes());
+            out.extend_from_slice(&ENTRY_LEN.to_le_bytes());
             out.push(a.kind as u8);
             out.extend_from_slice(&[0; 5]);
             for v in [
@@ -253,7 +257,7 @@ impl Manifest {
             return Err(ManifestError::BadMagic(magic));
         }
         let version = r.u16().ok_or(truncated("version"))?;
-        if version < MANIFEST_VERSION {
+        if version != MANIFEST_VERSION {
             return Err(ManifestError::UnsupportedVersion(version));
         }
         let stored = u64::from_le_bytes(trailer.try_into().map_err(|_| truncated("trailer"))?);
@@ -265,11 +269,11 @@ impl Manifest {
             });
         }
         let header_len = r.u16().ok_or(truncated("header_len"))?;
-        if header_len < HEADER_LEN_V1 {
+        if header_len < HEADER_LEN {
             return Err(ManifestError::ShortSection {
                 field: "header",
                 len: header_len,
-                min: HEADER_LEN_V1,
+                min: HEADER_LEN,
             });
         }
         let field = |r: &mut Reader, name| r.u64().ok_or(truncated(name));
@@ -287,7 +291,7 @@ impl Manifest {
         if field(&mut r, "reserved")? != 0 {
             return Err(ManifestError::NonZeroReserved);
         }
-        r.take(usize::from(header_len - HEADER_LEN_V1))
+        r.take(usize::from(header_len - HEADER_LEN))
             .ok_or(truncated("header extension"))?;
         check_range(
             "chunk_size_bytes",
@@ -304,20 +308,20 @@ impl Manifest {
             0,
             u64::from(limits.artifacts_max),
         )?;
-        // Each entry takes at least ENTRY_LEN_V1 bytes: a count the bytes
+        // Each entry takes at least ENTRY_LEN bytes: a count the bytes
         // cannot hold is refused before the Vec is sized by it.
-        if u64::from(artifact_count) * u64::from(ENTRY_LEN_V1) > r.remaining() as u64 {
+        if u64::from(artifact_count) * u64::from(ENTRY_LEN) > r.remaining() as u64 {
             return Err(truncated("artifacts"));
         }
         let mut artifacts = Vec::with_capacity(artifact_count as usize);
         let mut expected_base: Option<u64> = None;
         for index in 0..artifact_count {
             let entry_len = r.u16().ok_or(truncated("entry_len"))?;
-            if entry_len < ENTRY_LEN_V1 {
+            if entry_len < ENTRY_LEN {
                 return Err(ManifestError::ShortSection {
                     field: "artifact",
                     len: entry_len,
-                    min: ENTRY_LEN_V1,
+                    min: ENTRY_LEN,
                 });
             }
             let kind_byte = r.u8().ok_or(truncated("kind"))?;
@@ -338,7 +342,7 @@ impl Manifest {
             if r.u32().ok_or(truncated("reserved"))? != 0 {
                 return Err(ManifestError::NonZeroReserved);
             }
-            r.take(usize::from(entry_len - ENTRY_LEN_V1))
+            r.take(usize::from(entry_len - ENTRY_LEN))
                 .ok_or(truncated("artifact extension"))?;
             check_range(
                 "length_bytes",
@@ -552,9 +556,25 @@ mod tests {
     }
 
     #[test]
+    fn other_versions_are_refused() {
+        for version in [0, 1, MANIFEST_VERSION + 1, u16::MAX] {
+            let mut bytes = sample().encode();
+            bytes[4..6].copy_from_slice(&version.to_le_bytes());
+            let n = bytes.len() - 8;
+            let sum = checksum(&bytes[..n]);
+            bytes[n..].copy_from_slice(&sum.to_le_bytes());
+            assert_eq!(
+                Manifest::decode(&bytes, &ManifestLimits::default()),
+                Err(ManifestError::UnsupportedVersion(version)),
+                "version {version}"
+            );
+        }
+    }
+
+    #[test]
     fn unknown_kind_is_refused() {
         let mut bytes = sample().encode();
-        bytes[usize::from(HEADER_LEN_V1) + 2] = 9;
+        bytes[usize::from(HEADER_LEN) + 2] = 9;
         let n = bytes.len() - 8;
         let sum = checksum(&bytes[..n]);
         bytes[n..].copy_from_slice(&sum.to_le_bytes());

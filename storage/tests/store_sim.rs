@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use common::{make_batch, next_batch, read_all, small_config};
 use ringlog_storage::io::sim::SimBackend;
 use ringlog_storage::io::{IoBackend, Op, Sqe};
+use ringlog_storage::segment::SealedIndex;
 use ringlog_storage::store::{PartitionStore, StoreConfig, StoreError};
 use ringlog_storage::superblock::{Superblock, SuperblockError, COPIES, COPY_SIZE_BYTES};
 
@@ -197,6 +198,48 @@ fn missing_index_is_rebuilt_from_the_log() {
         &original[..],
         "index rebuilt identically"
     );
+    assert_contents(&mut io, &mut store, &batches);
+}
+
+/// An `.idx` that is whole (its own checksum holds) but whose chunk
+/// checksums are not the ones the superblock's segment checksum was computed
+/// from (another checksum format, a stale file) is rebuilt, not trusted:
+/// transfers verify chunks against those checksums.
+#[test]
+fn index_whose_chunk_checksums_disagree_with_the_segment_is_rebuilt() {
+    let mut io = SimBackend::new(15);
+    let (store, batches) = filled(&mut io, small_config(), 60);
+    let generation = dir().join(format!("gen-{:020}", store.superblock().live_generation));
+    let bases: Vec<u64> = store.sealed_segments().map(|s| s.base_offset).collect();
+    assert!(bases.len() >= 2);
+    store.close(&mut io).unwrap();
+    let idx = generation.join(format!("{:020}.idx", bases[1]));
+    let original = io.read_whole(&idx).unwrap().to_vec();
+    let mut doctored = SealedIndex::decode(&original, bases[1]).unwrap();
+    doctored.chunk_checksums[0] ^= 1;
+    let bytes = doctored.encode(bases[1]);
+    assert!(
+        SealedIndex::decode(&bytes, bases[1]).is_some(),
+        "still a valid file"
+    );
+    io.corrupt(&idx, 0, &bytes);
+    let mut store = PartitionStore::open(&mut io, dir(), PID, small_config()).unwrap();
+    assert_eq!(
+        io.read_whole(&idx).unwrap(),
+        &original[..],
+        "index rebuilt from the log"
+    );
+    // The chunk serves against the true checksum.
+    let manifest = store.open_snapshot(&mut io, 1).unwrap();
+    let artifact = manifest
+        .artifacts
+        .iter()
+        .position(|a| a.base_offset == bases[1])
+        .unwrap();
+    store
+        .read_chunk(&mut io, manifest.snapshot_id, artifact as u32, 0, 1)
+        .unwrap();
+    store.release_snapshot(manifest.snapshot_id);
     assert_contents(&mut io, &mut store, &batches);
 }
 

@@ -370,7 +370,12 @@ fn load_index(
     let chunks = meta
         .length_bytes
         .div_ceil(u64::from(loaded.chunk_size_bytes.max(1)));
-    (fits && loaded.chunk_checksums.len() as u64 == chunks).then_some(loaded)
+    // The chunk checksums are what transfers verify chunks against: they
+    // must be the ones the superblock's segment checksum was computed from
+    // (the `.idx` checksum only says the file is whole, not that it is this
+    // segment's, nor of this checksum format).
+    let matches_segment = segment::segment_checksum(&loaded.chunk_checksums) == meta.checksum;
+    (fits && loaded.chunk_checksums.len() as u64 == chunks && matches_segment).then_some(loaded)
 }
 
 /// Rebuilds a sealed segment's index from its log, verifying every batch, the
