@@ -21,3 +21,4 @@ pub mod partition;
 pub mod placement;
 pub mod server;
 pub mod shard;
+pub mod vsr;

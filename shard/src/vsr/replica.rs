@@ -1,0 +1,1111 @@
+//! The replica: state, `step`, the durability gate, timeouts, storage
+//! completions and normal operation (primary sequencing, backups, commit).
+//! View change, recovery and repair are in `view_change.rs`.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use ringlog_protocol::batch::{restamp, BatchHeader, BatchView, Stamp};
+
+use super::log::{Anchor, Entry, Log};
+use super::timeout::{Rng, Timeout};
+use super::types::*;
+
+/// Replica settings. Every queue the replica keeps is bounded by one of
+/// these.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub partition_id: u32,
+    pub replica_count: u8,
+    pub replica: u8,
+    /// Uncommitted ops the primary keeps in flight.
+    pub pipeline_ops_max: u64,
+    /// Client appends queued while the pipeline is full; more are refused.
+    pub client_queue_max: usize,
+    /// Headers the journal keeps (committed ones are dropped beyond this);
+    /// also the longest view-change suffix sent.
+    pub journal_ops_max: usize,
+    /// Messages held behind the durability gate; beyond it the oldest is
+    /// dropped (the protocol retransmits).
+    pub held_messages_max: usize,
+    /// Batches per repair request and answer.
+    pub repair_batches_max: u64,
+    /// Repair reads in flight for peers.
+    pub repair_reads_max: usize,
+    pub heartbeat_ticks: u64,
+    pub prepare_retry_ticks: u64,
+    pub primary_silent_ticks: u64,
+    pub view_change_retry_ticks: u64,
+    pub view_change_escalate_ticks: u64,
+    pub start_view_request_ticks: u64,
+    pub repair_retry_ticks: u64,
+    /// Unanswered RequestStartView rounds after which a restarted replica
+    /// with its disk intact joins a view change itself (else a cluster
+    /// that restarted whole would wait forever). A wiped one never does.
+    pub recovering_attempts_max: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("replica_count {0} must be 1..=32 and odd")]
+    ReplicaCount(u8),
+    #[error("replica index {replica} is not below replica_count {count}")]
+    ReplicaIndex { replica: u8, count: u8 },
+    #[error("{field} must be at least {min}")]
+    TooSmall { field: &'static str, min: u64 },
+}
+
+impl Config {
+    pub fn new(partition_id: u32, replica_count: u8, replica: u8) -> Self {
+        Self {
+            partition_id,
+            replica_count,
+            replica,
+            pipeline_ops_max: 8,
+            client_queue_max: 64,
+            journal_ops_max: 64,
+            held_messages_max: 256,
+            repair_batches_max: 16,
+            repair_reads_max: 4,
+            heartbeat_ticks: 5,
+            prepare_retry_ticks: 10,
+            primary_silent_ticks: 30,
+            view_change_retry_ticks: 10,
+            view_change_escalate_ticks: 50,
+            start_view_request_ticks: 10,
+            repair_retry_ticks: 10,
+            recovering_attempts_max: 8,
+        }
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let n = self.replica_count;
+        if n == 0 || n > 32 || n.is_multiple_of(2) {
+            return Err(ConfigError::ReplicaCount(n));
+        }
+        if self.replica >= n {
+            return Err(ConfigError::ReplicaIndex {
+                replica: self.replica,
+                count: n,
+            });
+        }
+        let mins = [
+            ("pipeline_ops_max", self.pipeline_ops_max, 1),
+            (
+                "journal_ops_max",
+                self.journal_ops_max as u64,
+                2 * self.pipeline_ops_max,
+            ),
+            ("held_messages_max", self.held_messages_max as u64, 1),
+            ("repair_batches_max", self.repair_batches_max, 1),
+            ("repair_reads_max", self.repair_reads_max as u64, 1),
+        ];
+        for (field, value, min) in mins {
+            if value < min {
+                return Err(ConfigError::TooSmall { field, min });
+            }
+        }
+        Ok(())
+    }
+
+    pub fn quorum(&self) -> u32 {
+        u32::from(self.replica_count) / 2 + 1
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum T {
+    Heartbeat,
+    PrepareRetry,
+    PrimarySilent,
+    ViewChangeRetry,
+    ViewChangeEscalate,
+    StartViewRequest,
+    RepairRetry,
+}
+
+const TIMEOUTS: [T; 7] = [
+    T::Heartbeat,
+    T::PrepareRetry,
+    T::PrimarySilent,
+    T::ViewChangeRetry,
+    T::ViewChangeEscalate,
+    T::StartViewRequest,
+    T::RepairRetry,
+];
+
+/// Acks for one op of the pipeline: a bit per replica, for one checksum.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Ack {
+    pub checksum: u64,
+    pub voters: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Dvc {
+    pub log_view: u32,
+    pub op: u64,
+    pub commit: u64,
+    pub suffix: Vec<BatchHeader>,
+}
+
+/// Where a new primary is in finishing a view change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Phase {
+    Collecting,
+    /// Merged: truncating, repairing, flushing the canonical log.
+    Repairing,
+    /// log_view = view is being persisted; then StartView.
+    Persisting,
+}
+
+pub struct Replica {
+    pub(super) cfg: Config,
+    pub(super) rng: Rng,
+    pub(super) status: Status,
+    pub(super) view: u32,
+    pub(super) log_view: u32,
+    /// Highest op known committed that this log holds.
+    pub(super) commit: u64,
+    /// Highest op known committed anywhere.
+    pub(super) commit_max: u64,
+    pub(super) durable: VsrState,
+    pub(super) persisting: Option<(IoId, VsrState)>,
+    pub(super) persist_again: bool,
+    pub(super) log: Log,
+    pub(super) acks: BTreeMap<u64, Ack>,
+    pub(super) waiting: BTreeMap<u64, Token>,
+    pub(super) queue: VecDeque<(Token, Vec<u8>)>,
+    pub(super) next_io: IoId,
+    pub(super) appends: BTreeSet<IoId>,
+    /// Flush id -> highest op it covers.
+    pub(super) flushes: BTreeMap<IoId, u64>,
+    pub(super) truncations: BTreeSet<IoId>,
+    /// Repair reads: id -> (peer, view asked in).
+    pub(super) reads: BTreeMap<IoId, (u8, u32)>,
+    pub(super) svc_votes: u32,
+    pub(super) dvc_sent: bool,
+    pub(super) dvcs: BTreeMap<u8, Dvc>,
+    pub(super) phase: Phase,
+    pub(super) nonce: u64,
+    pub(super) view_seen_max: u32,
+    /// Canonical headers of ops not yet in the log (view change).
+    pub(super) target: BTreeMap<u64, BatchHeader>,
+    pub(super) repair_goal: u64,
+    pub(super) repair_from: Option<u8>,
+    pub(super) held: VecDeque<(u8, Message)>,
+    pub(super) timeouts: [Timeout; 7],
+    /// Booted with no disk state: may only learn the view, never vote.
+    pub(super) wiped: bool,
+}
+
+impl Replica {
+    /// A replica of a freshly formatted cluster: view 0, empty log, Normal.
+    /// A restarted or wiped replica must use [`Replica::restart`].
+    pub fn new(cfg: Config, seed: u64) -> Result<Self, ConfigError> {
+        let mut r = Self::blank(cfg, seed, VsrState::default(), Log::new(Anchor::default()))?;
+        r.status = Status::Normal;
+        r.arm_for_status();
+        r.assert_invariants();
+        Ok(r)
+    }
+
+    /// A replica booted from disk: `durable` from the superblock, the
+    /// journal from the last `headers` above `base`. It starts Recovering:
+    /// it learns the current view (RequestStartView) before it votes,
+    /// acks or leads, whatever view it had.
+    pub fn restart(
+        cfg: Config,
+        seed: u64,
+        durable: VsrState,
+        base: Anchor,
+        headers: &[BatchHeader],
+    ) -> Result<Self, ConfigError> {
+        let mut log = Log::new(base);
+        for h in headers {
+            log.push(Entry {
+                header: *h,
+                batch: None,
+                durable: true,
+            });
+        }
+        let mut r = Self::blank(cfg, seed, durable, log)?;
+        r.commit = durable.commit.min(r.log.op()).max(base.op);
+        r.commit_max = durable.commit.max(r.commit);
+        r.status = Status::Recovering;
+        r.nonce = r.rng.next_u64() | 1;
+        r.arm_for_status();
+        r.assert_invariants();
+        Ok(r)
+    }
+
+    /// A replica whose disk was lost: empty, Recovering, and it stays so
+    /// until the current primary's StartView (it never claims view 0).
+    pub fn wiped(cfg: Config, seed: u64) -> Result<Self, ConfigError> {
+        let mut r = Self::restart(cfg, seed, VsrState::default(), Anchor::default(), &[])?;
+        r.wiped = true;
+        Ok(r)
+    }
+
+    fn blank(cfg: Config, seed: u64, durable: VsrState, log: Log) -> Result<Self, ConfigError> {
+        cfg.validate()?;
+        let timeouts = [
+            Timeout::new("heartbeat", cfg.heartbeat_ticks.max(1), false),
+            Timeout::new("prepare_retry", cfg.prepare_retry_ticks.max(1), false),
+            Timeout::new("primary_silent", cfg.primary_silent_ticks.max(1), true),
+            Timeout::new(
+                "view_change_retry",
+                cfg.view_change_retry_ticks.max(1),
+                false,
+            ),
+            Timeout::new(
+                "view_change_escalate",
+                cfg.view_change_escalate_ticks.max(1),
+                true,
+            ),
+            Timeout::new(
+                "start_view_request",
+                cfg.start_view_request_ticks.max(1),
+                true,
+            ),
+            Timeout::new("repair_retry", cfg.repair_retry_ticks.max(1), false),
+        ];
+        Ok(Self {
+            cfg,
+            rng: Rng::new(seed),
+            status: Status::Recovering,
+            view: durable.view,
+            log_view: durable.log_view,
+            commit: log.base().op,
+            commit_max: log.base().op,
+            durable,
+            persisting: None,
+            persist_again: false,
+            log,
+            acks: BTreeMap::new(),
+            waiting: BTreeMap::new(),
+            queue: VecDeque::new(),
+            next_io: 1,
+            appends: BTreeSet::new(),
+            flushes: BTreeMap::new(),
+            truncations: BTreeSet::new(),
+            reads: BTreeMap::new(),
+            svc_votes: 0,
+            dvc_sent: false,
+            dvcs: BTreeMap::new(),
+            phase: Phase::Collecting,
+            nonce: 0,
+            view_seen_max: durable.view,
+            target: BTreeMap::new(),
+            repair_goal: 0,
+            repair_from: None,
+            held: VecDeque::new(),
+            timeouts,
+            wiped: false,
+        })
+    }
+
+    pub fn status(&self) -> Status {
+        self.status
+    }
+
+    pub fn view(&self) -> u32 {
+        self.view
+    }
+
+    pub fn log_view(&self) -> u32 {
+        self.log_view
+    }
+
+    pub fn commit(&self) -> u64 {
+        self.commit
+    }
+
+    pub fn op(&self) -> u64 {
+        self.log.op()
+    }
+
+    pub fn durable(&self) -> VsrState {
+        self.durable
+    }
+
+    pub fn replica(&self) -> u8 {
+        self.cfg.replica
+    }
+
+    pub fn primary_of(&self, view: u32) -> u8 {
+        // replica_count <= 32, so the remainder fits in u8.
+        (view % u32::from(self.cfg.replica_count)) as u8
+    }
+
+    pub fn is_primary(&self) -> bool {
+        self.primary_of(self.view) == self.cfg.replica
+    }
+
+    /// `header_checksum` of `op` if the journal still holds it.
+    pub fn checksum_at(&self, op: u64) -> Option<u64> {
+        self.log.checksum_at(op)
+    }
+
+    pub fn step(&mut self, input: Input, out: &mut Outbox) {
+        let before = (self.commit, self.durable, self.view);
+        match input {
+            Input::ClientAppend { token, .. } if self.status == Status::Fenced => {
+                out.push(Output::Reply {
+                    token,
+                    result: Err(AppendError::Fenced),
+                });
+            }
+            _ if self.status == Status::Fenced => {}
+            Input::Tick => self.on_tick(out),
+            Input::ClientAppend { token, batch } => self.on_client_append(token, batch, out),
+            Input::IoDone { id, result } => self.on_io_done(id, result, out),
+            Input::Message { from, msg } => self.on_message(from, msg, out),
+        }
+        assert!(self.commit >= before.0, "commit went back");
+        assert!(self.durable.view >= before.1.view && self.durable.log_view >= before.1.log_view);
+        assert!(self.view >= before.2, "view went back");
+        self.assert_invariants();
+    }
+
+    pub fn assert_invariants(&self) {
+        let d = self.durable;
+        assert!(d.log_view <= d.view, "durable log_view above durable view");
+        assert!(self.log_view <= self.view, "log_view above view");
+        assert!(
+            d.view <= self.view && d.log_view <= self.log_view,
+            "durable ahead of memory"
+        );
+        assert!(self.commit <= self.commit_max, "commit above commit_max");
+        assert!(
+            self.log.base().op <= self.commit,
+            "journal pruned uncommitted ops"
+        );
+        assert!(self.status == Status::Fenced || self.commit <= self.log.op());
+        assert!(
+            self.held.len() <= self.cfg.held_messages_max,
+            "held queue over its bound"
+        );
+        assert!(
+            self.queue.len() <= self.cfg.client_queue_max,
+            "client queue over its bound"
+        );
+        assert!(
+            self.reads.len() <= self.cfg.repair_reads_max,
+            "repair reads over bound"
+        );
+        self.log.check_chain();
+        let leading = self.status == Status::Normal && self.is_primary();
+        if leading {
+            assert_eq!(
+                self.log_view, self.view,
+                "a normal primary's log_view is its view"
+            );
+        } else {
+            assert!(
+                self.waiting.is_empty() && self.queue.is_empty(),
+                "clients held off-primary"
+            );
+        }
+        for (&op, ack) in &self.acks {
+            assert!(
+                op > self.commit && op <= self.log.op(),
+                "ack for op {op} outside pipeline"
+            );
+            assert!(
+                ack.voters >> self.cfg.replica_count == 0,
+                "vote from unknown replica"
+            );
+        }
+        assert!(self.waiting.keys().all(|op| self.acks.contains_key(op)));
+    }
+
+    // ---- outputs, the durability gate, timeouts ----
+
+    pub(super) fn io(&mut self, out: &mut Outbox, op: StorageOp) -> IoId {
+        let id = self.next_io;
+        self.next_io += 1;
+        out.push(Output::Io { id, op });
+        id
+    }
+
+    pub(super) fn send(&mut self, out: &mut Outbox, to: u8, body: Body) {
+        debug_assert!(to != self.cfg.replica && to < self.cfg.replica_count);
+        let msg = Message {
+            view: self.view,
+            body,
+        };
+        if self.gate_open(&msg) {
+            out.push(Output::Send { to, msg });
+            return;
+        }
+        if self.held.len() == self.cfg.held_messages_max {
+            self.held.pop_front();
+            out.event(Event::Dropped {
+                what: "held message",
+                reason: "held queue full",
+            });
+        }
+        self.held.push_back((to, msg));
+    }
+
+    pub(super) fn send_all(&mut self, out: &mut Outbox, body: Body) {
+        for to in 0..self.cfg.replica_count {
+            if to != self.cfg.replica {
+                self.send(out, to, body.clone());
+            }
+        }
+    }
+
+    /// The log_view a message vouches for, if it vouches for one.
+    fn vouched_log_view(&self, msg: &Message) -> Option<u32> {
+        match &msg.body {
+            Body::DoViewChange { log_view, .. } => Some(*log_view),
+            Body::StartView { .. } => Some(msg.view),
+            Body::PrepareOk { .. } => Some(self.log_view),
+            _ => None,
+        }
+    }
+
+    fn gate_open(&self, msg: &Message) -> bool {
+        let log_view_ok = self
+            .vouched_log_view(msg)
+            .is_none_or(|lv| lv <= self.durable.log_view);
+        msg.view <= self.durable.view && log_view_ok
+    }
+
+    fn release_held(&mut self, out: &mut Outbox) {
+        let held = std::mem::take(&mut self.held);
+        for (to, msg) in held {
+            if msg.view != self.view {
+                continue; // stale: the protocol resends what the new view needs
+            }
+            if self.gate_open(&msg) {
+                out.push(Output::Send { to, msg });
+            } else {
+                self.held.push_back((to, msg));
+            }
+        }
+    }
+
+    pub(super) fn persist(&mut self, out: &mut Outbox) {
+        // After a cut, the superblock may name the new view only once the
+        // cut is durable: else a crash could vouch for a tail it dropped.
+        if self.persisting.is_some() || !self.truncations.is_empty() {
+            self.persist_again = true;
+            return;
+        }
+        let state = VsrState {
+            view: self.view,
+            log_view: self.log_view,
+            commit: self.commit.max(self.durable.commit),
+        };
+        if state == self.durable {
+            return;
+        }
+        let id = self.io(out, StorageOp::PersistVsr(state));
+        self.persisting = Some((id, state));
+    }
+
+    pub(super) fn timeout(&mut self, t: T) -> &mut Timeout {
+        &mut self.timeouts[t as usize]
+    }
+
+    pub(super) fn start(&mut self, t: T) {
+        self.timeouts[t as usize].start(&mut self.rng);
+    }
+
+    pub(super) fn ensure(&mut self, t: T) {
+        self.timeouts[t as usize].ensure(&mut self.rng);
+    }
+
+    pub(super) fn backoff(&mut self, t: T) {
+        self.timeouts[t as usize].backoff(&mut self.rng);
+    }
+
+    /// Arms exactly the timeouts the current status and role use.
+    pub(super) fn arm_for_status(&mut self) {
+        for t in &mut self.timeouts {
+            t.stop();
+        }
+        match self.status {
+            Status::Normal if self.is_primary() => {
+                self.start(T::Heartbeat);
+                if !self.acks.is_empty() {
+                    self.start(T::PrepareRetry);
+                }
+            }
+            Status::Normal => self.start(T::PrimarySilent),
+            Status::ViewChange => {
+                self.start(T::ViewChangeRetry);
+                self.start(T::ViewChangeEscalate);
+            }
+            Status::Recovering => self.start(T::StartViewRequest),
+            Status::Fenced => {}
+        }
+    }
+
+    fn on_tick(&mut self, out: &mut Outbox) {
+        for t in &mut self.timeouts {
+            t.tick();
+        }
+        for t in TIMEOUTS {
+            if self.timeouts[t as usize].fired() && self.status != Status::Fenced {
+                self.on_timeout(t, out);
+            }
+        }
+    }
+
+    fn on_timeout(&mut self, t: T, out: &mut Outbox) {
+        match t {
+            T::Heartbeat => {
+                let commit = self.commit;
+                let commit_checksum = self.log.checksum_at(commit).unwrap_or(0);
+                self.send_all(
+                    out,
+                    Body::Commit {
+                        commit,
+                        commit_checksum,
+                    },
+                );
+                self.start(T::Heartbeat);
+            }
+            T::PrepareRetry => self.resend_prepares(out),
+            T::PrimarySilent => self.start_view_change(self.view + 1, out),
+            T::ViewChangeRetry => self.view_change_retry(out),
+            T::ViewChangeEscalate => self.start_view_change(self.view + 1, out),
+            T::StartViewRequest => self.start_view_request_retry(out),
+            T::RepairRetry => self.repair_retry(out),
+        }
+    }
+
+    // ---- storage completions ----
+
+    fn on_io_done(&mut self, id: IoId, result: Result<IoOutcome, IoFailure>, out: &mut Outbox) {
+        if let Some((to, view)) = self.reads.remove(&id) {
+            return self.on_read_done(to, view, result, out);
+        }
+        if let Err(failure) = result {
+            return self.fence(failure.reason, out);
+        }
+        if self.persisting.is_some_and(|(p, _)| p == id) {
+            self.on_persisted(out);
+        } else if let Some(op) = self.flushes.remove(&id) {
+            self.on_flushed(op, out);
+        } else if self.truncations.remove(&id) {
+            if self.truncations.is_empty() && std::mem::take(&mut self.persist_again) {
+                self.persist(out);
+            }
+            self.try_finish_view(out);
+        } else if !self.appends.remove(&id) {
+            out.event(Event::Dropped {
+                what: "io completion",
+                reason: "unknown id",
+            });
+        }
+    }
+
+    fn on_persisted(&mut self, out: &mut Outbox) {
+        let Some((_, state)) = self.persisting.take() else {
+            return;
+        };
+        assert!(state.view >= self.durable.view && state.log_view >= self.durable.log_view);
+        self.durable = state;
+        if std::mem::take(&mut self.persist_again) {
+            self.persist(out);
+        }
+        self.release_held(out);
+        let done = self.status == Status::ViewChange
+            && self.phase == Phase::Persisting
+            && self.durable.log_view == self.view;
+        if done {
+            self.become_primary(out);
+        }
+    }
+
+    fn on_flushed(&mut self, op_max: u64, out: &mut Outbox) {
+        let mut newly = Vec::new();
+        let from = self.log.base().op + 1;
+        for op in from..=op_max.min(self.log.op()) {
+            if let Some(e) = self.log.get_mut(op) {
+                if !e.durable {
+                    e.durable = true;
+                    newly.push((op, e.header.header_checksum));
+                }
+            }
+        }
+        match self.status {
+            Status::Normal if self.is_primary() => {
+                for &(op, checksum) in &newly {
+                    self.vote(self.cfg.replica, op, checksum, out);
+                }
+            }
+            Status::Normal => {
+                for &(op, checksum) in &newly {
+                    if op > self.commit {
+                        self.send_prepare_ok(op, checksum, out);
+                    }
+                }
+            }
+            _ => self.try_finish_view(out),
+        }
+    }
+
+    pub(super) fn fence(&mut self, reason: String, out: &mut Outbox) {
+        self.abandon_clients(out);
+        self.status = Status::Fenced;
+        self.held.clear();
+        self.arm_for_status();
+        out.event(Event::Fenced { reason });
+    }
+
+    /// Replies to every client this replica can no longer serve as primary.
+    pub(super) fn abandon_clients(&mut self, out: &mut Outbox) {
+        let view = self.view;
+        for (op, token) in std::mem::take(&mut self.waiting) {
+            out.push(Output::Reply {
+                token,
+                result: Err(AppendError::OutcomeUnknown { view, op }),
+            });
+        }
+        let primary = self.primary_of(view);
+        for (token, _) in std::mem::take(&mut self.queue) {
+            out.push(Output::Reply {
+                token,
+                result: Err(AppendError::NotPrimary { view, primary }),
+            });
+        }
+        self.acks.clear();
+    }
+
+    // ---- normal operation ----
+
+    fn on_client_append(&mut self, token: Token, batch: Vec<u8>, out: &mut Outbox) {
+        if !(self.status == Status::Normal && self.is_primary()) {
+            let (view, primary) = (self.view, self.primary_of(self.view));
+            let result = Err(AppendError::NotPrimary { view, primary });
+            return out.push(Output::Reply { token, result });
+        }
+        if self.pipeline_full() || !self.queue.is_empty() {
+            if self.queue.len() < self.cfg.client_queue_max {
+                self.queue.push_back((token, batch));
+            } else {
+                let result = Err(AppendError::Busy {
+                    queued: self.queue.len(),
+                });
+                out.push(Output::Reply { token, result });
+            }
+            return;
+        }
+        self.sequence(token, batch, out);
+    }
+
+    pub(super) fn pipeline_full(&self) -> bool {
+        self.log.op() - self.commit >= self.cfg.pipeline_ops_max
+    }
+
+    /// Primary: stamps op, offset, view and chain link, appends, prepares.
+    fn sequence(&mut self, token: Token, mut batch: Vec<u8>, out: &mut Outbox) {
+        debug_assert!(!self.pipeline_full() && self.status == Status::Normal);
+        let header = match BatchView::parse(&batch) {
+            Ok(view) => *view.header(),
+            Err(e) => {
+                return out.push(Output::Reply {
+                    token,
+                    result: Err(e.into()),
+                })
+            }
+        };
+        if header.partition_id != self.cfg.partition_id {
+            let (batch, replica) = (header.partition_id, self.cfg.partition_id);
+            let result = Err(AppendError::WrongPartition { batch, replica });
+            return out.push(Output::Reply { token, result });
+        }
+        batch.truncate(header.total_len());
+        let head = self.log.head();
+        let stamp = Stamp {
+            base_offset: head.next_offset,
+            vsr_op: head.op + 1,
+            vsr_view: self.view,
+            prev_checksum: head.checksum,
+        };
+        let header = match restamp(&mut batch, &stamp) {
+            Ok(h) => h,
+            Err(e) => {
+                return out.push(Output::Reply {
+                    token,
+                    result: Err(e.into()),
+                })
+            }
+        };
+        let bytes: BatchBytes = batch.into();
+        let op = header.vsr_op;
+        self.append(header, bytes.clone(), out);
+        self.acks.insert(
+            op,
+            Ack {
+                checksum: header.header_checksum,
+                voters: 0,
+            },
+        );
+        self.waiting.insert(op, token);
+        let commit = self.commit;
+        self.send_all(
+            out,
+            Body::Prepare {
+                op,
+                commit,
+                batch: bytes,
+            },
+        );
+        self.ensure(T::PrepareRetry);
+    }
+
+    /// Appends a verified, linked batch and flushes it.
+    pub(super) fn append(&mut self, header: BatchHeader, batch: BatchBytes, out: &mut Outbox) {
+        let op = header.vsr_op;
+        self.log.push(Entry {
+            header,
+            batch: Some(batch.clone()),
+            durable: false,
+        });
+        let append = self.io(out, StorageOp::Append { op, batch });
+        self.appends.insert(append);
+        let flush = self.io(out, StorageOp::Flush);
+        self.flushes.insert(flush, op);
+    }
+
+    /// Counts one replica's vote for (op, checksum), once.
+    fn vote(&mut self, from: u8, op: u64, checksum: u64, out: &mut Outbox) {
+        let Some(ack) = self.acks.get_mut(&op) else {
+            let reason = "op not in the pipeline";
+            return out.event(Event::Dropped {
+                what: "prepare_ok",
+                reason,
+            });
+        };
+        if ack.checksum != checksum {
+            let reason = "checksum differs";
+            return out.event(Event::Dropped {
+                what: "prepare_ok",
+                reason,
+            });
+        }
+        let bit = 1u32 << from;
+        if ack.voters & bit != 0 {
+            let reason = "duplicate";
+            return out.event(Event::Dropped {
+                what: "prepare_ok",
+                reason,
+            });
+        }
+        ack.voters |= bit;
+        self.try_commit(out);
+    }
+
+    pub(super) fn try_commit(&mut self, out: &mut Outbox) {
+        let quorum = self.cfg.quorum();
+        while let Some(ack) = self.acks.get(&(self.commit + 1)) {
+            if ack.voters.count_ones() < quorum {
+                break;
+            }
+            let op = self.commit + 1;
+            self.acks.remove(&op);
+            self.commit = op;
+            self.commit_max = self.commit_max.max(op);
+            out.event(Event::Committed { op });
+            if let Some(token) = self.waiting.remove(&op) {
+                let h = self.log.get(op).map(|e| e.header);
+                let result = h.map(|h| Appended {
+                    op,
+                    base_offset: h.base_offset,
+                    next_offset: h.next_offset(),
+                });
+                debug_assert!(result.is_some(), "committed op {op} not in the journal");
+                if let Some(appended) = result {
+                    out.push(Output::Reply {
+                        token,
+                        result: Ok(appended),
+                    });
+                }
+            }
+        }
+        self.log.prune(self.commit, self.cfg.journal_ops_max);
+        if self.acks.is_empty() {
+            self.timeout(T::PrepareRetry).stop();
+        }
+        while !self.pipeline_full() {
+            let Some((token, batch)) = self.queue.pop_front() else {
+                break;
+            };
+            self.sequence(token, batch, out);
+        }
+    }
+
+    fn resend_prepares(&mut self, out: &mut Outbox) {
+        let commit = self.commit;
+        let pending: Vec<(u64, u32, BatchBytes)> = self
+            .acks
+            .iter()
+            .filter_map(|(&op, ack)| {
+                let batch = self.log.get(op)?.batch.clone()?;
+                Some((op, ack.voters, batch))
+            })
+            .collect();
+        for (op, voters, batch) in pending {
+            for to in 0..self.cfg.replica_count {
+                if to != self.cfg.replica && voters & (1 << to) == 0 {
+                    let body = Body::Prepare {
+                        op,
+                        commit,
+                        batch: batch.clone(),
+                    };
+                    self.send(out, to, body);
+                }
+            }
+        }
+        self.backoff(T::PrepareRetry);
+    }
+
+    pub(super) fn send_prepare_ok(&mut self, op: u64, prepare_checksum: u64, out: &mut Outbox) {
+        debug_assert!(
+            self.log.get(op).is_some_and(|e| e.durable),
+            "ack before fsync"
+        );
+        let primary = self.primary_of(self.view);
+        self.send(
+            out,
+            primary,
+            Body::PrepareOk {
+                op,
+                prepare_checksum,
+            },
+        );
+    }
+
+    fn on_message(&mut self, from: u8, msg: Message, out: &mut Outbox) {
+        if from >= self.cfg.replica_count || from == self.cfg.replica {
+            let what = msg.body.name();
+            return out.event(Event::Dropped {
+                what,
+                reason: "bad sender",
+            });
+        }
+        let view = msg.view;
+        match msg.body {
+            Body::Prepare { op, commit, batch } => {
+                self.on_prepare(from, view, op, commit, batch, out)
+            }
+            Body::PrepareOk {
+                op,
+                prepare_checksum,
+            } => self.on_prepare_ok(from, view, op, prepare_checksum, out),
+            Body::Commit {
+                commit,
+                commit_checksum,
+            } => self.on_commit(from, view, commit, commit_checksum, out),
+            Body::StartViewChange => self.on_start_view_change(from, view, out),
+            Body::DoViewChange {
+                log_view,
+                op,
+                commit,
+                suffix,
+            } => {
+                let dvc = Dvc {
+                    log_view,
+                    op,
+                    commit,
+                    suffix,
+                };
+                self.on_do_view_change(from, view, dvc, out)
+            }
+            Body::StartView {
+                op,
+                commit,
+                nonce,
+                suffix,
+            } => self.on_start_view(from, view, op, commit, nonce, suffix, out),
+            Body::RequestStartView { nonce } => self.on_request_start_view(from, view, nonce, out),
+            Body::RequestPrepares { op_min, op_max } => {
+                self.on_request_prepares(from, view, op_min, op_max, out)
+            }
+            Body::Prepares { commit, batches } => {
+                self.on_prepares(from, view, commit, batches, out)
+            }
+        }
+    }
+
+    /// Common view check for normal-operation messages: false (and the
+    /// message dropped) unless `view` is ours and we are Normal.
+    fn in_normal_view(&mut self, what: &'static str, view: u32, out: &mut Outbox) -> bool {
+        if view > self.view && self.status != Status::Recovering {
+            self.learn_view(view, out);
+        } else if self.status == Status::Recovering
+            && view > self.view_seen_max
+            && self.primary_of(view) != self.cfg.replica
+        {
+            // A primary of a newer view is talking: ask it now, once per view.
+            self.view_seen_max = view;
+            let nonce = self.nonce;
+            let primary = self.primary_of(view);
+            self.send(out, primary, Body::RequestStartView { nonce });
+        }
+        let ok = view == self.view && self.status == Status::Normal;
+        if !ok {
+            out.event(Event::Dropped {
+                what,
+                reason: "not normal in this view",
+            });
+        }
+        ok
+    }
+
+    fn on_prepare(
+        &mut self,
+        from: u8,
+        view: u32,
+        op: u64,
+        commit: u64,
+        batch: BatchBytes,
+        out: &mut Outbox,
+    ) {
+        if !self.in_normal_view("prepare", view, out) {
+            return;
+        }
+        if self.is_primary() || from != self.primary_of(view) {
+            return out.event(Event::Dropped {
+                what: "prepare",
+                reason: "not from the primary",
+            });
+        }
+        self.start(T::PrimarySilent);
+        let Some(header) = self.verify_batch(&batch, out) else {
+            return;
+        };
+        if header.vsr_op != op || header.vsr_view != view {
+            return out.event(Event::Dropped {
+                what: "prepare",
+                reason: "fields differ from batch",
+            });
+        }
+        if op <= self.log.op() {
+            self.on_prepare_held(op, header.header_checksum, out);
+        } else if self.log.links(&header) {
+            self.append(header, batch, out);
+        } else if op == self.log.op() + 1 {
+            out.event(Event::Dropped {
+                what: "prepare",
+                reason: "does not link to the log",
+            });
+        } else {
+            self.request_repair(from, op - 1, out);
+        }
+        self.advance_commit(commit, out);
+    }
+
+    /// A Prepare for an op we hold: re-ack it (our ack may have been lost).
+    fn on_prepare_held(&mut self, op: u64, checksum: u64, out: &mut Outbox) {
+        let held = self
+            .log
+            .get(op)
+            .map(|e| (e.header.header_checksum, e.durable));
+        match held {
+            Some((c, true)) if c == checksum && op > self.commit => {
+                self.send_prepare_ok(op, checksum, out)
+            }
+            Some((c, _)) if c != checksum => out.event(Event::Dropped {
+                what: "prepare",
+                reason: "differs from held op",
+            }),
+            _ => {}
+        }
+    }
+
+    /// Parses and checks a batch from a peer (body checksum included).
+    pub(super) fn verify_batch(&self, batch: &BatchBytes, out: &mut Outbox) -> Option<BatchHeader> {
+        let header = match BatchView::parse(batch) {
+            Ok(view) => *view.header(),
+            Err(_) => {
+                out.event(Event::Dropped {
+                    what: "batch",
+                    reason: "invalid batch",
+                });
+                return None;
+            }
+        };
+        if header.partition_id != self.cfg.partition_id || header.total_len() != batch.len() {
+            out.event(Event::Dropped {
+                what: "batch",
+                reason: "wrong partition or length",
+            });
+            return None;
+        }
+        Some(header)
+    }
+
+    fn on_prepare_ok(&mut self, from: u8, view: u32, op: u64, checksum: u64, out: &mut Outbox) {
+        if !self.in_normal_view("prepare_ok", view, out) {
+            return;
+        }
+        if !self.is_primary() {
+            return out.event(Event::Dropped {
+                what: "prepare_ok",
+                reason: "not primary",
+            });
+        }
+        self.vote(from, op, checksum, out);
+    }
+
+    fn on_commit(&mut self, from: u8, view: u32, commit: u64, checksum: u64, out: &mut Outbox) {
+        if !self.in_normal_view("commit", view, out) {
+            return;
+        }
+        if self.is_primary() || from != self.primary_of(view) {
+            return out.event(Event::Dropped {
+                what: "commit",
+                reason: "not from the primary",
+            });
+        }
+        self.start(T::PrimarySilent);
+        if self
+            .log
+            .checksum_at(commit)
+            .is_some_and(|c| c != checksum && commit > 0)
+        {
+            return out.event(Event::Dropped {
+                what: "commit",
+                reason: "checksum differs",
+            });
+        }
+        if commit > self.log.op() {
+            self.request_repair(from, commit, out);
+        }
+        self.advance_commit(commit, out);
+    }
+
+    /// Backup: learns `commit_max` and commits what its log holds of it.
+    pub(super) fn advance_commit(&mut self, commit_max: u64, out: &mut Outbox) {
+        self.commit_max = self.commit_max.max(commit_max);
+        let target = self.commit_max.min(self.log.op());
+        while self.commit < target {
+            self.commit += 1;
+            out.event(Event::Committed { op: self.commit });
+        }
+        self.acks.retain(|&op, _| op > self.commit);
+        self.log.prune(self.commit, self.cfg.journal_ops_max);
+    }
+
+    /// Cuts every op above `op` (never a committed one).
+    pub(super) fn truncate_to(&mut self, op: u64, out: &mut Outbox) {
+        assert!(op >= self.commit, "truncation at or below commit");
+        if !self.log.truncate_above(op) {
+            return;
+        }
+        let id = self.io(out, StorageOp::TruncateAbove { op });
+        self.truncations.insert(id);
+        for covered in self.flushes.values_mut() {
+            *covered = (*covered).min(op);
+        }
+        self.acks.retain(|&o, _| o <= op);
+        out.event(Event::Truncated { op });
+    }
+}

@@ -1,0 +1,803 @@
+//! Scenario tests: replicas driven by hand through a deterministic
+//! in-test router and an in-memory store. Each test names the failure it
+//! guards against.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use ringlog_protocol::batch::{BatchBuilder, BatchHeader, Record, Stamp};
+
+use super::*;
+
+const PARTITION: u32 = 7;
+
+fn batch(tag: u8) -> Vec<u8> {
+    let mut b = BatchBuilder::new(PARTITION);
+    let value = [tag; 16];
+    let record = Record {
+        key: &[tag],
+        headers: &[],
+        value: &value,
+        timestamp_ms: 1_000 + u64::from(tag),
+    };
+    b.push(&record).expect("record fits");
+    b.finish(&Stamp::default()).expect("batch seals")
+}
+
+fn config(n: u8, i: u8) -> Config {
+    let mut c = Config::new(PARTITION, n, i);
+    c.heartbeat_ticks = 2;
+    c.prepare_retry_ticks = 4;
+    c.primary_silent_ticks = 10;
+    c.view_change_retry_ticks = 4;
+    c.view_change_escalate_ticks = 20;
+    c.start_view_request_ticks = 4;
+    c.repair_retry_ticks = 4;
+    c
+}
+
+type Fail = Box<dyn Fn(&StorageOp) -> bool>;
+type Drop = Box<dyn Fn(u8, u8, &Message) -> bool>;
+
+struct Node {
+    replica: Replica,
+    up: bool,
+    /// Complete this node's storage operations while settling.
+    auto_io: bool,
+    pending_io: VecDeque<(IoId, StorageOp)>,
+    /// Ops as the store holds them (the sim's durability is not modelled).
+    ops: BTreeMap<u64, BatchBytes>,
+    vsr: VsrState,
+    fail: Option<Fail>,
+    sent: Vec<(u8, Message)>,
+    io_log: Vec<StorageOp>,
+    replies: Vec<(Token, Result<Appended, AppendError>)>,
+    events: Vec<Event>,
+}
+
+impl Node {
+    fn new(replica: Replica) -> Self {
+        Self {
+            replica,
+            up: true,
+            auto_io: true,
+            pending_io: VecDeque::new(),
+            ops: BTreeMap::new(),
+            vsr: VsrState::default(),
+            fail: None,
+            sent: Vec::new(),
+            io_log: Vec::new(),
+            replies: Vec::new(),
+            events: Vec::new(),
+        }
+    }
+
+    fn execute(&mut self, op: &StorageOp) -> Result<IoOutcome, IoFailure> {
+        if self.fail.as_ref().is_some_and(|f| f(op)) {
+            let reason = format!("injected failure of {op:?}");
+            return Err(IoFailure { reason });
+        }
+        match op {
+            StorageOp::Append { op, batch } => {
+                assert_eq!(self.ops.keys().next_back().copied().unwrap_or(0) + 1, *op);
+                self.ops.insert(*op, batch.clone());
+            }
+            StorageOp::Flush => {}
+            StorageOp::PersistVsr(state) => self.vsr = *state,
+            StorageOp::TruncateAbove { op } => {
+                self.ops.split_off(&(op + 1));
+            }
+            StorageOp::ReadBatches { op_min, op_max } => {
+                let batches = (*op_min..=*op_max).map_while(|o| self.ops.get(&o).cloned());
+                return Ok(IoOutcome::Batches(batches.collect()));
+            }
+        }
+        Ok(IoOutcome::Done)
+    }
+
+    fn sent_kinds(&self) -> Vec<&'static str> {
+        self.sent.iter().map(|(_, m)| m.body.name()).collect()
+    }
+
+    fn headers(&self) -> Vec<BatchHeader> {
+        self.ops
+            .values()
+            .map(|b| BatchHeader::decode(b).expect("stored batch"))
+            .collect()
+    }
+}
+
+struct Cluster {
+    nodes: Vec<Node>,
+    net: VecDeque<(u8, u8, Message)>,
+    drop: Option<Drop>,
+    steps: u64,
+}
+
+impl Cluster {
+    fn new(n: u8) -> Self {
+        let nodes = (0..n)
+            .map(|i| Node::new(Replica::new(config(n, i), u64::from(i) + 1).expect("config")))
+            .collect();
+        Self::with_nodes(nodes)
+    }
+
+    fn with_nodes(nodes: Vec<Node>) -> Self {
+        Self {
+            nodes,
+            net: VecDeque::new(),
+            drop: None,
+            steps: 0,
+        }
+    }
+
+    fn node(&mut self, r: u8) -> &mut Node {
+        &mut self.nodes[usize::from(r)]
+    }
+
+    fn r(&self, r: u8) -> &Replica {
+        &self.nodes[usize::from(r)].replica
+    }
+
+    fn step(&mut self, r: u8, input: Input) {
+        self.steps += 1;
+        assert!(self.steps < 200_000, "scenario did not settle");
+        let mut out = Outbox::new();
+        let node = self.node(r);
+        node.replica.step(input, &mut out);
+        for output in out.drain() {
+            let node = &mut self.nodes[usize::from(r)];
+            match output {
+                Output::Send { to, msg } => {
+                    node.sent.push((to, msg.clone()));
+                    self.net.push_back((r, to, msg));
+                }
+                Output::Io { id, op } => {
+                    node.io_log.push(op.clone());
+                    node.pending_io.push_back((id, op));
+                }
+                Output::Reply { token, result } => node.replies.push((token, result)),
+                Output::Event(e) => node.events.push(e),
+            }
+        }
+    }
+
+    /// Completes the oldest pending storage operation of `r`.
+    fn complete_io(&mut self, r: u8) -> bool {
+        let Some((id, op)) = self.node(r).pending_io.pop_front() else {
+            return false;
+        };
+        let result = self.node(r).execute(&op);
+        self.step(r, Input::IoDone { id, result });
+        true
+    }
+
+    /// Delivers messages and auto I/O until nothing moves.
+    fn settle(&mut self) {
+        loop {
+            if let Some((from, to, msg)) = self.net.pop_front() {
+                let dropped = self.drop.as_ref().is_some_and(|d| d(from, to, &msg));
+                let up = self.nodes[usize::from(from)].up && self.nodes[usize::from(to)].up;
+                if up && !dropped {
+                    self.step(to, Input::Message { from, msg });
+                }
+                continue;
+            }
+            let auto = (0..self.nodes.len() as u8).find(|&r| {
+                self.r_up(r)
+                    && self.nodes[usize::from(r)].auto_io
+                    && !self.nodes[usize::from(r)].pending_io.is_empty()
+            });
+            match auto {
+                Some(r) => {
+                    self.complete_io(r);
+                }
+                None => break,
+            }
+        }
+    }
+
+    fn r_up(&self, r: u8) -> bool {
+        self.nodes[usize::from(r)].up
+    }
+
+    fn tick(&mut self, ticks: u64) {
+        for _ in 0..ticks {
+            for r in 0..self.nodes.len() as u8 {
+                if self.r_up(r) {
+                    self.step(r, Input::Tick);
+                }
+            }
+            self.settle();
+        }
+    }
+
+    /// Ticks until `done` holds, at most `ticks_max` ticks.
+    fn tick_until(&mut self, ticks_max: u64, done: impl Fn(&Cluster) -> bool) -> u64 {
+        for t in 0..ticks_max {
+            if done(self) {
+                return t;
+            }
+            self.tick(1);
+        }
+        if !done(self) {
+            for (r, n) in self.nodes.iter().enumerate() {
+                let rep = &n.replica;
+                eprintln!(
+                    "R{r} up {} {:?} view {} log_view {} op {} commit {} durable {:?}",
+                    n.up,
+                    rep.status(),
+                    rep.view(),
+                    rep.log_view(),
+                    rep.op(),
+                    rep.commit(),
+                    rep.durable()
+                );
+                for e in n.events.iter().rev().take(12) {
+                    eprintln!("   {e:?}");
+                }
+            }
+            panic!("condition not reached in {ticks_max} ticks");
+        }
+        ticks_max
+    }
+
+    fn append(&mut self, r: u8, token: Token, tag: u8) {
+        self.step(
+            r,
+            Input::ClientAppend {
+                token,
+                batch: batch(tag),
+            },
+        );
+    }
+
+    fn crash(&mut self, r: u8) {
+        let node = self.node(r);
+        node.up = false;
+        node.pending_io.clear();
+    }
+
+    /// Reboots `r` from its store (superblock + log), Recovering.
+    fn restart(&mut self, r: u8) {
+        let n = self.nodes.len() as u8;
+        let node = self.node(r);
+        let headers = node.headers();
+        let replica = Replica::restart(
+            config(n, r),
+            99 + u64::from(r),
+            node.vsr,
+            Anchor::default(),
+            &headers,
+        )
+        .expect("config");
+        node.replica = replica;
+        node.up = true;
+    }
+
+    fn normal_primary(&self, r: u8) -> bool {
+        let rep = self.r(r);
+        rep.status() == Status::Normal && rep.is_primary()
+    }
+
+    fn isolate(&mut self, r: u8) {
+        self.drop = Some(Box::new(move |from, to, _| from == r || to == r));
+    }
+}
+
+fn ok_reply(node: &Node, token: Token) -> Appended {
+    match node.replies.iter().find(|(t, _)| *t == token) {
+        Some((_, Ok(a))) => *a,
+        other => panic!("token {token}: expected a successful reply, got {other:?}"),
+    }
+}
+
+/// Guards against: a healthy 3-replica group failing to commit, ack, or
+/// keep identical bytes on every replica.
+#[test]
+fn normal_commit_at_quorum_of_three() {
+    let mut c = Cluster::new(3);
+    c.append(0, 10, 1);
+    c.append(0, 11, 2);
+    c.settle();
+    assert_eq!(
+        ok_reply(&c.nodes[0], 10),
+        Appended {
+            op: 1,
+            base_offset: 0,
+            next_offset: 1
+        }
+    );
+    assert_eq!(ok_reply(&c.nodes[0], 11).op, 2);
+    c.tick(3); // Commit heartbeats carry commit to the backups.
+    for r in 0..3 {
+        assert_eq!(c.r(r).commit(), 2, "replica {r}");
+        assert_eq!(
+            c.nodes[usize::from(r)].ops,
+            c.nodes[0].ops,
+            "replica {r} bytes"
+        );
+    }
+    let h = c.nodes[1].headers();
+    assert_eq!(
+        h[1].prev_checksum, h[0].header_checksum,
+        "primary chains batches"
+    );
+    assert_eq!((h[1].vsr_op, h[1].vsr_view, h[1].base_offset), (2, 0, 1));
+}
+
+/// Guards against: ack before fsync, a backup sending PrepareOk (and the
+/// primary committing on it) before that op's Flush completed.
+#[test]
+fn prepare_ok_only_after_flush_completes() {
+    let mut c = Cluster::new(3);
+    c.node(0).auto_io = false;
+    c.node(1).auto_io = false;
+    c.node(2).auto_io = false;
+    c.append(0, 1, 1);
+    c.settle();
+    c.tick(6);
+    for r in [1, 2] {
+        assert!(
+            !c.nodes[r].sent_kinds().contains(&"prepare_ok"),
+            "replica {r} acked early"
+        );
+    }
+    assert_eq!(c.r(0).commit(), 0);
+    assert!(c.nodes[0].replies.is_empty(), "no ack without fsync");
+    // R1's Append completes but not its Flush: still no PrepareOk.
+    assert!(matches!(
+        c.nodes[1].pending_io.front(),
+        Some((_, StorageOp::Append { .. }))
+    ));
+    c.complete_io(1);
+    c.settle();
+    assert!(!c.nodes[1].sent_kinds().contains(&"prepare_ok"));
+    // The primary's own flush is one vote: still one short.
+    while c.complete_io(0) {}
+    c.settle();
+    assert_eq!(c.r(0).commit(), 0, "one vote is not a quorum of 3");
+    // R1's Flush completes: PrepareOk, and the primary commits.
+    while !matches!(
+        c.nodes[1].pending_io.front(),
+        Some((_, StorageOp::Flush)) | None
+    ) {
+        c.complete_io(1);
+    }
+    c.complete_io(1);
+    c.settle();
+    assert!(c.nodes[1].sent_kinds().contains(&"prepare_ok"));
+    assert_eq!(c.r(0).commit(), 1);
+    assert_eq!(ok_reply(&c.nodes[0], 1).op, 1);
+}
+
+/// Guards against: a duplicate PrepareOk, or one for another batch at the
+/// same op, counted as a second vote (a commit without a quorum).
+#[test]
+fn duplicate_or_foreign_prepare_ok_not_counted_twice() {
+    let mut c = Cluster::new(3);
+    c.node(0).auto_io = false; // the primary's own vote is withheld
+    c.node(2).up = false;
+    c.append(0, 1, 1);
+    c.settle();
+    let ok = c.nodes[1]
+        .sent
+        .iter()
+        .find(|(_, m)| matches!(m.body, Body::PrepareOk { .. }))
+        .map(|(_, m)| m.clone())
+        .expect("R1 acked op 1");
+    assert_eq!(c.r(0).commit(), 0, "one backup vote alone is not a quorum");
+    for _ in 0..3 {
+        c.step(
+            0,
+            Input::Message {
+                from: 1,
+                msg: ok.clone(),
+            },
+        );
+    }
+    assert_eq!(c.r(0).commit(), 0, "a duplicate PrepareOk was counted");
+    // An ack for a different batch at op 1 (another view's) from R2.
+    let foreign = Message {
+        view: 0,
+        body: Body::PrepareOk {
+            op: 1,
+            prepare_checksum: 0xdead,
+        },
+    };
+    c.step(
+        0,
+        Input::Message {
+            from: 2,
+            msg: foreign,
+        },
+    );
+    assert_eq!(
+        c.r(0).commit(),
+        0,
+        "an ack for another checksum was counted"
+    );
+    let dropped = c.nodes[0]
+        .events
+        .iter()
+        .filter(|e| {
+            matches!(
+                e,
+                Event::Dropped {
+                    what: "prepare_ok",
+                    ..
+                }
+            )
+        })
+        .count();
+    assert_eq!(dropped, 4);
+    while c.complete_io(0) {}
+    c.settle();
+    assert_eq!(c.r(0).commit(), 1, "own flush + R1 is a quorum");
+}
+
+/// Guards against: an unbounded pipeline or client queue at the primary.
+#[test]
+fn pipeline_bound_queues_then_refuses() {
+    let mut nodes = Vec::new();
+    for i in 0..3 {
+        let mut cfg = config(3, i);
+        cfg.pipeline_ops_max = 2;
+        cfg.journal_ops_max = 4;
+        cfg.client_queue_max = 2;
+        nodes.push(Node::new(Replica::new(cfg, 1).expect("config")));
+    }
+    let mut c = Cluster::with_nodes(nodes);
+    for r in 0..3 {
+        c.node(r).auto_io = false;
+    }
+    for token in 1..=5 {
+        c.append(0, token, token as u8);
+    }
+    assert_eq!(c.r(0).op(), 2, "only pipeline_ops_max ops in flight");
+    assert_eq!(c.nodes[0].replies.len(), 1, "the fifth append is refused");
+    assert!(matches!(
+        c.nodes[0].replies[0],
+        (5, Err(AppendError::Busy { queued: 2 }))
+    ));
+    for r in 0..3 {
+        c.node(r).auto_io = true;
+    }
+    c.settle();
+    c.settle();
+    assert_eq!(
+        c.r(0).commit(),
+        4,
+        "queued appends run as the pipeline drains"
+    );
+    for token in 1..=4 {
+        assert_eq!(ok_reply(&c.nodes[0], token).op, token);
+    }
+}
+
+/// Guards against: log_view not persisted before DoViewChange: a backup
+/// whose superblock write of the new view fails must not vote.
+#[test]
+fn failed_persist_vsr_holds_back_do_view_change() {
+    let mut c = Cluster::new(3);
+    c.append(0, 1, 1);
+    c.settle();
+    c.crash(0);
+    c.node(2).fail = Some(Box::new(|op| matches!(op, StorageOp::PersistVsr(_))));
+    c.tick(80);
+    assert_eq!(c.r(2).status(), Status::Fenced);
+    let n2 = &c.nodes[2];
+    assert!(
+        n2.sent.iter().all(|(_, m)| m.view == 0),
+        "R2 sent a view it never made durable: {:?}",
+        n2.sent_kinds()
+    );
+    assert!(!n2.sent_kinds().contains(&"do_view_change"));
+    assert!(
+        c.r(1).status() != Status::Normal || c.r(1).view() == 0,
+        "a view started without a quorum"
+    );
+}
+
+/// Guards against: PrepareOk sent in a new view whose log_view write
+/// failed (the ack would vouch for a log the disk does not describe).
+#[test]
+fn failed_persist_vsr_holds_back_prepare_ok() {
+    let mut c = Cluster::new(3);
+    c.append(0, 1, 1);
+    c.settle();
+    c.crash(0);
+    // R2 can persist the view change, but not log_view = 1 (StartView).
+    c.node(2).fail = Some(Box::new(
+        |op| matches!(op, StorageOp::PersistVsr(s) if s.log_view == 1),
+    ));
+    c.tick_until(200, |c| c.r(2).status() == Status::Fenced);
+    c.tick(5);
+    c.append(1, 2, 2);
+    c.settle();
+    c.tick(10);
+    let n2 = &c.nodes[2];
+    let acks_v1 = n2
+        .sent
+        .iter()
+        .filter(|(_, m)| m.view >= 1 && matches!(m.body, Body::PrepareOk { .. }));
+    assert_eq!(acks_v1.count(), 0, "{:?}", n2.sent_kinds());
+    assert!(n2.replies.is_empty());
+    assert!(c.r(1).commit() <= 1, "op 2 committed without R2's ack");
+}
+
+/// Guards against: a view change losing an op committed by the old primary
+/// and held by only one backup.
+#[test]
+fn view_change_keeps_op_committed_on_old_primary_and_one_backup() {
+    let mut c = Cluster::new(3);
+    c.drop = Some(Box::new(|from, to, _| from == 0 && to == 2));
+    c.append(0, 1, 1);
+    c.settle();
+    let committed = ok_reply(&c.nodes[0], 1);
+    assert_eq!(c.r(1).commit(), 0, "R1 has not heard of the commit");
+    let checksum = c.r(0).checksum_at(1).expect("R0 holds op 1");
+    c.crash(0);
+    c.drop = None;
+    c.tick_until(300, |c| {
+        c.normal_primary(1) && c.r(2).status() == Status::Normal && c.r(2).op() >= 1
+    });
+    for r in [1, 2] {
+        assert_eq!(
+            c.r(r).checksum_at(committed.op),
+            Some(checksum),
+            "replica {r}"
+        );
+    }
+    c.append(1, 2, 2);
+    c.settle();
+    assert_eq!(ok_reply(&c.nodes[1], 2).op, 2);
+    assert!(c.r(1).view() >= 1);
+}
+
+/// Guards against: a new primary that lacks a committed op starting the
+/// view without it (it must repair it from the canonical log first).
+#[test]
+fn new_primary_repairs_missing_committed_op_before_start_view() {
+    let mut c = Cluster::new(3);
+    c.drop = Some(Box::new(|from, to, _| from == 0 && to == 2));
+    c.append(0, 1, 1);
+    c.settle();
+    let checksum = c.r(0).checksum_at(1).expect("op 1");
+    c.crash(0);
+    // Silence R1 until R2 has given up on view 1, so view 2 (R2) wins.
+    c.drop = Some(Box::new(|from, _, _| from == 1));
+    c.tick_until(300, |c| c.r(2).view() >= 2);
+    c.drop = None;
+    c.tick_until(300, |c| {
+        (1..3).any(|r| c.normal_primary(r)) && (1..3).all(|r| c.r(r).status() == Status::Normal)
+    });
+    let primary = (1..3).find(|&r| c.normal_primary(r)).expect("a primary");
+    assert_eq!(c.r(primary).checksum_at(1), Some(checksum));
+    assert!(
+        c.nodes[usize::from(primary)].headers().len() == 1,
+        "primary stored op 1"
+    );
+    if primary == 2 {
+        assert!(
+            c.nodes[2].sent_kinds().contains(&"request_prepares"),
+            "R2 repaired op 1"
+        );
+    }
+}
+
+/// Guards against: picking the longest suffix instead of the one from the
+/// highest log_view, which would drop an op committed in the newer view.
+/// Also: the old primary's uncommitted tail is cut when it rejoins.
+#[test]
+fn shorter_suffix_from_newer_log_view_beats_longer_older() {
+    let mut c = Cluster::new(3);
+    c.append(0, 1, 1);
+    c.settle();
+    c.tick(3);
+    // R0 keeps ops 2 and 3 to itself (log_view 0).
+    c.isolate(0);
+    c.append(0, 2, 2);
+    c.append(0, 3, 3);
+    c.settle();
+    assert_eq!(c.r(0).op(), 3);
+    c.tick_until(300, |c| {
+        c.normal_primary(1) && c.r(2).status() == Status::Normal
+    });
+    // View 1 commits a different op 2 on R1 and R2.
+    c.append(1, 20, 20);
+    c.settle();
+    let op2 = ok_reply(&c.nodes[1], 20);
+    assert_eq!(op2.op, 2);
+    let checksum = c.r(1).checksum_at(2).expect("R1 op 2");
+    // R1 goes; R0 (log_view 0, op 3) and R2 (log_view 1, op 2) remain.
+    c.crash(1);
+    c.drop = None;
+    c.tick_until(400, |c| {
+        let same_view = c.r(0).view() == c.r(2).view() && c.r(0).view() >= 2;
+        let normal = [0, 2]
+            .iter()
+            .all(|&r| c.r(r).status() == Status::Normal && c.r(r).op() >= 2);
+        same_view && normal
+    });
+    for r in [0, 2] {
+        assert_eq!(
+            c.r(r).checksum_at(2),
+            Some(checksum),
+            "replica {r} lost committed op 2"
+        );
+        assert_eq!(c.r(r).op(), 2, "replica {r} kept a cut op");
+    }
+    assert!(
+        c.nodes[0]
+            .io_log
+            .contains(&StorageOp::TruncateAbove { op: 1 }),
+        "R0's tail was cut"
+    );
+    assert_eq!(c.nodes[0].headers()[1].header_checksum, checksum);
+}
+
+/// Guards against: the old primary's uncommitted tail surviving (or being
+/// served) after it rejoins a newer view: it must cut above commit.
+#[test]
+fn old_primary_uncommitted_tail_cut_on_rejoin() {
+    let mut c = Cluster::new(3);
+    c.append(0, 1, 1);
+    c.settle();
+    c.tick(3);
+    c.isolate(0);
+    c.append(0, 2, 2);
+    c.settle();
+    c.tick_until(300, |c| {
+        c.normal_primary(1) && c.r(2).status() == Status::Normal
+    });
+    c.append(1, 20, 20);
+    c.settle();
+    let checksum = c.r(1).checksum_at(2).expect("op 2'");
+    c.drop = None;
+    c.tick_until(300, |c| {
+        c.r(0).status() == Status::Normal && c.r(0).view() == c.r(1).view() && c.r(0).op() == 2
+    });
+    assert_eq!(c.r(0).commit(), 2.min(c.r(1).commit()));
+    assert!(c.nodes[0]
+        .io_log
+        .contains(&StorageOp::TruncateAbove { op: 1 }));
+    assert!(c.nodes[0].events.contains(&Event::Truncated { op: 1 }));
+    assert_eq!(c.nodes[0].headers()[1].header_checksum, checksum);
+    assert!(c.nodes[0]
+        .replies
+        .iter()
+        .any(|(t, r)| *t == 2 && matches!(r, Err(AppendError::OutcomeUnknown { .. }))));
+}
+
+/// Guards against: a restarted or wiped replica voting at view 0 (or any
+/// view) before it learned the current one, and so electing on a quorum
+/// that does not hold committed data.
+#[test]
+fn wiped_replica_does_not_vote_before_learning_the_view() {
+    let mut c = Cluster::new(3);
+    c.append(0, 1, 1);
+    c.settle();
+    c.tick(3);
+    c.crash(0);
+    c.node(2).replica = Replica::wiped(config(3, 2), 5).expect("config");
+    c.node(2).ops.clear();
+    c.node(2).vsr = VsrState::default();
+    c.node(2).sent.clear();
+    c.tick(120);
+    let kinds = c.nodes[2].sent_kinds();
+    assert!(
+        kinds.iter().all(|k| *k == "request_start_view"),
+        "{kinds:?}"
+    );
+    assert!(!c.nodes[2].sent.is_empty(), "it asks for the view");
+    assert_ne!(
+        c.r(1).status(),
+        Status::Normal,
+        "R1 + a wiped replica are not a quorum"
+    );
+    // R0 comes back with its disk: R0 + R1 elect; R2 learns the view.
+    c.restart(0);
+    c.tick_until(600, |c| {
+        (0..3).all(|r| c.r(r).status() == Status::Normal)
+            && c.r(2).view() == c.r(1).view()
+            && c.r(2).op() == 1
+    });
+    assert_eq!(
+        c.nodes[2].ops, c.nodes[1].ops,
+        "wiped replica repaired op 1"
+    );
+    let first_vote = c.nodes[2]
+        .sent_kinds()
+        .iter()
+        .position(|k| matches!(*k, "start_view_change" | "do_view_change"));
+    assert!(first_vote.is_none(), "it never voted");
+}
+
+/// Guards against: a single replica (R = 1) never committing, or never
+/// coming back after a restart when nobody can answer it.
+#[test]
+fn single_replica_commits_and_restarts() {
+    let mut c = Cluster::new(1);
+    c.append(0, 1, 1);
+    c.settle();
+    assert_eq!(ok_reply(&c.nodes[0], 1).op, 1);
+    c.crash(0);
+    c.restart(0);
+    assert_eq!(c.r(0).status(), Status::Recovering);
+    c.tick_until(2_000, |c| c.normal_primary(0));
+    assert!(
+        c.r(0).view() >= 1,
+        "it does not come back Normal at its old view"
+    );
+    c.append(0, 2, 2);
+    c.settle();
+    assert_eq!(
+        ok_reply(&c.nodes[0], 2),
+        Appended {
+            op: 2,
+            base_offset: 1,
+            next_offset: 2
+        }
+    );
+}
+
+/// Guards against: a backup or a replica in view change accepting client
+/// appends (two sequencers).
+#[test]
+fn only_the_normal_primary_sequences() {
+    let mut c = Cluster::new(3);
+    c.append(1, 1, 1);
+    assert!(matches!(
+        c.nodes[1].replies[0],
+        (
+            1,
+            Err(AppendError::NotPrimary {
+                view: 0,
+                primary: 0
+            })
+        )
+    ));
+    assert_eq!(c.r(1).op(), 0);
+    let mut wrong = batch(2);
+    wrong[0] ^= 0xff; // breaks the batch magic
+    c.step(
+        0,
+        Input::ClientAppend {
+            token: 2,
+            batch: wrong,
+        },
+    );
+    assert!(matches!(
+        c.nodes[0].replies[0],
+        (2, Err(AppendError::InvalidBatch(_)))
+    ));
+    assert_eq!(c.r(0).op(), 0);
+}
+
+/// Guards against: an unbounded queue of messages held behind the
+/// durability gate while a superblock write is slow.
+#[test]
+fn held_messages_bounded_while_view_not_durable() {
+    let mut cfg = config(3, 1);
+    cfg.held_messages_max = 2;
+    let mut c = Cluster::with_nodes(vec![
+        Node::new(Replica::new(config(3, 0), 1).expect("config")),
+        Node::new(Replica::new(cfg, 2).expect("config")),
+        Node::new(Replica::new(config(3, 2), 3).expect("config")),
+    ]);
+    c.crash(0);
+    c.node(1).auto_io = false; // R1's PersistVsr of view 1 never completes
+    c.tick(100);
+    let n1 = &c.nodes[1];
+    assert!(
+        n1.sent.iter().all(|(_, m)| m.view == 0),
+        "nothing of an undurable view left"
+    );
+    assert!(n1.events.iter().any(|e| matches!(
+        e,
+        Event::Dropped {
+            reason: "held queue full",
+            ..
+        }
+    )));
+}

@@ -1,0 +1,256 @@
+//! What goes into and comes out of [`super::Replica::step`].
+//!
+//! [`Message`] mirrors the replication wire bodies
+//! (`ringlog_protocol::replication`) field for field but owns its bytes:
+//! the wire decoder borrows from a receive buffer, the machine keeps
+//! batches across steps. The driver converts at the edge.
+
+use std::sync::Arc;
+
+use ringlog_protocol::batch::{BatchError, BatchHeader};
+
+/// One record batch exactly as the primary stamped it (header + body).
+/// Shared, so a Prepare to several backups and the journal hold one copy.
+pub type BatchBytes = Arc<[u8]>;
+
+/// Names one storage operation; echoed by [`Input::IoDone`].
+pub type IoId = u64;
+
+/// Names one client append; echoed by [`Output::Reply`].
+pub type Token = u64;
+
+/// The replica's durable VSR state: written by [`StorageOp::PersistVsr`]
+/// into the superblock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct VsrState {
+    pub view: u32,
+    /// The view in which the log was last normal; at most `view`.
+    pub log_view: u32,
+    pub commit: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Message {
+    /// The sender's view.
+    pub view: u32,
+    pub body: Body,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Body {
+    /// `op` is the batch header's `vsr_op`; `commit` the primary's.
+    Prepare {
+        op: u64,
+        commit: u64,
+        batch: BatchBytes,
+    },
+    PrepareOk {
+        op: u64,
+        prepare_checksum: u64,
+    },
+    Commit {
+        commit: u64,
+        commit_checksum: u64,
+    },
+    StartViewChange,
+    DoViewChange {
+        log_view: u32,
+        op: u64,
+        commit: u64,
+        suffix: Vec<BatchHeader>,
+    },
+    StartView {
+        op: u64,
+        commit: u64,
+        nonce: u64,
+        suffix: Vec<BatchHeader>,
+    },
+    RequestStartView {
+        nonce: u64,
+    },
+    RequestPrepares {
+        op_min: u64,
+        op_max: u64,
+    },
+    Prepares {
+        commit: u64,
+        batches: Vec<BatchBytes>,
+    },
+}
+
+impl Body {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Body::Prepare { .. } => "prepare",
+            Body::PrepareOk { .. } => "prepare_ok",
+            Body::Commit { .. } => "commit",
+            Body::StartViewChange => "start_view_change",
+            Body::DoViewChange { .. } => "do_view_change",
+            Body::StartView { .. } => "start_view",
+            Body::RequestStartView { .. } => "request_start_view",
+            Body::RequestPrepares { .. } => "request_prepares",
+            Body::Prepares { .. } => "prepares",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub enum Input {
+    Message {
+        from: u8,
+        msg: Message,
+    },
+    Tick,
+    /// A producer's batch, stamped provisionally; the primary re-stamps it.
+    ClientAppend {
+        token: Token,
+        batch: Vec<u8>,
+    },
+    IoDone {
+        id: IoId,
+        result: Result<IoOutcome, IoFailure>,
+    },
+}
+
+/// What a storage operation produced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IoOutcome {
+    Done,
+    /// For [`StorageOp::ReadBatches`]: consecutive batches from `op_min`.
+    Batches(Vec<BatchBytes>),
+}
+
+/// A storage operation failed. Appends, flushes, truncations and VSR
+/// writes fence the replica (fail-stop, DESIGN.md section 4); a failed read
+/// only fails the repair answer it was for.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("storage operation failed: {reason}")]
+pub struct IoFailure {
+    pub reason: String,
+}
+
+/// Storage operations, executed by the driver in emission order for one
+/// replica: a `Flush` makes durable every `Append` emitted before it, and
+/// a `TruncateAbove` applies to everything appended before it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StorageOp {
+    /// Write `batch` (op `op`) after the current last op. Not yet durable.
+    Append { op: u64, batch: BatchBytes },
+    /// fdatasync everything appended so far.
+    Flush,
+    /// Write the superblock's view, log_view and commit (and sync it).
+    PersistVsr(VsrState),
+    /// Cut every op above `op` (zeroed and synced before the superblock
+    /// names the lower frontier).
+    TruncateAbove { op: u64 },
+    /// Read ops `op_min..=op_max` (or a prefix of them) from the segments.
+    ReadBatches { op_min: u64, op_max: u64 },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    Normal,
+    ViewChange,
+    /// Restarted or wiped: learning the view; never votes or leads.
+    Recovering,
+    /// A storage write failed: fail-stop until restarted from disk.
+    Fenced,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Appended {
+    pub op: u64,
+    pub base_offset: u64,
+    pub next_offset: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AppendError {
+    #[error("not the primary of view {view} (primary is replica {primary})")]
+    NotPrimary { view: u32, primary: u8 },
+    #[error("pipeline and client queue full ({queued} queued)")]
+    Busy { queued: usize },
+    #[error("invalid batch: {0}")]
+    InvalidBatch(#[from] BatchError),
+    #[error("batch is for partition {batch}, replica holds {replica}")]
+    WrongPartition { batch: u32, replica: u32 },
+    /// The primary lost its view with the op in flight: it may or may not
+    /// commit in a later view.
+    #[error("outcome unknown: the primary lost view {view} before op {op} committed")]
+    OutcomeUnknown { view: u32, op: u64 },
+    #[error("replica is fenced after a storage failure")]
+    Fenced,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    Committed {
+        op: u64,
+    },
+    StatusChanged {
+        status: Status,
+        view: u32,
+    },
+    /// Ops above `op` were cut from the log.
+    Truncated {
+        op: u64,
+    },
+    Fenced {
+        reason: String,
+    },
+    /// An input was refused; `reason` says why (trace only).
+    Dropped {
+        what: &'static str,
+        reason: &'static str,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Output {
+    Send {
+        to: u8,
+        msg: Message,
+    },
+    Io {
+        id: IoId,
+        op: StorageOp,
+    },
+    Reply {
+        token: Token,
+        result: Result<Appended, AppendError>,
+    },
+    Event(Event),
+}
+
+/// Outputs of steps; the driver drains it after each step. One step emits
+/// at most O(pipeline_ops_max x replica_count) outputs.
+#[derive(Debug, Default)]
+pub struct Outbox {
+    outputs: Vec<Output>,
+}
+
+impl Outbox {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub(super) fn push(&mut self, output: Output) {
+        self.outputs.push(output);
+    }
+
+    pub(super) fn event(&mut self, event: Event) {
+        self.outputs.push(Output::Event(event));
+    }
+
+    pub fn drain(&mut self) -> std::vec::Drain<'_, Output> {
+        self.outputs.drain(..)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.outputs.is_empty()
+    }
+
+    pub fn as_slice(&self) -> &[Output] {
+        &self.outputs
+    }
+}

@@ -1,0 +1,548 @@
+//! View change (StartViewChange / DoViewChange / StartView), recovery
+//! (RequestStartView) and repair (RequestPrepares / Prepares).
+//!
+//! The merge follows DESIGN.md section 6: among a quorum of DoViewChanges
+//! the suffix with the highest log_view (then the highest op) is
+//! canonical; a replica cuts only its own ops that disagree with it, and
+//! never at or below the highest commit of the quorum.
+
+use ringlog_protocol::batch::BatchHeader;
+
+use super::replica::{Ack, Dvc, Phase, Replica, T};
+use super::types::*;
+
+impl Replica {
+    pub(super) fn start_view_change(&mut self, view: u32, out: &mut Outbox) {
+        assert!(
+            view > self.view,
+            "view change to view {view} from {}",
+            self.view
+        );
+        debug_assert!(self.status != Status::Recovering && self.status != Status::Fenced);
+        self.abandon_clients(out);
+        self.view = view;
+        self.view_seen_max = self.view_seen_max.max(view);
+        self.status = Status::ViewChange;
+        self.svc_votes = 1 << self.cfg.replica;
+        self.dvc_sent = false;
+        self.dvcs.clear();
+        self.phase = Phase::Collecting;
+        self.target.clear();
+        self.repair_from = None;
+        self.persist(out);
+        self.arm_for_status();
+        out.event(Event::StatusChanged {
+            status: self.status,
+            view,
+        });
+        self.send_all(out, Body::StartViewChange);
+        self.check_svc_quorum(out);
+    }
+
+    pub(super) fn view_change_retry(&mut self, out: &mut Outbox) {
+        self.send_all(out, Body::StartViewChange);
+        if self.dvc_sent && !self.is_primary() {
+            let primary = self.primary_of(self.view);
+            let body = self.own_dvc();
+            self.send(out, primary, body);
+        }
+        if self.phase == Phase::Repairing {
+            self.repair_retry(out);
+        }
+        self.start(T::ViewChangeRetry);
+    }
+
+    pub(super) fn on_start_view_change(&mut self, from: u8, view: u32, out: &mut Outbox) {
+        if !self.may_vote("start_view_change", view, out) {
+            return;
+        }
+        if view > self.view {
+            self.start_view_change(view, out);
+        } else if self.status != Status::ViewChange {
+            // Normal in this view already: a laggard missed our StartView.
+            if self.status == Status::Normal && self.is_primary() {
+                self.send_start_view(from, 0, out);
+            }
+            return;
+        }
+        self.svc_votes |= 1 << from;
+        self.check_svc_quorum(out);
+    }
+
+    /// Recovering replicas never vote; nobody votes for an old view.
+    fn may_vote(&mut self, what: &'static str, view: u32, out: &mut Outbox) -> bool {
+        let reason = if self.status == Status::Recovering {
+            "recovering: learns the view before it votes"
+        } else if view < self.view {
+            "stale view"
+        } else {
+            return true;
+        };
+        out.event(Event::Dropped { what, reason });
+        false
+    }
+
+    fn check_svc_quorum(&mut self, out: &mut Outbox) {
+        if self.dvc_sent || self.svc_votes.count_ones() < self.cfg.quorum() {
+            return;
+        }
+        self.dvc_sent = true;
+        let primary = self.primary_of(self.view);
+        if primary == self.cfg.replica {
+            let own = self.own_dvc_fields();
+            self.dvcs.insert(self.cfg.replica, own);
+            self.check_dvc_quorum(out);
+        } else {
+            let body = self.own_dvc();
+            self.send(out, primary, body);
+        }
+    }
+
+    fn own_dvc_fields(&self) -> Dvc {
+        Dvc {
+            log_view: self.log_view,
+            op: self.log.op(),
+            commit: self.commit,
+            suffix: self.log.headers(),
+        }
+    }
+
+    fn own_dvc(&self) -> Body {
+        let d = self.own_dvc_fields();
+        Body::DoViewChange {
+            log_view: d.log_view,
+            op: d.op,
+            commit: d.commit,
+            suffix: d.suffix,
+        }
+    }
+
+    pub(super) fn on_do_view_change(&mut self, from: u8, view: u32, dvc: Dvc, out: &mut Outbox) {
+        if !self.may_vote("do_view_change", view, out) {
+            return;
+        }
+        if self.primary_of(view) != self.cfg.replica {
+            return out.event(Event::Dropped {
+                what: "do_view_change",
+                reason: "not its primary",
+            });
+        }
+        if dvc.log_view >= view || !suffix_ok(&dvc.suffix, dvc.op) {
+            return out.event(Event::Dropped {
+                what: "do_view_change",
+                reason: "malformed",
+            });
+        }
+        if view > self.view {
+            self.start_view_change(view, out);
+        } else if self.status != Status::ViewChange {
+            if self.status == Status::Normal {
+                self.send_start_view(from, 0, out);
+            }
+            return;
+        }
+        // A DoViewChange implies its sender's StartViewChange.
+        self.svc_votes |= 1 << from;
+        self.dvcs.insert(from, dvc);
+        self.check_svc_quorum(out);
+        self.check_dvc_quorum(out);
+    }
+
+    fn check_dvc_quorum(&mut self, out: &mut Outbox) {
+        let ready = self.phase == Phase::Collecting
+            && self.dvcs.len() as u32 >= self.cfg.quorum()
+            && self.dvcs.contains_key(&self.cfg.replica);
+        if ready {
+            self.merge_dvcs(out);
+        }
+    }
+
+    /// Picks the canonical log of the quorum and adopts it.
+    fn merge_dvcs(&mut self, out: &mut Outbox) {
+        debug_assert!(self.is_primary() && self.status == Status::ViewChange);
+        let canonical = self
+            .dvcs
+            .iter()
+            .max_by_key(|(&r, d)| (d.log_view, d.op, r == self.cfg.replica))
+            .map(|(&r, d)| (r, d.clone()));
+        let Some((from, canonical)) = canonical else {
+            return;
+        };
+        let commit_max = self.dvcs.values().map(|d| d.commit).max().unwrap_or(0);
+        let commit_floor = commit_max.max(self.commit);
+        if !self.adopt(from, canonical.op, &canonical.suffix, commit_floor, out) {
+            return;
+        }
+        self.commit_max = self.commit_max.max(commit_max);
+        self.phase = Phase::Repairing;
+        self.try_finish_view(out);
+    }
+
+    /// Makes our log a prefix of the canonical log (`suffix`, ending at
+    /// `op`, held by `from`): cuts our disagreeing ops, then repairs the
+    /// rest from `from`. Refuses (false) a cut at or below `commit_floor`.
+    fn adopt(
+        &mut self,
+        from: u8,
+        op: u64,
+        suffix: &[BatchHeader],
+        commit_floor: u64,
+        out: &mut Outbox,
+    ) -> bool {
+        let own = self.log.op();
+        let mut cut = own.min(op);
+        for h in suffix.iter().filter(|h| h.vsr_op <= cut) {
+            if self
+                .log
+                .checksum_at(h.vsr_op)
+                .is_some_and(|c| c != h.header_checksum)
+            {
+                cut = h.vsr_op - 1;
+                break;
+            }
+        }
+        if cut < own && cut < commit_floor.max(self.commit) {
+            let reason = "canonical log would cut a committed op";
+            out.event(Event::Dropped {
+                what: "view change",
+                reason,
+            });
+            return false;
+        }
+        self.truncate_to(cut, out);
+        self.target = suffix
+            .iter()
+            .filter(|h| h.vsr_op > cut)
+            .map(|h| (h.vsr_op, *h))
+            .collect();
+        self.repair_goal = op;
+        self.repair_from = None;
+        if self.log.op() < op {
+            self.request_repair(from, op, out);
+        }
+        true
+    }
+
+    /// New primary: once the canonical log is whole and durable, persist
+    /// log_view = view; StartView follows that write (`on_persisted`).
+    pub(super) fn try_finish_view(&mut self, out: &mut Outbox) {
+        let ready = self.status == Status::ViewChange
+            && self.phase == Phase::Repairing
+            && self.log.op() >= self.repair_goal
+            && self.truncations.is_empty()
+            && self.log.entries().all(|e| e.durable);
+        if !ready {
+            return;
+        }
+        self.phase = Phase::Persisting;
+        self.log_view = self.view;
+        let commit = self.commit_max;
+        self.advance_commit(commit, out);
+        self.persist(out);
+    }
+
+    pub(super) fn become_primary(&mut self, out: &mut Outbox) {
+        assert!(self.is_primary() && self.durable.log_view == self.view);
+        self.status = Status::Normal;
+        self.phase = Phase::Collecting;
+        self.dvcs.clear();
+        let me = 1u32 << self.cfg.replica;
+        self.acks = self
+            .log
+            .entries()
+            .filter(|e| e.header.vsr_op > self.commit)
+            .map(|e| {
+                let voters = if e.durable { me } else { 0 };
+                let ack = Ack {
+                    checksum: e.header.header_checksum,
+                    voters,
+                };
+                (e.header.vsr_op, ack)
+            })
+            .collect();
+        self.arm_for_status();
+        out.event(Event::StatusChanged {
+            status: self.status,
+            view: self.view,
+        });
+        for to in 0..self.cfg.replica_count {
+            if to != self.cfg.replica {
+                self.send_start_view(to, 0, out);
+            }
+        }
+        self.try_commit(out);
+    }
+
+    fn send_start_view(&mut self, to: u8, nonce: u64, out: &mut Outbox) {
+        let body = Body::StartView {
+            op: self.log.op(),
+            commit: self.commit,
+            nonce,
+            suffix: self.log.headers(),
+        };
+        self.send(out, to, body);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn on_start_view(
+        &mut self,
+        from: u8,
+        view: u32,
+        op: u64,
+        commit: u64,
+        nonce: u64,
+        suffix: Vec<BatchHeader>,
+        out: &mut Outbox,
+    ) {
+        let reason = if from != self.primary_of(view) {
+            "not from the view's primary"
+        } else if view < self.view || (view == self.view && self.status == Status::Normal) {
+            "stale view"
+        } else if self.status == Status::Recovering && nonce != self.nonce {
+            "recovering: answer to an older request"
+        } else if commit > op || !suffix_ok(&suffix, op) {
+            "malformed"
+        } else {
+            ""
+        };
+        if !reason.is_empty() {
+            return out.event(Event::Dropped {
+                what: "start_view",
+                reason,
+            });
+        }
+        self.abandon_clients(out);
+        let (view_was, log_view_was) = (self.view, self.log_view);
+        self.view = view;
+        self.log_view = view;
+        if !self.adopt(from, op, &suffix, self.commit, out) {
+            // Keep our durable identity: this StartView contradicts it.
+            self.view = view_was;
+            self.log_view = log_view_was;
+            return;
+        }
+        self.enter_normal_backup(commit, out);
+    }
+
+    fn enter_normal_backup(&mut self, commit: u64, out: &mut Outbox) {
+        self.status = Status::Normal;
+        self.view_seen_max = self.view_seen_max.max(self.view);
+        self.dvcs.clear();
+        self.persist(out);
+        self.arm_for_status();
+        out.event(Event::StatusChanged {
+            status: self.status,
+            view: self.view,
+        });
+        self.advance_commit(commit, out);
+        // Ack every durable op above commit in the new view (held by the
+        // gate until log_view = view is durable).
+        let acks: Vec<(u64, u64)> = self
+            .log
+            .entries()
+            .filter(|e| e.durable && e.header.vsr_op > self.commit)
+            .map(|e| (e.header.vsr_op, e.header.header_checksum))
+            .collect();
+        for (op, checksum) in acks {
+            self.send_prepare_ok(op, checksum, out);
+        }
+        if self.repair_goal > self.log.op() {
+            self.ensure(T::RepairRetry);
+        }
+    }
+
+    pub(super) fn on_request_start_view(
+        &mut self,
+        from: u8,
+        view: u32,
+        nonce: u64,
+        out: &mut Outbox,
+    ) {
+        if self.status == Status::Normal && self.is_primary() && view <= self.view {
+            self.send_start_view(from, nonce, out);
+        } else {
+            let reason = "not the normal primary";
+            out.event(Event::Dropped {
+                what: "request_start_view",
+                reason,
+            });
+        }
+    }
+
+    /// Saw a newer view in a normal-operation message: ask for StartView.
+    pub(super) fn learn_view(&mut self, view: u32, out: &mut Outbox) {
+        if view <= self.view_seen_max && self.timeouts[T::StartViewRequest as usize].armed() {
+            return;
+        }
+        self.view_seen_max = self.view_seen_max.max(view);
+        self.nonce = self.rng.next_u64() | 1;
+        let nonce = self.nonce;
+        self.send_all(out, Body::RequestStartView { nonce });
+        self.start(T::StartViewRequest);
+    }
+
+    pub(super) fn start_view_request_retry(&mut self, out: &mut Outbox) {
+        let behind = self.status == Status::Recovering || self.view_seen_max > self.view;
+        if !behind {
+            return self.timeout(T::StartViewRequest).stop();
+        }
+        let attempts = self.timeouts[T::StartViewRequest as usize].attempts();
+        if self.status == Status::Recovering
+            && !self.wiped
+            && attempts >= self.cfg.recovering_attempts_max
+        {
+            // Nobody is normal to answer: our durable state is a valid
+            // promise, so vote in a new view rather than wait forever.
+            self.status = Status::ViewChange;
+            return self.start_view_change(self.view + 1, out);
+        }
+        let nonce = self.nonce;
+        self.send_all(out, Body::RequestStartView { nonce });
+        self.backoff(T::StartViewRequest);
+    }
+
+    // ---- repair ----
+
+    /// Asks `from` for ops after our log, up to `op_max` (one chunk).
+    pub(super) fn request_repair(&mut self, from: u8, op_max: u64, out: &mut Outbox) {
+        let op_min = self.log.op() + 1;
+        self.repair_goal = self.repair_goal.max(op_max);
+        self.repair_from = Some(from);
+        if op_min > op_max {
+            return;
+        }
+        let op_max = op_max.min(op_min + self.cfg.repair_batches_max - 1);
+        self.send(out, from, Body::RequestPrepares { op_min, op_max });
+        self.ensure(T::RepairRetry);
+    }
+
+    pub(super) fn repair_retry(&mut self, out: &mut Outbox) {
+        match self.repair_from {
+            Some(from) if self.repair_goal > self.log.op() => {
+                let goal = self.repair_goal;
+                self.request_repair(from, goal, out);
+                self.backoff(T::RepairRetry);
+            }
+            _ => self.timeout(T::RepairRetry).stop(),
+        }
+    }
+
+    pub(super) fn on_request_prepares(
+        &mut self,
+        from: u8,
+        view: u32,
+        op_min: u64,
+        op_max: u64,
+        out: &mut Outbox,
+    ) {
+        if view != self.view || self.status == Status::Recovering || op_min > self.log.op() {
+            let reason = "other view or not held";
+            return out.event(Event::Dropped {
+                what: "request_prepares",
+                reason,
+            });
+        }
+        let op_max = op_max
+            .min(self.log.op())
+            .min(op_min + self.cfg.repair_batches_max - 1);
+        let batches: Vec<BatchBytes> = (op_min..=op_max)
+            .map_while(|op| self.log.get(op).and_then(|e| e.batch.clone()))
+            .collect();
+        if !batches.is_empty() {
+            let commit = self.commit;
+            return self.send(out, from, Body::Prepares { commit, batches });
+        }
+        if self.reads.len() >= self.cfg.repair_reads_max {
+            let reason = "repair reads at their bound";
+            return out.event(Event::Dropped {
+                what: "request_prepares",
+                reason,
+            });
+        }
+        let id = self.io(out, StorageOp::ReadBatches { op_min, op_max });
+        self.reads.insert(id, (from, view));
+    }
+
+    pub(super) fn on_read_done(
+        &mut self,
+        to: u8,
+        view: u32,
+        result: Result<IoOutcome, IoFailure>,
+        out: &mut Outbox,
+    ) {
+        match result {
+            Ok(IoOutcome::Batches(batches)) if view == self.view && !batches.is_empty() => {
+                let commit = self.commit;
+                self.send(out, to, Body::Prepares { commit, batches });
+            }
+            _ => out.event(Event::Dropped {
+                what: "repair read",
+                reason: "failed or stale",
+            }),
+        }
+    }
+
+    pub(super) fn on_prepares(
+        &mut self,
+        from: u8,
+        view: u32,
+        commit: u64,
+        batches: Vec<BatchBytes>,
+        out: &mut Outbox,
+    ) {
+        let repairing = self.status == Status::Normal
+            || (self.status == Status::ViewChange && self.phase == Phase::Repairing);
+        if view != self.view || self.repair_from != Some(from) || !repairing {
+            return out.event(Event::Dropped {
+                what: "prepares",
+                reason: "not asked for",
+            });
+        }
+        for batch in batches {
+            let Some(h) = self.verify_batch(&batch, out) else {
+                break;
+            };
+            if h.vsr_op <= self.log.op() {
+                continue;
+            }
+            let expected = self.target.get(&h.vsr_op).map(|e| e.header_checksum);
+            if !self.log.links(&h) || expected.is_some_and(|c| c != h.header_checksum) {
+                self.repair_mismatch(out);
+                break;
+            }
+            self.target.remove(&h.vsr_op);
+            self.append(h, batch, out);
+        }
+        if self.status == Status::Normal {
+            self.advance_commit(commit, out);
+        }
+        let goal = self.repair_goal;
+        if goal > self.log.op() {
+            self.request_repair(from, goal, out);
+        } else {
+            self.timeout(T::RepairRetry).stop();
+        }
+        self.try_finish_view(out);
+    }
+
+    /// A repaired batch does not link: our uncommitted tail is not the
+    /// canonical one, so cut it back to commit and repair from there.
+    fn repair_mismatch(&mut self, out: &mut Outbox) {
+        out.event(Event::Dropped {
+            what: "prepares",
+            reason: "does not link",
+        });
+        if self.log.op() > self.commit {
+            let commit = self.commit;
+            self.truncate_to(commit, out);
+        }
+    }
+}
+
+/// A suffix is consecutive ops ending at `op` (or empty).
+fn suffix_ok(suffix: &[BatchHeader], op: u64) -> bool {
+    let consecutive = suffix
+        .windows(2)
+        .all(|w| w[1].vsr_op == w[0].vsr_op + 1 && w[1].prev_checksum == w[0].header_checksum);
+    consecutive && suffix.last().is_none_or(|h| h.vsr_op == op)
+}
