@@ -6,12 +6,12 @@
 //! invalid. The active segment's index lives in memory and is rebuilt from
 //! the log at open.
 //!
-//! Every segment file also has two frontier record slots ([`FrontierSlot`])
+//! Every segment file also has three frontier record slots ([`FrontierSlot`])
 //! of one block each, right after its data capacity: each flush writes one
-//! (alternating) in the same linked chain as its data, covered by the same
-//! fdatasync, recording how far the log was already durable. Recovery trusts
-//! the newest valid slot of the live active segment as the durable frontier
-//! (see `store/open.rs`).
+//! (round robin) beside its data write, recording how far the log was
+//! already durable; that flush's fdatasync or the next one covers it.
+//! Recovery trusts the newest valid slot of the live active segment as the
+//! durable frontier (see `store/open.rs`).
 
 use std::path::{Path, PathBuf};
 
@@ -254,7 +254,7 @@ impl SealedIndex {
 /// Size of one frontier record slot.
 pub const SLOT_BYTES: u64 = 4096;
 /// Frontier record slots per segment file.
-pub const SLOTS: u64 = 2;
+pub const SLOTS: u64 = 3;
 const SLOT_MAGIC: u64 = u64::from_le_bytes(*b"RLGFRONT");
 const SLOT_VERSION: u16 = 1;
 const SLOT_LEN: usize = 96;
@@ -280,7 +280,7 @@ pub struct FrontierSlot {
     pub live_generation: u64,
     pub active_base: u64,
     pub capacity_bytes: u64,
-    /// Counts the slots written into this segment; slot `sequence % 2`.
+    /// Counts the slots written into this segment; slot `sequence % 3`.
     pub sequence: u64,
     /// Byte position in the segment below which every batch is durable.
     pub position: u64,

@@ -23,10 +23,10 @@
 //!
 //! The superblock's frontier is a checkpoint, written at seal, purge,
 //! retention and close, not on every flush. Between checkpoints the durable
-//! frontier is recorded in the active segment file itself: each flush's
-//! chain is data write, frontier record write (the durable end the previous
-//! flush's completed fdatasync made durable), fdatasync, so the record costs
-//! one 4 KiB write and no extra fsync. Recovery verifies every batch below
+//! frontier is recorded in the active segment file itself: each flush adds
+//! a frontier record write (the durable end the previous flush's completed
+//! fdatasync made durable) beside its data write, so the record costs one
+//! 4 KiB write in parallel with the data and no fsync of its own. Recovery verifies every batch below
 //! the newest record and may drop as torn only what lies past it (the bound
 //! is stated in `open.rs`).
 
@@ -114,11 +114,14 @@ struct ActiveSegment {
     /// frontier record slots follow it.
     capacity_bytes: u64,
     /// Frontier records written into this segment so far; the next one
-    /// goes to slot `slot_sequence % 2`, never over the newest durable one.
+    /// goes to slot `slot_sequence % 3`, never over the last two written.
     slot_sequence: u64,
-    /// The position the newest durable frontier record (superblock or
-    /// slot) names: recovery verifies every batch below it.
+    /// The position the newest frontier record known durable (superblock
+    /// or slot) names: recovery verifies every batch below it.
     recorded_position: u64,
+    /// The position the last flush's record names: written, durable once
+    /// the next fdatasync of this file completes.
+    unsynced_record: Option<u64>,
 }
 
 /// A flush (or frontier checkpoint) submitted but not completed.
@@ -126,7 +129,10 @@ struct Flushing {
     end_position: u64,
     chain: ChainPoint,
     /// The position its frontier record names, if it writes one.
-    recorded_position: Option<u64>,
+    record: Option<u64>,
+    /// Whether the record's write is linked before the fdatasync (a
+    /// checkpoint) rather than running beside the data write (a flush).
+    record_synced: bool,
 }
 
 pub struct PartitionStore {
@@ -411,26 +417,37 @@ impl PartitionStore {
         })
     }
 
-    /// Queues this partition's flush onto `sqes`: the data write, then (if
-    /// the durable end moved past the newest frontier record) a record of
-    /// that durable end, then one fdatasync, linked. Returns how many entries
-    /// it added (0: nothing to flush). The matching completions go to
-    /// [`complete_flush`], in order.
+    /// Queues this partition's flush onto `sqes`: if the durable end moved
+    /// past the newest frontier record, a record of that durable end (not
+    /// linked); then the data write linked to one fdatasync. Returns how
+    /// many entries it added (0: nothing to flush). The matching
+    /// completions go to [`complete_flush`], in order.
     ///
     /// The record names only what an earlier, completed fdatasync made
     /// durable, never this flush's bytes: this flush may tear, the record
-    /// must not claim torn bytes.
+    /// must not claim torn bytes. It may run after this flush's fdatasync;
+    /// the next one covers it (hence three slots, see `open.rs`).
     ///
     /// [`complete_flush`]: PartitionStore::complete_flush
     pub fn prepare_flush(&mut self, sqes: &mut Vec<Sqe>) -> Result<usize, StoreError> {
         self.check_fenced()?;
         assert!(self.flushing.is_none(), "one flush at a time per partition");
         let before = sqes.len();
-        let active = &mut self.active;
-        let flushed_from = active.durable_position;
-        if active.end_position == flushed_from {
+        if self.active.end_position == self.active.durable_position {
             return Ok(0);
         }
+        // Beside the data write, not linked before it: the record names
+        // only bytes an earlier fdatasync made durable, so it needs no
+        // ordering, and the flush costs no extra serial write.
+        let active = &self.active;
+        let latest_record = active
+            .unsynced_record
+            .map_or(active.recorded_position, |p| {
+                p.max(active.recorded_position)
+            });
+        let record = self.push_record(sqes, latest_record, false);
+        let active = &mut self.active;
+        let flushed_from = active.durable_position;
         let start = align_down(flushed_from);
         let len = (active.end_position - start) as usize;
         debug_assert_eq!(len, active.pending.len());
@@ -452,14 +469,12 @@ impl PartitionStore {
             offset: start,
             buf,
         }));
-        let recorded_position = self.push_record(sqes);
-        sqes.push(Sqe::new(Op::Fdatasync {
-            file: self.active.file,
-        }));
+        sqes.push(Sqe::new(Op::Fdatasync { file: active.file }));
         self.flushing = Some(Flushing {
-            end_position: self.active.end_position,
+            end_position: active.end_position,
             chain: self.chain,
-            recorded_position,
+            record,
+            record_synced: false,
         });
         Ok(sqes.len() - before)
     }
@@ -476,7 +491,8 @@ impl PartitionStore {
         self.check_fenced()?;
         assert!(self.flushing.is_none(), "one flush at a time per partition");
         let before = sqes.len();
-        let Some(recorded_position) = self.push_record(sqes) else {
+        let recorded = self.active.recorded_position;
+        let Some(record) = self.push_record(sqes, recorded, true) else {
             return Ok(0);
         };
         sqes.push(Sqe::new(Op::Fdatasync {
@@ -485,7 +501,8 @@ impl PartitionStore {
         self.flushing = Some(Flushing {
             end_position: self.active.durable_position,
             chain: self.durable,
-            recorded_position: Some(recorded_position),
+            record: Some(record),
+            record_synced: true,
         });
         Ok(sqes.len() - before)
     }
@@ -509,15 +526,14 @@ impl PartitionStore {
         self.active.durable_position - self.active.recorded_position
     }
 
-    /// Pushes a linked write of the frontier record for the durable end into
-    /// the next slot, if that end is past the newest record; returns the
-    /// position it records.
-    fn push_record(&mut self, sqes: &mut Vec<Sqe>) -> Option<u64> {
+    /// Pushes a write of the frontier record for the durable end into the
+    /// next slot (`linked` to what follows), if that end is past `after`;
+    /// returns the position it records.
+    fn push_record(&mut self, sqes: &mut Vec<Sqe>, after: u64, linked: bool) -> Option<u64> {
         let active = &mut self.active;
-        if active.durable_position == active.recorded_position {
+        if active.durable_position <= after {
             return None;
         }
-        debug_assert!(active.durable_position > active.recorded_position);
         let slot = FrontierSlot {
             partition_id: self.partition_id,
             live_generation: self.sb.live_generation,
@@ -537,11 +553,16 @@ impl PartitionStore {
         slot.encode(&mut buf);
         let offset = segment::slot_offset(active.capacity_bytes, slot.sequence % segment::SLOTS);
         active.slot_sequence += 1;
-        sqes.push(Sqe::linked(Op::Write {
+        let write = Op::Write {
             file: active.file,
             offset,
             buf,
-        }));
+        };
+        sqes.push(if linked {
+            Sqe::linked(write)
+        } else {
+            Sqe::new(write)
+        });
         Some(slot.position)
     }
 
@@ -577,10 +598,19 @@ impl PartitionStore {
         if let Some(cause) = failure {
             return Err(self.fence(cause));
         }
-        self.active.durable_position = flushing.end_position;
+        let active = &mut self.active;
+        active.durable_position = flushing.end_position;
         self.durable = flushing.chain;
-        if let Some(position) = flushing.recorded_position {
-            self.active.recorded_position = position;
+        // This fdatasync ran after the previous flush's record write had
+        // completed: that record is durable now.
+        if let Some(position) = active.unsynced_record.take() {
+            active.recorded_position = active.recorded_position.max(position);
+        }
+        match flushing.record {
+            Some(position) if flushing.record_synced => {
+                active.recorded_position = active.recorded_position.max(position);
+            }
+            unsynced => active.unsynced_record = unsynced,
         }
         Ok(())
     }
@@ -885,6 +915,7 @@ impl ActiveSegment {
             capacity_bytes,
             slot_sequence: 0,
             recorded_position: 0,
+            unsynced_record: None,
         }
     }
 }

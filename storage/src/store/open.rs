@@ -20,29 +20,36 @@
 //!
 //! ## The torn-tail bound
 //!
-//! Let flush N be the active segment's last flush whose fdatasync completed
-//! before the crash: every acknowledged append ends at or below end(N). At
-//! most one flush, N+1, can be in flight (one flush per partition at a
-//! time). Flush N's chain wrote a record of end(N-1) before its fdatasync,
-//! into the slot flush N+1 does not write (they alternate), so after any
-//! crash the newest valid record names at least end(N-1) (or more: a
+//! Flush k writes frontier record R_k, naming end(k-1) (what flush k-1's
+//! completed fdatasync made durable), into slot k mod 3, beside its data
+//! write and unordered with its fdatasync F_k. Flush k+1 starts only after
+//! every op of flush k completed, so F_(k+1) covers R_k: R_k is durable once
+//! flush k+1 completed. A slot is rewritten only three flushes later, when
+//! it is no longer the newest durable record.
+//!
+//! Let flush N be the active segment's last flush that completed before the
+//! crash: every acknowledged append ends at or below end(N), and at most
+//! flush N+1 is in flight (one flush per partition at a time). R_(N-1),
+//! naming end(N-2), is durable, and flush N+1 writes another slot, so after
+//! any crash the newest valid record names at least end(N-2) (or more: a
 //! checkpoint, a close, a roll). Hence:
 //! - a crash alone never loses an acknowledged batch: end(N) is durable and
 //!   every batch below it is valid, so the scan passes it;
-//! - what recovery can ever drop as torn lies in [end(N-1), end(N+1)): the
-//!   bytes of at most the last two flushes, each at most
-//!   `write_buffer_bytes` of new data, so at most 2 x `write_buffer_bytes`
-//!   (8 MiB with the default 4 MiB buffer), of which only flush N's, at most
-//!   `write_buffer_bytes`, were acknowledged, and those only if they were
-//!   also damaged (a bad byte there reads as a torn tail, not as
-//!   corruption);
+//! - what recovery can ever drop as torn lies in [end(N-2), end(N+1)): the
+//!   bytes of at most the last three flushes, each at most
+//!   `write_buffer_bytes` of new data, so at most 3 x `write_buffer_bytes`
+//!   (12 MiB with the default 4 MiB buffer), of which only flushes N-1 and
+//!   N, at most 2 x `write_buffer_bytes`, were acknowledged, and those only
+//!   if they were also damaged (a bad byte there reads as a torn tail, not
+//!   as corruption);
 //! - an idle partition closes that window with a checkpoint
-//!   (`PartitionStore::prepare_checkpoint`, which the shard issues for
-//!   partitions idle for a tick), after which nothing acknowledged is above
-//!   the record; `close` does the same through the superblock.
+//!   (`PartitionStore::prepare_checkpoint`: a record write linked to an
+//!   fdatasync, which the shard issues for partitions idle for a tick),
+//!   after which nothing acknowledged is above the record; `close` does the
+//!   same through the superblock.
 //!
-//! The record costs one 4 KiB write in each flush's chain and no fsync of
-//! its own.
+//! The record costs one 4 KiB write per flush, in parallel with the data
+//! write (not in its chain), and no fsync of its own.
 
 use std::path::{Path, PathBuf};
 
@@ -638,6 +645,7 @@ fn recover_active(
         capacity_bytes: capacity,
         slot_sequence: record.slot_sequence,
         recorded_position: record.position,
+        unsynced_record: None,
     };
     Ok((active, chain))
 }

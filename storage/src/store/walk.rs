@@ -58,20 +58,25 @@ impl Walker {
         self.buf
     }
 
-    /// Makes `[position, position + len)` available in the buffer; returns
+    /// Makes `[position, position + len)` available in the buffer, reading
+    /// ahead at most to `limit` (the bytes past it are not the walk's: the
+    /// rest of a segment's capacity, its frontier record slots); returns
     /// false if the file ends first.
     fn ensure(
         &mut self,
         io: &mut impl IoBackend,
-        position: u64,
-        len: usize,
+        (position, len): (u64, usize),
+        limit: u64,
     ) -> std::io::Result<bool> {
+        debug_assert!(position + len as u64 <= limit);
         let have_end = self.buf_start + self.buf.len() as u64;
         if position >= self.buf_start && position + len as u64 <= have_end {
             return Ok(true);
         }
         let start = align_down(position);
-        let want = align_up(position + len as u64 - start).max(self.chunk_bytes as u64) as usize;
+        let needed = align_up(position + len as u64 - start);
+        let ahead = (self.chunk_bytes as u64).min(align_up(limit) - start);
+        let want = needed.max(ahead) as usize;
         let mut buf = std::mem::replace(&mut self.buf, AlignedBuf::new(0));
         if buf.capacity() < want {
             buf = AlignedBuf::new(want);
@@ -119,7 +124,7 @@ impl Walker {
                 // exactly at it compare the returned position.
                 return Ok((position, WalkStop::End));
             }
-            if !self.ensure(io, position, HEADER_LEN)? {
+            if !self.ensure(io, (position, HEADER_LEN), limit)? {
                 return Ok((position, WalkStop::End));
             }
             let at = (position - self.buf_start) as usize;
@@ -140,7 +145,7 @@ impl Walker {
                     },
                 ));
             }
-            if !self.ensure(io, position, total)? {
+            if !self.ensure(io, (position, total), limit)? {
                 return Ok((
                     position,
                     WalkStop::Invalid {
