@@ -106,50 +106,56 @@ fn a_bad_batch_below_the_flushed_end_is_corruption_after_a_crash() {
     assert_corruption_at(&err, &segment, position);
 }
 
-/// The exact bound: the durable record trails the durable end by the last
-/// two completed flushes, so a bad byte there is taken for a torn tail (its
-/// batches are dropped) until a checkpoint records them; after one, it is
-/// corruption. The flush before them is below the record either way.
+/// The bound (see `open.rs`): the durable record names at least
+/// end(N) - I - bytes(N-1) - bytes(N) after N completed flushes (I =
+/// `record_interval_bytes`). A bad byte below that is corruption; one in
+/// the last flush is past every record and is taken for a torn tail (its
+/// batches are dropped); in between, the sim's op order decides. After a
+/// checkpoint every flip is corruption.
 #[test]
-fn the_last_two_flushes_are_below_the_record_only_after_a_checkpoint() {
-    for (checkpoint, flipped) in [(false, 7), (false, 8), (false, 9), (true, 8), (true, 9)] {
-        let mut io = SimBackend::new(13);
-        let (mut store, batches) = flushed(&mut io, small_config(), 10);
-        assert!(store.frontier_lag_bytes() > 0);
-        if checkpoint {
-            store.checkpoint_frontier(&mut io).unwrap();
-            assert_eq!(store.frontier_lag_bytes(), 0);
-            // Nothing left to record: no I/O.
-            let ops = io.ops_count();
-            store.checkpoint_frontier(&mut io).unwrap();
-            assert_eq!(io.ops_count(), ops);
-        }
-        let segment = active_segment(&store);
-        drop(store);
-        let (position, batch) = &batches[flipped];
-        flip(&mut io, &segment, *position, batch.len());
-        let mut io = io.reboot();
-        let opened = PartitionStore::open(&mut io, dir(), PID, small_config());
-        match opened {
-            // Past the durable record: taken for a torn tail. The record of
-            // the second-to-last flush's end is durable only if its write
-            // ran before that flush's fdatasync (the sim's order decides).
-            Ok(store) if !checkpoint && flipped >= 8 => {
-                assert_eq!(store.next_offset(), flipped as u64 * 3, "torn tail");
+fn the_unrecorded_tail_is_bounded_and_a_checkpoint_closes_it() {
+    let mut must_be_corruption = 0;
+    for checkpoint in [false, true] {
+        for flipped in 0..10 {
+            let mut io = SimBackend::new(13 + flipped as u64);
+            let (mut store, batches) = flushed(&mut io, small_config(), 10);
+            let interval = store.record_interval_bytes();
+            assert!(store.frontier_lag_bytes() > 0);
+            if checkpoint {
+                store.checkpoint_frontier(&mut io).unwrap();
+                assert_eq!(store.frontier_lag_bytes(), 0);
+                // Nothing left to record: no I/O.
+                let ops = io.ops_count();
+                store.checkpoint_frontier(&mut io).unwrap();
+                assert_eq!(io.ops_count(), ops);
             }
-            Ok(store) => panic!(
-                "flip in batch {flipped} (checkpoint {checkpoint}) dropped as torn at {}",
-                store.next_offset()
-            ),
-            Err(err) => {
-                assert!(
-                    flipped < 9 || checkpoint,
-                    "the last flush is past every record"
-                );
-                assert_corruption_at(&err, &segment, *position);
+            let ends: Vec<u64> = batches.iter().map(|(p, b)| p + b.len() as u64).collect();
+            let below_record = ends[flipped] + interval <= ends[7];
+            must_be_corruption += usize::from(below_record && !checkpoint);
+            let segment = active_segment(&store);
+            drop(store);
+            let (position, batch) = &batches[flipped];
+            flip(&mut io, &segment, *position, batch.len());
+            let mut io = io.reboot();
+            match PartitionStore::open(&mut io, dir(), PID, small_config()) {
+                Ok(store) => {
+                    assert!(
+                        !checkpoint && !below_record,
+                        "flip in batch {flipped} (checkpoint {checkpoint}) dropped as torn"
+                    );
+                    assert_eq!(store.next_offset(), flipped as u64 * 3, "torn tail");
+                }
+                Err(err) => {
+                    assert!(
+                        checkpoint || flipped < 9,
+                        "the last flush is past every record"
+                    );
+                    assert_corruption_at(&err, &segment, *position);
+                }
             }
         }
     }
+    assert!(must_be_corruption >= 3, "{must_be_corruption}");
 }
 
 /// Item 2: the recovery scan is bounded by the segment's recorded capacity,
@@ -242,9 +248,8 @@ fn run_flushes(
 }
 
 /// Crashes at every I/O of a run of flushes (torn or not): no acknowledged
-/// batch is lost, and a byte flipped in any batch acknowledged before the
-/// last two completed flushes is reported as corruption, never dropped as
-/// torn.
+/// batch is lost, and a byte flipped in an acknowledged batch below the
+/// bound of `open.rs` is reported as corruption, never dropped as torn.
 #[test]
 fn crash_at_every_flush_io_loses_nothing_and_reports_corruption_below_the_record() {
     let config = StoreConfig {
@@ -284,20 +289,35 @@ fn crash_at_every_flush_io_loses_nothing_and_reports_corruption_below_the_record
                 );
             }
             let segment = active_segment(&store);
+            let interval = store.record_interval_bytes();
             drop(store);
-            // The durable record trails the durable end by at most the last
-            // two completed flushes: every batch before them must verify.
+            // The durable record names at least end(N) - I - bytes(N-1) -
+            // bytes(N) (see open.rs): every batch below must verify.
             let n = model.groups.len();
             if n < 3 {
                 continue;
             }
-            let (position, batch) = model.groups[n - 3].last().unwrap();
+            let (p, b) = model.groups[n - 3].last().unwrap();
+            let Some(bound) = (p + b.len() as u64).checked_sub(interval) else {
+                continue;
+            };
+            let Some((position, batch)) = model
+                .groups
+                .iter()
+                .flatten()
+                .rfind(|(p, b)| p + b.len() as u64 <= bound)
+            else {
+                continue;
+            };
             let position = *position;
             flip(&mut io, &segment, position, batch.len());
             let mut io = io.reboot();
             let err = match PartitionStore::open(&mut io, dir(), PID, config.clone()) {
                 Err(e) => e,
-                Ok(s) => panic!("{label}: opened over a bad batch at {position} (flush {} of {n}), next offset {}", n - 3, s.next_offset()),
+                Ok(s) => panic!(
+                    "{label}: opened over a bad batch at {position} ({n} flushes), next offset {}",
+                    s.next_offset()
+                ),
             };
             assert_corruption_at(&err, &segment, position);
             flipped += 1;

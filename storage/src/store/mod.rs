@@ -438,14 +438,21 @@ impl PartitionStore {
         }
         // Beside the data write, not linked before it: the record names
         // only bytes an earlier fdatasync made durable, so it needs no
-        // ordering, and the flush costs no extra serial write.
+        // ordering, and the flush costs no extra serial write. Written once
+        // the durable end is `record_interval_bytes` past the latest record,
+        // so small flushes share one.
         let active = &self.active;
         let latest_record = active
             .unsynced_record
             .map_or(active.recorded_position, |p| {
                 p.max(active.recorded_position)
             });
-        let record = self.push_record(sqes, latest_record, false);
+        let due = active.durable_position >= latest_record + self.record_interval_bytes();
+        let record = if due {
+            self.push_record(sqes, latest_record, false)
+        } else {
+            None
+        };
         let active = &mut self.active;
         let flushed_from = active.durable_position;
         let start = align_down(flushed_from);
@@ -517,6 +524,14 @@ impl PartitionStore {
         }
         let completions = io.submit(sqes);
         self.complete_flush(completions)
+    }
+
+    /// How far the durable end may run past the latest frontier record
+    /// before a flush writes a new one: a quarter of the write buffer, so a
+    /// flush of at least that much writes one each time, and smaller ones
+    /// share one (their 4 KiB record write would cost as much as the data).
+    pub fn record_interval_bytes(&self) -> u64 {
+        (self.config.write_buffer_bytes / 4) as u64
     }
 
     /// Bytes of the active segment that are durable but not yet below the

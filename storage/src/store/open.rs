@@ -20,36 +20,38 @@
 //!
 //! ## The torn-tail bound
 //!
-//! Flush k writes frontier record R_k, naming end(k-1) (what flush k-1's
-//! completed fdatasync made durable), into slot k mod 3, beside its data
-//! write and unordered with its fdatasync F_k. Flush k+1 starts only after
-//! every op of flush k completed, so F_(k+1) covers R_k: R_k is durable once
-//! flush k+1 completed. A slot is rewritten only three flushes later, when
-//! it is no longer the newest durable record.
+//! A flush writes a frontier record, naming the durable end that earlier
+//! fdatasyncs made durable, once that end is at least
+//! I = `record_interval_bytes` (`write_buffer_bytes / 4`) past the latest
+//! record; the record goes to the next of three slots (round robin), beside
+//! the flush's data write and unordered with its fdatasync. The next flush
+//! starts only after every op of this one completed, so its fdatasync covers
+//! the record: a record is durable at the latest once the following flush
+//! completed, and a slot is rewritten only when two newer records exist.
 //!
 //! Let flush N be the active segment's last flush that completed before the
 //! crash: every acknowledged append ends at or below end(N), and at most
-//! flush N+1 is in flight (one flush per partition at a time). R_(N-1),
-//! naming end(N-2), is durable, and flush N+1 writes another slot, so after
-//! any crash the newest valid record names at least end(N-2) (or more: a
-//! checkpoint, a close, a roll). Hence:
+//! flush N+1 is in flight (one flush per partition at a time). Each flush
+//! holds at most W = `write_buffer_bytes` of new data. The newest durable
+//! record then names at least end(N) - (I + 2W): a record written by flush
+//! N-1 or earlier is durable, and no flush up to N-1 found the durable end
+//! I past the latest record without writing one. Hence:
 //! - a crash alone never loses an acknowledged batch: end(N) is durable and
 //!   every batch below it is valid, so the scan passes it;
-//! - what recovery can ever drop as torn lies in [end(N-2), end(N+1)): the
-//!   bytes of at most the last three flushes, each at most
-//!   `write_buffer_bytes` of new data, so at most 3 x `write_buffer_bytes`
-//!   (12 MiB with the default 4 MiB buffer), of which only flushes N-1 and
-//!   N, at most 2 x `write_buffer_bytes`, were acknowledged, and those only
-//!   if they were also damaged (a bad byte there reads as a torn tail, not
-//!   as corruption);
+//! - what recovery can ever drop as torn is less than I + 3W past that
+//!   record's end (I + 2W acknowledged bytes, and those only if they were
+//!   also damaged, since a bad byte there reads as a torn tail, not as
+//!   corruption; plus flush N+1, never acknowledged). With the default 4 MiB
+//!   write buffer: under 13 MiB, of which under 9 MiB acknowledged;
 //! - an idle partition closes that window with a checkpoint
 //!   (`PartitionStore::prepare_checkpoint`: a record write linked to an
 //!   fdatasync, which the shard issues for partitions idle for a tick),
 //!   after which nothing acknowledged is above the record; `close` does the
 //!   same through the superblock.
 //!
-//! The record costs one 4 KiB write per flush, in parallel with the data
-//! write (not in its chain), and no fsync of its own.
+//! The record costs at most one 4 KiB write per flush (one per I bytes for
+//! smaller flushes), in parallel with the data write, and no fsync of its
+//! own.
 
 use std::path::{Path, PathBuf};
 
