@@ -94,6 +94,63 @@ enum Command {
     /// (sequential or random), optionally against fio reading a
     /// pre-written file.
     Fetch(FetchArgs),
+    /// What many partitions cost a server: creates empty partitions,
+    /// restarts it and times boot to ready, reads its RSS and the data
+    /// directory's disk use, produces to every partition round-robin
+    /// (checking every ack); fails if a target is missed.
+    Partitions(PartitionsArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct PartitionsArgs {
+    /// The `ringlog` binary to start [default: next to ringlog-bench].
+    #[arg(long)]
+    server_bin: Option<PathBuf>,
+    /// Shards of the server (0: one per core).
+    #[arg(long, default_value_t = 0)]
+    shards: u32,
+    /// Directory for the server's data (created; removed at the end unless
+    /// --keep). Put it on the filesystem you want to measure.
+    #[arg(long, default_value = "./bench-data")]
+    dir: PathBuf,
+    /// Keep the data directory.
+    #[arg(long)]
+    keep: bool,
+    /// Partitions created (all on this one node).
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    partitions: u32,
+    /// Partitions per topic (a topic holds at most 4096).
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    topic_partitions: u32,
+    /// Client connections producing in parallel, one thread each.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    connections: u32,
+    /// Encoded bytes of each produced batch.
+    #[arg(long, default_value = "4k", value_parser = parse_size)]
+    batch_size: u64,
+    /// Value bytes of each record in a batch.
+    #[arg(long, default_value = "100", value_parser = parse_size)]
+    record_size: u64,
+    /// Rounds of one produce to every partition.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    rounds: u32,
+    /// Fail if the restarted server takes longer than this to be ready.
+    #[arg(long, default_value_t = 2000)]
+    boot_ms_max: u64,
+    /// Fail if the booted server's RSS (all partitions empty) exceeds this.
+    #[arg(long, default_value = "1g", value_parser = parse_size)]
+    rss_max: u64,
+    /// Fail if the data directory (all partitions empty) takes more disk.
+    #[arg(long, default_value = "1g", value_parser = parse_size)]
+    disk_max: u64,
+    /// RLIMIT_NOFILE for the server [default: inherited].
+    #[arg(long)]
+    files_max: Option<u64>,
+    /// Extra server flags, e.g. --server-arg=--set --server-arg=k=v.
+    #[arg(long = "server-arg", allow_hyphen_values = true)]
+    server_args: Vec<String>,
+    #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+    output_format: OutputFormat,
 }
 
 /// Where each fetch read starts.
@@ -368,6 +425,10 @@ enum BenchError {
     Client(#[from] ClientJobError),
     #[error(transparent)]
     Fetch(#[from] FetchJobError),
+    #[error(transparent)]
+    Partitions(#[from] crate::jobs::partitions::PartitionsError),
+    #[error("{report}\ntarget missed: {missed}")]
+    TargetMissed { report: String, missed: String },
     #[error("{what} {path}: {source}")]
     Fs {
         what: &'static str,
@@ -431,6 +492,10 @@ fn run_command(command: Command) -> Result<(OutputFormat, Box<dyn JobReport>), B
         Command::Produce(args) => (args.common.output_format, Box::new(produce_report(&args)?)),
         Command::Consume(args) => (args.common.output_format, Box::new(consume_report(&args)?)),
         Command::Fetch(args) => (args.output_format, Box::new(fetch_report(&args)?)),
+        Command::Partitions(args) => (
+            args.output_format,
+            Box::new(server_bench::partitions_report(&args)?),
+        ),
     })
 }
 

@@ -7,12 +7,14 @@ use std::time::Duration;
 
 use crate::jobs::append::{self, AppendConfig};
 use crate::jobs::consume::{self, ConsumeConfig};
+use crate::jobs::partitions::{self, PartitionsConfig, PartitionsReport, Targets};
 use crate::jobs::produce::{self, ProduceConfig};
 use crate::jobs::server::{self, ServerProcess};
 use crate::report::{ConsumeReport, ProduceRep, ProduceReport};
 use crate::size::Bytes;
 use crate::{
-    fs_err, remove_dir_if_exists, to_usize, BenchError, ConsumeArgs, ProduceArgs, ServerClientArgs,
+    fs_err, remove_dir_if_exists, to_usize, BenchError, ConsumeArgs, PartitionsArgs, ProduceArgs,
+    ServerClientArgs,
 };
 
 /// How long the un-timed fill before a consume run may take at most.
@@ -429,6 +431,72 @@ fn consume_reps(
         produce::delete_topic(&fill.addr, &fill.topic)?;
     }
     result
+}
+
+/// Runs the partitions job and cleans up; fails (with the figures) if a
+/// target is missed.
+pub(crate) fn partitions_report(args: &PartitionsArgs) -> Result<PartitionsReport, BenchError> {
+    let bin = server::locate_binary(args.server_bin.as_deref())?;
+    let dir = args.dir.join("server");
+    if dir.exists() {
+        return Err(BenchError::Usage(format!(
+            "{} already exists (left by an earlier --keep run?); remove it or pick another --dir",
+            dir.display()
+        )));
+    }
+    let created_dir = create_dir(&args.dir)?;
+    let cfg = PartitionsConfig {
+        bin,
+        dir: dir.clone(),
+        shards: args.shards,
+        partitions: args.partitions,
+        topic_partitions: args.topic_partitions,
+        connections: args.connections,
+        batch_size: to_usize("--batch-size", args.batch_size)?,
+        record_size: to_usize("--record-size", args.record_size)?,
+        rounds: args.rounds,
+        extra: args.server_args.clone(),
+        files_max: args.files_max,
+    };
+    eprintln!(
+        "ringlog-bench: {} partitions on {} --shards {} in {}",
+        args.partitions,
+        cfg.bin.display(),
+        args.shards,
+        dir.display()
+    );
+    let result = partitions::run(&cfg);
+    if !args.keep {
+        remove_dir_if_exists(&dir)?;
+        if created_dir {
+            let _ = fs::remove_dir(&args.dir);
+        }
+    }
+    let report = PartitionsReport {
+        settings: vec![
+            ("dir", args.dir.display().to_string()),
+            ("shards", args.shards.to_string()),
+            ("partitions", args.partitions.to_string()),
+            ("topic_partitions", args.topic_partitions.to_string()),
+            ("connections", args.connections.to_string()),
+            ("batch_size", Bytes(args.batch_size).to_string()),
+            ("rounds", args.rounds.to_string()),
+        ],
+        result: result?,
+        targets: Targets {
+            boot_time_max: Duration::from_millis(args.boot_ms_max),
+            rss_bytes_max: args.rss_max,
+            disk_bytes_max: args.disk_max,
+        },
+    };
+    let missed = report.missed();
+    if !missed.is_empty() {
+        return Err(BenchError::TargetMissed {
+            report: report.text(),
+            missed: missed.join("; "),
+        });
+    }
+    Ok(report)
 }
 
 #[cfg(test)]

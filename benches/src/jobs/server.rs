@@ -103,18 +103,44 @@ impl ServerProcess {
         shards: u32,
         extra: &[String],
     ) -> Result<ServerProcess, ServerError> {
+        fs::create_dir(dir).map_err(|source| ServerError::Fs {
+            what: "create",
+            path: dir.to_owned(),
+            source,
+        })?;
+        Self::launch(bin, dir, shards, extra, None)
+    }
+
+    /// As [`ServerProcess::start`], in a `dir` that exists (a restart over
+    /// the data a previous server left there). With `files_max`, the server
+    /// runs with that RLIMIT_NOFILE (soft and hard; raising the hard limit
+    /// needs privilege), as an operator's `ulimit -n` would set it.
+    pub fn launch(
+        bin: &Path,
+        dir: &Path,
+        shards: u32,
+        extra: &[String],
+        files_max: Option<u64>,
+    ) -> Result<ServerProcess, ServerError> {
         let fs_err = |what, path: &Path| {
             let path = path.to_owned();
             move |source| ServerError::Fs { what, path, source }
         };
-        fs::create_dir(dir).map_err(fs_err("create", dir))?;
         let control = dir.join("ctl.sock");
         if control.as_os_str().len() > SOCKET_PATH_MAX {
             return Err(ServerError::SocketPath(control));
         }
         let stderr_path = dir.join("server.stderr");
-        let stderr = fs::File::create(&stderr_path).map_err(fs_err("create", &stderr_path))?;
-        let mut child = Command::new(bin)
+        let stderr = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&stderr_path)
+            .map_err(fs_err("create", &stderr_path))?;
+        let mut command = Command::new(bin);
+        if let Some(n) = files_max {
+            set_files_max(&mut command, n);
+        }
+        let mut child = command
             .arg("server")
             .arg("--data-dir")
             .arg(dir.join("data"))
@@ -169,6 +195,11 @@ impl ServerProcess {
                 Err(_) => std::thread::sleep(Duration::from_millis(20)),
             }
         }
+    }
+
+    /// The server's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
     }
 
     fn not_ready(&mut self, why: &str) -> ServerError {
@@ -229,5 +260,25 @@ impl ServerProcess {
 impl Drop for ServerProcess {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+/// Makes `command`'s child run with RLIMIT_NOFILE = `n` (soft and hard).
+fn set_files_max(command: &mut Command, n: u64) {
+    use std::os::unix::process::CommandExt as _;
+    let limit = libc::rlimit {
+        rlim_cur: n as libc::rlim_t,
+        rlim_max: n as libc::rlim_t,
+    };
+    // SAFETY: the closure runs in the forked child before exec and only
+    // calls setrlimit(2), which is async-signal-safe.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) == 0 {
+                Ok(())
+            } else {
+                Err(io::Error::last_os_error())
+            }
+        });
     }
 }
