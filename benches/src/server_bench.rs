@@ -703,6 +703,78 @@ mod tests {
         crate::report::assert_fio_shape(&v, true, &[]);
     }
 
+    fn partitions_args(argv: &[&str]) -> PartitionsArgs {
+        let mut full = vec!["ringlog-bench", "partitions"];
+        full.extend_from_slice(argv);
+        match Cli::try_parse_from(full).unwrap().command {
+            Some(Command::Partitions(a)) => a,
+            _ => panic!("not partitions"),
+        }
+    }
+
+    /// The CI-sized partitions job: 1,000 empty partitions on two shards,
+    /// restarted, then two produces to each. Targets scaled to 1,000: boot
+    /// in 2 s, 256 MiB of RSS, 128 MiB of disk (issue 8 item 9: before the
+    /// fix each empty partition took 256 MiB of disk and 4 MiB of memory).
+    #[test]
+    fn partitions_smoke() {
+        let tmp = tmp();
+        let dir = tmp.path().join("data");
+        let args = partitions_args(&[
+            "--dir",
+            dir.to_str().unwrap(),
+            "--shards",
+            "2",
+            "--partitions",
+            "1000",
+            "--topic-partitions",
+            "500",
+            "--connections",
+            "4",
+            "--rss-max",
+            "256m",
+            "--disk-max",
+            "128m",
+            "--output-format",
+            "json",
+        ]);
+        let report = partitions_report(&args).unwrap_or_else(|e| panic!("{e}"));
+        print!("{}", report.text());
+        assert!(!dir.exists(), "data dir is removed without --keep");
+        let r = &report.result;
+        assert_eq!(r.produces, 2000, "every partition acknowledged twice");
+        assert!(r.booted.rss_bytes > 0 && r.booted.disk_bytes > 0);
+        assert!(
+            r.produced.disk_bytes > r.booted.disk_bytes,
+            "disk grows with data"
+        );
+        let v = report.json();
+        assert_eq!(v["jobname"], "partitions");
+        assert_eq!(v["produces"], 2000);
+        assert!(v["targets_missed"].as_array().unwrap().is_empty());
+        // A target missed fails the job, with the figures.
+        let strict = partitions_args(&[
+            "--dir",
+            dir.to_str().unwrap(),
+            "--partitions",
+            "10",
+            "--rounds",
+            "1",
+            "--disk-max",
+            "4k",
+        ]);
+        match partitions_report(&strict) {
+            Err(BenchError::TargetMissed { report, missed }) => {
+                assert!(missed.starts_with("disk "), "{missed}");
+                assert!(report.contains("boot to ready: "), "{report}");
+            }
+            other => panic!(
+                "expected a missed target, got {:?}",
+                other.map(|r| r.text())
+            ),
+        }
+    }
+
     /// --addr: the job uses a server it did not start and deletes the topics
     /// it created.
     #[test]

@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use ringlog_protocol::wire::{ErrorCode, FetchReply};
 use ringlog_protocol::{encode_header, BatchView, HEADER_LEN};
 use ringlog_storage::io::{align_down, Completion, IoBackend, Op, Sqe};
-use ringlog_storage::store::{Appended, PartitionStore, StoreConfig, StoreError};
+use ringlog_storage::store::{Appended, PartitionStore, StoreConfig, StoreError, StorePool};
 
 use crate::mailbox::{OpError, PartitionStatus};
 
@@ -50,8 +50,10 @@ impl Partition {
     /// Opens the partition in `dir`; with `create`, a missing (or, for a
     /// topic still being created, unreadable) directory is created afresh.
     /// Failures leave the partition Unavailable, reported by every request.
+    #[allow(clippy::too_many_arguments)]
     pub fn open(
         io: &mut impl IoBackend,
+        pool: &StorePool,
         dir: &Path,
         topic: &str,
         index: u32,
@@ -59,7 +61,7 @@ impl Partition {
         config: StoreConfig,
         create: bool,
     ) -> Partition {
-        let state = match open_or_create(io, dir, id, config, create) {
+        let state = match open_or_create(io, pool, dir, id, config, create) {
             Ok(store) => State::Open(Box::new(store)),
             Err(message) => {
                 tracing::error!(topic, index, partition_id = id, %message, "partition unavailable");
@@ -369,6 +371,7 @@ fn active_end(store: &PartitionStore) -> u64 {
 
 fn open_or_create(
     io: &mut impl IoBackend,
+    pool: &StorePool,
     dir: &Path,
     id: u32,
     config: StoreConfig,
@@ -378,7 +381,7 @@ fn open_or_create(
         .exists(dir)
         .map_err(|e| format!("stat {}: {e}", dir.display()))?;
     if exists {
-        match PartitionStore::open(io, dir, id, config.clone()) {
+        match PartitionStore::open_in(io, dir, id, config.clone(), pool.clone()) {
             Ok(s) => return Ok(s),
             Err(e) if !create => return Err(format!("open {}: {e}", dir.display())),
             Err(e) => {
@@ -394,7 +397,7 @@ fn open_or_create(
     if let Some(parent) = dir.parent() {
         create_dirs(io, parent).map_err(|e| format!("mkdir {}: {e}", parent.display()))?;
     }
-    PartitionStore::create(io, dir, id, config)
+    PartitionStore::create_in(io, dir, id, config, pool.clone())
         .map_err(|e| format!("create {}: {e}", dir.display()))
 }
 
@@ -481,7 +484,11 @@ mod tests {
             ..ServerConfig::default()
         }
         .store_config();
-        let p = Partition::open(io, &dir.join("t").join("0"), "t", 0, 7, config, true);
+        let pool = StorePool::new(
+            dir.join("recycle"),
+            ringlog_storage::store::PoolConfig::private(&config),
+        );
+        let p = Partition::open(io, &pool, &dir.join("t").join("0"), "t", 0, 7, config, true);
         assert!(p.status(0).fault.is_none());
         p
     }

@@ -32,6 +32,7 @@
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
+use std::path::PathBuf;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -42,7 +43,7 @@ use std::time::{Duration, Instant};
 use ringlog_protocol::wire::{ErrorCode, ProduceReply};
 use ringlog_storage::io::uring::UringBackend;
 use ringlog_storage::io::{BatchId, IoBackend};
-use ringlog_storage::store::Appended;
+use ringlog_storage::store::{Appended, PoolConfig, StorePool};
 
 use crate::catalog::{Catalog, CatalogView, TopicState, TopicTable};
 use crate::config::ServerConfig;
@@ -59,6 +60,12 @@ use crate::placement::shard_for;
 const STORAGE_RING_ENTRIES: u32 = 256;
 /// Controller requests queued at once; more get Backpressure.
 const META_QUEUE_MAX: usize = 64;
+/// Write buffers a shard keeps pre-touched for its partitions while none
+/// needs them (write_buffer_bytes each); beyond it they are allocated on
+/// demand and freed on return.
+const WRITE_BUFFERS_IDLE_MAX: usize = 16;
+/// Partitions whose superblocks boot reads in one submission (64 KiB each).
+const BOOT_PREFETCH_PARTITIONS: usize = 64;
 /// How often deadlines of waiting fetches are checked.
 const TICK_MS: u64 = 20;
 
@@ -146,6 +153,9 @@ struct Waiter {
 /// The shard's storage state, over any backend (the sim in tests).
 struct Core<B: IoBackend> {
     io: B,
+    /// Write and read buffers and recycled segment files, shared by this
+    /// shard's partitions (an idle partition holds no buffer).
+    pool: StorePool,
     partitions: HashMap<u32, Partition>,
     /// Group commits submitted to the storage ring and not reaped yet.
     flights: HashMap<BatchId, Flight>,
@@ -335,6 +345,7 @@ impl<B: IoBackend> Shard<B> {
             ready,
         } = setup;
         let view = CatalogView::new(catalog.clone());
+        let pool = shard_pool(&config, id);
         let shard = Shard {
             id,
             config,
@@ -347,6 +358,7 @@ impl<B: IoBackend> Shard<B> {
             core_id: core.map(|c| c.id),
             core: RefCell::new(Core {
                 io,
+                pool,
                 partitions: HashMap::new(),
                 flights: HashMap::new(),
                 lanes: HashMap::new(),
@@ -379,29 +391,55 @@ impl<B: IoBackend> Shard<B> {
         self.stopping.get() || self.shutdown.is_triggered()
     }
 
-    /// Opens every partition placed on this shard (boot).
+    /// Opens every partition placed on this shard (boot), after loading
+    /// the shard's recycled segment files.
     fn open_owned_partitions(&self) -> usize {
         let table = self.table();
         let mut core = self.core.borrow_mut();
-        let Core { io, partitions, .. } = &mut *core;
-        for (topic, meta) in &table.topics {
-            for index in 0..meta.partitions {
-                if shard_for(topic, index, self.shard_count()) != self.id {
-                    continue;
-                }
-                let id = meta.first_partition_id + index;
-                let dir = TopicTable::partition_dir(&self.config.data_dir, topic, index);
-                let p = Partition::open(
-                    io,
-                    &dir,
-                    topic,
-                    index,
-                    id,
-                    self.config.store_config(),
-                    meta.state == TopicState::Creating,
-                );
+        let Core {
+            io,
+            pool,
+            partitions,
+            ..
+        } = &mut *core;
+        if self.id == 0 {
+            remove_foreign_recycle_dirs(&self.config.data_dir, self.shard_count());
+        }
+        let recycle_dir = pool.recycle_dir();
+        let loaded = recycle_dir
+            .parent()
+            .map_or(Ok(()), std::fs::create_dir_all)
+            .and_then(|()| pool.load_recycled(io));
+        if let Err(e) = loaded {
+            // Recycling is an optimisation: without it segments start empty.
+            tracing::warn!(shard = self.id, dir = %recycle_dir.display(), error = %e, "recycled segment files not loaded");
+        }
+        let owned: Vec<(&String, u32, u32, bool)> = table
+            .topics
+            .iter()
+            .flat_map(|(topic, meta)| {
+                let creating = meta.state == TopicState::Creating;
+                (0..meta.partitions).map(move |i| (topic, i, meta.first_partition_id + i, creating))
+            })
+            .filter(|(topic, index, ..)| shard_for(topic, *index, self.shard_count()) == self.id)
+            .collect();
+        // Superblocks are read a batch at a time in one submission, so boot
+        // waits for the device once per batch, not once per partition.
+        for batch in owned.chunks(BOOT_PREFETCH_PARTITIONS) {
+            let dirs: Vec<PathBuf> = batch
+                .iter()
+                .map(|(topic, index, ..)| {
+                    TopicTable::partition_dir(&self.config.data_dir, topic, *index)
+                })
+                .collect();
+            let refs: Vec<&std::path::Path> = dirs.iter().map(PathBuf::as_path).collect();
+            pool.prefetch_superblocks(io, &refs);
+            for (&(topic, index, id, creating), dir) in batch.iter().zip(&dirs) {
+                let config = self.config.store_config();
+                let p = Partition::open(io, pool, dir, topic, index, id, config, creating);
                 partitions.insert(id, p);
             }
+            pool.clear_prefetched();
         }
         partitions.len()
     }
@@ -592,6 +630,7 @@ impl<B: IoBackend> Shard<B> {
         let Work { op, reply } = work;
         let Core {
             io,
+            pool,
             partitions,
             lanes,
             ..
@@ -687,6 +726,7 @@ impl<B: IoBackend> Shard<B> {
                         let dir = TopicTable::partition_dir(&self.config.data_dir, &topic, index);
                         let p = Partition::open(
                             io,
+                            pool,
                             &dir,
                             &topic,
                             index,
@@ -1116,6 +1156,44 @@ impl Shard {
                 let Some((op, reply)) = next else { break };
                 let outcome = crate::controller::run(&self, op).await;
                 self.respond(reply, outcome);
+            }
+        }
+    }
+}
+
+/// Directory of shard `id`'s recycled segment files.
+const RECYCLE_DIR: &str = "recycle";
+
+/// The pool of shard `id`: recycled files in `<data_dir>/recycle/<id>`,
+/// bounded per shard by `recycled_files_max`.
+fn shard_pool(config: &ServerConfig, id: usize) -> StorePool {
+    let store = config.store_config();
+    let dir = config.data_dir.join(RECYCLE_DIR).join(id.to_string());
+    StorePool::new(
+        dir,
+        PoolConfig {
+            write_buffers_idle_max: WRITE_BUFFERS_IDLE_MAX,
+            ..PoolConfig::private(&store)
+        },
+    )
+}
+
+/// Removes the recycle directories of shards this process does not run
+/// (the shard count went down): their files are garbage.
+fn remove_foreign_recycle_dirs(data_dir: &std::path::Path, shards: usize) {
+    let root = data_dir.join(RECYCLE_DIR);
+    let Ok(entries) = std::fs::read_dir(&root) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let ours = name
+            .to_str()
+            .and_then(|n| n.parse::<usize>().ok())
+            .is_some_and(|n| n < shards);
+        if !ours {
+            if let Err(e) = std::fs::remove_dir_all(entry.path()) {
+                tracing::warn!(dir = %entry.path().display(), error = %e, "removing a stale recycle directory");
             }
         }
     }

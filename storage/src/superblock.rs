@@ -298,7 +298,9 @@ impl Superblock {
             ..frontier
         };
         debug_assert_eq!(r.at, FIXED_LEN);
-        if copy[r.at..].iter().any(|&b| b != 0) {
+        // Folded, not `any`: a branch per byte over most of a 16 KiB copy
+        // was a third of boot time with thousands of partitions.
+        if copy[r.at..].iter().fold(0u8, |acc, &b| acc | b) != 0 {
             return Err(CopyError::NonZeroReserved);
         }
         Ok((

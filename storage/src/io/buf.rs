@@ -166,6 +166,22 @@ impl BufPool {
         }
     }
 
+    /// A pool that starts empty: buffers are allocated as first needed and
+    /// kept (up to `count_max`) once returned, so a pool that is never used
+    /// costs nothing.
+    pub fn lazy(buf_size_bytes: usize, count_max: usize) -> Self {
+        Self {
+            buf_size_bytes: align_up(buf_size_bytes as u64) as usize,
+            count_max,
+            free: Vec::new(),
+        }
+    }
+
+    /// Buffers held idle (at most `count_max`).
+    pub fn idle(&self) -> usize {
+        self.free.len()
+    }
+
     pub fn buf_size_bytes(&self) -> usize {
         self.buf_size_bytes
     }
@@ -217,5 +233,16 @@ mod tests {
         assert_eq!(pool.free.len(), 2);
         let big = pool.get(10_000);
         assert!(big.capacity() >= 10_000);
+    }
+
+    #[test]
+    fn lazy_pool_allocates_on_demand_and_keeps_at_most_its_bound() {
+        let mut pool = BufPool::lazy(4096, 1);
+        assert_eq!(pool.idle(), 0);
+        let a = pool.get(4096);
+        let b = pool.get(4096);
+        pool.put(a);
+        pool.put(b);
+        assert_eq!(pool.idle(), 1);
     }
 }

@@ -22,6 +22,11 @@ pub enum StoreError {
     /// from durable state on restart. Never cleared in-process.
     #[error("partition {partition_id} is fenced after an I/O failure: {cause}")]
     Fenced { partition_id: u32, cause: String },
+    /// The filesystem has no room for the append (fallocate or creating a
+    /// segment failed with ENOSPC). Nothing was accepted and nothing is
+    /// fenced: reads go on, and appends succeed again once space is freed.
+    #[error("partition {partition_id}: disk full, append refused ({path})")]
+    DiskFull { partition_id: u32, path: PathBuf },
     #[error(transparent)]
     Superblock(#[from] SuperblockError),
     /// Bytes below the durable frontier (or in a sealed segment) fail

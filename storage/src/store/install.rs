@@ -713,9 +713,10 @@ impl PartitionStore {
         self.installing = None;
         // The old generation's files go next: no snapshot may read them.
         self.invalidate_snapshots();
+        io.close(install.staging_dir_file);
         self.switch_generation(
             io,
-            (generation_dir, install.staging_dir_file),
+            generation_dir,
             sealed,
             (chain.next_offset, active_file, chain.last_checksum),
         );
@@ -787,16 +788,19 @@ impl PartitionStore {
             tracing::warn!(partition = pid, dir = %to.display(), "removing a stale generation");
             self.remove_tree(io, to)?;
         }
+        let dir_file = io
+            .open_dir(&self.dir)
+            .map_err(|e| StoreError::io(pid, "open", &self.dir, e))?;
         let sqes = vec![
             Sqe::linked(Op::Rename {
                 from: from.into(),
                 to: to.into(),
             }),
-            Sqe::new(Op::Fsync {
-                file: self.dir_file,
-            }),
+            Sqe::new(Op::Fsync { file: dir_file }),
         ];
-        let mut results = io.submit(sqes).into_iter().map(|c| c.result);
+        let completions = io.submit(sqes);
+        io.close(dir_file);
+        let mut results = completions.into_iter().map(|c| c.result);
         let renamed = results.next().unwrap_or_else(|| Err(lost_completion()));
         let synced = results.next().unwrap_or_else(|| Err(lost_completion()));
         if let Err(e) = renamed {

@@ -21,6 +21,13 @@
 //! partitions in one ring submission (group commit). An append is durable,
 //! and may be acknowledged, once a flush that covers it completed.
 //!
+//! Disk grows with data: a segment file is created empty and grows by
+//! fallocate in steps ahead of the write position (see
+//! [`allocation_target`]); running out of space refuses the append with
+//! [`StoreError::DiskFull`] and changes nothing. Write buffers, the read
+//! buffer and recycled files come from a [`StorePool`] shared by a shard's
+//! partitions, so an idle partition holds no buffer.
+//!
 //! The superblock's frontier is a checkpoint, written at seal, purge,
 //! retention and close, not on every flush. Between checkpoints the durable
 //! frontier is recorded in the active segment file itself: each flush adds
@@ -35,6 +42,7 @@ mod error;
 mod group;
 mod install;
 mod open;
+mod pool;
 mod read;
 mod retention;
 mod snapshot;
@@ -50,6 +58,7 @@ pub use config::StoreConfig;
 pub use error::{StoreError, TransferError};
 pub use group::flush_all;
 pub use install::{Install, InstallBudget};
+pub use pool::{PoolConfig, StorePool};
 pub use read::Fetched;
 pub use retention::RetentionOutcome;
 
@@ -66,6 +75,12 @@ pub const SUPERBLOCK_FILE: &str = "superblock";
 const RECYCLE_DIR: &str = "recycle";
 /// Where an install stages the next generation (one install at a time).
 const STAGING_DIR: &str = "staging";
+/// A segment file grows at least this much at a time...
+const ALLOCATION_STEP_MIN_BYTES: u64 = 64 * 1024;
+/// ...and at most this much: a step is the data already in the segment,
+/// clamped to these bounds, so a nearly empty partition reserves little and
+/// a busy one calls fallocate about once per 8 MiB.
+const ALLOCATION_STEP_MAX_BYTES: u64 = 8 * 1024 * 1024;
 
 /// Where the log ends: the next offset and the hash chain anchor.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -107,8 +122,17 @@ struct ActiveSegment {
     end_position: u64,
     /// End of the bytes a completed fdatasync covers.
     durable_position: u64,
-    /// Bytes `[align_down(flushing or durable end), end_position)`.
-    pending: AlignedBuf,
+    /// Bytes `[align_down(flushing or durable end), end_position)`, in a
+    /// write buffer taken from the pool on the first append after a flush.
+    /// None while nothing was appended since: the partially filled tail
+    /// block is then in `tail`.
+    pending: Option<AlignedBuf>,
+    /// `[align_down(flushing or durable end), that end)` while `pending` is
+    /// None: under a block, copied into the next write buffer.
+    tail: Vec<u8>,
+    /// The file is known to be allocated (fallocate or written) up to
+    /// here; 0 until the first append's fallocate.
+    allocated_bytes: u64,
     /// Size bound of the data, fixed when the segment was created (from
     /// the superblock at open, never from the current configuration); the
     /// frontier record slots follow it.
@@ -139,12 +163,9 @@ pub struct PartitionStore {
     partition_id: u32,
     config: StoreConfig,
     dir: PathBuf,
-    dir_file: FileId,
-    sb_file: FileId,
     /// The last state made durable.
     sb: Superblock,
     generation_dir: PathBuf,
-    generation_dir_file: FileId,
     sealed: Vec<SealedFile>,
     active: ActiveSegment,
     /// Accepted (not necessarily durable) end of the log.
@@ -152,12 +173,10 @@ pub struct PartitionStore {
     /// Durable end of the log.
     durable: ChainPoint,
     flushing: Option<Flushing>,
-    /// The second write buffer, swapped in while the first is in flight.
-    spare: Option<AlignedBuf>,
     /// The frontier record's block buffer, reused by every flush.
     slot_buf: Option<AlignedBuf>,
-    /// Unreferenced segment files available for reuse.
-    recycled: Vec<PathBuf>,
+    /// Write and read buffers and recycled segment files (the shard's).
+    pool: StorePool,
     /// Set on the first write or fsync failure: fail-stop.
     fenced: Option<String>,
     /// Snapshots being served; their segments are pinned.
@@ -166,17 +185,29 @@ pub struct PartitionStore {
     snapshot_seq: u64,
     /// The install being staged, if any (at most one at a time).
     installing: Option<install::InstallSlot>,
-    /// The read buffer, kept pre-touched between reads.
-    read_buf: Option<AlignedBuf>,
 }
 
 impl PartitionStore {
-    /// Creates an empty partition in `dir`, which must not exist.
+    /// Creates an empty partition in `dir`, which must not exist, with a
+    /// private pool (see [`StorePool`]).
     pub fn create(
         io: &mut impl IoBackend,
         dir: &Path,
         partition_id: u32,
         config: StoreConfig,
+    ) -> Result<Self, StoreError> {
+        let pool = StorePool::private(dir, &config);
+        Self::create_in(io, dir, partition_id, config, pool)
+    }
+
+    /// Creates an empty partition in `dir`, which must not exist, drawing
+    /// on `pool`. Its segment file starts empty: nothing is preallocated.
+    pub fn create_in(
+        io: &mut impl IoBackend,
+        dir: &Path,
+        partition_id: u32,
+        config: StoreConfig,
+        pool: StorePool,
     ) -> Result<Self, StoreError> {
         config.validate()?;
         let pid = partition_id;
@@ -189,25 +220,22 @@ impl PartitionStore {
         io.create_dir(dir)
             .map_err(|e| StoreError::io(pid, "mkdir", dir, e))?;
         let recycle = dir.join(RECYCLE_DIR);
-        io.create_dir(&recycle)
-            .map_err(|e| StoreError::io(pid, "mkdir", &recycle, e))?;
+        if pool.recycle_dir() == recycle {
+            io.create_dir(&recycle)
+                .map_err(|e| StoreError::io(pid, "mkdir", &recycle, e))?;
+        }
         let generation = 1;
         let generation_dir = segment::generation_dir(dir, generation);
         io.create_dir(&generation_dir)
             .map_err(|e| StoreError::io(pid, "mkdir", &generation_dir, e))?;
         let active_path = segment::log_path(&generation_dir, 0);
-        let active_file = create_segment_file(io, pid, &active_path, config.segment_size_bytes)?;
+        let active_file = create_segment_file(io, pid, &active_path, 0)?;
         let table = table::write_fresh(io, pid, &generation_dir, 1, &[])?;
         let sb_path = dir.join(SUPERBLOCK_FILE);
         let sb_file = io
             .open_file(&sb_path, OpenMode::Create)
             .map_err(|e| StoreError::io(pid, "create", &sb_path, e))?;
-        let dir_file = io
-            .open_dir(dir)
-            .map_err(|e| StoreError::io(pid, "open", dir, e))?;
-        let generation_dir_file = io
-            .open_dir(&generation_dir)
-            .map_err(|e| StoreError::io(pid, "open", &generation_dir, e))?;
+        io.close(sb_file);
         let sb = Superblock {
             sequence: 1,
             partition_id,
@@ -219,49 +247,37 @@ impl PartitionStore {
             },
             ..Superblock::default()
         };
-        let pending = AlignedBuf::new(config.write_buffer_bytes);
         let active = ActiveSegment::empty(
             0,
             active_file,
             0,
-            pending,
             (config.transfer_chunk_bytes, config.segment_size_bytes),
         );
         let mut store = PartitionStore {
             partition_id,
             config,
             dir: dir.into(),
-            dir_file,
-            sb_file,
             sb: sb.clone(),
-            generation_dir,
-            generation_dir_file,
+            generation_dir: generation_dir.clone(),
             sealed: Vec::new(),
             active,
             chain: ChainPoint::default(),
             durable: ChainPoint::default(),
             flushing: None,
-            spare: None,
             slot_buf: None,
-            recycled: Vec::new(),
+            pool,
             fenced: None,
             snapshots: Vec::new(),
             snapshot_seq: 0,
             installing: None,
-            read_buf: None,
         };
-        store.sync_dirs(io, &[generation_dir_file])?;
+        store.sync_dirs(io, &[&generation_dir])?;
         // No earlier state exists: all four copies at once.
         store.write_superblock_copies(io, &sb, &[0, 1, 2, 3])?;
-        store.sync_dirs(io, &[dir_file])?;
+        store.sync_dirs(io, &[dir])?;
         // The partition directory's own name.
         if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
-            let parent_file = io
-                .open_dir(parent)
-                .map_err(|e| StoreError::io(pid, "open", parent, e))?;
-            let synced = store.sync_dirs(io, &[parent_file]);
-            io.close(parent_file);
-            synced?;
+            store.sync_dirs(io, &[parent])?;
         }
         Ok(store)
     }
@@ -327,6 +343,12 @@ impl PartitionStore {
         self.fenced.as_deref()
     }
 
+    /// Whether the partition holds a write buffer now (only between an
+    /// append and the start of the flush that takes it).
+    pub fn holds_write_buffer(&self) -> bool {
+        self.active.pending.is_some()
+    }
+
     /// Bytes stored: sealed segments plus the active segment's accepted end.
     pub fn size_bytes(&self) -> u64 {
         self.sealed.iter().map(|s| s.meta.length_bytes).sum::<u64>() + self.active.end_position
@@ -388,10 +410,18 @@ impl PartitionStore {
             }
             self.roll(io)?;
         }
-        if self.active.pending.len() + bytes.len() > self.active.pending.capacity() {
+        if self.active.buffered_len() + bytes.len() > self.config.write_buffer_bytes {
             self.flush(io)?;
         }
+        self.reserve(io, self.active.end_position + len)?;
+        let buffer_bytes = self.config.write_buffer_bytes;
         let active = &mut self.active;
+        let pending = active.pending.get_or_insert_with(|| {
+            let mut buf = self.pool.take_write(buffer_bytes);
+            buf.extend_from_slice(&active.tail);
+            buf
+        });
+        pending.extend_from_slice(bytes);
         let position = active.end_position;
         debug_assert!(position + len <= active.capacity_bytes);
         let relative = h.base_offset - active.base_offset;
@@ -403,7 +433,6 @@ impl PartitionStore {
             self.config.index_interval_bytes,
         );
         active.hasher.update(bytes);
-        active.pending.extend_from_slice(bytes);
         active.end_position += len;
         active.max_timestamp_ms = active.max_timestamp_ms.max(h.max_timestamp_ms);
         self.chain = ChainPoint {
@@ -457,17 +486,18 @@ impl PartitionStore {
         let flushed_from = active.durable_position;
         let start = align_down(flushed_from);
         let len = (active.end_position - start) as usize;
-        debug_assert_eq!(len, active.pending.len());
-        let padded = align_up(len as u64) as usize;
-        // The next buffer starts with the tail block this write ends in.
-        let mut next = self
-            .spare
+        let mut buf = active
+            .pending
             .take()
-            .unwrap_or_else(|| AlignedBuf::new(self.config.write_buffer_bytes));
-        next.clear();
+            .expect("accepted bytes past the durable end are in the write buffer");
+        debug_assert_eq!(len, buf.len());
+        let padded = align_up(len as u64) as usize;
+        // The next write buffer, taken on the next append, starts with the
+        // tail block this write ends in; the partition holds no buffer
+        // until then.
         let tail_from = (align_down(active.end_position) - start) as usize;
-        next.extend_from_slice(&active.pending[tail_from..len]);
-        let mut buf = std::mem::replace(&mut active.pending, next);
+        active.tail.clear();
+        active.tail.extend_from_slice(&buf[tail_from..len]);
         buf.full_mut()[len..padded].fill(0);
         buf.set_len(padded);
         debug_assert!(start + padded as u64 <= active.capacity_bytes);
@@ -606,7 +636,7 @@ impl PartitionStore {
                 if buf.capacity() == segment::SLOT_BYTES as usize {
                     self.slot_buf = Some(buf);
                 } else {
-                    self.spare = Some(buf);
+                    self.pool.put_write(buf);
                 }
             }
         }
@@ -683,20 +713,16 @@ impl PartitionStore {
         if let Some(slot) = self.installing.take() {
             slot.close_files(io);
         }
-        for f in [
-            self.active.file,
-            self.sb_file,
-            self.dir_file,
-            self.generation_dir_file,
-        ] {
-            io.close(f);
-        }
+        io.close(self.active.file);
         checkpointed
     }
 
     fn checkpoint_for_close(&mut self, io: &mut impl IoBackend) -> Result<(), StoreError> {
         self.check_fenced()?;
         self.flush(io)?;
+        if let Some(buf) = self.active.pending.take() {
+            self.pool.put_write(buf);
+        }
         self.persist_indexes(io)?;
         let mut next = self.sb.successor();
         next.frontier = self.frontier_now();
@@ -722,7 +748,14 @@ impl PartitionStore {
         let mut next = self.sb.successor();
         // Durable before the superblock that counts it (a linked chain
         // would not stop at a failed fdatasync: this is its own submission).
-        next.table = self.append_table_entry(io, &meta)?;
+        next.table = match self.append_table_entry(io, &meta) {
+            Ok(table) => table,
+            Err(e) => {
+                // Not committed: the new file is garbage for the next open.
+                io.close(new_file);
+                return Err(e);
+            }
+        };
         next.frontier = Frontier {
             next_offset: new_base,
             last_op: self.durable.last_op,
@@ -737,22 +770,38 @@ impl PartitionStore {
         // recovery recreates a missing active segment that holds nothing, and
         // nothing is written into it before both completed. The sealed
         // segment's index is a cache written later (`persist_indexes`).
-        let mut sqes = self.superblock_sqes(&next, &half_for(next.sequence));
-        sqes.push(Sqe::new(Op::Fsync {
-            file: self.generation_dir_file,
-        }));
-        if let Err((kind, e)) = submit_checked(io, sqes) {
+        let generation_dir = self.generation_dir.clone();
+        let opened = self.open_superblock(io).and_then(|sb_file| {
+            match open_dir(io, self.partition_id, &generation_dir) {
+                Ok(dir_file) => Ok((sb_file, dir_file)),
+                Err(e) => {
+                    io.close(sb_file);
+                    Err(e)
+                }
+            }
+        });
+        let (sb_file, dir_file) = match opened {
+            Ok(files) => files,
+            // Nothing changed yet: the new file is garbage for the next open.
+            Err(e) => {
+                io.close(new_file);
+                return Err(e);
+            }
+        };
+        let mut sqes = self.superblock_sqes(sb_file, &next, &half_for(next.sequence));
+        sqes.push(Sqe::new(Op::Fsync { file: dir_file }));
+        let submitted = submit_checked(io, sqes);
+        io.close(sb_file);
+        io.close(dir_file);
+        if let Err((kind, e)) = submitted {
             return Err(self.fence(format!("segment roll {kind} failed: {e}")));
         }
-        let pending = std::mem::replace(
-            &mut self.active.pending,
-            AlignedBuf::new(crate::io::BLOCK_SIZE),
-        );
+        // The flush above left nothing pending: no buffer moves over.
+        debug_assert!(self.active.pending.is_none());
         let new_active = ActiveSegment::empty(
             new_base,
             new_file,
             self.durable.last_checksum,
-            pending,
             (
                 self.config.transfer_chunk_bytes,
                 self.config.segment_size_bytes,
@@ -784,15 +833,17 @@ impl PartitionStore {
     }
 
     /// Opens a segment file for a new active segment at `path`: a recycled
-    /// file when one is available (its blocks are already written), else a
-    /// fresh preallocated one. The caller fsyncs the directory.
+    /// file when the pool has one (its blocks are already written), else a
+    /// fresh empty one that appends grow ([`PartitionStore::reserve`]). The
+    /// caller fsyncs the directory. Running out of space here changes no
+    /// state: [`StoreError::DiskFull`], not a fence.
     fn provision_segment(
         &mut self,
         io: &mut impl IoBackend,
         path: &Path,
     ) -> Result<FileId, StoreError> {
         let pid = self.partition_id;
-        let result = match self.recycled.pop() {
+        let result = match self.pool.take_recycled() {
             Some(from) => {
                 let rename = Op::Rename {
                     from: from.clone(),
@@ -805,9 +856,45 @@ impl PartitionStore {
                             .map_err(|e| StoreError::io(pid, "open", path, e))
                     })
             }
-            None => create_segment_file(io, pid, path, self.config.segment_size_bytes),
+            None => create_segment_file(io, pid, path, 0),
         };
-        self.fence_on_err(result)
+        match result {
+            Err(StoreError::Io { source, path, .. }) if is_enospc(&source) => {
+                Err(StoreError::DiskFull {
+                    partition_id: pid,
+                    path,
+                })
+            }
+            other => self.fence_on_err(other),
+        }
+    }
+
+    /// Grows the active segment's file to cover `end`, a step ahead. Out of
+    /// space: [`StoreError::DiskFull`], nothing accepted, nothing fenced
+    /// (no acknowledged byte is at stake); the next append tries again.
+    fn reserve(&mut self, io: &mut impl IoBackend, end: u64) -> Result<(), StoreError> {
+        if end <= self.active.allocated_bytes {
+            return Ok(());
+        }
+        let target = allocation_target(end, self.active.capacity_bytes);
+        match io.allocate(self.active.file, target) {
+            Ok(()) => {
+                self.active.allocated_bytes = target;
+                Ok(())
+            }
+            Err(e) => {
+                let path = segment::log_path(&self.generation_dir, self.active.base_offset);
+                if is_enospc(&e) {
+                    tracing::warn!(partition = self.partition_id, "disk full: append refused");
+                    Err(StoreError::DiskFull {
+                        partition_id: self.partition_id,
+                        path,
+                    })
+                } else {
+                    Err(StoreError::io(self.partition_id, "fallocate", path, e))
+                }
+            }
+        }
     }
 
     /// Writes a new superblock state, copy by copy, each copy followed by an
@@ -835,10 +922,12 @@ impl PartitionStore {
         sb: &Superblock,
         copies: &[usize],
     ) -> Result<(), StoreError> {
-        let sqes = self.superblock_sqes(sb, copies);
+        let sb_file = self.open_superblock(io)?;
+        let sqes = self.superblock_sqes(sb_file, sb, copies);
         let result = submit_checked(io, sqes)
             .map(|_| ())
             .map_err(|(kind, e)| format!("superblock {kind} failed: {e}"));
+        io.close(sb_file);
         match result {
             Ok(()) => Ok(()),
             Err(cause) => Err(self.fence(cause)),
@@ -848,7 +937,7 @@ impl PartitionStore {
     /// Writes `copies` of `sb` (linked), then one fdatasync. Callers never
     /// include every copy holding the last durable state, so a torn write
     /// leaves that state whole (see [`half_for`]).
-    fn superblock_sqes(&self, sb: &Superblock, copies: &[usize]) -> Vec<Sqe> {
+    fn superblock_sqes(&self, sb_file: FileId, sb: &Superblock, copies: &[usize]) -> Vec<Sqe> {
         debug_assert!(copies.iter().all(|&c| c < COPIES));
         let mut sqes = Vec::with_capacity(copies.len() + 1);
         for &copy in copies {
@@ -856,22 +945,45 @@ impl PartitionStore {
             buf.set_len(COPY_SIZE_BYTES);
             sb.encode(copy as u16, &mut buf);
             sqes.push(Sqe::linked(Op::Write {
-                file: self.sb_file,
+                file: sb_file,
                 offset: (copy * COPY_SIZE_BYTES) as u64,
                 buf,
             }));
         }
-        sqes.push(Sqe::new(Op::Fdatasync { file: self.sb_file }));
+        sqes.push(Sqe::new(Op::Fdatasync { file: sb_file }));
         sqes
     }
 
-    /// fsyncs directories (making names durable); failure fences.
-    fn sync_dirs(&mut self, io: &mut impl IoBackend, dirs: &[FileId]) -> Result<(), StoreError> {
-        let sqes = dirs
+    /// Opens the superblock file for one state change; the caller closes
+    /// it after. Like the directories, it is not kept open: an idle
+    /// partition holds one descriptor (its active segment's), so thousands
+    /// of partitions fit a process's file limit.
+    fn open_superblock(&self, io: &mut impl IoBackend) -> Result<FileId, StoreError> {
+        let path = self.dir.join(SUPERBLOCK_FILE);
+        io.open_file(&path, OpenMode::Existing)
+            .map_err(|e| StoreError::io(self.partition_id, "open", path, e))
+    }
+
+    /// fsyncs directories (making names durable); a failed fsync fences,
+    /// failing to open one changes nothing and does not.
+    fn sync_dirs(&mut self, io: &mut impl IoBackend, dirs: &[&Path]) -> Result<(), StoreError> {
+        let mut files = Vec::with_capacity(dirs.len());
+        for dir in dirs {
+            match open_dir(io, self.partition_id, dir) {
+                Ok(file) => files.push(file),
+                Err(e) => {
+                    files.into_iter().for_each(|f| io.close(f));
+                    return Err(e);
+                }
+            }
+        }
+        let sqes = files
             .iter()
             .map(|&file| Sqe::new(Op::Fsync { file }))
             .collect();
-        match submit_checked(io, sqes) {
+        let submitted = submit_checked(io, sqes);
+        files.into_iter().for_each(|f| io.close(f));
+        match submitted {
             Ok(_) => Ok(()),
             Err((kind, e)) => Err(self.fence(format!("directory {kind} failed: {e}"))),
         }
@@ -907,16 +1019,16 @@ impl PartitionStore {
 }
 
 impl ActiveSegment {
-    /// A new segment with nothing in it; the superblock that names it
-    /// records its frontier (position 0), so no slot record is due yet.
+    /// A new segment with nothing in it (and no write buffer); the
+    /// superblock that names it records its frontier (position 0), so no
+    /// slot record is due yet. Its allocation is not known: the first
+    /// append's fallocate covers whatever is missing.
     fn empty(
         base_offset: u64,
         file: FileId,
         prev_checksum: u64,
-        mut pending: AlignedBuf,
         (chunk_size_bytes, capacity_bytes): (u32, u64),
     ) -> Self {
-        pending.clear();
         Self {
             base_offset,
             file,
@@ -926,13 +1038,42 @@ impl ActiveSegment {
             max_timestamp_ms: 0,
             end_position: 0,
             durable_position: 0,
-            pending,
+            pending: None,
+            tail: Vec::new(),
+            allocated_bytes: 0,
             capacity_bytes,
             slot_sequence: 0,
             recorded_position: 0,
             unsynced_record: None,
         }
     }
+
+    /// Bytes the next write would carry: `[align_down(flushing or durable
+    /// end), end_position)`.
+    fn buffered_len(&self) -> usize {
+        self.pending.as_ref().map_or(self.tail.len(), |p| p.len())
+    }
+}
+
+/// Where a segment file that must cover `end` is allocated up to: one step
+/// past it (the data so far, within the step bounds), in whole minimum
+/// steps, never past the segment.
+fn allocation_target(end: u64, segment_size_bytes: u64) -> u64 {
+    let step = end.clamp(ALLOCATION_STEP_MIN_BYTES, ALLOCATION_STEP_MAX_BYTES);
+    (end + step)
+        .div_ceil(ALLOCATION_STEP_MIN_BYTES)
+        .saturating_mul(ALLOCATION_STEP_MIN_BYTES)
+        .min(segment_size_bytes)
+}
+
+/// Opens a directory for an fsync; the caller closes it.
+fn open_dir(io: &mut impl IoBackend, partition_id: u32, dir: &Path) -> Result<FileId, StoreError> {
+    io.open_dir(dir)
+        .map_err(|e| StoreError::io(partition_id, "open", dir, e))
+}
+
+fn is_enospc(e: &std::io::Error) -> bool {
+    e.raw_os_error() == Some(libc::ENOSPC)
 }
 
 fn create_segment_file(
@@ -944,8 +1085,12 @@ fn create_segment_file(
     let file = io
         .open_file(path, OpenMode::Create)
         .map_err(|e| StoreError::io(partition_id, "create", path, e))?;
-    io.allocate(file, size_bytes)
-        .map_err(|e| StoreError::io(partition_id, "fallocate", path, e))?;
+    if size_bytes > 0 {
+        if let Err(e) = io.allocate(file, size_bytes) {
+            io.close(file);
+            return Err(StoreError::io(partition_id, "fallocate", path, e));
+        }
+    }
     Ok(file)
 }
 

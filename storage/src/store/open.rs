@@ -57,32 +57,57 @@ use std::path::{Path, PathBuf};
 
 use super::walk::{Visit, WalkStop, Walker};
 use super::{
-    create_segment_file, submit_checked, table, write_new_file, ActiveSegment, ChainPoint,
-    PartitionStore, SealedFile, StoreConfig, StoreError, RECYCLE_DIR, STAGING_DIR, SUPERBLOCK_FILE,
+    create_segment_file, open_dir, submit_checked, table, write_new_file, ActiveSegment,
+    ChainPoint, PartitionStore, SealedFile, StoreConfig, StoreError, StorePool, RECYCLE_DIR,
+    STAGING_DIR, SUPERBLOCK_FILE,
 };
 use crate::io::{align_down, AlignedBuf, FileId, IoBackend, Op, OpenMode, Sqe, BLOCK_SIZE};
 use crate::segment::{self, FrontierSlot, SealedIndex, SegmentHasher, SparseIndex};
-use crate::superblock::{choose, SealedSegment, Superblock, FILE_SIZE_BYTES};
+use crate::superblock::{
+    choose, half_for, SealedSegment, Superblock, COPY_SIZE_BYTES, FILE_SIZE_BYTES,
+};
 
 /// Read size while scanning segments at open.
 const SCAN_CHUNK_BYTES: usize = 1024 * 1024;
 
 impl PartitionStore {
-    /// Opens partition `partition_id` in `dir` and recovers it.
+    /// Opens partition `partition_id` in `dir` and recovers it, with a
+    /// private pool (see [`StorePool`]).
     pub fn open(
         io: &mut impl IoBackend,
         dir: &Path,
         partition_id: u32,
         config: StoreConfig,
     ) -> Result<Self, StoreError> {
+        let pool = StorePool::private(dir, &config);
+        Self::open_in(io, dir, partition_id, config, pool)
+    }
+
+    /// Opens partition `partition_id` in `dir` and recovers it, drawing on
+    /// `pool`. Holds no write buffer until the first append.
+    pub fn open_in(
+        io: &mut impl IoBackend,
+        dir: &Path,
+        partition_id: u32,
+        config: StoreConfig,
+        pool: StorePool,
+    ) -> Result<Self, StoreError> {
         config.validate()?;
         let pid = partition_id;
         let sb_path = dir.join(SUPERBLOCK_FILE);
-        let sb_file = io
-            .open_file(&sb_path, OpenMode::Existing)
-            .map_err(|e| StoreError::io(pid, "open", &sb_path, e))?;
-        let sb_bytes = read_range(io, sb_file, 0, FILE_SIZE_BYTES)
-            .map_err(|e| StoreError::io(pid, "read", &sb_path, e))?;
+        let sb_bytes = match pool.take_prefetched(&sb_path) {
+            Some(bytes) => bytes,
+            None => {
+                let sb_file = io
+                    .open_file(&sb_path, OpenMode::Existing)
+                    .map_err(|e| StoreError::io(pid, "open", &sb_path, e))?;
+                let read = read_range(io, sb_file, 0, FILE_SIZE_BYTES);
+                // Opened again for each state change: an idle partition
+                // keeps only its active segment open.
+                io.close(sb_file);
+                read.map_err(|e| StoreError::io(pid, "read", &sb_path, e))?
+            }
+        };
         let chosen = choose(&sb_bytes, &sb_path)?;
         let sb = chosen.superblock;
         if sb.partition_id != pid {
@@ -93,55 +118,38 @@ impl PartitionStore {
                 format!("superblock belongs to partition {}", sb.partition_id),
             ));
         }
-        let dir_file = io
-            .open_dir(dir)
-            .map_err(|e| StoreError::io(pid, "open", dir, e))?;
         let generation_dir = segment::generation_dir(dir, sb.live_generation);
-        roll_install_forward(io, pid, (dir, dir_file), &generation_dir, &sb)?;
-        let generation_dir_file = io
-            .open_dir(&generation_dir)
-            .map_err(|e| StoreError::io(pid, "open", &generation_dir, e))?;
+        roll_install_forward(io, pid, dir, &generation_dir, &sb)?;
 
-        let sealed = open_sealed(io, pid, &generation_dir, &sb, &config)?;
-        let (active, chain) = recover_active(
-            io,
-            pid,
-            (&generation_dir, generation_dir_file),
-            &sb,
-            &config,
-        )?;
+        let sealed = open_sealed(io, pid, &generation_dir, &sb, (&config, &pool))?;
+        let (active, chain) = recover_active(io, pid, &generation_dir, &sb, (&config, &pool))?;
 
         let mut store = PartitionStore {
             partition_id,
             config,
             dir: dir.into(),
-            dir_file,
-            sb_file,
             sb: sb.clone(),
             generation_dir,
-            generation_dir_file,
             sealed,
             active,
             chain,
             durable: chain,
             flushing: None,
-            spare: None,
             slot_buf: None,
-            recycled: Vec::new(),
+            pool,
             fenced: None,
             snapshots: Vec::new(),
             snapshot_seq: 0,
             installing: None,
-            read_buf: None,
         };
-        if !chosen.copies_to_repair.is_empty() {
-            // Normally just the half holding the previous state.
+        let repair = copies_worth_repairing(&sb_bytes, &sb, chosen.copies_to_repair);
+        if !repair.is_empty() {
             tracing::info!(
                 partition = pid,
-                copies = ?chosen.copies_to_repair,
+                copies = ?repair,
                 "rewriting stale or damaged superblock copies"
             );
-            store.write_superblock_copies(io, &sb, &chosen.copies_to_repair)?;
+            store.write_superblock_copies(io, &sb, &repair)?;
         }
         store.collect_garbage(io)?;
         Ok(store)
@@ -151,6 +159,9 @@ impl PartitionStore {
     /// segments created by a roll or purge that did not commit, generations a
     /// purge left behind, surplus recycled files. Removals need no fsync: a
     /// file whose removal is lost is garbage again at the next open.
+    /// A private pool's recycle directory is loaded here; a shared one is
+    /// loaded once by its owner, and a partition's own `recycle/` left from
+    /// before pools were shared is emptied into it.
     fn collect_garbage(&mut self, io: &mut impl IoBackend) -> Result<(), StoreError> {
         let pid = self.partition_id;
         let mut referenced: Vec<PathBuf> = vec![
@@ -165,15 +176,23 @@ impl PartitionStore {
             ));
         }
         let recycle_dir = self.dir.join(RECYCLE_DIR);
-        let mut recycled: Vec<String> = io
-            .list_dir(&recycle_dir)
-            .map_err(|e| StoreError::io(pid, "list", &recycle_dir, e))?;
-        recycled.sort();
-        self.recycled = recycled.iter().map(|n| recycle_dir.join(n)).collect();
         let mut ops = Vec::new();
-        while self.recycled.len() > self.config.recycled_files_max {
-            let path = self.recycled.pop().expect("non-empty");
-            ops.push(Op::Unlink { path });
+        if self.pool.recycle_dir() == recycle_dir {
+            self.pool
+                .load_recycled(io)
+                .map_err(|e| StoreError::io(pid, "list", &recycle_dir, e))?;
+        } else {
+            match list(io, pid, &recycle_dir) {
+                Ok(files) => {
+                    for file in files {
+                        self.dispose(&file, &mut ops);
+                    }
+                    ops.push(Op::RemoveDir { path: recycle_dir });
+                }
+                Err(StoreError::Io { source, .. })
+                    if source.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
         }
 
         let garbage: Vec<PathBuf> = list(io, pid, &self.generation_dir)?
@@ -215,6 +234,26 @@ impl PartitionStore {
     }
 }
 
+/// Of the copies that do not hold the chosen state `sb`, those to rewrite:
+/// every damaged or misplaced copy, and any copy of `sb`'s own half. The
+/// other half holding the previous state is how every superblock write
+/// leaves the file (see `half_for`), and the next write replaces it:
+/// rewriting it at each open would cost an fdatasync per partition at boot
+/// and protect nothing.
+fn copies_worth_repairing(file: &[u8], sb: &Superblock, candidates: Vec<usize>) -> Vec<usize> {
+    let current = half_for(sb.sequence);
+    candidates
+        .into_iter()
+        .filter(|&c| {
+            let copy = file.get(c * COPY_SIZE_BYTES..(c + 1) * COPY_SIZE_BYTES);
+            let intact = copy
+                .and_then(|bytes| Superblock::decode(bytes).ok())
+                .is_some_and(|(_, _, index)| usize::from(index) == c);
+            current.contains(&c) || !intact
+        })
+        .collect()
+}
+
 /// If the superblock names a generation whose directory is still called
 /// `staging`, the install committed but its rename did not land: finish it.
 /// Total over what a crash or an older build can leave: a directory with the
@@ -225,7 +264,7 @@ impl PartitionStore {
 fn roll_install_forward(
     io: &mut impl IoBackend,
     pid: u32,
-    (dir, dir_file): (&Path, FileId),
+    dir: &Path,
     generation_dir: &Path,
     sb: &Superblock,
 ) -> Result<(), StoreError> {
@@ -255,6 +294,7 @@ fn roll_install_forward(
         }
     }
     tracing::warn!(partition = pid, "rolling an interrupted install forward");
+    let dir_file = open_dir(io, pid, dir)?;
     let sqes = vec![
         Sqe::linked(Op::Rename {
             from: staging.clone(),
@@ -262,7 +302,9 @@ fn roll_install_forward(
         }),
         Sqe::new(Op::Fsync { file: dir_file }),
     ];
-    submit_checked(io, sqes)
+    let submitted = submit_checked(io, sqes);
+    io.close(dir_file);
+    submitted
         .map(|_| ())
         .map_err(|(kind, e)| StoreError::io(pid, kind, &staging, e))
 }
@@ -303,7 +345,7 @@ fn open_sealed(
     pid: u32,
     generation_dir: &Path,
     sb: &Superblock,
-    config: &StoreConfig,
+    (config, pool): (&StoreConfig, &StorePool),
 ) -> Result<Vec<SealedFile>, StoreError> {
     let metas = table::load(io, pid, generation_dir, &sb.table)?;
     let mut sealed = Vec::with_capacity(metas.len());
@@ -329,7 +371,8 @@ fn open_sealed(
             Some(loaded) => loaded,
             None => {
                 tracing::warn!(partition = pid, segment = %path.display(), "rebuilding index");
-                let rebuilt_index = rebuild_index(io, pid, &path, file, meta, prev, config)?;
+                let rebuilt_index =
+                    rebuild_index(io, pid, &path, file, meta, prev, (config, pool))?;
                 let idx_path = segment::index_path(generation_dir, meta.base_offset);
                 write_new_file(io, pid, &idx_path, &rebuilt_index.encode(meta.base_offset))?;
                 rebuilt_index
@@ -396,37 +439,38 @@ fn rebuild_index(
     file: FileId,
     meta: &SealedSegment,
     prev_checksum: Option<u64>,
-    config: &StoreConfig,
+    (config, pool): (&StoreConfig, &StorePool),
 ) -> Result<SealedIndex, StoreError> {
     let mut index = SparseIndex::default();
     let mut hasher = SegmentHasher::new(config.transfer_chunk_bytes);
     let mut next_offset = meta.base_offset;
     let mut last_checksum = prev_checksum;
-    let mut walker = Walker::new(file, SCAN_CHUNK_BYTES);
-    let (end, stop) = walker
-        .walk(io, 0, meta.length_bytes, |position, view| {
-            let h = view.header();
-            if h.base_offset != next_offset {
-                return Visit::Reject(format!(
-                    "offset {} where {next_offset} was due",
-                    h.base_offset
-                ));
-            }
-            if last_checksum.is_some_and(|c| c != h.prev_checksum) {
-                return Visit::Reject("hash chain broken".into());
-            }
-            index.observe(
-                (h.base_offset - meta.base_offset) as u32,
-                position as u32,
-                h.max_timestamp_ms,
-                config.index_interval_bytes,
-            );
-            hasher.update(view.as_bytes());
-            next_offset = h.next_offset();
-            last_checksum = Some(h.header_checksum);
-            Visit::Continue
-        })
-        .map_err(|e| StoreError::io(pid, "read", path, e))?;
+    let buf = pool.take_read(SCAN_CHUNK_BYTES);
+    let mut walker = Walker::with_buf(file, SCAN_CHUNK_BYTES, buf);
+    let walked = walker.walk(io, 0, meta.length_bytes, |position, view| {
+        let h = view.header();
+        if h.base_offset != next_offset {
+            return Visit::Reject(format!(
+                "offset {} where {next_offset} was due",
+                h.base_offset
+            ));
+        }
+        if last_checksum.is_some_and(|c| c != h.prev_checksum) {
+            return Visit::Reject("hash chain broken".into());
+        }
+        index.observe(
+            (h.base_offset - meta.base_offset) as u32,
+            position as u32,
+            h.max_timestamp_ms,
+            config.index_interval_bytes,
+        );
+        hasher.update(view.as_bytes());
+        next_offset = h.next_offset();
+        last_checksum = Some(h.header_checksum);
+        Visit::Continue
+    });
+    pool.put_read(walker.into_buf());
+    let (end, stop) = walked.map_err(|e| StoreError::io(pid, "read", path, e))?;
     if let WalkStop::Invalid { position, reason } = stop {
         return Err(corruption(pid, path, position, reason));
     }
@@ -516,7 +560,7 @@ fn frontier_record(
 fn open_active_file(
     io: &mut impl IoBackend,
     pid: u32,
-    (generation_dir, generation_dir_file): (&Path, FileId),
+    generation_dir: &Path,
     sb: &Superblock,
 ) -> Result<(PathBuf, FileId), StoreError> {
     let frontier = sb.frontier;
@@ -529,15 +573,13 @@ fn open_active_file(
         // it; anything else is damage.
         Err(e) if e.kind() == std::io::ErrorKind::NotFound && frontier.active_position == 0 => {
             tracing::warn!(partition = pid, segment = %path.display(), "recreating empty active segment");
-            let file = create_segment_file(io, pid, &path, frontier.active_capacity_bytes)?;
+            // Created empty: appends allocate as they go.
+            let file = create_segment_file(io, pid, &path, 0)?;
             // Appends will land in it: its name must be durable first.
-            submit_checked(
-                io,
-                vec![Sqe::new(Op::Fsync {
-                    file: generation_dir_file,
-                })],
-            )
-            .map_err(|(kind, e)| StoreError::io(pid, kind, generation_dir, e))?;
+            let dir_file = open_dir(io, pid, generation_dir)?;
+            let synced = submit_checked(io, vec![Sqe::new(Op::Fsync { file: dir_file })]);
+            io.close(dir_file);
+            synced.map_err(|(kind, e)| StoreError::io(pid, kind, generation_dir, e))?;
             Ok((path, file))
         }
         Err(e) => Err(StoreError::io(pid, "open active segment", &path, e)),
@@ -552,19 +594,19 @@ fn open_active_file(
 fn recover_active(
     io: &mut impl IoBackend,
     pid: u32,
-    generation: (&Path, FileId),
+    generation_dir: &Path,
     sb: &Superblock,
-    config: &StoreConfig,
+    (config, pool): (&StoreConfig, &StorePool),
 ) -> Result<(ActiveSegment, ChainPoint), StoreError> {
     let frontier = sb.frontier;
     let capacity = frontier.active_capacity_bytes;
     let block = BLOCK_SIZE as u64;
     if capacity == 0 || !capacity.is_multiple_of(block) || capacity > u64::from(u32::MAX) + 1 {
-        let path = segment::log_path(generation.0, frontier.active_base);
+        let path = segment::log_path(generation_dir, frontier.active_base);
         let detail = format!("superblock records an active segment capacity of {capacity} bytes");
         return Err(corruption(pid, &path, 0, detail));
     }
-    let (path, file) = open_active_file(io, pid, generation, sb)?;
+    let (path, file) = open_active_file(io, pid, generation_dir, sb)?;
     let record = frontier_record(io, pid, (&path, file), sb)?;
     let mut chain = ChainPoint {
         next_offset: frontier.active_base,
@@ -578,41 +620,47 @@ fn recover_active(
         c.next_offset == record.next_offset && c.last_checksum == record.last_checksum
     };
     let mut met_record = record.position == 0;
-    let mut walker = Walker::new(file, SCAN_CHUNK_BYTES);
-    let (end, stop) = walker
-        .walk(io, 0, capacity, |position, view| {
-            let h = view.header();
-            if position == record.position {
-                met_record = meets(&chain);
-                if !met_record {
-                    return Visit::Reject("log disagrees with the durable frontier record".into());
-                }
+    // The pool's read buffer: opening thousands of partitions allocates no
+    // scan buffer each. Nothing lies past the end of the file: an empty one
+    // (a new or idle partition) is not read at all.
+    let mut walker = Walker::with_buf(file, SCAN_CHUNK_BYTES, pool.take_read(SCAN_CHUNK_BYTES));
+    let file_bytes = io
+        .file_size(file)
+        .map_err(|e| StoreError::io(pid, "stat", &path, e))?;
+    let walked = walker.walk(io, 0, capacity.min(file_bytes), |position, view| {
+        let h = view.header();
+        if position == record.position {
+            met_record = meets(&chain);
+            if !met_record {
+                return Visit::Reject("log disagrees with the durable frontier record".into());
             }
-            if h.partition_id != pid || h.base_offset != chain.next_offset {
-                return Visit::Reject(format!(
-                    "offset {} where {} was due",
-                    h.base_offset, chain.next_offset
-                ));
-            }
-            if h.prev_checksum != chain.last_checksum {
-                return Visit::Reject("hash chain broken".into());
-            }
-            index.observe(
-                (h.base_offset - frontier.active_base) as u32,
-                position as u32,
-                h.max_timestamp_ms,
-                config.index_interval_bytes,
-            );
-            hasher.update(view.as_bytes());
-            max_timestamp_ms = max_timestamp_ms.max(h.max_timestamp_ms);
-            chain = ChainPoint {
-                next_offset: h.next_offset(),
-                last_checksum: h.header_checksum,
-                last_op: h.vsr_op,
-            };
-            Visit::Continue
-        })
-        .map_err(|e| StoreError::io(pid, "read", &path, e))?;
+        }
+        if h.partition_id != pid || h.base_offset != chain.next_offset {
+            return Visit::Reject(format!(
+                "offset {} where {} was due",
+                h.base_offset, chain.next_offset
+            ));
+        }
+        if h.prev_checksum != chain.last_checksum {
+            return Visit::Reject("hash chain broken".into());
+        }
+        index.observe(
+            (h.base_offset - frontier.active_base) as u32,
+            position as u32,
+            h.max_timestamp_ms,
+            config.index_interval_bytes,
+        );
+        hasher.update(view.as_bytes());
+        max_timestamp_ms = max_timestamp_ms.max(h.max_timestamp_ms);
+        chain = ChainPoint {
+            next_offset: h.next_offset(),
+            last_checksum: h.header_checksum,
+            last_op: h.vsr_op,
+        };
+        Visit::Continue
+    });
+    pool.put_read(walker.into_buf());
+    let (end, stop) = walked.map_err(|e| StoreError::io(pid, "read", &path, e))?;
     if end == record.position {
         met_record = meets(&chain);
     }
@@ -627,12 +675,13 @@ fn recover_active(
         tracing::info!(partition = pid, position, %reason, "log ends at torn or stale tail");
     }
     debug_assert!(chain.next_offset >= frontier.next_offset);
-    let mut pending = AlignedBuf::new(config.write_buffer_bytes);
+    // No write buffer until the first append: only the partial tail block.
+    let mut tail = Vec::new();
     let tail_start = align_down(end);
     if end > tail_start {
         let block = read_range(io, file, tail_start, BLOCK_SIZE)
             .map_err(|e| StoreError::io(pid, "read", &path, e))?;
-        pending.extend_from_slice(&block[..(end - tail_start) as usize]);
+        tail.extend_from_slice(&block[..(end - tail_start) as usize]);
     }
     let active = ActiveSegment {
         base_offset: frontier.active_base,
@@ -643,7 +692,11 @@ fn recover_active(
         max_timestamp_ms,
         end_position: end,
         durable_position: end,
-        pending,
+        pending: None,
+        tail,
+        // Unknown (the file may hold written, preallocated or sparse
+        // space): the first append's fallocate covers whatever is missing.
+        allocated_bytes: 0,
         capacity_bytes: capacity,
         slot_sequence: record.slot_sequence,
         recorded_position: record.position,

@@ -2,7 +2,7 @@
 
 use super::walk::{Visit, WalkStop, Walker};
 use super::{PartitionStore, StoreError};
-use crate::io::{AlignedBuf, IoBackend};
+use crate::io::IoBackend;
 use crate::segment;
 
 /// Batches read from the log.
@@ -71,10 +71,8 @@ impl PartitionStore {
         // One read covers the distance from the indexed batch and the bytes
         // wanted, in the common case.
         let chunk_bytes = max_bytes.max(64 * 1024) + self.config.index_interval_bytes as usize;
-        let buf = self
-            .read_buf
-            .take()
-            .unwrap_or_else(|| AlignedBuf::new(chunk_bytes));
+        // The shard's one read buffer: reads run one at a time on its thread.
+        let buf = self.pool.take_read(chunk_bytes);
         let mut walker = Walker::with_buf(file, chunk_bytes, buf);
         // Shared by both callbacks: bytes taken so far.
         let taken_bytes = std::cell::Cell::new(0usize);
@@ -97,11 +95,8 @@ impl PartitionStore {
                 Visit::Continue
             },
         );
-        let buf = walker.into_buf();
         // Kept for the next read unless a huge batch grew it past the cap.
-        if buf.capacity() <= 2 * self.config.read_bytes_max {
-            self.read_buf = Some(buf);
-        }
+        self.pool.put_read(walker.into_buf());
         let (_, stop) = walked.map_err(|e| {
             StoreError::io(
                 pid,

@@ -5,16 +5,16 @@
 //! touched, so a crash at any point leaves either the old state or the new
 //! one; files left behind are garbage that the next open removes, which is
 //! also why removals need no directory fsync. Removed
-//! segment files are recycled (renamed into `recycle/`) up to
-//! `recycled_files_max`, else unlinked. Neither runs on the append path: the
+//! segment files are recycled (renamed into the pool's recycle directory)
+//! while the pool is under its bound, else unlinked: the space is freed. Neither runs on the append path: the
 //! shard calls them from its own maintenance turn. Retention drops entries
 //! from the front of the segment table by moving its committed range, and
 //! compacts the table file when dead entries dominate (see `table.rs`).
 
 use std::path::{Path, PathBuf};
 
-use super::{table, ActiveSegment, PartitionStore, SealedFile, StoreError, RECYCLE_DIR};
-use crate::io::{AlignedBuf, FileId, IoBackend, Op, Sqe};
+use super::{table, ActiveSegment, PartitionStore, SealedFile, StoreError};
+use crate::io::{FileId, IoBackend, Op, Sqe};
 use crate::segment;
 use crate::superblock::{Frontier, SealedSegment};
 
@@ -38,14 +38,14 @@ impl PartitionStore {
         let new_dir = segment::generation_dir(&self.dir, generation);
         let created = io
             .create_dir(&new_dir)
-            .and_then(|()| io.open_dir(&new_dir))
             .map_err(|e| StoreError::io(pid, "mkdir", &new_dir, e));
-        let new_dir_file = self.fence_on_err(created)?;
+        self.fence_on_err(created)?;
         let base = self.durable.next_offset;
         let new_file = self.provision_segment(io, &segment::log_path(&new_dir, base))?;
         let fresh = table::write_fresh(io, pid, &new_dir, self.sb.table.id + 1, &[]);
         let table = self.fence_on_err(fresh)?;
-        self.sync_dirs(io, &[new_dir_file, self.dir_file])?;
+        let dir = self.dir.clone();
+        self.sync_dirs(io, &[&new_dir, &dir])?;
 
         let mut next = self.sb.successor();
         next.purge_generation += 1;
@@ -64,12 +64,7 @@ impl PartitionStore {
 
         // Committed: switch to the new generation, then remove the old one.
         let prev_checksum = self.durable.last_checksum;
-        self.switch_generation(
-            io,
-            (new_dir, new_dir_file),
-            Vec::new(),
-            (base, new_file, prev_checksum),
-        );
+        self.switch_generation(io, new_dir, Vec::new(), (base, new_file, prev_checksum));
         Ok(())
     }
 
@@ -79,16 +74,17 @@ impl PartitionStore {
     pub(super) fn switch_generation(
         &mut self,
         io: &mut impl IoBackend,
-        (dir, dir_file): (PathBuf, FileId),
+        dir: PathBuf,
         sealed: Vec<SealedFile>,
         (base, file, prev_checksum): (u64, FileId, u64),
     ) {
-        let pending = std::mem::replace(&mut self.active.pending, AlignedBuf::new(0));
+        if let Some(buf) = self.active.pending.take() {
+            self.pool.put_write(buf);
+        }
         let active = ActiveSegment::empty(
             base,
             file,
             prev_checksum,
-            pending,
             (
                 self.config.transfer_chunk_bytes,
                 self.config.segment_size_bytes,
@@ -97,7 +93,6 @@ impl PartitionStore {
         let old_active = std::mem::replace(&mut self.active, active);
         let old_sealed = std::mem::replace(&mut self.sealed, sealed);
         let old_dir = std::mem::replace(&mut self.generation_dir, dir);
-        io.close(std::mem::replace(&mut self.generation_dir_file, dir_file));
         io.close(old_active.file);
         let mut ops = Vec::new();
         for s in old_sealed {
@@ -192,24 +187,25 @@ impl PartitionStore {
     /// while the pool has room, anything else is unlinked.
     pub(super) fn dispose(&mut self, path: &Path, ops: &mut Vec<Op>) {
         let is_log = path.extension().is_some_and(|e| e == "log");
-        if is_log && self.recycled.len() < self.config.recycled_files_max {
-            // Unique: a generation never reuses a base offset.
+        if is_log {
+            // Unique in a pool shared by partitions: a partition id is never
+            // reused and a generation never reuses a base offset.
             let generation = path
                 .parent()
                 .and_then(|p| p.file_name())
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default();
             let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
-            let to = self
-                .dir
-                .join(RECYCLE_DIR)
-                .join(format!("{generation}-{}", name.unwrap_or_default()));
-            if !self.recycled.contains(&to) {
+            let name = format!(
+                "p{}-{generation}-{}",
+                self.partition_id,
+                name.unwrap_or_default()
+            );
+            if let Some(to) = self.pool.offer_recycled(&name) {
                 ops.push(Op::Rename {
                     from: path.into(),
-                    to: to.clone(),
+                    to,
                 });
-                self.recycled.push(to);
                 return;
             }
         }
@@ -229,7 +225,7 @@ impl PartitionStore {
         for c in completions {
             if let Err(e) = c.result {
                 if let Op::Rename { to, .. } = &c.op {
-                    self.recycled.retain(|p| p != to);
+                    self.pool.forget_recycled(to);
                 }
                 if e.kind() != std::io::ErrorKind::NotFound {
                     tracing::warn!(partition = self.partition_id, op = ?c.op, error = %e, "removal failed");

@@ -251,7 +251,17 @@ impl PartitionStore {
             &self.sb.table,
             meta,
         );
-        self.fence_on_err(result)
+        match result {
+            // The entry goes past the committed range: a write that found
+            // no space changed no state, so the roll is refused, not fenced.
+            Err(StoreError::Io { source, path, .. }) if super::is_enospc(&source) => {
+                Err(StoreError::DiskFull {
+                    partition_id: self.partition_id,
+                    path,
+                })
+            }
+            other => self.fence_on_err(other),
+        }
     }
 
     /// Writes the live entries into a new table file (the next id), durable
@@ -264,7 +274,8 @@ impl PartitionStore {
         let id = self.sb.table.id + 1;
         let written = write_fresh(io, self.partition_id, &self.generation_dir, id, live);
         let table = self.fence_on_err(written)?;
-        self.sync_dirs(io, &[self.generation_dir_file])?;
+        let generation_dir = self.generation_dir.clone();
+        self.sync_dirs(io, &[&generation_dir])?;
         Ok(table)
     }
 }

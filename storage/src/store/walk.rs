@@ -37,10 +37,6 @@ pub(crate) struct Walker {
 }
 
 impl Walker {
-    pub(crate) fn new(file: FileId, chunk_bytes: usize) -> Self {
-        Self::with_buf(file, chunk_bytes, AlignedBuf::new(chunk_bytes))
-    }
-
     /// A walker reading into `buf` (grown if needed): callers that walk
     /// often reuse one pre-touched buffer instead of faulting in fresh pages.
     pub(crate) fn with_buf(file: FileId, chunk_bytes: usize, mut buf: AlignedBuf) -> Self {

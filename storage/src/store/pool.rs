@@ -1,0 +1,237 @@
+//! What the partitions of one shard share: write buffers, the read buffer
+//! and the recycled segment files.
+//!
+//! A partition takes a write buffer on its first append after a flush and
+//! gives it back when that flush completed with nothing appended behind it,
+//! so an idle partition holds none; reads are synchronous on the shard's
+//! thread, so one read buffer serves every partition. Recycled segment files
+//! live in one directory per pool, bounded by a count per pool, not per
+//! partition. A store used on its own gets a private pool (its directory's
+//! `recycle/`, two idle write buffers), which behaves as before pools.
+//!
+//! The handle is an `Rc`: a shard's partitions live on one thread.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+
+use super::StoreConfig;
+use crate::io::{AlignedBuf, BufPool, IoBackend, Op, OpenMode, Sqe};
+use crate::superblock::FILE_SIZE_BYTES;
+
+/// Bounds of a pool.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PoolConfig {
+    /// Size of each pooled write buffer (the stores' `write_buffer_bytes`).
+    pub write_buffer_bytes: usize,
+    /// Write buffers kept (pre-touched) while no partition needs them;
+    /// more are allocated on demand and dropped on return. Buffers in use
+    /// are at most two per partition with appends not yet durable.
+    pub write_buffers_idle_max: usize,
+    /// Segment files kept for reuse in `recycle_dir`; the rest are unlinked.
+    pub recycled_files_max: usize,
+    /// A read buffer that grew past this (one huge batch) is not kept.
+    pub read_buffer_bytes_max: usize,
+}
+
+impl PoolConfig {
+    /// The bounds of a store's private pool.
+    pub fn private(config: &StoreConfig) -> Self {
+        Self {
+            write_buffer_bytes: config.write_buffer_bytes,
+            write_buffers_idle_max: 2,
+            recycled_files_max: config.recycled_files_max,
+            read_buffer_bytes_max: 2 * config.read_bytes_max,
+        }
+    }
+}
+
+/// A shared handle to one pool (cheap to clone).
+#[derive(Clone)]
+pub struct StorePool(Rc<RefCell<Inner>>);
+
+struct Inner {
+    config: PoolConfig,
+    recycle_dir: PathBuf,
+    write: BufPool,
+    read: Option<AlignedBuf>,
+    /// Recycled files, all in `recycle_dir`; at most `recycled_files_max`.
+    recycled: Vec<PathBuf>,
+    /// Superblock files read ahead for partitions about to open (see
+    /// [`StorePool::prefetch_superblocks`]); at most one batch.
+    prefetched: HashMap<PathBuf, AlignedBuf>,
+}
+
+impl std::fmt::Debug for StorePool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let inner = self.0.borrow();
+        f.debug_struct("StorePool")
+            .field("recycle_dir", &inner.recycle_dir)
+            .field("recycled", &inner.recycled.len())
+            .finish()
+    }
+}
+
+impl StorePool {
+    /// An empty pool whose recycled files go to `recycle_dir` (see
+    /// [`StorePool::load_recycled`]). No I/O.
+    pub fn new(recycle_dir: PathBuf, config: PoolConfig) -> Self {
+        let write = BufPool::lazy(config.write_buffer_bytes, config.write_buffers_idle_max);
+        Self(Rc::new(RefCell::new(Inner {
+            config,
+            recycle_dir,
+            write,
+            read: None,
+            recycled: Vec::new(),
+            prefetched: HashMap::new(),
+        })))
+    }
+
+    pub(super) fn private(dir: &Path, config: &StoreConfig) -> Self {
+        Self::new(dir.join(super::RECYCLE_DIR), PoolConfig::private(config))
+    }
+
+    pub fn recycle_dir(&self) -> PathBuf {
+        self.0.borrow().recycle_dir.clone()
+    }
+
+    /// Takes the files already in the recycle directory (creating it if
+    /// missing), up to the bound; unlinks the rest. Called once, before the
+    /// pool's partitions open. Files there are never referenced by any
+    /// superblock, so any of them may go.
+    pub fn load_recycled(&self, io: &mut impl IoBackend) -> std::io::Result<()> {
+        let dir = self.recycle_dir();
+        if !io.exists(&dir)? {
+            io.create_dir(&dir)?;
+        }
+        let mut names = io.list_dir(&dir)?;
+        names.sort();
+        let mut inner = self.0.borrow_mut();
+        let max = inner.config.recycled_files_max;
+        let mut surplus = Vec::new();
+        for name in names {
+            let path = dir.join(name);
+            if inner.recycled.len() < max && !inner.recycled.contains(&path) {
+                inner.recycled.push(path);
+            } else if !inner.recycled.contains(&path) {
+                surplus.push(Sqe::new(Op::Unlink { path }));
+            }
+        }
+        drop(inner);
+        for c in io.submit(surplus) {
+            if let Err(e) = c.result {
+                tracing::warn!(op = ?c.op, error = %e, "removing a surplus recycled file failed");
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads the superblock files of the partitions in `dirs` in one
+    /// submission and keeps them for their [`PartitionStore::open_in`]:
+    /// opening thousands of partitions one read at a time waits on the
+    /// device for each. Replaces the previous batch (memory: one superblock
+    /// file per dir). A file that cannot be read is left to its open, which
+    /// reports why.
+    ///
+    /// [`PartitionStore::open_in`]: super::PartitionStore::open_in
+    pub fn prefetch_superblocks(&self, io: &mut impl IoBackend, dirs: &[&Path]) {
+        let mut files = Vec::with_capacity(dirs.len());
+        let mut sqes = Vec::with_capacity(dirs.len());
+        for dir in dirs {
+            let path = dir.join(super::SUPERBLOCK_FILE);
+            let Ok(file) = io.open_file(&path, OpenMode::Existing) else {
+                continue;
+            };
+            files.push((file, path));
+            sqes.push(Sqe::new(Op::Read {
+                file,
+                offset: 0,
+                len: FILE_SIZE_BYTES,
+                buf: AlignedBuf::new(FILE_SIZE_BYTES),
+            }));
+        }
+        let completions = io.submit(sqes);
+        let mut inner = self.0.borrow_mut();
+        inner.prefetched.clear();
+        for (c, (file, path)) in completions.into_iter().zip(files) {
+            io.close(file);
+            if c.result.is_ok() {
+                if let Some(buf) = c.op.into_buf() {
+                    inner.prefetched.insert(path, buf);
+                }
+            }
+        }
+    }
+
+    /// The bytes of superblock file `path` if they were read ahead.
+    pub(super) fn take_prefetched(&self, path: &Path) -> Option<AlignedBuf> {
+        self.0.borrow_mut().prefetched.remove(path)
+    }
+
+    /// Drops whatever a prefetch read that no open took.
+    pub fn clear_prefetched(&self) {
+        self.0.borrow_mut().prefetched.clear();
+    }
+
+    /// A cleared write buffer of at least `size_bytes`.
+    pub(super) fn take_write(&self, size_bytes: usize) -> AlignedBuf {
+        self.0.borrow_mut().write.get(size_bytes)
+    }
+
+    pub(super) fn put_write(&self, buf: AlignedBuf) {
+        self.0.borrow_mut().write.put(buf);
+    }
+
+    /// The read buffer (or a new one) of at least `size_bytes`.
+    pub(super) fn take_read(&self, size_bytes: usize) -> AlignedBuf {
+        match self.0.borrow_mut().read.take() {
+            Some(buf) if buf.capacity() >= size_bytes => buf,
+            _ => AlignedBuf::new(size_bytes),
+        }
+    }
+
+    pub(super) fn put_read(&self, buf: AlignedBuf) {
+        let mut inner = self.0.borrow_mut();
+        if buf.capacity() <= inner.config.read_buffer_bytes_max {
+            inner.read = Some(buf);
+        }
+    }
+
+    /// A recycled file to reuse, if any.
+    pub(super) fn take_recycled(&self) -> Option<PathBuf> {
+        self.0.borrow_mut().recycled.pop()
+    }
+
+    /// Where a disposed segment file named `name` goes if the pool has
+    /// room (the caller renames it there), else None (unlink it).
+    pub(super) fn offer_recycled(&self, name: &str) -> Option<PathBuf> {
+        let mut inner = self.0.borrow_mut();
+        let to = inner.recycle_dir.join(name);
+        let full = inner.recycled.len() >= inner.config.recycled_files_max;
+        if full || inner.recycled.contains(&to) {
+            return None;
+        }
+        inner.recycled.push(to.clone());
+        Some(to)
+    }
+
+    /// A rename into the pool failed: the file is not there.
+    pub(super) fn forget_recycled(&self, path: &Path) {
+        self.0.borrow_mut().recycled.retain(|p| p != path);
+    }
+
+    /// Recycled files held.
+    pub fn recycled_count(&self) -> usize {
+        self.0.borrow().recycled.len()
+    }
+
+    /// Write buffers kept idle.
+    pub fn idle_write_buffers(&self) -> usize {
+        self.0.borrow().write.idle()
+    }
+
+    pub fn config(&self) -> PoolConfig {
+        self.0.borrow().config.clone()
+    }
+}
