@@ -194,8 +194,13 @@ pub struct Replica {
     pub(super) repair_from: Option<u8>,
     pub(super) held: VecDeque<(u8, Message)>,
     pub(super) timeouts: [Timeout; 7],
-    /// Booted with no disk state: may only learn the view, never vote.
+    /// Booted with no disk state and not yet repaired to a durable
+    /// log_view: it learns the view and repairs, but never votes or leads.
     pub(super) wiped: bool,
+    /// The commit of the last Commit heartbeat (to notice a stall).
+    pub(super) heartbeat_commit: u64,
+    /// The op the log must hold (durably) before log_view is persisted.
+    pub(super) log_view_op: u64,
 }
 
 impl Replica {
@@ -301,6 +306,8 @@ impl Replica {
             held: VecDeque::new(),
             timeouts,
             wiped: false,
+            heartbeat_commit: 0,
+            log_view_op: 0,
         })
     }
 
@@ -429,11 +436,15 @@ impl Replica {
     }
 
     pub(super) fn send(&mut self, out: &mut Outbox, to: u8, body: Body) {
+        self.send_as(out, to, self.view, body);
+    }
+
+    /// Sends with an explicit view: a Prepare keeps the view its batch was
+    /// stamped in, also when a later primary resends it.
+    fn send_as(&mut self, out: &mut Outbox, to: u8, view: u32, body: Body) {
         debug_assert!(to != self.cfg.replica && to < self.cfg.replica_count);
-        let msg = Message {
-            view: self.view,
-            body,
-        };
+        debug_assert!(view <= self.view);
+        let msg = Message { view, body };
         if self.gate_open(&msg) {
             out.push(Output::Send { to, msg });
             return;
@@ -488,15 +499,18 @@ impl Replica {
     }
 
     pub(super) fn persist(&mut self, out: &mut Outbox) {
-        // After a cut, the superblock may name the new view only once the
-        // cut is durable: else a crash could vouch for a tail it dropped.
-        if self.persisting.is_some() || !self.truncations.is_empty() {
+        if self.persisting.is_some() {
             self.persist_again = true;
             return;
         }
+        let log_view = if self.log_view_ready() {
+            self.log_view
+        } else {
+            self.durable.log_view
+        };
         let state = VsrState {
             view: self.view,
-            log_view: self.log_view,
+            log_view,
             commit: self.commit.max(self.durable.commit),
         };
         if state == self.durable {
@@ -504,6 +518,27 @@ impl Replica {
         }
         let id = self.io(out, StorageOp::PersistVsr(state));
         self.persisting = Some((id, state));
+    }
+
+    /// Whether the log is the whole log of `log_view` up to the op its
+    /// StartView named, cut and durable. Until then the superblock keeps
+    /// the older log_view: a crash mid-repair must not leave a durable
+    /// claim of view v on a log that lacks v's committed ops.
+    fn log_view_ready(&self) -> bool {
+        let op = self.log_view_op;
+        self.truncations.is_empty()
+            && self.log.op() >= op
+            && self
+                .log
+                .entries()
+                .all(|e| e.durable || e.header.vsr_op > op)
+    }
+
+    /// Persists log_view once the log has caught up with it.
+    pub(super) fn persist_log_view_when_ready(&mut self, out: &mut Outbox) {
+        if self.log_view > self.durable.log_view && self.log_view_ready() {
+            self.persist(out);
+        }
     }
 
     pub(super) fn timeout(&mut self, t: T) -> &mut Timeout {
@@ -570,6 +605,7 @@ impl Replica {
                 self.start(T::Heartbeat);
             }
             T::PrepareRetry => self.resend_prepares(out),
+            T::PrimarySilent if self.wiped => self.back_to_recovering(out),
             T::PrimarySilent => self.start_view_change(self.view + 1, out),
             T::ViewChangeRetry => self.view_change_retry(out),
             T::ViewChangeEscalate => self.start_view_change(self.view + 1, out),
@@ -592,9 +628,7 @@ impl Replica {
         } else if let Some(op) = self.flushes.remove(&id) {
             self.on_flushed(op, out);
         } else if self.truncations.remove(&id) {
-            if self.truncations.is_empty() && std::mem::take(&mut self.persist_again) {
-                self.persist(out);
-            }
+            self.persist_log_view_when_ready(out);
             self.try_finish_view(out);
         } else if !self.appends.remove(&id) {
             out.event(Event::Dropped {
@@ -614,6 +648,10 @@ impl Replica {
             self.persist(out);
         }
         self.release_held(out);
+        if self.wiped && self.status == Status::Normal && self.durable.log_view == self.view {
+            // Its log is whole and vouched for: an ordinary replica again.
+            self.wiped = false;
+        }
         let done = self.status == Status::ViewChange
             && self.phase == Phase::Persisting
             && self.durable.log_view == self.view;
@@ -648,6 +686,7 @@ impl Replica {
             }
             _ => self.try_finish_view(out),
         }
+        self.persist_log_view_when_ready(out);
     }
 
     pub(super) fn fence(&mut self, reason: String, out: &mut Outbox) {
@@ -843,15 +882,15 @@ impl Replica {
 
     fn resend_prepares(&mut self, out: &mut Outbox) {
         let commit = self.commit;
-        let pending: Vec<(u64, u32, BatchBytes)> = self
+        let pending: Vec<(u64, u32, u32, BatchBytes)> = self
             .acks
             .iter()
             .filter_map(|(&op, ack)| {
-                let batch = self.log.get(op)?.batch.clone()?;
-                Some((op, ack.voters, batch))
+                let e = self.log.get(op)?;
+                Some((op, e.header.vsr_view, ack.voters, e.batch.clone()?))
             })
             .collect();
-        for (op, voters, batch) in pending {
+        for (op, view, voters, batch) in pending {
             for to in 0..self.cfg.replica_count {
                 if to != self.cfg.replica && voters & (1 << to) == 0 {
                     let body = Body::Prepare {
@@ -859,7 +898,7 @@ impl Replica {
                         commit,
                         batch: batch.clone(),
                     };
-                    self.send(out, to, body);
+                    self.send_as(out, to, view, body);
                 }
             }
         }
@@ -968,6 +1007,9 @@ impl Replica {
         batch: BatchBytes,
         out: &mut Outbox,
     ) {
+        if view < self.view {
+            return self.on_prepare_inherited(from, view, op, batch, out);
+        }
         if !self.in_normal_view("prepare", view, out) {
             return;
         }
@@ -988,7 +1030,7 @@ impl Replica {
             });
         }
         if op <= self.log.op() {
-            self.on_prepare_held(op, header.header_checksum, out);
+            self.on_prepare_held(op, commit, header.header_checksum, out);
         } else if self.log.links(&header) {
             self.append(header, batch, out);
         } else if op == self.log.op() + 1 {
@@ -1002,14 +1044,51 @@ impl Replica {
         self.advance_commit(commit, out);
     }
 
+    /// A Prepare from an older view, resent by our primary for an op it
+    /// inherited: re-ack it if we hold that very batch, else repair up to it.
+    fn on_prepare_inherited(
+        &mut self,
+        from: u8,
+        view: u32,
+        op: u64,
+        batch: BatchBytes,
+        out: &mut Outbox,
+    ) {
+        let ours = self.status == Status::Normal
+            && !self.is_primary()
+            && from == self.primary_of(self.view);
+        if !ours {
+            let reason = "stale view";
+            return out.event(Event::Dropped {
+                what: "prepare",
+                reason,
+            });
+        }
+        let Some(header) = self.verify_batch(&batch, out) else {
+            return;
+        };
+        if header.vsr_op != op || header.vsr_view != view {
+            let reason = "fields differ from batch";
+            return out.event(Event::Dropped {
+                what: "prepare",
+                reason,
+            });
+        }
+        if op <= self.log.op() {
+            self.on_prepare_held(op, 0, header.header_checksum, out);
+        } else {
+            self.request_repair(from, op, out);
+        }
+    }
+
     /// A Prepare for an op we hold: re-ack it (our ack may have been lost).
-    fn on_prepare_held(&mut self, op: u64, checksum: u64, out: &mut Outbox) {
+    fn on_prepare_held(&mut self, op: u64, commit: u64, checksum: u64, out: &mut Outbox) {
         let held = self
             .log
             .get(op)
             .map(|e| (e.header.header_checksum, e.durable));
         match held {
-            Some((c, true)) if c == checksum && op > self.commit => {
+            Some((c, true)) if c == checksum && op > commit => {
                 self.send_prepare_ok(op, checksum, out)
             }
             Some((c, _)) if c != checksum => out.event(Event::Dropped {
@@ -1079,7 +1158,29 @@ impl Replica {
         if commit > self.log.op() {
             self.request_repair(from, commit, out);
         }
+        let stalled = commit == self.heartbeat_commit;
+        self.heartbeat_commit = commit;
         self.advance_commit(commit, out);
+        if stalled {
+            // Commit did not move since the last heartbeat: our acks may
+            // have been lost, and a primary that restarted holds no bytes
+            // to re-prepare with, so re-ack what we hold.
+            self.ack_uncommitted(commit, out);
+        }
+    }
+
+    /// PrepareOk for every durable op above the primary's `commit` (ours
+    /// may be ahead: a new primary can learn a commit only from acks).
+    pub(super) fn ack_uncommitted(&mut self, commit: u64, out: &mut Outbox) {
+        let acks: Vec<(u64, u64)> = self
+            .log
+            .entries()
+            .filter(|e| e.durable && e.header.vsr_op > commit)
+            .map(|e| (e.header.vsr_op, e.header.header_checksum))
+            .collect();
+        for (op, checksum) in acks {
+            self.send_prepare_ok(op, checksum, out);
+        }
     }
 
     /// Backup: learns `commit_max` and commits what its log holds of it.

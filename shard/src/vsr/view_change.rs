@@ -73,6 +73,8 @@ impl Replica {
     fn may_vote(&mut self, what: &'static str, view: u32, out: &mut Outbox) -> bool {
         let reason = if self.status == Status::Recovering {
             "recovering: learns the view before it votes"
+        } else if self.wiped {
+            "wiped: repairs its log before it votes"
         } else if view < self.view {
             "stale view"
         } else {
@@ -100,7 +102,8 @@ impl Replica {
 
     fn own_dvc_fields(&self) -> Dvc {
         Dvc {
-            log_view: self.log_view,
+            // The durable one: our log is only vouched for up to it.
+            log_view: self.durable.log_view,
             op: self.log.op(),
             commit: self.commit,
             suffix: self.log.headers(),
@@ -179,8 +182,11 @@ impl Replica {
     }
 
     /// Makes our log a prefix of the canonical log (`suffix`, ending at
-    /// `op`, held by `from`): cuts our disagreeing ops, then repairs the
-    /// rest from `from`. Refuses (false) a cut at or below `commit_floor`.
+    /// `op`, held by `from`): keeps our ops up to the highest one the
+    /// suffix vouches for (a matching checksum vouches for the whole chain
+    /// below it) or our commit, cuts the rest, then repairs from `from`.
+    /// Refuses (false) when the canonical log ends below `commit_floor` or
+    /// below our commit: it cannot hold every committed op.
     fn adopt(
         &mut self,
         from: u8,
@@ -189,26 +195,16 @@ impl Replica {
         commit_floor: u64,
         out: &mut Outbox,
     ) -> bool {
-        let own = self.log.op();
-        let mut cut = own.min(op);
-        for h in suffix.iter().filter(|h| h.vsr_op <= cut) {
-            if self
-                .log
-                .checksum_at(h.vsr_op)
-                .is_some_and(|c| c != h.header_checksum)
-            {
-                cut = h.vsr_op - 1;
-                break;
-            }
-        }
-        if cut < own && cut < commit_floor.max(self.commit) {
-            let reason = "canonical log would cut a committed op";
+        if op < commit_floor.max(self.commit) {
+            let reason = "canonical log ends below a committed op";
             out.event(Event::Dropped {
                 what: "view change",
                 reason,
             });
             return false;
         }
+        let cut = self.vouched_op(suffix).min(op);
+        debug_assert!(cut >= self.commit && cut <= self.log.op());
         self.truncate_to(cut, out);
         self.target = suffix
             .iter()
@@ -221,6 +217,25 @@ impl Replica {
             self.request_repair(from, op, out);
         }
         true
+    }
+
+    /// The highest op of our log that `suffix` shows is canonical; at
+    /// least our commit (committed ops are in every canonical log).
+    fn vouched_op(&self, suffix: &[BatchHeader]) -> u64 {
+        let own = self.log.op();
+        let mut vouched = self.commit.min(own);
+        if let Some(first) = suffix.first() {
+            let below = first.vsr_op.saturating_sub(1);
+            if below <= own && self.log.checksum_at(below) == Some(first.prev_checksum) {
+                vouched = vouched.max(below);
+            }
+        }
+        for h in suffix.iter().filter(|h| h.vsr_op <= own) {
+            if self.log.checksum_at(h.vsr_op) == Some(h.header_checksum) {
+                vouched = vouched.max(h.vsr_op);
+            }
+        }
+        vouched
     }
 
     /// New primary: once the canonical log is whole and durable, persist
@@ -236,6 +251,7 @@ impl Replica {
         }
         self.phase = Phase::Persisting;
         self.log_view = self.view;
+        self.log_view_op = self.log.op();
         let commit = self.commit_max;
         self.advance_commit(commit, out);
         self.persist(out);
@@ -321,6 +337,7 @@ impl Replica {
             self.log_view = log_view_was;
             return;
         }
+        self.log_view_op = op;
         self.enter_normal_backup(commit, out);
     }
 
@@ -337,15 +354,7 @@ impl Replica {
         self.advance_commit(commit, out);
         // Ack every durable op above commit in the new view (held by the
         // gate until log_view = view is durable).
-        let acks: Vec<(u64, u64)> = self
-            .log
-            .entries()
-            .filter(|e| e.durable && e.header.vsr_op > self.commit)
-            .map(|e| (e.header.vsr_op, e.header.header_checksum))
-            .collect();
-        for (op, checksum) in acks {
-            self.send_prepare_ok(op, checksum, out);
-        }
+        self.ack_uncommitted(commit, out);
         if self.repair_goal > self.log.op() {
             self.ensure(T::RepairRetry);
         }
@@ -367,6 +376,19 @@ impl Replica {
                 reason,
             });
         }
+    }
+
+    /// A wiped replica that lost its primary before its log was whole goes
+    /// back to asking: it may not vote on a log it cannot vouch for.
+    pub(super) fn back_to_recovering(&mut self, out: &mut Outbox) {
+        debug_assert!(self.wiped && self.status == Status::Normal);
+        self.status = Status::Recovering;
+        self.nonce = self.rng.next_u64() | 1;
+        self.arm_for_status();
+        out.event(Event::StatusChanged {
+            status: self.status,
+            view: self.view,
+        });
     }
 
     /// Saw a newer view in a normal-operation message: ask for StartView.
