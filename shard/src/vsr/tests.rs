@@ -1057,9 +1057,9 @@ struct SwarmStats {
 /// Guards against: any of the rules above failing under a random mix of
 /// faults: two replicas committing different ops at one op number, an
 /// acknowledged or committed op lost, replicas' bytes differing, or a
-/// healed group not converging (R = 1, 3, 5). Fails before the fix that
-/// persists log_view only once the log is whole (seed 8049, R = 5: a
-/// committed op lost after replicas crashed mid-repair).
+/// healed group not converging (R = 1, 3, 5). It found the log_view
+/// persisted before the log was whole (seed 8049, R = 5: a committed op
+/// lost after replicas crashed mid-repair; see the pinned seeds below).
 #[test]
 fn swarm_safety_and_convergence_over_seeds() {
     let mut total = SwarmStats::default();
@@ -1085,3 +1085,16 @@ fn swarm_safety_and_convergence_over_seeds() {
 
 /// Seeds per run (x3 sizes): ~1 s in release. 15,000 pass when raised.
 const SWARM_SEEDS: u64 = 300;
+
+/// Guards against: a backup persisting log_view = v before its log holds
+/// v's ops (a crash mid-repair then vouches for a short log, and a quorum
+/// of such votes commits a different op at an op number already
+/// committed). Seed 1194 catches that bug; pinned so it stays caught.
+#[test]
+fn swarm_pinned_regression_seeds() {
+    for seed in [1194, 8049] {
+        for n in [3, 5] {
+            swarm(seed, n);
+        }
+    }
+}
