@@ -456,6 +456,8 @@ fn run_op(io: &mut impl IoBackend, op: Op) -> std::io::Result<()> {
 pub fn store_error(e: StoreError) -> OpError {
     let code = match &e {
         StoreError::Fenced { .. } => ErrorCode::PartitionFenced,
+        // Retryable: nothing was accepted, reads go on.
+        StoreError::DiskFull { .. } => ErrorCode::DiskFull,
         StoreError::InvalidBatch { .. } => ErrorCode::InvalidBatch,
         StoreError::BatchTooLarge { .. } => ErrorCode::BatchTooLarge,
         StoreError::OffsetOutOfRange { .. } => ErrorCode::OffsetOutOfRange,
@@ -473,6 +475,17 @@ pub fn store_error(e: StoreError) -> OpError {
 mod tests {
     use super::*;
     use crate::client::{batch_of, records};
+
+    #[test]
+    fn disk_full_reaches_the_client_as_retryable_disk_full() {
+        let e = store_error(StoreError::DiskFull {
+            partition_id: 4,
+            path: "/d/topics/t/0/00000000000000000000.log".into(),
+        });
+        assert_eq!(e.code, ErrorCode::DiskFull, "{e}");
+        assert!(e.code.is_retryable());
+        assert!(e.message.contains("disk full"), "{e}");
+    }
     use crate::config::ServerConfig;
     use ringlog_storage::io::uring::UringBackend;
     use ringlog_storage::io::BatchId;
