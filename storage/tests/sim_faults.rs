@@ -163,7 +163,6 @@ fn random_write_and_fsync_failures_never_lose_acknowledged_data() {
 /// it and every acknowledged batch after it (seed 6, flip on the first
 /// segment read: all 28 acknowledged batches gone, durable end 0).
 #[test]
-#[ignore = "fails until issue 8 item 1 (torn tail bounded by the durable frontier record) lands"]
 fn a_bit_flip_during_recovery_never_drops_acknowledged_batches() {
     let mut refused = 0;
     for seed in 0..8u64 {

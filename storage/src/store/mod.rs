@@ -32,10 +32,11 @@
 //! retention and close, not on every flush. Between checkpoints the durable
 //! frontier is recorded in the active segment file itself: each flush adds
 //! a frontier record write (the durable end the previous flush's completed
-//! fdatasync made durable) beside its data write, so the record costs one
-//! 4 KiB write in parallel with the data and no fsync of its own. Recovery verifies every batch below
-//! the newest record and may drop as torn only what lies past it (the bound
-//! is stated in `open.rs`).
+//! fdatasync made durable) to its chain, between the data write and the
+//! fdatasync, so the record costs one 4 KiB write and no fsync of its own.
+//! Recovery verifies every batch below the newest record and may drop as
+//! torn only what lies past it: at most the last flush (the bound is stated
+//! in `open.rs`).
 
 mod config;
 mod error;
@@ -143,20 +144,15 @@ struct ActiveSegment {
     /// The position the newest frontier record known durable (superblock
     /// or slot) names: recovery verifies every batch below it.
     recorded_position: u64,
-    /// The position the last flush's record names: written, durable once
-    /// the next fdatasync of this file completes.
-    unsynced_record: Option<u64>,
 }
 
 /// A flush (or frontier checkpoint) submitted but not completed.
 struct Flushing {
     end_position: u64,
     chain: ChainPoint,
-    /// The position its frontier record names, if it writes one.
+    /// The position its frontier record names, if it writes one (linked
+    /// before the fdatasync, so durable once that completed).
     record: Option<u64>,
-    /// Whether the record's write is linked before the fdatasync (a
-    /// checkpoint) rather than running beside the data write (a flush).
-    record_synced: bool,
 }
 
 pub struct PartitionStore {
@@ -446,16 +442,17 @@ impl PartitionStore {
         })
     }
 
-    /// Queues this partition's flush onto `sqes`: if the durable end moved
-    /// past the newest frontier record, a record of that durable end (not
-    /// linked); then the data write linked to one fdatasync. Returns how
-    /// many entries it added (0: nothing to flush). The matching
-    /// completions go to [`complete_flush`], in order.
+    /// Queues this partition's flush onto `sqes`: the data write, a
+    /// frontier record of the durable end (if it moved past the newest
+    /// record) and one fdatasync, linked in that order. Returns how many
+    /// entries it added (0: nothing to flush). The matching completions go
+    /// to [`complete_flush`], in order.
     ///
     /// The record names only what an earlier, completed fdatasync made
     /// durable, never this flush's bytes: this flush may tear, the record
-    /// must not claim torn bytes. It may run after this flush's fdatasync;
-    /// the next one covers it (hence three slots, see `open.rs`).
+    /// must not claim torn bytes. Riding this flush's own fdatasync, it is
+    /// durable once the flush completed, so at most the last completed
+    /// flush is ever past the newest durable record (see `open.rs`).
     ///
     /// [`complete_flush`]: PartitionStore::complete_flush
     pub fn prepare_flush(&mut self, sqes: &mut Vec<Sqe>) -> Result<usize, StoreError> {
@@ -465,23 +462,6 @@ impl PartitionStore {
         if self.active.end_position == self.active.durable_position {
             return Ok(0);
         }
-        // Beside the data write, not linked before it: the record names
-        // only bytes an earlier fdatasync made durable, so it needs no
-        // ordering, and the flush costs no extra serial write. Written once
-        // the durable end is `record_interval_bytes` past the latest record,
-        // so small flushes share one.
-        let active = &self.active;
-        let latest_record = active
-            .unsynced_record
-            .map_or(active.recorded_position, |p| {
-                p.max(active.recorded_position)
-            });
-        let due = active.durable_position >= latest_record + self.record_interval_bytes();
-        let record = if due {
-            self.push_record(sqes, latest_record, false)
-        } else {
-            None
-        };
         let active = &mut self.active;
         let flushed_from = active.durable_position;
         let start = align_down(flushed_from);
@@ -506,12 +486,15 @@ impl PartitionStore {
             offset: start,
             buf,
         }));
-        sqes.push(Sqe::new(Op::Fdatasync { file: active.file }));
+        let recorded = active.recorded_position;
+        let record = self.push_record(sqes, recorded, true);
+        sqes.push(Sqe::new(Op::Fdatasync {
+            file: self.active.file,
+        }));
         self.flushing = Some(Flushing {
-            end_position: active.end_position,
+            end_position: self.active.end_position,
             chain: self.chain,
             record,
-            record_synced: false,
         });
         Ok(sqes.len() - before)
     }
@@ -539,7 +522,6 @@ impl PartitionStore {
             end_position: self.active.durable_position,
             chain: self.durable,
             record: Some(record),
-            record_synced: true,
         });
         Ok(sqes.len() - before)
     }
@@ -554,14 +536,6 @@ impl PartitionStore {
         }
         let completions = io.submit(sqes);
         self.complete_flush(completions)
-    }
-
-    /// How far the durable end may run past the latest frontier record
-    /// before a flush writes a new one: a quarter of the write buffer, so a
-    /// flush of at least that much writes one each time, and smaller ones
-    /// share one (their 4 KiB record write would cost as much as the data).
-    pub fn record_interval_bytes(&self) -> u64 {
-        (self.config.write_buffer_bytes / 4) as u64
     }
 
     /// Bytes of the active segment that are durable but not yet below the
@@ -646,16 +620,9 @@ impl PartitionStore {
         let active = &mut self.active;
         active.durable_position = flushing.end_position;
         self.durable = flushing.chain;
-        // This fdatasync ran after the previous flush's record write had
-        // completed: that record is durable now.
-        if let Some(position) = active.unsynced_record.take() {
+        // The record was linked before this fdatasync: durable now.
+        if let Some(position) = flushing.record {
             active.recorded_position = active.recorded_position.max(position);
-        }
-        match flushing.record {
-            Some(position) if flushing.record_synced => {
-                active.recorded_position = active.recorded_position.max(position);
-            }
-            unsynced => active.unsynced_record = unsynced,
         }
         Ok(())
     }
@@ -1044,7 +1011,6 @@ impl ActiveSegment {
             capacity_bytes,
             slot_sequence: 0,
             recorded_position: 0,
-            unsynced_record: None,
         }
     }
 

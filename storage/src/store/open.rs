@@ -20,38 +20,35 @@
 //!
 //! ## The torn-tail bound
 //!
-//! A flush writes a frontier record, naming the durable end that earlier
-//! fdatasyncs made durable, once that end is at least
-//! I = `record_interval_bytes` (`write_buffer_bytes / 4`) past the latest
-//! record; the record goes to the next of three slots (round robin), beside
-//! the flush's data write and unordered with its fdatasync. The next flush
-//! starts only after every op of this one completed, so its fdatasync covers
-//! the record: a record is durable at the latest once the following flush
-//! completed, and a slot is rewritten only when two newer records exist.
+//! Every flush links, in one chain, its data write, a frontier record write
+//! and one fdatasync. The record names the durable end as it was when the
+//! flush was prepared (what earlier, completed fdatasyncs made durable),
+//! never the flush's own bytes, so a torn flush cannot make it claim torn
+//! data. It goes to the next of three slots (round robin), so the newest
+//! durable record is never the one being rewritten.
 //!
 //! Let flush N be the active segment's last flush that completed before the
 //! crash: every acknowledged append ends at or below end(N), and at most
-//! flush N+1 is in flight (one flush per partition at a time). Each flush
-//! holds at most W = `write_buffer_bytes` of new data. The newest durable
-//! record then names at least end(N) - (I + 2W): a record written by flush
-//! N-1 or earlier is durable, and no flush up to N-1 found the durable end
-//! I past the latest record without writing one. Hence:
+//! flush N+1 is in flight (one flush per partition at a time). Flush N's
+//! record names end(N-1) and is durable (it preceded N's fdatasync); flush
+//! N+1's record, if it landed, names end(N) (durable, so safe to trust
+//! unsynced). Hence:
 //! - a crash alone never loses an acknowledged batch: end(N) is durable and
 //!   every batch below it is valid, so the scan passes it;
-//! - what recovery can ever drop as torn is less than I + 3W past that
-//!   record's end (I + 2W acknowledged bytes, and those only if they were
-//!   also damaged, since a bad byte there reads as a torn tail, not as
-//!   corruption; plus flush N+1, never acknowledged). With the default 4 MiB
-//!   write buffer: under 13 MiB, of which under 9 MiB acknowledged;
-//! - an idle partition closes that window with a checkpoint
-//!   (`PartitionStore::prepare_checkpoint`: a record write linked to an
-//!   fdatasync, which the shard issues for partitions idle for a tick),
-//!   after which nothing acknowledged is above the record; `close` does the
-//!   same through the superblock.
+//! - every batch below end(N-1) must verify: a bad one is corruption,
+//!   reported with partition, segment and position, never truncated;
+//! - what recovery can ever drop as torn is past end(N-1): flush N+1 (in
+//!   flight, never acknowledged) and flush N, at most W =
+//!   `write_buffer_bytes` acknowledged bytes, dropped only if they are also
+//!   damaged and flush N+1 left no record (so nothing on disk shows that N
+//!   completed: to recovery it is the flush that may have been in flight);
+//! - an idle partition closes even that window with a checkpoint
+//!   (`PartitionStore::prepare_checkpoint`: a record of end(N) linked to an
+//!   fdatasync, which the shard issues for partitions idle for a tick);
+//!   `close` does the same through the superblock.
 //!
-//! The record costs at most one 4 KiB write per flush (one per I bytes for
-//! smaller flushes), in parallel with the data write, and no fsync of its
-//! own.
+//! The record costs one 4 KiB write per flush in the flush's own chain and
+//! no fsync of its own.
 
 use std::path::{Path, PathBuf};
 
@@ -700,7 +697,6 @@ fn recover_active(
         capacity_bytes: capacity,
         slot_sequence: record.slot_sequence,
         recorded_position: record.position,
-        unsynced_record: None,
     };
     Ok((active, chain))
 }
