@@ -158,10 +158,7 @@ fn random_write_and_fsync_failures_never_lose_acknowledged_data() {
 /// A bit flip on one read during recovery (a transient fault: the stored
 /// bytes are intact) may make open fail with a typed error, or succeed; if it
 /// succeeds, at most the last flush (here: the last batch) may be missing,
-/// the bound on a torn tail. Ignored until issue 8 item 1 lands: today the
-/// recovery scan takes the flipped batch for a torn tail and silently drops
-/// it and every acknowledged batch after it (seed 6, flip on the first
-/// segment read: all 28 acknowledged batches gone, durable end 0).
+/// the bound on a torn tail.
 #[test]
 fn a_bit_flip_during_recovery_never_drops_acknowledged_batches() {
     let mut refused = 0;
