@@ -28,6 +28,7 @@ mod replica;
 pub mod timeout;
 mod types;
 mod view_change;
+mod wire;
 
 #[cfg(test)]
 mod tests;
@@ -36,5 +37,5 @@ pub use log::Anchor;
 pub use replica::{Config, ConfigError, Replica};
 pub use types::{
     AppendError, Appended, BatchBytes, Body, Event, Input, IoFailure, IoId, IoOutcome, Message,
-    Outbox, Output, Status, StorageOp, Token, VsrState,
+    Outbox, Output, Prepare, Prepares, Status, StorageOp, Token, VsrState,
 };

@@ -8,6 +8,8 @@ use ringlog_protocol::batch::{restamp, BatchHeader, BatchView, Stamp};
 
 use super::log::{Anchor, Entry, Log};
 use super::timeout::{Rng, Timeout};
+use ringlog_protocol::replication as wire;
+
 use super::types::*;
 
 /// Replica settings. Every queue the replica keeps is bounded by one of
@@ -470,9 +472,9 @@ impl Replica {
     /// The log_view a message vouches for, if it vouches for one.
     fn vouched_log_view(&self, msg: &Message) -> Option<u32> {
         match &msg.body {
-            Body::DoViewChange { log_view, .. } => Some(*log_view),
-            Body::StartView { .. } => Some(msg.view),
-            Body::PrepareOk { .. } => Some(self.log_view),
+            Body::DoViewChange(wire::DoViewChange { log_view, .. }) => Some(*log_view),
+            Body::StartView(wire::StartView { .. }) => Some(msg.view),
+            Body::PrepareOk(wire::PrepareOk { .. }) => Some(self.log_view),
             _ => None,
         }
     }
@@ -597,10 +599,10 @@ impl Replica {
                 let commit_checksum = self.log.checksum_at(commit).unwrap_or(0);
                 self.send_all(
                     out,
-                    Body::Commit {
+                    Body::Commit(wire::Commit {
                         commit,
                         commit_checksum,
-                    },
+                    }),
                 );
                 self.start(T::Heartbeat);
             }
@@ -790,11 +792,11 @@ impl Replica {
         let commit = self.commit;
         self.send_all(
             out,
-            Body::Prepare {
+            Body::Prepare(Prepare {
                 op,
                 commit,
                 batch: bytes,
-            },
+            }),
         );
         self.ensure(T::PrepareRetry);
     }
@@ -893,11 +895,11 @@ impl Replica {
         for (op, view, voters, batch) in pending {
             for to in 0..self.cfg.replica_count {
                 if to != self.cfg.replica && voters & (1 << to) == 0 {
-                    let body = Body::Prepare {
+                    let body = Body::Prepare(Prepare {
                         op,
                         commit,
                         batch: batch.clone(),
-                    };
+                    });
                     self.send_as(out, to, view, body);
                 }
             }
@@ -914,10 +916,10 @@ impl Replica {
         self.send(
             out,
             primary,
-            Body::PrepareOk {
+            Body::PrepareOk(wire::PrepareOk {
                 op,
                 prepare_checksum,
-            },
+            }),
         );
     }
 
@@ -931,24 +933,24 @@ impl Replica {
         }
         let view = msg.view;
         match msg.body {
-            Body::Prepare { op, commit, batch } => {
+            Body::Prepare(Prepare { op, commit, batch }) => {
                 self.on_prepare(from, view, op, commit, batch, out)
             }
-            Body::PrepareOk {
+            Body::PrepareOk(wire::PrepareOk {
                 op,
                 prepare_checksum,
-            } => self.on_prepare_ok(from, view, op, prepare_checksum, out),
-            Body::Commit {
+            }) => self.on_prepare_ok(from, view, op, prepare_checksum, out),
+            Body::Commit(wire::Commit {
                 commit,
                 commit_checksum,
-            } => self.on_commit(from, view, commit, commit_checksum, out),
+            }) => self.on_commit(from, view, commit, commit_checksum, out),
             Body::StartViewChange => self.on_start_view_change(from, view, out),
-            Body::DoViewChange {
+            Body::DoViewChange(wire::DoViewChange {
                 log_view,
                 op,
                 commit,
                 suffix,
-            } => {
+            }) => {
                 let dvc = Dvc {
                     log_view,
                     op,
@@ -957,19 +959,25 @@ impl Replica {
                 };
                 self.on_do_view_change(from, view, dvc, out)
             }
-            Body::StartView {
+            Body::StartView(wire::StartView {
                 op,
                 commit,
                 nonce,
                 suffix,
-            } => self.on_start_view(from, view, op, commit, nonce, suffix, out),
-            Body::RequestStartView { nonce } => self.on_request_start_view(from, view, nonce, out),
-            Body::RequestPrepares { op_min, op_max } => {
+            }) => self.on_start_view(from, view, op, commit, nonce, suffix, out),
+            Body::RequestStartView(wire::RequestStartView { nonce }) => {
+                self.on_request_start_view(from, view, nonce, out)
+            }
+            Body::RequestPrepares(wire::RequestPrepares { op_min, op_max }) => {
                 self.on_request_prepares(from, view, op_min, op_max, out)
             }
-            Body::Prepares { commit, batches } => {
+            Body::Prepares(Prepares { commit, batches }) => {
                 self.on_prepares(from, view, commit, batches, out)
             }
+            Body::RangeEvicted(_) => out.event(Event::Dropped {
+                what: "range_evicted",
+                reason: "state transfer is not part of this machine yet",
+            }),
         }
     }
 
@@ -986,7 +994,11 @@ impl Replica {
             self.view_seen_max = view;
             let nonce = self.nonce;
             let primary = self.primary_of(view);
-            self.send(out, primary, Body::RequestStartView { nonce });
+            self.send(
+                out,
+                primary,
+                Body::RequestStartView(wire::RequestStartView { nonce }),
+            );
         }
         let ok = view == self.view && self.status == Status::Normal;
         if !ok {

@@ -6,9 +6,29 @@ use std::collections::{BTreeMap, VecDeque};
 
 use ringlog_protocol::batch::{BatchBuilder, BatchHeader, Record, Stamp};
 
+use ringlog_protocol::replication as wire;
+
 use super::*;
 
 const PARTITION: u32 = 7;
+const CLUSTER: u128 = 0x5eed;
+
+/// Every message the router carries goes through the wire codec, so each
+/// one the machine emits must encode, decode and come back equal.
+fn through_wire(from: u8, msg: Message) -> Message {
+    let frame = msg
+        .to_wire(CLUSTER, PARTITION, from)
+        .expect("maps to the wire");
+    let mut bytes = Vec::new();
+    frame
+        .encode(&mut bytes)
+        .expect("the codec accepts the machine's message");
+    let limits = wire::ReplicationLimits::default();
+    let decoded = wire::Message::decode(&bytes, &limits).expect("decodes");
+    let (sender, back) = Message::from_wire(&decoded);
+    assert_eq!((sender, &back), (from, &msg), "wire round trip");
+    back
+}
 
 fn batch(tag: u8) -> Vec<u8> {
     let mut b = BatchBuilder::new(PARTITION);
@@ -159,6 +179,7 @@ impl Cluster {
             let node = &mut self.nodes[usize::from(r)];
             match output {
                 Output::Send { to, msg } => {
+                    let msg = through_wire(r, msg);
                     node.sent.push((to, msg.clone()));
                     self.net.push_back((r, to, msg));
                 }
@@ -418,7 +439,7 @@ fn duplicate_or_foreign_prepare_ok_not_counted_twice() {
     let ok = c.nodes[1]
         .sent
         .iter()
-        .find(|(_, m)| matches!(m.body, Body::PrepareOk { .. }))
+        .find(|(_, m)| matches!(m.body, Body::PrepareOk(wire::PrepareOk { .. })))
         .map(|(_, m)| m.clone())
         .expect("R1 acked op 1");
     assert_eq!(c.r(0).commit(), 0, "one backup vote alone is not a quorum");
@@ -435,10 +456,10 @@ fn duplicate_or_foreign_prepare_ok_not_counted_twice() {
     // An ack for a different batch at op 1 (another view's) from R2.
     let foreign = Message {
         view: 0,
-        body: Body::PrepareOk {
+        body: Body::PrepareOk(wire::PrepareOk {
             op: 1,
             prepare_checksum: 0xdead,
-        },
+        }),
     };
     c.step(
         0,
@@ -555,7 +576,7 @@ fn failed_persist_vsr_holds_back_prepare_ok() {
     let acks_v1 = n2
         .sent
         .iter()
-        .filter(|(_, m)| m.view >= 1 && matches!(m.body, Body::PrepareOk { .. }));
+        .filter(|(_, m)| m.view >= 1 && matches!(m.body, Body::PrepareOk(wire::PrepareOk { .. })));
     assert_eq!(acks_v1.count(), 0, "{:?}", n2.sent_kinds());
     assert!(n2.replies.is_empty());
     assert!(c.r(1).commit() <= 1, "op 2 committed without R2's ack");

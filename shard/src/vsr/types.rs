@@ -7,7 +7,8 @@
 
 use std::sync::Arc;
 
-use ringlog_protocol::batch::{BatchError, BatchHeader};
+use ringlog_protocol::batch::BatchError;
+use ringlog_protocol::replication as wire;
 
 /// One record batch exactly as the primary stamped it (header + body).
 /// Shared, so a Prepare to several backups and the journal hold one copy.
@@ -36,60 +37,51 @@ pub struct Message {
     pub body: Body,
 }
 
+/// The protocol's owned bodies are used as they are; Prepare and Prepares
+/// own their batches here (the wire types borrow them from a buffer).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Body {
-    /// `op` is the batch header's `vsr_op`; `commit` the primary's.
-    Prepare {
-        op: u64,
-        commit: u64,
-        batch: BatchBytes,
-    },
-    PrepareOk {
-        op: u64,
-        prepare_checksum: u64,
-    },
-    Commit {
-        commit: u64,
-        commit_checksum: u64,
-    },
+    Prepare(Prepare),
+    PrepareOk(wire::PrepareOk),
+    Commit(wire::Commit),
     StartViewChange,
-    DoViewChange {
-        log_view: u32,
-        op: u64,
-        commit: u64,
-        suffix: Vec<BatchHeader>,
-    },
-    StartView {
-        op: u64,
-        commit: u64,
-        nonce: u64,
-        suffix: Vec<BatchHeader>,
-    },
-    RequestStartView {
-        nonce: u64,
-    },
-    RequestPrepares {
-        op_min: u64,
-        op_max: u64,
-    },
-    Prepares {
-        commit: u64,
-        batches: Vec<BatchBytes>,
-    },
+    DoViewChange(wire::DoViewChange),
+    StartView(wire::StartView),
+    RequestStartView(wire::RequestStartView),
+    RequestPrepares(wire::RequestPrepares),
+    Prepares(Prepares),
+    /// State transfer's trigger: not acted on by this machine yet.
+    RangeEvicted(wire::RangeEvicted),
+}
+
+/// `op` is the batch header's `vsr_op`, `commit` the primary's (below op).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Prepare {
+    pub op: u64,
+    pub commit: u64,
+    pub batch: BatchBytes,
+}
+
+/// A repair answer: consecutive batches, never empty.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Prepares {
+    pub commit: u64,
+    pub batches: Vec<BatchBytes>,
 }
 
 impl Body {
     pub fn name(&self) -> &'static str {
         match self {
-            Body::Prepare { .. } => "prepare",
-            Body::PrepareOk { .. } => "prepare_ok",
-            Body::Commit { .. } => "commit",
+            Body::Prepare(_) => "prepare",
+            Body::PrepareOk(_) => "prepare_ok",
+            Body::Commit(_) => "commit",
             Body::StartViewChange => "start_view_change",
-            Body::DoViewChange { .. } => "do_view_change",
-            Body::StartView { .. } => "start_view",
-            Body::RequestStartView { .. } => "request_start_view",
-            Body::RequestPrepares { .. } => "request_prepares",
-            Body::Prepares { .. } => "prepares",
+            Body::DoViewChange(_) => "do_view_change",
+            Body::StartView(_) => "start_view",
+            Body::RequestStartView(_) => "request_start_view",
+            Body::RequestPrepares(_) => "request_prepares",
+            Body::Prepares(_) => "prepares",
+            Body::RangeEvicted(_) => "range_evicted",
         }
     }
 }

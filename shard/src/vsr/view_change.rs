@@ -9,6 +9,8 @@
 use ringlog_protocol::batch::BatchHeader;
 
 use super::replica::{Ack, Dvc, Phase, Replica, T};
+use ringlog_protocol::replication as wire;
+
 use super::types::*;
 
 impl Replica {
@@ -100,24 +102,34 @@ impl Replica {
         }
     }
 
+    /// Our vote: the durable log_view, and our log only as far as it is
+    /// that view's log (ops of no later view; a log still being repaired
+    /// into a newer view vouches for its older part only).
     fn own_dvc_fields(&self) -> Dvc {
+        let log_view = self.durable.log_view;
+        let suffix: Vec<BatchHeader> = self
+            .log
+            .entries()
+            .map(|e| e.header)
+            .take_while(|h| h.vsr_view <= log_view)
+            .collect();
+        let op = suffix.last().map_or(self.log.base().op, |h| h.vsr_op);
         Dvc {
-            // The durable one: our log is only vouched for up to it.
-            log_view: self.durable.log_view,
-            op: self.log.op(),
+            log_view,
+            op,
             commit: self.commit,
-            suffix: self.log.headers(),
+            suffix,
         }
     }
 
     fn own_dvc(&self) -> Body {
         let d = self.own_dvc_fields();
-        Body::DoViewChange {
+        Body::DoViewChange(wire::DoViewChange {
             log_view: d.log_view,
             op: d.op,
             commit: d.commit,
             suffix: d.suffix,
-        }
+        })
     }
 
     pub(super) fn on_do_view_change(&mut self, from: u8, view: u32, dvc: Dvc, out: &mut Outbox) {
@@ -290,12 +302,12 @@ impl Replica {
     }
 
     fn send_start_view(&mut self, to: u8, nonce: u64, out: &mut Outbox) {
-        let body = Body::StartView {
+        let body = Body::StartView(wire::StartView {
             op: self.log.op(),
             commit: self.commit,
             nonce,
             suffix: self.log.headers(),
-        };
+        });
         self.send(out, to, body);
     }
 
@@ -399,7 +411,10 @@ impl Replica {
         self.view_seen_max = self.view_seen_max.max(view);
         self.nonce = self.rng.next_u64() | 1;
         let nonce = self.nonce;
-        self.send_all(out, Body::RequestStartView { nonce });
+        self.send_all(
+            out,
+            Body::RequestStartView(wire::RequestStartView { nonce }),
+        );
         self.start(T::StartViewRequest);
     }
 
@@ -419,7 +434,10 @@ impl Replica {
             return self.start_view_change(self.view + 1, out);
         }
         let nonce = self.nonce;
-        self.send_all(out, Body::RequestStartView { nonce });
+        self.send_all(
+            out,
+            Body::RequestStartView(wire::RequestStartView { nonce }),
+        );
         self.backoff(T::StartViewRequest);
     }
 
@@ -434,7 +452,11 @@ impl Replica {
             return;
         }
         let op_max = op_max.min(op_min + self.cfg.repair_batches_max - 1);
-        self.send(out, from, Body::RequestPrepares { op_min, op_max });
+        self.send(
+            out,
+            from,
+            Body::RequestPrepares(wire::RequestPrepares { op_min, op_max }),
+        );
         self.ensure(T::RepairRetry);
     }
 
@@ -472,7 +494,7 @@ impl Replica {
             .collect();
         if !batches.is_empty() {
             let commit = self.commit;
-            return self.send(out, from, Body::Prepares { commit, batches });
+            return self.send(out, from, Body::Prepares(Prepares { commit, batches }));
         }
         if self.reads.len() >= self.cfg.repair_reads_max {
             let reason = "repair reads at their bound";
@@ -495,7 +517,7 @@ impl Replica {
         match result {
             Ok(IoOutcome::Batches(batches)) if view == self.view && !batches.is_empty() => {
                 let commit = self.commit;
-                self.send(out, to, Body::Prepares { commit, batches });
+                self.send(out, to, Body::Prepares(Prepares { commit, batches }));
             }
             _ => out.event(Event::Dropped {
                 what: "repair read",
