@@ -208,3 +208,49 @@ fn a_full_disk_refuses_appends_and_keeps_reads() {
         "the reopened log holds every acknowledged batch"
     );
 }
+
+/// An append accepted on a full disk never fails later: its space (data
+/// and the segment's frontier record slots) was reserved when it was
+/// accepted, so its flush succeeds with the disk still full.
+#[test]
+fn an_append_accepted_on_a_full_disk_flushes_without_new_space() {
+    let mut io = SimBackend::new(5);
+    let config = StoreConfig {
+        segment_size_bytes: 256 << 10,
+        ..small_config()
+    };
+    let mut store = PartitionStore::create(&mut io, &pdir(8), 8, config).unwrap();
+    let mut acked: Vec<Vec<u8>> = Vec::new();
+    let mut accepted_full = 0;
+    for seed in 0..400 {
+        let batch = next_batch(&store, 3, 700, seed);
+        let used = io.space_used_bytes();
+        io.set_faults(Faults {
+            space_bytes_max: Some(used),
+            ..Faults::default()
+        });
+        match store.append(&mut io, &batch) {
+            Ok(_) => {
+                accepted_full += 1;
+                store
+                    .flush(&mut io)
+                    .unwrap_or_else(|e| panic!("flush {seed}: {e}"));
+            }
+            Err(StoreError::DiskFull { .. }) => {
+                io.set_faults(Faults::default());
+                store.append(&mut io, &batch).unwrap();
+                store.flush(&mut io).unwrap();
+            }
+            Err(e) => panic!("append {seed}: {e}"),
+        }
+        io.set_faults(Faults::default());
+        acked.push(batch);
+    }
+    assert!(accepted_full > 100, "{accepted_full} accepted while full");
+    assert!(store.sealed_segments().count() >= 3);
+    let got: Vec<Vec<u8>> = read_all(&mut io, &mut store)
+        .into_iter()
+        .map(|(_, b)| b)
+        .collect();
+    assert!(got == acked);
+}

@@ -145,7 +145,12 @@ pub trait IoBackend {
     fn exists(&mut self, path: &Path) -> io::Result<bool>;
     fn file_size(&mut self, file: FileId) -> io::Result<u64>;
     /// Reserves `len_bytes` from offset 0 (fallocate mode 0: the size grows).
-    fn allocate(&mut self, file: FileId, len_bytes: u64) -> io::Result<()>;
+    fn allocate(&mut self, file: FileId, len_bytes: u64) -> io::Result<()> {
+        self.allocate_range(file, 0, len_bytes)
+    }
+    /// Reserves `[offset, offset + len_bytes)` (fallocate mode 0: the size
+    /// grows to cover it); ENOSPC when the filesystem has no room.
+    fn allocate_range(&mut self, file: FileId, offset: u64, len_bytes: u64) -> io::Result<()>;
     /// Submits a batch and waits for all of it; one completion per op, in
     /// submission order.
     fn submit(&mut self, batch: Vec<Sqe>) -> Vec<Completion>;

@@ -621,9 +621,11 @@ impl IoBackend for SimBackend {
             .map_or(0, |f| f.current.len() as u64))
     }
 
-    fn allocate(&mut self, file: FileId, len_bytes: u64) -> io::Result<()> {
+    fn allocate_range(&mut self, file: FileId, offset: u64, len_bytes: u64) -> io::Result<()> {
         let inode = self.file_inode(file)?;
         fail_if(self.tick()?)?;
+        // No holes here: the file grows to the range's end.
+        let len_bytes = offset + len_bytes;
         self.check_space(inode, len_bytes)?;
         let Some(data) = self.inodes.get_mut(&inode) else {
             return Err(errno(libc::EBADF));

@@ -484,16 +484,17 @@ impl IoBackend for UringBackend {
         Ok(st.st_size as u64)
     }
 
-    fn allocate(&mut self, file: FileId, len_bytes: u64) -> io::Result<()> {
+    fn allocate_range(&mut self, file: FileId, offset: u64, len_bytes: u64) -> io::Result<()> {
         let fd = self.fd(file)?;
-        let len = libc::off_t::try_from(len_bytes)
-            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "allocation too large"))?;
+        let too_large = |_| io::Error::new(io::ErrorKind::InvalidInput, "allocation too large");
+        let len = libc::off_t::try_from(len_bytes).map_err(too_large)?;
+        let offset = libc::off_t::try_from(offset).map_err(too_large)?;
         if len == 0 {
             return Ok(());
         }
         loop {
             // SAFETY: plain syscall on a descriptor owned by the table.
-            if unsafe { libc::fallocate(fd, 0, 0, len) } == 0 {
+            if unsafe { libc::fallocate(fd, 0, offset, len) } == 0 {
                 return Ok(());
             }
             let err = io::Error::last_os_error();

@@ -844,7 +844,17 @@ impl PartitionStore {
             return Ok(());
         }
         let target = allocation_target(end, self.active.capacity_bytes);
-        match io.allocate(self.active.file, target) {
+        // The first reservation in a segment also covers its frontier record
+        // slots past the capacity: a flush never writes into unreserved
+        // space, so no flush of an accepted append can find the disk full.
+        let file = self.active.file;
+        let reserved = if self.active.allocated_bytes == 0 {
+            let at = segment::slot_offset(self.active.capacity_bytes, 0);
+            io.allocate_range(file, at, segment::SLOTS * segment::SLOT_BYTES)
+        } else {
+            Ok(())
+        };
+        match reserved.and_then(|()| io.allocate(file, target)) {
             Ok(()) => {
                 self.active.allocated_bytes = target;
                 Ok(())
