@@ -95,6 +95,8 @@ pub fn start(config: ServerConfig, hooks: Hooks) -> Result<Running, ServerError>
     std::fs::create_dir_all(data_dir.join(TOPICS_DIR)).map_err(dir_err)?;
     let lock = lock_data_dir(&data_dir)?;
     check_filesystem(&data_dir, open_direct)?;
+    let files_max = raise_files_limit();
+    tracing::info!(files_max, "file descriptor limit");
     let mut table = if hooks.rebuild_catalog {
         rebuild_catalog(&data_dir)?
     } else {
@@ -435,9 +437,77 @@ fn collect_garbage(data_dir: &Path, table: &TopicTable) {
     }
 }
 
+/// Raises this process's soft RLIMIT_NOFILE to its hard limit and returns
+/// the soft limit in force: each partition holds one descriptor while idle
+/// (its active segment, plus one per sealed segment), so thousands of
+/// partitions need more than the usual default of 1,024.
+fn raise_files_limit() -> u64 {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit only read and write the struct passed.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+            return 0;
+        }
+        if limit.rlim_cur < limit.rlim_max {
+            let raised = libc::rlimit {
+                rlim_cur: limit.rlim_max,
+                ..limit
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                limit = raised;
+            } else {
+                tracing::warn!(
+                    soft = limit.rlim_cur,
+                    hard = limit.rlim_max,
+                    "could not raise the file descriptor limit"
+                );
+            }
+        }
+    }
+    limit.rlim_cur
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A soft limit below the hard one (the usual default is 1,024) is
+    /// raised to the hard limit: 10,000 idle partitions need 10,000
+    /// descriptors. Lowers this test process's soft limit by one only, so
+    /// tests running beside it keep their descriptors.
+    #[test]
+    fn the_soft_file_limit_is_raised_to_the_hard_one() {
+        let mut limit = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit/setrlimit only read and write the struct passed.
+        unsafe {
+            assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit), 0);
+            if limit.rlim_max == libc::RLIM_INFINITY {
+                eprintln!("skipped: no finite hard limit to raise to");
+                return;
+            }
+            let lowered = libc::rlimit {
+                rlim_cur: limit.rlim_max - 1,
+                ..limit
+            };
+            assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &lowered), 0);
+        }
+        assert_eq!(raise_files_limit(), limit.rlim_max);
+        let mut now = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: as above.
+        unsafe {
+            assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut now), 0);
+        }
+        assert_eq!(now.rlim_cur, limit.rlim_max);
+    }
 
     #[test]
     fn a_filesystem_without_direct_io_is_named_in_the_error() {
