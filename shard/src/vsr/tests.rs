@@ -1119,3 +1119,244 @@ fn swarm_pinned_regression_seeds() {
         }
     }
 }
+
+/// The first Prepare R0 sent to `to`.
+fn first_prepare(c: &Cluster, to: u8) -> Message {
+    c.nodes[0]
+        .sent
+        .iter()
+        .find(|(t, m)| *t == to && matches!(m.body, Body::Prepare(_)))
+        .map(|(_, m)| m.clone())
+        .expect("R0 prepared")
+}
+
+/// Guards against: a backup re-stamping or trusting a batch that does not
+/// chain to its log, or whose body does not match its checksum.
+#[test]
+fn backup_refuses_unchained_or_corrupt_prepare() {
+    let mut c = Cluster::new(3);
+    c.node(0).auto_io = false;
+    c.drop = Some(Box::new(|_, to, _| to == 1));
+    c.append(0, 1, 1);
+    c.settle();
+    let Body::Prepare(good) = first_prepare(&c, 1).body else {
+        unreachable!("first_prepare returns a Prepare")
+    };
+    let mut bad_link = good.batch.to_vec();
+    let stamp = Stamp {
+        base_offset: 0,
+        vsr_op: 1,
+        vsr_view: 0,
+        prev_checksum: 0xbad,
+    };
+    ringlog_protocol::batch::restamp(&mut bad_link, &stamp).expect("restamps");
+    let mut bad_body = good.batch.to_vec();
+    let last = bad_body.len() - 1;
+    bad_body[last] ^= 1;
+    for batch in [bad_link, bad_body] {
+        let prepare = Prepare {
+            op: 1,
+            commit: 0,
+            batch: batch.into(),
+        };
+        let msg = Message {
+            view: 0,
+            body: Body::Prepare(prepare),
+        };
+        c.step(1, Input::Message { from: 0, msg });
+    }
+    assert_eq!(c.r(1).op(), 0, "a bad batch entered the log");
+    assert!(c.nodes[1].io_log.is_empty(), "a bad batch was written");
+    let msg = Message {
+        view: 0,
+        body: Body::Prepare(good),
+    };
+    c.step(1, Input::Message { from: 0, msg });
+    assert_eq!(c.r(1).op(), 1, "the good batch is taken as stamped");
+}
+
+/// Guards against: a PrepareOk from an older view counted in the new one
+/// (the sender's log in that view may have been cut since).
+#[test]
+fn stale_view_prepare_ok_not_counted() {
+    let mut c = Cluster::new(3);
+    c.append(0, 1, 1);
+    c.settle();
+    c.crash(0);
+    c.tick_until(300, |c| {
+        c.normal_primary(1) && c.r(2).status() == Status::Normal
+    });
+    c.node(1).auto_io = false; // the new primary's own vote is withheld
+    c.drop = Some(Box::new(|from, to, _| from == 2 && to == 1));
+    c.append(1, 2, 2);
+    c.settle();
+    let checksum = c.r(1).checksum_at(2).expect("op 2");
+    let view = c.r(1).view();
+    let stale = Message {
+        view: view - 1,
+        body: Body::PrepareOk(wire::PrepareOk {
+            op: 2,
+            prepare_checksum: checksum,
+        }),
+    };
+    c.step(
+        1,
+        Input::Message {
+            from: 2,
+            msg: stale,
+        },
+    );
+    while c.complete_io(1) {}
+    c.settle();
+    assert_eq!(c.r(1).commit(), 1, "a stale-view ack completed the quorum");
+    let fresh = Message {
+        view,
+        body: Body::PrepareOk(wire::PrepareOk {
+            op: 2,
+            prepare_checksum: checksum,
+        }),
+    };
+    c.step(
+        1,
+        Input::Message {
+            from: 2,
+            msg: fresh,
+        },
+    );
+    assert_eq!(c.r(1).commit(), 2);
+}
+
+/// Guards against: a duplicated DoViewChange counted as a second vote (a
+/// view started without a quorum of distinct replicas).
+#[test]
+fn duplicate_do_view_change_not_counted_twice() {
+    let mut c = Cluster::new(5);
+    c.append(0, 1, 1);
+    c.settle();
+    c.tick(3);
+    for r in [0, 3, 4] {
+        c.crash(r);
+    }
+    c.tick_until(300, |c| {
+        c.r(1).view() % 5 == 1 && c.r(1).status() == Status::ViewChange
+    });
+    let view = c.r(1).view();
+    let dvc = Message {
+        view,
+        body: Body::DoViewChange(wire::DoViewChange {
+            log_view: 0,
+            op: 1,
+            commit: 1,
+            suffix: c.nodes[2].headers(),
+        }),
+    };
+    for _ in 0..3 {
+        c.step(
+            1,
+            Input::Message {
+                from: 2,
+                msg: dvc.clone(),
+            },
+        );
+    }
+    c.settle();
+    assert_eq!(
+        c.r(1).status(),
+        Status::ViewChange,
+        "a duplicate DoViewChange was counted"
+    );
+    // The same vote from a third replica does make a quorum.
+    c.step(1, Input::Message { from: 3, msg: dvc });
+    c.settle();
+    assert_eq!(c.r(1).status(), Status::Normal);
+    assert_eq!(c.r(1).view(), view);
+}
+
+/// Guards against: a failed Flush leaving the replica acking or serving
+/// (fsync failure is fail-stop: fence, never retry and carry on).
+#[test]
+fn failed_flush_fences_without_ack() {
+    let mut c = Cluster::new(3);
+    c.node(1).fail = Some(Box::new(|op| matches!(op, StorageOp::Flush)));
+    c.append(0, 1, 1);
+    c.settle();
+    assert_eq!(c.r(1).status(), Status::Fenced);
+    assert!(c.nodes[1]
+        .events
+        .iter()
+        .any(|e| matches!(e, Event::Fenced { .. })));
+    assert!(!c.nodes[1].sent_kinds().contains(&"prepare_ok"));
+    assert_eq!(ok_reply(&c.nodes[0], 1).op, 1, "R0 + R2 still commit");
+    // The primary fenced: its waiting client learns the outcome is unknown.
+    let mut c = Cluster::new(3);
+    c.node(1).auto_io = false;
+    c.node(2).auto_io = false;
+    c.node(0).fail = Some(Box::new(|op| matches!(op, StorageOp::Flush)));
+    c.append(0, 7, 1);
+    c.settle();
+    assert!(matches!(
+        c.nodes[0].replies[0],
+        (7, Err(AppendError::OutcomeUnknown { .. }))
+    ));
+    c.append(0, 8, 2);
+    assert!(matches!(
+        c.nodes[0].replies[1],
+        (8, Err(AppendError::Fenced))
+    ));
+}
+
+/// Guards against: a backup whose missing ops were already committed and
+/// dropped from the primary's memory never catching up: the primary reads
+/// them back from its segments (ReadBatches).
+#[test]
+fn lagging_backup_repairs_committed_ops_from_the_segments() {
+    let mut nodes = Vec::new();
+    for i in 0..3 {
+        let mut cfg = config(3, i);
+        cfg.pipeline_ops_max = 2;
+        cfg.journal_ops_max = 4;
+        nodes.push(Node::new(
+            Replica::new(cfg, u64::from(i) + 1).expect("config"),
+        ));
+    }
+    let mut c = Cluster::with_nodes(nodes);
+    c.node(2).up = false;
+    for token in 1..=12 {
+        c.append(0, token, token as u8);
+        c.settle();
+    }
+    assert_eq!(c.r(0).commit(), 12);
+    c.node(2).up = true;
+    c.tick_until(300, |c| c.r(2).commit() == 12);
+    assert!(c.nodes[0]
+        .io_log
+        .iter()
+        .any(|o| matches!(o, StorageOp::ReadBatches { .. })));
+    assert_eq!(c.nodes[2].ops, c.nodes[0].ops, "repaired bytes identical");
+}
+
+/// Guards against: a restarted replica with its disk voting on its old
+/// view before it asked for the current one.
+#[test]
+fn restarted_replica_asks_before_it_votes() {
+    let mut c = Cluster::new(3);
+    c.append(0, 1, 1);
+    c.settle();
+    c.crash(0);
+    c.crash(2);
+    c.restart(2);
+    c.node(2).sent.clear();
+    c.tick(30);
+    let kinds = c.nodes[2].sent_kinds();
+    assert!(
+        !kinds.is_empty() && kinds.iter().all(|k| *k == "request_start_view"),
+        "{kinds:?}"
+    );
+    assert!(c.nodes[2].events.iter().any(|e| matches!(
+        e,
+        Event::Dropped {
+            what: "start_view_change",
+            ..
+        }
+    )));
+}
