@@ -1250,6 +1250,13 @@ fn duplicate_do_view_change_not_counted_twice() {
             suffix: c.nodes[2].headers(),
         }),
     };
+    // R3's StartViewChange gives R1 a StartViewChange quorum, so it
+    // holds its own DoViewChange: one more distinct vote would start it.
+    let svc = Message {
+        view,
+        body: Body::StartViewChange,
+    };
+    c.step(1, Input::Message { from: 3, msg: svc });
     for _ in 0..3 {
         c.step(
             1,
@@ -1265,7 +1272,7 @@ fn duplicate_do_view_change_not_counted_twice() {
         Status::ViewChange,
         "a duplicate DoViewChange was counted"
     );
-    // The same vote from a third replica does make a quorum.
+    // The same vote from another replica does make a quorum.
     c.step(1, Input::Message { from: 3, msg: dvc });
     c.settle();
     assert_eq!(c.r(1).status(), Status::Normal);
