@@ -18,10 +18,23 @@
 //! covering op completed. A failed Append, Flush, TruncateAbove or
 //! PersistVsr fences the replica (fail-stop): nothing it held leaves.
 //!
-//! Not here yet (issue 9 item 2): repair across segment rolls of ops the
-//! journal no longer holds in memory is answered through
-//! [`StorageOp::ReadBatches`], but without a retry budget per peer; a
-//! deposing guard against asymmetric partitions; nack-quorum drops.
+//! A backup persists log_view = v only once its log holds v's ops (cut,
+//! repaired and flushed up to the StartView's op), and a DoViewChange
+//! vouches only for the part of the log of views up to the durable
+//! log_view. A wiped replica ([`Replica::wiped`]) never votes or leads
+//! until its log is whole and its log_view durable; a restarted one
+//! ([`Replica::restart`]) asks for the view (RequestStartView) and joins a
+//! view change itself only after `recovering_attempts_max` unanswered
+//! rounds, so a cluster that restarted whole still comes back.
+//!
+//! Not here yet (rest of issue 9 item 2): no guard against an
+//! asymmetric partition deposing a healthy primary (a backup joins any
+//! newer StartViewChange); no nack quorum (an op is never dropped for
+//! lack of a body: the view change waits for its repair); repair has no
+//! per-peer budget and always asks one peer; the superblock has no
+//! "wiped, not yet repaired" flag, so the driver must remember a wipe
+//! across a crash; timestamps are the producer's, not the primary's;
+//! RangeEvicted (state transfer) is dropped.
 
 mod log;
 mod replica;

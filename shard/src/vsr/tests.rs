@@ -1367,3 +1367,110 @@ fn restarted_replica_asks_before_it_votes() {
         }
     )));
 }
+
+/// Guards against: repair answers or reads for peers growing without
+/// bound: a Prepares carries at most `repair_batches_max` batches, and at
+/// most `repair_reads_max` segment reads run for peers at once.
+#[test]
+fn repair_chunks_and_reads_are_bounded() {
+    let mut nodes = Vec::new();
+    for i in 0..3 {
+        let mut cfg = config(3, i);
+        cfg.pipeline_ops_max = 2;
+        cfg.journal_ops_max = 4;
+        cfg.repair_batches_max = 3;
+        cfg.repair_reads_max = 2;
+        nodes.push(Node::new(
+            Replica::new(cfg, u64::from(i) + 1).expect("config"),
+        ));
+    }
+    let mut c = Cluster::with_nodes(nodes);
+    c.node(2).up = false;
+    for token in 1..=12 {
+        c.append(0, token, token as u8);
+        c.settle();
+    }
+    c.node(2).up = true;
+    c.tick_until(300, |c| c.r(2).commit() == 12);
+    for (_, m) in &c.nodes[0].sent {
+        if let Body::Prepares(p) = &m.body {
+            assert!(
+                p.batches.len() <= 3,
+                "a Prepares of {} batches",
+                p.batches.len()
+            );
+        }
+    }
+    // Reads for peers pile up while the primary's storage is slow.
+    c.node(0).auto_io = false;
+    let ask = Message {
+        view: c.r(0).view(),
+        body: Body::RequestPrepares(wire::RequestPrepares {
+            op_min: 1,
+            op_max: 3,
+        }),
+    };
+    for _ in 0..5 {
+        c.step(
+            0,
+            Input::Message {
+                from: 1,
+                msg: ask.clone(),
+            },
+        );
+    }
+    let reads = c.nodes[0]
+        .pending_io
+        .iter()
+        .filter(|(_, op)| matches!(op, StorageOp::ReadBatches { .. }));
+    assert_eq!(reads.count(), 2);
+    let refused = c.nodes[0].events.iter().filter(|e| {
+        matches!(
+            e,
+            Event::Dropped {
+                reason: "repair reads at their bound",
+                ..
+            }
+        )
+    });
+    assert_eq!(refused.count(), 3);
+}
+
+/// Guards against: a replica built from a configuration it cannot run
+/// (even replica count, index out of range, bounds that cannot hold a
+/// pipeline).
+#[test]
+fn config_is_validated() {
+    let bad = |f: fn(&mut Config)| {
+        let mut cfg = config(3, 0);
+        f(&mut cfg);
+        Replica::new(cfg, 1).err()
+    };
+    assert_eq!(
+        bad(|c| c.replica_count = 4),
+        Some(ConfigError::ReplicaCount(4))
+    );
+    assert_eq!(
+        bad(|c| c.replica_count = 0),
+        Some(ConfigError::ReplicaCount(0))
+    );
+    assert!(matches!(
+        bad(|c| c.replica = 3),
+        Some(ConfigError::ReplicaIndex { .. })
+    ));
+    assert!(matches!(
+        bad(|c| c.pipeline_ops_max = 0),
+        Some(ConfigError::TooSmall {
+            field: "pipeline_ops_max",
+            ..
+        })
+    ));
+    assert!(matches!(
+        bad(|c| c.journal_ops_max = 15),
+        Some(ConfigError::TooSmall {
+            field: "journal_ops_max",
+            ..
+        })
+    ));
+    assert_eq!(bad(|_| {}), None);
+}
