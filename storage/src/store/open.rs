@@ -656,6 +656,14 @@ fn recover_active(
         };
         Visit::Continue
     });
+    // Zeros where a header was due are where the log ends (fresh or
+    // zeroed space): no single flipped bit makes a header read as zeros.
+    let stopped_at_zeros = walker
+        .buffered(
+            walked.as_ref().map_or(0, |w| w.0),
+            ringlog_protocol::HEADER_LEN,
+        )
+        .is_some_and(|b| b.iter().all(|&x| x == 0));
     pool.put_read(walker.into_buf());
     let (end, stop) = walked.map_err(|e| StoreError::io(pid, "read", &path, e))?;
     if end == record.position {
@@ -669,6 +677,22 @@ fn recover_active(
         return Err(corruption(pid, &path, end, reason));
     }
     if let WalkStop::Invalid { position, reason } = &stop {
+        let limit = capacity.min(file_bytes);
+        if !stopped_at_zeros
+            && batch_reads_whole(io, pid, (&path, file), (*position, limit), &chain, pool)?
+        {
+            // A second read found a whole batch where the first saw a torn
+            // one: a transient read fault, not a torn write. Cutting the log
+            // here could drop acknowledged batches, so refuse instead.
+            return Err(StoreError::io(
+                pid,
+                "read",
+                &path,
+                std::io::Error::other(format!(
+                    "the batch at byte {position} read differently twice ({reason} the first time): unstable device, not opened"
+                )),
+            ));
+        }
         tracing::info!(partition = pid, position, %reason, "log ends at torn or stale tail");
     }
     debug_assert!(chain.next_offset >= frontier.next_offset);
@@ -699,6 +723,32 @@ fn recover_active(
         recorded_position: record.position,
     };
     Ok((active, chain))
+}
+
+/// Reads the batch at `position` a second time (fresh I/O) and says whether
+/// it is whole and continues `chain`: recovery asks before taking the first
+/// bad batch past the frontier record for a torn tail.
+fn batch_reads_whole(
+    io: &mut impl IoBackend,
+    pid: u32,
+    (path, file): (&Path, FileId),
+    (position, limit): (u64, u64),
+    chain: &ChainPoint,
+    pool: &StorePool,
+) -> Result<bool, StoreError> {
+    debug_assert!(position <= limit);
+    let mut whole = false;
+    let mut walker = Walker::with_buf(file, BLOCK_SIZE, pool.take_read(SCAN_CHUNK_BYTES));
+    let walked = walker.walk(io, position, limit, |_, view| {
+        let h = view.header();
+        whole = h.partition_id == pid
+            && h.base_offset == chain.next_offset
+            && h.prev_checksum == chain.last_checksum;
+        Visit::Reject(String::new())
+    });
+    pool.put_read(walker.into_buf());
+    walked.map_err(|e| StoreError::io(pid, "read", path, e))?;
+    Ok(whole)
 }
 
 /// Reads `[offset, offset + len)` (len rounded up to a block); short at EOF.

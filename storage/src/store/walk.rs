@@ -49,6 +49,13 @@ impl Walker {
         }
     }
 
+    /// The buffered bytes `[position, position + len)`, if the last read
+    /// covered them.
+    pub(crate) fn buffered(&self, position: u64, len: usize) -> Option<&[u8]> {
+        let at = usize::try_from(position.checked_sub(self.buf_start)?).ok()?;
+        self.buf.get(at..at.checked_add(len)?)
+    }
+
     /// Hands the buffer back for reuse.
     pub(crate) fn into_buf(self) -> AlignedBuf {
         self.buf
