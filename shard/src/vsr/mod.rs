@@ -27,10 +27,18 @@
 //! view change itself only after `recovering_attempts_max` unanswered
 //! rounds, so a cluster that restarted whole still comes back.
 //!
-//! Not here yet (rest of issue 9 item 2): no guard against an
-//! asymmetric partition deposing a healthy primary (a backup joins any
-//! newer StartViewChange); no nack quorum (an op is never dropped for
-//! lack of a body: the view change waits for its repair); repair has no
+//! Check-quorum against an asymmetric partition: a Normal replica that is
+//! the primary, or heard it within `primary_silent_ticks`, ignores a
+//! StartViewChange for a newer view (unless the primary itself sent it),
+//! so a view change needs a quorum that lost the primary. A replica left
+//! in a newer view that hears the older view's primary again asks it
+//! (RequestStartView) to move up: one view change per heal.
+//!
+//! Not here yet (rest of issue 9 item 2): a lossy (not cut) link from the
+//! primary can still depose it each time a lone timeout is followed by
+//! a heartbeat that gets through (no pre-vote); no nack quorum (an op
+//! is never dropped for lack of a body: the view change waits for its
+//! repair); repair has no
 //! per-peer budget and always asks one peer; the superblock has no
 //! "wiped, not yet repaired" flag, so the driver must remember a wipe
 //! across a crash; timestamps are the producer's, not the primary's;

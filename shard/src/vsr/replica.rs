@@ -983,9 +983,28 @@ impl Replica {
 
     /// Common view check for normal-operation messages: false (and the
     /// message dropped) unless `view` is ours and we are Normal.
-    fn in_normal_view(&mut self, what: &'static str, view: u32, out: &mut Outbox) -> bool {
+    fn in_normal_view(
+        &mut self,
+        what: &'static str,
+        from: u8,
+        view: u32,
+        out: &mut Outbox,
+    ) -> bool {
         if view > self.view && self.status != Status::Recovering {
             self.learn_view(view, out);
+        } else if view < self.view
+            && self.status == Status::ViewChange
+            && from == self.primary_of(view)
+        {
+            // The primary of an older view is alive and we hear it, but the
+            // others kept it (they ignore our StartViewChange): ask it to
+            // move up to our view, which cannot go back.
+            let nonce = self.nonce;
+            self.send(
+                out,
+                from,
+                Body::RequestStartView(wire::RequestStartView { nonce }),
+            );
         } else if self.status == Status::Recovering
             && view > self.view_seen_max
             && self.primary_of(view) != self.cfg.replica
@@ -1022,7 +1041,7 @@ impl Replica {
         if view < self.view {
             return self.on_prepare_inherited(from, view, op, batch, out);
         }
-        if !self.in_normal_view("prepare", view, out) {
+        if !self.in_normal_view("prepare", from, view, out) {
             return;
         }
         if self.is_primary() || from != self.primary_of(view) {
@@ -1134,7 +1153,7 @@ impl Replica {
     }
 
     fn on_prepare_ok(&mut self, from: u8, view: u32, op: u64, checksum: u64, out: &mut Outbox) {
-        if !self.in_normal_view("prepare_ok", view, out) {
+        if !self.in_normal_view("prepare_ok", from, view, out) {
             return;
         }
         if !self.is_primary() {
@@ -1147,7 +1166,7 @@ impl Replica {
     }
 
     fn on_commit(&mut self, from: u8, view: u32, commit: u64, checksum: u64, out: &mut Outbox) {
-        if !self.in_normal_view("commit", view, out) {
+        if !self.in_normal_view("commit", from, view, out) {
             return;
         }
         if self.is_primary() || from != self.primary_of(view) {

@@ -1474,3 +1474,70 @@ fn config_is_validated() {
     ));
     assert_eq!(bad(|_| {}), None);
 }
+
+/// Guards against: an asymmetric partition deposing a healthy primary.
+/// R2 cannot hear the primary R0 (R0 -> R2 dropped) but everything else
+/// flows; R2's timeouts keep firing and it keeps asking for newer views.
+/// R0 and R1 still hear each other, so neither joins: the view stays 0 and
+/// commits keep coming at the R0 + R1 quorum.
+#[test]
+fn asymmetric_partition_cannot_depose_healthy_primary() {
+    let mut c = Cluster::new(3);
+    c.drop = Some(Box::new(|from, to, _| from == 0 && to == 2));
+    let rounds = 40;
+    for token in 1..=rounds {
+        c.append(0, token, token as u8);
+        // Ten ticks a round: 400 ticks, many primary-silent timeouts of R2.
+        c.tick(10);
+        assert_eq!(ok_reply(&c.nodes[0], token).op, token, "round {token}");
+    }
+    assert!(c.r(2).view() >= 2, "R2 kept asking for newer views");
+    assert!(
+        c.nodes[2].sent_kinds().contains(&"start_view_change"),
+        "R2 tried to depose the primary"
+    );
+    for r in [0, 1] {
+        assert_eq!(c.r(r).view(), 0, "replica {r} left view 0");
+        assert_eq!(c.r(r).status(), Status::Normal, "replica {r}");
+        let changed = c.nodes[usize::from(r)]
+            .events
+            .iter()
+            .any(|e| matches!(e, Event::StatusChanged { .. }));
+        assert!(!changed, "replica {r} changed status");
+    }
+    assert!(c.normal_primary(0));
+    assert_eq!(c.r(0).commit(), rounds);
+    assert!(c.r(1).commit() >= rounds - 1, "R1 follows the commits");
+    // Healed: R2's view cannot go back, so hearing R0 it asks R0 to move
+    // up; one view change brings everyone together again.
+    let stuck_view = c.r(2).view();
+    c.drop = None;
+    c.tick_until(200, converged);
+    let view = c.r(0).view();
+    assert!(view >= stuck_view, "the group moved up to R2's view");
+    assert!(view <= stuck_view + 1, "one view change, not a storm");
+    assert_eq!(c.r(2).commit(), rounds, "R2 caught up");
+}
+
+/// Guards against: the guard above costing liveness. When the primary
+/// really dies, the backups stop hearing it, their own timeouts fire and a
+/// quorum of them elects a new primary within a tick bound.
+#[test]
+fn dead_primary_still_deposed_within_tick_bound() {
+    let mut c = Cluster::new(3);
+    c.append(0, 1, 1);
+    c.settle();
+    assert_eq!(ok_reply(&c.nodes[0], 1).op, 1);
+    c.tick(5);
+    c.crash(0);
+    // primary_silent (10..20 jittered) + view change retries: well under 80.
+    let ticks = c.tick_until(80, |c| {
+        (1..3).any(|r| c.normal_primary(r)) && (1..3).all(|r| c.r(r).status() == Status::Normal)
+    });
+    eprintln!("new primary after {ticks} ticks");
+    let primary = (1..3).find(|&r| c.normal_primary(r)).expect("a primary");
+    assert!(c.r(primary).view() >= 1);
+    c.append(primary, 2, 2);
+    c.settle();
+    assert_eq!(ok_reply(&c.nodes[usize::from(primary)], 2).op, 2);
+}

@@ -110,6 +110,11 @@ impl Timeout {
         self.armed
     }
 
+    /// Ticks since it was last (re)armed; 0 while stopped.
+    pub fn elapsed_ticks(&self) -> u64 {
+        self.ticks
+    }
+
     pub fn attempts(&self) -> u32 {
         self.attempts
     }

@@ -58,6 +58,16 @@ impl Replica {
         if !self.may_vote("start_view_change", view, out) {
             return;
         }
+        let abdicating = from == self.primary_of(self.view);
+        if view > self.view && !abdicating && self.primary_heard_recently() {
+            // Check-quorum: the sender lost the primary, we did not. A view
+            // change needs a quorum that lost it, or one replica cut off
+            // from the primary would depose it again and again.
+            return out.event(Event::Dropped {
+                what: "start_view_change",
+                reason: "primary heard recently",
+            });
+        }
         if view > self.view {
             self.start_view_change(view, out);
         } else if self.status != Status::ViewChange {
@@ -69,6 +79,21 @@ impl Replica {
         }
         self.svc_votes |= 1 << from;
         self.check_svc_quorum(out);
+    }
+
+    /// Normal and in touch with the primary: we are it, or it spoke within
+    /// the un-jittered primary-silent timeout (the PrimarySilent timeout
+    /// restarts on every Prepare and Commit from it).
+    fn primary_heard_recently(&self) -> bool {
+        if self.status != Status::Normal {
+            return false;
+        }
+        if self.is_primary() {
+            return true;
+        }
+        let silent = &self.timeouts[T::PrimarySilent as usize];
+        debug_assert!(silent.armed(), "a normal backup watches its primary");
+        silent.elapsed_ticks() < self.cfg.primary_silent_ticks
     }
 
     /// Recovering replicas never vote; nobody votes for an old view.
@@ -379,8 +404,15 @@ impl Replica {
         nonce: u64,
         out: &mut Outbox,
     ) {
-        if self.status == Status::Normal && self.is_primary() && view <= self.view {
+        let normal_primary = self.status == Status::Normal && self.is_primary();
+        if normal_primary && view <= self.view {
             self.send_start_view(from, nonce, out);
+        } else if normal_primary {
+            // A replica stuck in a newer view (it ran ahead while cut off
+            // from us) hears us again: its view cannot go back, so ours
+            // moves up to it. One view change per heal, never while it
+            // cannot hear us (it only asks after one of our messages).
+            self.start_view_change(view, out);
         } else {
             let reason = "not the normal primary";
             out.event(Event::Dropped {
