@@ -12,7 +12,7 @@ use std::time::Duration;
 use ringlog_protocol::wire::{valid_topic_name, ErrorCode, PARTITIONS_MAX};
 
 use crate::catalog::{TopicMeta, TopicState, TopicTable};
-use crate::mailbox::{MetaOp, Op, OpError, OpReply, Outcome};
+use crate::ops::{MetaOp, Op, OpError, OpReply, Outcome};
 use crate::placement::shard_for;
 use crate::shard::Shard;
 

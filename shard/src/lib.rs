@@ -5,7 +5,9 @@
 //!   waits for shutdown.
 //! * Each shard runs a monoio io_uring runtime with its own storage ring and
 //!   owns its partitions ([`partition`]) outright; other shards reach them
-//!   only through its bounded [`mailbox`].
+//!   only through its bounded [`mailbox`], carrying the [`ops`]
+//!   vocabulary and woken through an [`eventfd`]; tasks of one shard hand
+//!   replies to each other through [`oneshot`].
 //! * [`net`] speaks the client protocol (`ringlog_protocol::wire`);
 //!   [`client`] is the matching blocking client library.
 pub mod catalog;
@@ -13,10 +15,12 @@ pub mod client;
 pub mod config;
 pub mod control;
 mod controller;
-pub mod local;
+pub mod eventfd;
 pub mod mailbox;
 pub mod metrics;
 pub mod net;
+pub mod oneshot;
+pub mod ops;
 pub mod partition;
 pub mod placement;
 pub mod server;

@@ -12,208 +12,13 @@
 //! requests outstanding than that (it checks before forwarding), so a reply
 //! always fits.
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crossbeam_channel::{Receiver, Sender, TrySendError};
-use ringlog_protocol::wire::{ErrorCode, FetchReply, ProduceReply};
-use serde::Serialize;
 
-/// A failed operation, as the client will see it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct OpError {
-    pub code: ErrorCode,
-    pub message: String,
-}
-
-impl OpError {
-    pub fn new(code: ErrorCode, message: impl Into<String>) -> OpError {
-        OpError {
-            code,
-            message: message.into(),
-        }
-    }
-}
-
-impl std::fmt::Display for OpError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}: {}", self.code, self.message)
-    }
-}
-
-/// One partition as the control socket and Describe show it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct PartitionStatus {
-    pub topic: String,
-    pub partition: u32,
-    pub partition_id: u32,
-    pub shard: usize,
-    pub role: &'static str,
-    pub log_start_offset: u64,
-    /// Accepted end of the log.
-    pub frontier: u64,
-    /// Durable (acknowledgeable) end of the log; single node: the commit.
-    pub commit: u64,
-    pub sealed_segments: usize,
-    pub size_bytes: u64,
-    pub purge_generation: u64,
-    /// Why the partition is stopped, if it is.
-    pub fault: Option<String>,
-}
-
-/// What a shard reports to `status`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct ShardStatus {
-    pub shard: usize,
-    pub core: Option<usize>,
-    pub partitions: usize,
-    pub connections: u64,
-    pub mailbox_depth: usize,
-}
-
-#[derive(Debug)]
-pub enum OpReply {
-    Empty,
-    Produced(ProduceReply),
-    Fetched(FetchReply),
-    Partitions(Vec<PartitionStatus>),
-    Shard(ShardStatus),
-}
-
-pub type Outcome = Result<OpReply, OpError>;
-
-/// Topic-level operations, run by the controller (shard 0), one at a time.
-#[derive(Debug)]
-pub enum MetaOp {
-    CreateTopic { topic: String, partitions: u32 },
-    DeleteTopic { topic: String },
-}
-
-/// Work for a shard.
-#[derive(Debug)]
-pub enum Op {
-    Produce {
-        partition_id: u32,
-        batch: Vec<u8>,
-    },
-    Fetch {
-        partition_id: u32,
-        offset: u64,
-        max_bytes: u32,
-        wait_ms: u32,
-    },
-    Purge {
-        partition_id: u32,
-    },
-    /// Status of some (or, with `None`, all) partitions of this shard.
-    Describe {
-        partition_ids: Option<Vec<u32>>,
-    },
-    /// Opens (or with `create`, creates) a partition on its owner.
-    OpenPartition {
-        topic: String,
-        index: u32,
-        partition_id: u32,
-        create: bool,
-    },
-    /// Closes a partition and removes its directory (topic deleted).
-    DropPartition {
-        partition_id: u32,
-    },
-    ShardStatus,
-    Meta(MetaOp),
-}
-
-impl Op {
-    /// Bytes of client payload the op carries (what the mailbox charges).
-    pub fn payload_bytes(&self) -> u64 {
-        match self {
-            Op::Produce { batch, .. } => batch.len() as u64,
-            _ => 0,
-        }
-    }
-}
-
-/// Where a reply goes.
-#[derive(Debug)]
-pub enum ReplyTo {
-    /// A forwarding shard: the reply goes to its reply mailbox.
-    Shard { shard: usize, token: u64 },
-    /// A plain thread (the control socket) blocked on a channel.
-    Thread(Sender<Outcome>),
-}
-
-#[derive(Debug)]
-pub struct Envelope {
-    pub op: Op,
-    pub reply: ReplyTo,
-}
-
-#[derive(Debug)]
-pub struct ReplyEnvelope {
-    pub token: u64,
-    pub outcome: Outcome,
-}
-
-/// An eventfd: `wake` from any thread, awaited on a shard's runtime.
-#[derive(Debug)]
-pub struct EventFd {
-    fd: OwnedFd,
-}
-
-impl EventFd {
-    pub fn new() -> std::io::Result<EventFd> {
-        // Blocking mode on purpose: io_uring polls it instead of failing
-        // reads with EAGAIN.
-        // SAFETY: plain syscall; the result is checked.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: eventfd returned a fresh descriptor nothing else owns.
-        Ok(EventFd {
-            fd: unsafe { OwnedFd::from_raw_fd(fd) },
-        })
-    }
-
-    /// Adds 1 to the counter, waking the reader.
-    pub fn wake(&self) {
-        let one = 1u64.to_ne_bytes();
-        // SAFETY: writes 8 bytes from a valid buffer to an open descriptor.
-        let n = unsafe { libc::write(self.fd.as_raw_fd(), one.as_ptr().cast(), one.len()) };
-        if n != 8 {
-            // Only possible if the counter would overflow, i.e. it is
-            // already non-zero: the reader is woken anyway.
-            tracing::trace!("eventfd write returned {n}");
-        }
-    }
-
-    /// The descriptor, e.g. to register with an io_uring ring.
-    pub fn raw_fd(&self) -> std::os::fd::RawFd {
-        self.fd.as_raw_fd()
-    }
-
-    /// A monoio file reading this eventfd (call on the shard's thread).
-    pub fn reader(&self) -> std::io::Result<EventFdReader> {
-        let dup = self.fd.try_clone()?;
-        let file = monoio::fs::File::from_std(std::fs::File::from(dup))?;
-        Ok(EventFdReader { file })
-    }
-}
-
-pub struct EventFdReader {
-    file: monoio::fs::File,
-}
-
-impl EventFdReader {
-    /// Waits until the eventfd was woken at least once since the last wait.
-    pub async fn wait(&self) -> std::io::Result<()> {
-        let buf = vec![0u8; 8];
-        let (res, _buf) = self.file.read_at(buf, 0).await;
-        res.map(|_| ())
-    }
-}
+use crate::eventfd::EventFd;
+use crate::ops::{Envelope, ReplyEnvelope};
 
 /// Counters the mailbox keeps for metrics.
 #[derive(Debug, Default)]
@@ -375,6 +180,7 @@ impl MailboxTx {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ops::{Op, ReplyTo};
 
     #[test]
     fn full_mailbox_rejects_and_counts() {

@@ -23,7 +23,7 @@ use ringlog_protocol::{encode_header, BatchView, HEADER_LEN};
 use ringlog_storage::io::{align_down, Completion, IoBackend, Op, Sqe};
 use ringlog_storage::store::{Appended, PartitionStore, StoreConfig, StoreError, StorePool};
 
-use crate::mailbox::{OpError, PartitionStatus};
+use crate::ops::{OpError, PartitionStatus};
 
 enum State {
     Open(Box<PartitionStore>),

@@ -47,12 +47,13 @@ use ringlog_storage::store::{Appended, PoolConfig, StorePool};
 
 use crate::catalog::{Catalog, CatalogView, TopicState, TopicTable};
 use crate::config::ServerConfig;
-use crate::local::{self, Notify};
-use crate::mailbox::{
-    Envelope, EventFd, MailboxRx, MailboxTx, MetaOp, Op, OpError, OpReply, Outcome, ReplyEnvelope,
-    ReplyTo, SendError, ShardStatus,
-};
+use crate::eventfd::EventFd;
+use crate::mailbox::{MailboxRx, MailboxTx, SendError};
 use crate::metrics::{self, ShardMetrics};
+use crate::oneshot::{self, Notify};
+use crate::ops::{
+    Envelope, MetaOp, Op, OpError, OpReply, Outcome, ReplyEnvelope, ReplyTo, ShardStatus,
+};
 use crate::partition::Partition;
 use crate::placement::shard_for;
 
@@ -133,7 +134,7 @@ pub struct ShardSetup {
 
 /// Where a reply goes, seen from the owning shard.
 pub(crate) enum Responder {
-    Local(local::Sender<Outcome>),
+    Local(oneshot::Sender<Outcome>),
     Remote { shard: usize, token: u64 },
     Thread(crossbeam_channel::Sender<Outcome>),
 }
@@ -228,7 +229,7 @@ pub(crate) struct Shard<B: IoBackend = UringBackend> {
     storage_wake: EventFd,
     /// Told after each batch of finished flushes was processed.
     flushed: Notify,
-    pending: RefCell<HashMap<u64, local::Sender<Outcome>>>,
+    pending: RefCell<HashMap<u64, oneshot::Sender<Outcome>>>,
     next_token: Cell<u64>,
     waiters: RefCell<HashMap<u32, Vec<Waiter>>>,
     meta_queue: RefCell<VecDeque<(MetaOp, Responder)>>,
@@ -447,7 +448,7 @@ impl<B: IoBackend> Shard<B> {
     /// Runs `op` on shard `owner` and waits for the outcome: locally through
     /// the turn queue, or through the owner's mailbox.
     pub async fn call(&self, owner: usize, op: Op) -> Outcome {
-        let (tx, rx) = local::oneshot();
+        let (tx, rx) = oneshot::oneshot();
         if owner == self.id {
             self.queue.borrow_mut().push_back(Work {
                 op,
@@ -514,7 +515,7 @@ impl<B: IoBackend> Shard<B> {
         }
     }
 
-    async fn wake_task(self: Rc<Self>, reader: crate::mailbox::EventFdReader) {
+    async fn wake_task(self: Rc<Self>, reader: crate::eventfd::EventFdReader) {
         loop {
             if let Err(e) = reader.wait().await {
                 tracing::error!(shard = self.id, error = %e, "eventfd wait failed");
@@ -916,7 +917,7 @@ impl<B: IoBackend> Shard<B> {
     }
 
     /// Awaits the storage ring's eventfd and processes finished flushes.
-    async fn storage_task(self: Rc<Self>, reader: crate::mailbox::EventFdReader) {
+    async fn storage_task(self: Rc<Self>, reader: crate::eventfd::EventFdReader) {
         loop {
             if let Err(e) = reader.wait().await {
                 tracing::error!(shard = self.id, error = %e, "storage eventfd wait failed");

@@ -8,7 +8,8 @@ use serde_json::{json, Value};
 
 use super::ControlContext;
 use crate::catalog::TopicState;
-use crate::mailbox::{Envelope, MetaOp, Op, OpError, OpReply, Outcome, ReplyTo, SendError};
+use crate::mailbox::SendError;
+use crate::ops::{Envelope, MetaOp, Op, OpError, OpReply, Outcome, ReplyTo};
 use crate::placement::shard_for;
 
 /// Attempts while a shard's mailbox is full, 10 ms apart.

@@ -7,7 +7,7 @@ use ringlog_protocol::wire::{
 };
 
 use crate::catalog::{TopicMeta, TopicState};
-use crate::mailbox::{MetaOp, Op, OpError, OpReply};
+use crate::ops::{MetaOp, Op, OpError, OpReply};
 use crate::placement::shard_for;
 use crate::shard::Shard;
 
