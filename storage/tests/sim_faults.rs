@@ -164,49 +164,9 @@ fn random_write_and_fsync_failures_never_lose_acknowledged_data() {
 fn a_bit_flip_during_recovery_never_drops_acknowledged_batches() {
     let mut refused = 0;
     for seed in 0..8u64 {
+        let value_lens = vec![700; 10 + seed as usize * 3];
         for k in 0..40u64 {
-            let mut io = SimBackend::new(seed);
-            let mut store =
-                PartitionStore::create(&mut io, Path::new(DIR), PID, small_config()).unwrap();
-            let mut acked = Vec::new();
-            for i in 0..(10 + seed * 3) {
-                let b = next_batch(&store, 3, 700, i);
-                let a = store.append(&mut io, &b).unwrap();
-                store.flush(&mut io).unwrap();
-                acked.push((a.base_offset, b));
-            }
-            let mut io = io.reboot();
-            io.inject(FaultOp::Read, k, Fault::BitFlip);
-            let opened = PartitionStore::open(&mut io, Path::new(DIR), PID, small_config());
-            if io.op_count(FaultOp::Read) <= k {
-                // Open did fewer reads: the flip never happened.
-                continue;
-            }
-            let mut store = match opened {
-                Ok(store) => store,
-                Err(e) => {
-                    assert!(
-                        matches!(
-                            e,
-                            StoreError::Corruption { .. }
-                                | StoreError::Superblock(_)
-                                | StoreError::Io { .. }
-                        ),
-                        "seed {seed} k {k}: {e}"
-                    );
-                    refused += 1;
-                    continue;
-                }
-            };
-            let stored: BTreeMap<u64, Vec<u8>> =
-                read_all(&mut io, &mut store).into_iter().collect();
-            for (offset, bytes) in &acked {
-                assert!(
-                    stored.get(offset) == Some(bytes),
-                    "seed {seed} k {k}: acknowledged batch {offset} dropped (durable end {})",
-                    store.durable().next_offset
-                );
-            }
+            refused += usize::from(flip_read_during_open(seed, k, (3, &value_lens)) == Some(true));
         }
     }
     println!("flip during recovery: {refused} opens refused with a typed error");
@@ -218,52 +178,63 @@ fn a_bit_flip_during_recovery_never_drops_acknowledged_batches() {
 #[test]
 fn a_bit_flip_on_the_last_flush_during_recovery_is_not_a_torn_tail() {
     let mut refused = 0;
+    let value_lens = [50, 50, 50, 50, 50, 3000];
     for seed in 0..24u64 {
         for k in 0..6u64 {
-            let mut io = SimBackend::new(seed);
-            let mut store =
-                PartitionStore::create(&mut io, Path::new(DIR), PID, small_config()).unwrap();
-            let mut acked = Vec::new();
-            for i in 0..6u64 {
-                let value_len = if i == 5 { 3000 } else { 50 };
-                let b = next_batch(&store, 4, value_len, i);
-                let a = store.append(&mut io, &b).unwrap();
-                store.flush(&mut io).unwrap();
-                acked.push((a.base_offset, b));
-            }
-            let mut io = io.reboot();
-            io.inject(FaultOp::Read, k, Fault::BitFlip);
-            let opened = PartitionStore::open(&mut io, Path::new(DIR), PID, small_config());
-            if io.op_count(FaultOp::Read) <= k {
-                // Open did fewer reads: the flip never happened.
-                continue;
-            }
-            let mut store = match opened {
-                Ok(store) => store,
-                Err(e) => {
-                    assert!(
-                        matches!(
-                            e,
-                            StoreError::Corruption { .. }
-                                | StoreError::Superblock(_)
-                                | StoreError::Io { .. }
-                        ),
-                        "seed {seed} k {k}: {e}"
-                    );
-                    refused += 1;
-                    continue;
-                }
-            };
-            let stored: BTreeMap<u64, Vec<u8>> =
-                read_all(&mut io, &mut store).into_iter().collect();
-            for (offset, bytes) in &acked {
-                assert!(
-                    stored.get(offset) == Some(bytes),
-                    "seed {seed} k {k}: acknowledged batch {offset} dropped as a torn tail"
-                );
-            }
+            refused += usize::from(flip_read_during_open(seed, k, (4, &value_lens)) == Some(true));
         }
     }
     assert!(refused > 0, "no flip ever hit the scan");
     println!("flip on the last flush during recovery: {refused} opens refused");
+}
+
+/// Flushes one batch of `records` records per entry of `value_lens`, each
+/// its own flush, reboots and flips a bit in read `k` of the open. The
+/// open must fail with a typed error (`Some(true)`) or keep every
+/// acknowledged batch (`Some(false)`); `None` if it did fewer reads.
+fn flip_read_during_open(
+    seed: u64,
+    k: u64,
+    (records, value_lens): (u32, &[usize]),
+) -> Option<bool> {
+    let mut io = SimBackend::new(seed);
+    let mut store = PartitionStore::create(&mut io, Path::new(DIR), PID, small_config()).unwrap();
+    let mut acked = Vec::new();
+    for (i, &value_len) in value_lens.iter().enumerate() {
+        let b = next_batch(&store, records, value_len, i as u64);
+        let a = store.append(&mut io, &b).unwrap();
+        store.flush(&mut io).unwrap();
+        acked.push((a.base_offset, b));
+    }
+    let mut io = io.reboot();
+    io.inject(FaultOp::Read, k, Fault::BitFlip);
+    let opened = PartitionStore::open(&mut io, Path::new(DIR), PID, small_config());
+    if io.op_count(FaultOp::Read) <= k {
+        // Open did fewer reads: the flip never happened.
+        return None;
+    }
+    let mut store = match opened {
+        Ok(store) => store,
+        Err(e) => {
+            assert!(
+                matches!(
+                    e,
+                    StoreError::Corruption { .. }
+                        | StoreError::Superblock(_)
+                        | StoreError::Io { .. }
+                ),
+                "seed {seed} k {k}: {e}"
+            );
+            return Some(true);
+        }
+    };
+    let stored: BTreeMap<u64, Vec<u8>> = read_all(&mut io, &mut store).into_iter().collect();
+    for (offset, bytes) in &acked {
+        assert!(
+            stored.get(offset) == Some(bytes),
+            "seed {seed} k {k}: acknowledged batch {offset} dropped as a torn tail (durable end {})",
+            store.durable().next_offset
+        );
+    }
+    Some(false)
 }

@@ -700,14 +700,7 @@ impl PartitionStore {
     fn roll(&mut self, io: &mut impl IoBackend) -> Result<(), StoreError> {
         self.flush(io)?;
         let active = &self.active;
-        let meta = SealedSegment {
-            base_offset: active.base_offset,
-            end_offset: self.durable.next_offset,
-            length_bytes: active.durable_position,
-            checksum: active.hasher.checksum(),
-            last_batch_checksum: self.durable.last_checksum,
-            max_timestamp_ms: active.max_timestamp_ms,
-        };
+        let meta = self.durable_active_meta();
         let chunk_checksums = active.hasher.chunk_checksums();
         let new_base = self.durable.next_offset;
         let new_path = segment::log_path(&self.generation_dir, new_base);
@@ -784,6 +777,20 @@ impl PartitionStore {
             index_persisted: false,
         });
         Ok(())
+    }
+
+    /// The active segment's durable prefix as a segment table entry (what a
+    /// seal records and a snapshot offers in place).
+    fn durable_active_meta(&self) -> SealedSegment {
+        let active = &self.active;
+        SealedSegment {
+            base_offset: active.base_offset,
+            end_offset: self.durable.next_offset,
+            length_bytes: active.durable_position,
+            checksum: active.hasher.checksum(),
+            last_batch_checksum: self.durable.last_checksum,
+            max_timestamp_ms: active.max_timestamp_ms,
+        }
     }
 
     /// The frontier as of the durable end of the log.

@@ -52,6 +52,8 @@
 
 use std::path::{Path, PathBuf};
 
+use ringlog_protocol::BatchHeader;
+
 use super::walk::{Visit, WalkStop, Walker};
 use super::{
     create_segment_file, open_dir, submit_checked, table, write_new_file, ActiveSegment,
@@ -632,14 +634,8 @@ fn recover_active(
                 return Visit::Reject("log disagrees with the durable frontier record".into());
             }
         }
-        if h.partition_id != pid || h.base_offset != chain.next_offset {
-            return Visit::Reject(format!(
-                "offset {} where {} was due",
-                h.base_offset, chain.next_offset
-            ));
-        }
-        if h.prev_checksum != chain.last_checksum {
-            return Visit::Reject("hash chain broken".into());
+        if let Some(reason) = chain_break(h, pid, &chain) {
+            return Visit::Reject(reason);
         }
         index.observe(
             (h.base_offset - frontier.active_base) as u32,
@@ -725,6 +721,18 @@ fn recover_active(
     Ok((active, chain))
 }
 
+/// Why a batch with header `h` cannot follow `chain` in partition `pid`'s
+/// active segment, if it cannot.
+fn chain_break(h: &BatchHeader, pid: u32, chain: &ChainPoint) -> Option<String> {
+    if h.partition_id != pid || h.base_offset != chain.next_offset {
+        return Some(format!(
+            "offset {} where {} was due",
+            h.base_offset, chain.next_offset
+        ));
+    }
+    (h.prev_checksum != chain.last_checksum).then(|| "hash chain broken".into())
+}
+
 /// Reads the batch at `position` a second time (fresh I/O) and says whether
 /// it is whole and continues `chain`: recovery asks before taking the first
 /// bad batch past the frontier record for a torn tail.
@@ -740,10 +748,7 @@ fn batch_reads_whole(
     let mut whole = false;
     let mut walker = Walker::with_buf(file, BLOCK_SIZE, pool.take_read(SCAN_CHUNK_BYTES));
     let walked = walker.walk(io, position, limit, |_, view| {
-        let h = view.header();
-        whole = h.partition_id == pid
-            && h.base_offset == chain.next_offset
-            && h.prev_checksum == chain.last_checksum;
+        whole = chain_break(view.header(), pid, chain).is_none();
         Visit::Reject(String::new())
     });
     pool.put_read(walker.into_buf());

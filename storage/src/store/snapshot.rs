@@ -21,6 +21,7 @@ use ringlog_protocol::manifest::{Artifact, ArtifactKind, Manifest};
 use super::{PartitionStore, StoreError, TransferError};
 use crate::io::{AlignedBuf, FileId, IoBackend, Op, Sqe};
 use crate::segment;
+use crate::superblock::SealedSegment;
 
 /// An open snapshot: the base offsets of the segments it pins.
 pub(super) struct Lease {
@@ -75,31 +76,14 @@ impl PartitionStore {
         let mut artifacts: Vec<Artifact> = self
             .sealed
             .iter()
-            .map(|s| Artifact {
-                kind: ArtifactKind::Segment,
-                base_offset: s.meta.base_offset,
-                end_offset: s.meta.end_offset,
-                length_bytes: s.meta.length_bytes,
-                checksum: s.meta.checksum,
-                last_batch_checksum: s.meta.last_batch_checksum,
-                max_timestamp_ms: s.meta.max_timestamp_ms,
-                chunk_checksums: s.chunk_checksums.clone(),
-            })
+            .map(|s| segment_artifact(&s.meta, s.chunk_checksums.clone()))
             .collect();
         let active = &self.active;
         let tail = (active.durable_position > 0).then(|| {
             debug_assert_eq!(active.durable_position, active.end_position);
             let chunk_checksums = active.hasher.chunk_checksums();
-            artifacts.push(Artifact {
-                kind: ArtifactKind::Segment,
-                base_offset: active.base_offset,
-                end_offset: self.durable.next_offset,
-                length_bytes: active.durable_position,
-                checksum: active.hasher.checksum(),
-                last_batch_checksum: self.durable.last_checksum,
-                max_timestamp_ms: active.max_timestamp_ms,
-                chunk_checksums: chunk_checksums.clone(),
-            });
+            let meta = self.durable_active_meta();
+            artifacts.push(segment_artifact(&meta, chunk_checksums.clone()));
             TailPrefix {
                 base_offset: active.base_offset,
                 length_bytes: active.durable_position,
@@ -303,5 +287,19 @@ impl PartitionStore {
             partition_id: self.partition_id,
             source,
         }
+    }
+}
+
+/// A segment table entry as a manifest artifact.
+fn segment_artifact(meta: &SealedSegment, chunk_checksums: Vec<u64>) -> Artifact {
+    Artifact {
+        kind: ArtifactKind::Segment,
+        base_offset: meta.base_offset,
+        end_offset: meta.end_offset,
+        length_bytes: meta.length_bytes,
+        checksum: meta.checksum,
+        last_batch_checksum: meta.last_batch_checksum,
+        max_timestamp_ms: meta.max_timestamp_ms,
+        chunk_checksums,
     }
 }
