@@ -23,6 +23,7 @@ pub mod oneshot;
 pub mod ops;
 pub mod partition;
 pub mod placement;
+pub mod replica_io;
 pub mod server;
 pub mod shard;
 pub mod vsr;

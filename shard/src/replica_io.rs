@@ -1,0 +1,274 @@
+//! The replica's storage executor: turns each [`StorageOp`] the pure
+//! replica ([`crate::vsr`]) emits into [`PartitionStore`] calls on an
+//! [`IoBackend`], and boots a replica from what a store holds.
+//!
+//! Shared by the shard (io_uring) and the simulator (sim backend), so the
+//! simulator runs the same code the server does. The API is two calls:
+//! - [`execute`]: one operation, its result for `Input::IoDone`;
+//! - [`recover`]: the durable VSR state and the journal tail for
+//!   `Replica::restart`.
+//!
+//! Ops are the batch headers' `vsr_op`; the store is indexed by offset.
+//! Ops and offsets grow together (one batch per op, dense offsets), so an
+//! op is found by a binary search over offsets: at most ~64 single-batch
+//! reads, no op index to keep or rebuild. The caller runs operations of
+//! one replica in emission order (see [`StorageOp`]).
+
+use ringlog_protocol::{BatchHeader, BatchView};
+use ringlog_storage::io::IoBackend;
+use ringlog_storage::store::{PartitionStore, StoreError};
+use ringlog_storage::superblock;
+
+use crate::vsr::{Anchor, BatchBytes, IoFailure, IoOutcome, StorageOp, VsrState};
+
+/// Bytes one [`StorageOp::ReadBatches`] returns at most (it stops after the
+/// batch that crosses it; the replica asks again for the rest).
+pub const REPAIR_READ_BYTES_MAX: usize = 1024 * 1024;
+
+/// Runs `op` on `store`. A failure is the replica's to handle (a failed
+/// write, flush, truncation or VSR write fences it); the store fences
+/// itself on a failed write or fsync, so nothing is retried here.
+pub fn execute(
+    store: &mut PartitionStore,
+    io: &mut impl IoBackend,
+    op: &StorageOp,
+) -> Result<IoOutcome, IoFailure> {
+    match op {
+        StorageOp::Append { op, batch } => append(store, io, *op, batch),
+        StorageOp::Flush => store
+            .flush(io)
+            .map(|()| IoOutcome::Done)
+            .map_err(|e| failure("flush", e)),
+        StorageOp::PersistVsr(state) => {
+            let vsr = superblock::VsrState {
+                view: state.view,
+                log_view: state.log_view,
+                commit: state.commit,
+                op: store.durable().last_op,
+            };
+            store
+                .set_vsr(io, vsr)
+                .map(|()| IoOutcome::Done)
+                .map_err(|e| failure("persist vsr", e))
+        }
+        StorageOp::TruncateAbove { op } => Err(IoFailure {
+            reason: format!(
+                "truncate above op {op}: the store cannot cut its tail yet \
+                 (PartitionStore::truncate_above is not on this branch)"
+            ),
+        }),
+        StorageOp::ReadBatches { op_min, op_max } => {
+            read_batches(store, io, *op_min, *op_max).map(IoOutcome::Batches)
+        }
+    }
+}
+
+fn failure(what: &str, e: StoreError) -> IoFailure {
+    IoFailure {
+        reason: format!("{what}: {e}"),
+    }
+}
+
+fn append(
+    store: &mut PartitionStore,
+    io: &mut impl IoBackend,
+    op: u64,
+    batch: &[u8],
+) -> Result<IoOutcome, IoFailure> {
+    let last_op = store.chain().last_op;
+    let header = BatchView::parse(batch).map(|v| *v.header());
+    match header {
+        Ok(h) if h.vsr_op == op && op == last_op + 1 => {}
+        Ok(h) => {
+            return Err(IoFailure {
+                reason: format!(
+                    "append of op {op}: batch holds op {}, store ends at op {last_op}",
+                    h.vsr_op
+                ),
+            })
+        }
+        Err(e) => {
+            return Err(IoFailure {
+                reason: format!("append of op {op}: invalid batch: {e}"),
+            })
+        }
+    }
+    store
+        .append(io, batch)
+        .map(|_| IoOutcome::Done)
+        .map_err(|e| failure(&format!("append of op {op}"), e))
+}
+
+/// The durable batch holding `op` or, if none does, the first one above
+/// it: its base offset and header. None when every durable op is below.
+fn seek_op(
+    store: &mut PartitionStore,
+    io: &mut impl IoBackend,
+    op: u64,
+) -> Result<Option<BatchHeader>, IoFailure> {
+    let (mut lo, mut hi) = (store.log_start_offset(), store.durable().next_offset);
+    let mut found = None;
+    // Invariant: every batch starting below `lo` holds an op below `op`;
+    // `found` (if any) starts at `hi` and holds an op at or above it.
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        let h = read_one(store, io, mid)?;
+        if h.vsr_op < op {
+            lo = h.next_offset();
+        } else {
+            hi = h.base_offset;
+            found = Some(h);
+        }
+    }
+    Ok(found)
+}
+
+/// The header of the durable batch holding `offset`.
+fn read_one(
+    store: &mut PartitionStore,
+    io: &mut impl IoBackend,
+    offset: u64,
+) -> Result<BatchHeader, IoFailure> {
+    let fetched = store
+        .read(io, offset, 1)
+        .map_err(|e| failure(&format!("read at offset {offset}"), e))?;
+    BatchHeader::decode(&fetched.bytes).map_err(|e| IoFailure {
+        reason: format!("read at offset {offset}: stored batch does not decode: {e}"),
+    })
+}
+
+/// Durable ops `op_min..=op_max` (or a prefix of them: up to the durable
+/// end, or [`REPAIR_READ_BYTES_MAX`]), as stored.
+fn read_batches(
+    store: &mut PartitionStore,
+    io: &mut impl IoBackend,
+    op_min: u64,
+    op_max: u64,
+) -> Result<Vec<BatchBytes>, IoFailure> {
+    let mut out = Vec::new();
+    let Some(first) = seek_op(store, io, op_min)? else {
+        return Ok(out);
+    };
+    if first.vsr_op != op_min {
+        return Ok(out); // not held (cut or never written)
+    }
+    let mut offset = first.base_offset;
+    let mut taken_bytes = 0;
+    let end = store.durable().next_offset;
+    'reads: while offset < end && taken_bytes < REPAIR_READ_BYTES_MAX {
+        let fetched = store
+            .read(io, offset, REPAIR_READ_BYTES_MAX - taken_bytes)
+            .map_err(|e| failure(&format!("read of ops {op_min}..={op_max}"), e))?;
+        let mut rest = &fetched.bytes[..];
+        while !rest.is_empty() {
+            let view = BatchView::parse(rest).map_err(|e| IoFailure {
+                reason: format!("read of ops {op_min}..={op_max}: stored batch: {e}"),
+            })?;
+            let h = view.header();
+            let expected = op_min + out.len() as u64;
+            if h.vsr_op != expected {
+                return Err(IoFailure {
+                    reason: format!(
+                        "read of ops {op_min}..={op_max}: found op {} where op {expected} belongs",
+                        h.vsr_op
+                    ),
+                });
+            }
+            out.push(view.as_bytes().into());
+            taken_bytes += view.as_bytes().len();
+            if h.vsr_op == op_max {
+                break 'reads;
+            }
+            rest = &rest[h.total_len()..];
+        }
+        if fetched.next_offset <= offset {
+            break;
+        }
+        offset = fetched.next_offset;
+    }
+    Ok(out)
+}
+
+/// What a replica restarts from: `Replica::restart(cfg, seed, durable,
+/// base, &headers)`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Recovered {
+    pub durable: VsrState,
+    pub base: Anchor,
+    /// Every durable op above `base`, in order.
+    pub headers: Vec<BatchHeader>,
+}
+
+/// Reads the superblock's VSR state and the headers of the ops above the
+/// commit point less `committed_ops_kept` (the journal a restarted replica
+/// starts with; every uncommitted op is in it). The anchor is never above
+/// the durable commit, so a restart never claims an op committed that the
+/// superblock did not.
+pub fn recover(
+    store: &mut PartitionStore,
+    io: &mut impl IoBackend,
+    committed_ops_kept: u64,
+) -> Result<Recovered, IoFailure> {
+    let sb = store.superblock().vsr;
+    let durable = VsrState {
+        view: sb.view,
+        log_view: sb.log_view,
+        commit: sb.commit,
+    };
+    let last_op = store.durable().last_op;
+    let base_op = sb.commit.min(last_op).saturating_sub(committed_ops_kept);
+    let mut headers = Vec::new();
+    let mut base = Anchor::default();
+    if base_op > 0 {
+        let h = seek_op(store, io, base_op)?.filter(|h| h.vsr_op == base_op);
+        let Some(h) = h else {
+            return Err(IoFailure {
+                reason: format!("recover: op {base_op} is not in the store"),
+            });
+        };
+        base = Anchor {
+            op: h.vsr_op,
+            checksum: h.header_checksum,
+            next_offset: h.next_offset(),
+        };
+    }
+    if last_op > base_op {
+        for b in read_batches_all(store, io, base_op + 1, last_op)? {
+            let h = BatchHeader::decode(&b).map_err(|e| IoFailure {
+                reason: format!("recover: stored batch: {e}"),
+            })?;
+            headers.push(h);
+        }
+    }
+    Ok(Recovered {
+        durable,
+        base,
+        headers,
+    })
+}
+
+/// Like [`read_batches`] without the per-call byte bound (recovery reads
+/// the whole uncommitted tail, which the pipeline bounds).
+fn read_batches_all(
+    store: &mut PartitionStore,
+    io: &mut impl IoBackend,
+    op_min: u64,
+    op_max: u64,
+) -> Result<Vec<BatchBytes>, IoFailure> {
+    let mut all = Vec::new();
+    let mut next = op_min;
+    while next <= op_max {
+        let chunk = read_batches(store, io, next, op_max)?;
+        if chunk.is_empty() {
+            return Err(IoFailure {
+                reason: format!("recover: op {next} of {op_min}..={op_max} is not readable"),
+            });
+        }
+        next += chunk.len() as u64;
+        all.extend(chunk);
+    }
+    Ok(all)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,272 @@
+//! The executor on the sim backend: each operation, its failures, and a
+//! restart's recovery.
+
+use std::path::Path;
+
+use ringlog_protocol::{BatchBuilder, BatchHeader, Record, Stamp};
+use ringlog_storage::io::sim::{Fault, FaultOp, SimBackend};
+use ringlog_storage::store::{PartitionStore, StoreConfig};
+
+use super::*;
+
+const PID: u32 = 4;
+const DIR: &str = "/r0";
+
+fn small_config() -> StoreConfig {
+    StoreConfig {
+        segment_size_bytes: 16 * 1024,
+        write_buffer_bytes: 8 * 1024,
+        index_interval_bytes: 1024,
+        transfer_chunk_bytes: 4096,
+        ..StoreConfig::default()
+    }
+}
+
+/// Ops 1..=n as a primary would stamp them (view 0, chained), ~`len` bytes.
+fn chain(n: u64, len: usize) -> Vec<BatchBytes> {
+    let mut out: Vec<BatchBytes> = Vec::new();
+    let (mut offset, mut prev) = (0, 0);
+    for op in 1..=n {
+        let mut b = BatchBuilder::new(PID);
+        let value = vec![op as u8; len];
+        let record = Record {
+            key: b"k",
+            headers: &[],
+            value: &value,
+            timestamp_ms: op,
+        };
+        b.push(&record).expect("fits");
+        let stamp = Stamp {
+            base_offset: offset,
+            vsr_op: op,
+            vsr_view: 0,
+            prev_checksum: prev,
+        };
+        let bytes = b.finish(&stamp).expect("seals");
+        let h = BatchHeader::decode(&bytes).expect("decodes");
+        offset = h.next_offset();
+        prev = h.header_checksum;
+        out.push(bytes.into());
+    }
+    out
+}
+
+fn fresh() -> (SimBackend, PartitionStore) {
+    let mut io = SimBackend::new(11);
+    let store =
+        PartitionStore::create(&mut io, Path::new(DIR), PID, small_config()).expect("store");
+    (io, store)
+}
+
+fn run(store: &mut PartitionStore, io: &mut SimBackend, op: StorageOp) -> IoOutcome {
+    execute(store, io, &op).unwrap_or_else(|e| panic!("{op:?}: {e}"))
+}
+
+fn append_all(store: &mut PartitionStore, io: &mut SimBackend, batches: &[BatchBytes]) {
+    for (i, b) in batches.iter().enumerate() {
+        let op = i as u64 + 1;
+        let batch = b.clone();
+        assert_eq!(
+            run(store, io, StorageOp::Append { op, batch }),
+            IoOutcome::Done
+        );
+    }
+    run(store, io, StorageOp::Flush);
+}
+
+fn read(
+    store: &mut PartitionStore,
+    io: &mut SimBackend,
+    op_min: u64,
+    op_max: u64,
+) -> Vec<BatchBytes> {
+    match run(store, io, StorageOp::ReadBatches { op_min, op_max }) {
+        IoOutcome::Batches(b) => b,
+        other => panic!("read returned {other:?}"),
+    }
+}
+
+/// Guards against: appended, flushed ops read back as other bytes, or a
+/// read across segment rolls returning gaps or the wrong ops.
+#[test]
+fn append_flush_read_back_across_segment_rolls() {
+    let (mut io, mut store) = fresh();
+    let batches = chain(40, 900);
+    append_all(&mut store, &mut io, &batches);
+    assert!(
+        store.sealed_segments().count() >= 2,
+        "the test crosses rolls"
+    );
+    assert_eq!(store.durable().last_op, 40);
+    assert_eq!(read(&mut store, &mut io, 1, 40), batches);
+    for (lo, hi) in [(1, 1), (7, 19), (33, 40), (40, 40)] {
+        let got = read(&mut store, &mut io, lo, hi);
+        let want = &batches[lo as usize - 1..hi as usize];
+        assert_eq!(got, want, "ops {lo}..={hi}");
+    }
+    // Beyond the durable end: a prefix, or nothing.
+    assert_eq!(read(&mut store, &mut io, 38, 60), &batches[37..]);
+    assert!(read(&mut store, &mut io, 41, 50).is_empty());
+}
+
+/// Guards against: unflushed ops served to a peer as if durable.
+#[test]
+fn read_returns_durable_ops_only() {
+    let (mut io, mut store) = fresh();
+    let batches = chain(3, 100);
+    append_all(&mut store, &mut io, &batches[..2]);
+    let batch = batches[2].clone();
+    run(&mut store, &mut io, StorageOp::Append { op: 3, batch });
+    assert_eq!(read(&mut store, &mut io, 1, 3), &batches[..2]);
+}
+
+/// Guards against: an append out of op order (a replica and store that
+/// disagree) silently written.
+#[test]
+fn append_out_of_order_is_refused() {
+    let (mut io, mut store) = fresh();
+    let batches = chain(3, 100);
+    let wrong = [
+        (2, batches[1].clone()), // skips op 1
+        (1, batches[1].clone()), // op field and batch differ
+    ];
+    for (op, batch) in wrong {
+        let err =
+            execute(&mut store, &mut io, &StorageOp::Append { op, batch }).expect_err("refused");
+        assert!(err.reason.contains(&format!("append of op {op}")), "{err}");
+    }
+    assert_eq!(store.chain().last_op, 0, "nothing was appended");
+}
+
+/// Guards against: view, log_view or commit not durable after PersistVsr
+/// (a restart would vote on a view it never made durable, or go back).
+#[test]
+fn persist_vsr_survives_a_reboot() {
+    let (mut io, mut store) = fresh();
+    append_all(&mut store, &mut io, &chain(5, 100));
+    let state = VsrState {
+        view: 4,
+        log_view: 3,
+        commit: 2,
+    };
+    run(&mut store, &mut io, StorageOp::PersistVsr(state));
+    drop(store);
+    let mut io = io.reboot();
+    let mut store =
+        PartitionStore::open(&mut io, Path::new(DIR), PID, small_config()).expect("reopens");
+    let r = recover(&mut store, &mut io, 1).expect("recovers");
+    assert_eq!(r.durable, state);
+    assert_eq!(r.base.op, 1, "anchor is commit less the kept ops");
+    let ops: Vec<u64> = r.headers.iter().map(|h| h.vsr_op).collect();
+    assert_eq!(ops, [2, 3, 4, 5]);
+    assert_eq!(r.headers[0].prev_checksum, r.base.checksum);
+}
+
+/// Guards against: a restart claiming ops the crash lost, or losing
+/// flushed ones: recovery returns the flushed ops, plus (when the crash
+/// let unsynced sectors land) a chained prefix of the rest, never more.
+#[test]
+fn recover_after_crash_mid_flush_holds_only_what_the_disk_kept() {
+    for (seed, tear) in [(1, false), (2, true), (3, true), (4, true)] {
+        let mut io = SimBackend::new(seed);
+        let mut store =
+            PartitionStore::create(&mut io, Path::new(DIR), PID, small_config()).expect("store");
+        let batches = chain(6, 300);
+        append_all(&mut store, &mut io, &batches[..4]);
+        for (i, b) in batches[4..].iter().enumerate() {
+            let op = i as u64 + 5;
+            let batch = b.clone();
+            run(&mut store, &mut io, StorageOp::Append { op, batch });
+        }
+        // Power fails during the flush's write.
+        io.set_crash_at(io.ops_count(), tear);
+        let err = execute(&mut store, &mut io, &StorageOp::Flush).expect_err("power failed");
+        assert!(err.reason.starts_with("flush"), "{err}");
+        drop(store);
+        let mut io = io.reboot();
+        let mut store =
+            PartitionStore::open(&mut io, Path::new(DIR), PID, small_config()).expect("reopens");
+        let r = recover(&mut store, &mut io, 0).expect("recovers");
+        let ops: Vec<u64> = r.headers.iter().map(|h| h.vsr_op).collect();
+        if tear {
+            assert!((4..=6).contains(&ops.len()), "seed {seed}: {ops:?}");
+        } else {
+            assert_eq!(ops.len(), 4, "seed {seed}: synced ops only");
+        }
+        let want: Vec<BatchHeader> = batches[..ops.len()]
+            .iter()
+            .map(|b| BatchHeader::decode(b).expect("decodes"))
+            .collect();
+        assert_eq!(r.headers, want, "seed {seed}");
+        assert_eq!(r.durable, VsrState::default());
+    }
+}
+
+/// Guards against: an fsync failure reported as success, or the replica
+/// carrying on writing after it (the store fences; every later write fails).
+#[test]
+fn injected_fsync_eio_fails_flush_and_fences() {
+    let (mut io, mut store) = fresh();
+    let batches = chain(2, 100);
+    let batch = batches[0].clone();
+    run(&mut store, &mut io, StorageOp::Append { op: 1, batch });
+    let nth = io.op_count(FaultOp::Sync);
+    io.inject(FaultOp::Sync, nth, Fault::Errno(libc::EIO));
+    let err = execute(&mut store, &mut io, &StorageOp::Flush).expect_err("EIO");
+    assert!(err.reason.contains("flush"), "{err}");
+    let batch = batches[1].clone();
+    let err =
+        execute(&mut store, &mut io, &StorageOp::Append { op: 2, batch }).expect_err("fenced");
+    assert!(err.reason.contains("fenced"), "{err}");
+    let state = VsrState {
+        view: 1,
+        log_view: 0,
+        commit: 0,
+    };
+    assert!(execute(&mut store, &mut io, &StorageOp::PersistVsr(state)).is_err());
+}
+
+/// Guards against: a failed superblock write reported as a durable view.
+#[test]
+fn injected_write_eio_fails_persist_vsr() {
+    let (mut io, mut store) = fresh();
+    let nth = io.op_count(FaultOp::Write);
+    io.inject(FaultOp::Write, nth, Fault::Errno(libc::EIO));
+    let state = VsrState {
+        view: 1,
+        log_view: 0,
+        commit: 0,
+    };
+    let err = execute(&mut store, &mut io, &StorageOp::PersistVsr(state)).expect_err("EIO");
+    assert!(err.reason.starts_with("persist vsr"), "{err}");
+}
+
+/// Guards against: a read error or a flipped bit handed to a peer as a
+/// repair answer.
+#[test]
+fn injected_read_faults_fail_read_batches() {
+    let (mut io, mut store) = fresh();
+    append_all(&mut store, &mut io, &chain(4, 100));
+    for fault in [Fault::Errno(libc::EIO), Fault::BitFlip] {
+        let nth = io.op_count(FaultOp::Read);
+        io.inject(FaultOp::Read, nth, fault);
+        let op = StorageOp::ReadBatches {
+            op_min: 2,
+            op_max: 3,
+        };
+        let err = execute(&mut store, &mut io, &op).expect_err("fault");
+        assert!(err.reason.contains("read"), "{fault:?}: {err}");
+    }
+    assert_eq!(read(&mut store, &mut io, 2, 3).len(), 2, "transient");
+}
+
+/// Guards against: a cut the store cannot make reported as made.
+#[test]
+fn truncate_above_is_refused_until_the_store_supports_it() {
+    let (mut io, mut store) = fresh();
+    append_all(&mut store, &mut io, &chain(3, 100));
+    let err =
+        execute(&mut store, &mut io, &StorageOp::TruncateAbove { op: 1 }).expect_err("unsupported");
+    assert!(err.reason.contains("truncate above op 1"), "{err}");
+    assert_eq!(store.durable().last_op, 3);
+}
