@@ -12,14 +12,14 @@ use std::time::Duration;
 use ringlog_protocol::wire::{valid_topic_name, ErrorCode, PARTITIONS_MAX};
 
 use crate::catalog::{TopicMeta, TopicState, TopicTable};
+use crate::handle::ShardHandle;
 use crate::ops::{MetaOp, Op, OpError, OpReply, Outcome};
 use crate::placement::shard_for;
-use crate::shard::Shard;
 
 /// Attempts to reach a shard whose mailbox is full, 10 ms apart.
 const MAILBOX_RETRIES: u32 = 500;
 
-pub(crate) async fn run(shard: &Shard, op: MetaOp) -> Outcome {
+pub(crate) async fn run(shard: &impl ShardHandle, op: MetaOp) -> Outcome {
     match op {
         MetaOp::CreateTopic { topic, partitions } => create(shard, topic, partitions).await,
         MetaOp::DeleteTopic { topic } => delete(shard, topic).await,
@@ -31,7 +31,11 @@ fn storage(e: impl std::fmt::Display) -> OpError {
 }
 
 /// `call` with bounded retries while the owner's mailbox is full.
-async fn call_retrying(shard: &Shard, owner: usize, mut make: impl FnMut() -> Op) -> Outcome {
+async fn call_retrying(
+    shard: &impl ShardHandle,
+    owner: usize,
+    mut make: impl FnMut() -> Op,
+) -> Outcome {
     let mut tries = 0;
     loop {
         match shard.call(owner, make()).await {
@@ -44,7 +48,7 @@ async fn call_retrying(shard: &Shard, owner: usize, mut make: impl FnMut() -> Op
     }
 }
 
-async fn create(shard: &Shard, topic: String, partitions: u32) -> Outcome {
+async fn create(shard: &impl ShardHandle, topic: String, partitions: u32) -> Outcome {
     if !valid_topic_name(&topic) {
         return Err(OpError::new(
             ErrorCode::InvalidTopic,
@@ -57,8 +61,8 @@ async fn create(shard: &Shard, topic: String, partitions: u32) -> Outcome {
             format!("partition count {partitions} must be 1..={PARTITIONS_MAX}"),
         ));
     }
-    let data_dir = shard.config.data_dir.clone();
-    let mut table = (*shard.catalog.snapshot()).clone();
+    let data_dir = shard.config().data_dir.clone();
+    let mut table = (*shard.catalog().snapshot()).clone();
     if table.topics.contains_key(&topic) {
         return Err(OpError::new(
             ErrorCode::TopicExists,
@@ -81,7 +85,7 @@ async fn create(shard: &Shard, topic: String, partitions: u32) -> Outcome {
     table.store(&data_dir).map_err(storage)?;
     // Publish the creating state too, so id allocation stays monotonic for
     // the next create even if this one fails half-way.
-    shard.catalog.publish(table.clone());
+    shard.catalog().publish(table.clone());
     let shards = shard.shard_count();
     let mut failure = None;
     for index in 0..partitions {
@@ -103,19 +107,19 @@ async fn create(shard: &Shard, topic: String, partitions: u32) -> Outcome {
         let _ = delete(shard, topic).await;
         return Err(e);
     }
-    let mut table = (*shard.catalog.snapshot()).clone();
+    let mut table = (*shard.catalog().snapshot()).clone();
     if let Some(meta) = table.topics.get_mut(&topic) {
         meta.state = TopicState::Ready;
     }
     table.store(&data_dir).map_err(storage)?;
-    shard.catalog.publish(table);
+    shard.catalog().publish(table);
     tracing::info!(%topic, partitions, "topic created");
     Ok(OpReply::Empty)
 }
 
-async fn delete(shard: &Shard, topic: String) -> Outcome {
-    let data_dir = shard.config.data_dir.clone();
-    let mut table: TopicTable = (*shard.catalog.snapshot()).clone();
+async fn delete(shard: &impl ShardHandle, topic: String) -> Outcome {
+    let data_dir = shard.config().data_dir.clone();
+    let mut table: TopicTable = (*shard.catalog().snapshot()).clone();
     let Some(meta) = table.topics.remove(&topic) else {
         return Err(OpError::new(
             ErrorCode::UnknownTopic,
@@ -123,7 +127,7 @@ async fn delete(shard: &Shard, topic: String) -> Outcome {
         ));
     };
     table.store(&data_dir).map_err(storage)?;
-    shard.catalog.publish(table);
+    shard.catalog().publish(table);
     let shards = shard.shard_count();
     for index in 0..meta.partitions {
         let owner = shard_for(&topic, index, shards);

@@ -9,6 +9,8 @@
 //!   vocabulary and woken through an [`eventfd`]; tasks of one shard hand
 //!   replies to each other through [`oneshot`].
 //! * [`net`] speaks the client protocol (`ringlog_protocol::wire`);
+//!   it and the controller reach their shard through `handle`'s trait,
+//!   never `shard` itself (the layering is checked by tests/layering.rs);
 //!   [`client`] is the matching blocking client library.
 pub mod catalog;
 pub mod client;
@@ -16,6 +18,7 @@ pub mod config;
 pub mod control;
 mod controller;
 pub mod eventfd;
+mod handle;
 pub mod mailbox;
 pub mod metrics;
 pub mod net;

@@ -48,6 +48,7 @@ use ringlog_storage::store::{Appended, PoolConfig, StorePool};
 use crate::catalog::{Catalog, CatalogView, TopicState, TopicTable};
 use crate::config::ServerConfig;
 use crate::eventfd::EventFd;
+use crate::handle::ShardHandle;
 use crate::mailbox::{MailboxRx, MailboxTx, SendError};
 use crate::metrics::{self, ShardMetrics};
 use crate::oneshot::{self, Notify};
@@ -321,6 +322,96 @@ fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
+impl<B: IoBackend> ShardHandle for Shard<B> {
+    fn id(&self) -> usize {
+        self.id
+    }
+
+    fn config(&self) -> &ServerConfig {
+        &self.config
+    }
+
+    fn metrics(&self) -> &ShardMetrics {
+        &self.metrics
+    }
+
+    fn catalog(&self) -> &Catalog {
+        &self.catalog
+    }
+
+    fn table(&self) -> Arc<TopicTable> {
+        self.view.borrow_mut().get().clone()
+    }
+
+    fn shard_count(&self) -> usize {
+        self.peers.len()
+    }
+
+    fn is_stopping(&self) -> bool {
+        self.stopping.get() || self.shutdown.is_triggered()
+    }
+
+    fn stop(&self) -> &Notify {
+        &self.stop
+    }
+
+    /// Runs `op` on shard `owner` and waits for the outcome: locally through
+    /// the turn queue, or through the owner's mailbox.
+    async fn call(&self, owner: usize, op: Op) -> Outcome {
+        let (tx, rx) = oneshot::oneshot();
+        if owner == self.id {
+            self.queue.borrow_mut().push_back(Work {
+                op,
+                reply: Responder::Local(tx),
+            });
+            self.turn.notify();
+        } else {
+            if self.pending.borrow().len() >= self.config.forward_inflight_max {
+                metrics::inc(&self.metrics.backpressure_total);
+                return Err(OpError::new(
+                    ErrorCode::Backpressure,
+                    "too many requests forwarded to other shards; retry",
+                ));
+            }
+            let Some(peer) = self.peers.get(owner) else {
+                return Err(OpError::new(ErrorCode::Internal, "no such shard"));
+            };
+            let token = self.next_token.get();
+            self.next_token.set(token + 1);
+            let env = Envelope {
+                op,
+                reply: ReplyTo::Shard {
+                    shard: self.id,
+                    token,
+                },
+            };
+            match peer.send(env) {
+                Ok(()) => {
+                    metrics::inc(&self.metrics.forwards_total);
+                    self.pending.borrow_mut().insert(token, tx);
+                }
+                Err(SendError::Full(_)) => {
+                    metrics::inc(&self.metrics.backpressure_total);
+                    return Err(OpError::new(
+                        ErrorCode::Backpressure,
+                        format!("shard {owner} mailbox is full; retry"),
+                    ));
+                }
+                Err(SendError::Closed(_)) => {
+                    return Err(OpError::new(ErrorCode::ShuttingDown, "shard stopped"));
+                }
+            }
+        }
+        match rx.await {
+            Some(outcome) => outcome,
+            None => Err(OpError::new(
+                ErrorCode::ShuttingDown,
+                "request dropped at shutdown",
+            )),
+        }
+    }
+}
+
 impl<B: IoBackend> Shard<B> {
     /// Builds the shard over `io` (whose completions `storage_wake` signals);
     /// hands back what of `setup` the runtime needs.
@@ -379,19 +470,6 @@ impl<B: IoBackend> Shard<B> {
         (shard, listener, ready)
     }
 
-    /// The current topic table.
-    pub fn table(&self) -> Arc<TopicTable> {
-        self.view.borrow_mut().get().clone()
-    }
-
-    pub fn shard_count(&self) -> usize {
-        self.peers.len()
-    }
-
-    pub fn is_stopping(&self) -> bool {
-        self.stopping.get() || self.shutdown.is_triggered()
-    }
-
     /// Opens every partition placed on this shard (boot), after loading
     /// the shard's recycled segment files.
     fn open_owned_partitions(&self) -> usize {
@@ -443,62 +521,6 @@ impl<B: IoBackend> Shard<B> {
             pool.clear_prefetched();
         }
         partitions.len()
-    }
-
-    /// Runs `op` on shard `owner` and waits for the outcome: locally through
-    /// the turn queue, or through the owner's mailbox.
-    pub async fn call(&self, owner: usize, op: Op) -> Outcome {
-        let (tx, rx) = oneshot::oneshot();
-        if owner == self.id {
-            self.queue.borrow_mut().push_back(Work {
-                op,
-                reply: Responder::Local(tx),
-            });
-            self.turn.notify();
-        } else {
-            if self.pending.borrow().len() >= self.config.forward_inflight_max {
-                metrics::inc(&self.metrics.backpressure_total);
-                return Err(OpError::new(
-                    ErrorCode::Backpressure,
-                    "too many requests forwarded to other shards; retry",
-                ));
-            }
-            let Some(peer) = self.peers.get(owner) else {
-                return Err(OpError::new(ErrorCode::Internal, "no such shard"));
-            };
-            let token = self.next_token.get();
-            self.next_token.set(token + 1);
-            let env = Envelope {
-                op,
-                reply: ReplyTo::Shard {
-                    shard: self.id,
-                    token,
-                },
-            };
-            match peer.send(env) {
-                Ok(()) => {
-                    metrics::inc(&self.metrics.forwards_total);
-                    self.pending.borrow_mut().insert(token, tx);
-                }
-                Err(SendError::Full(_)) => {
-                    metrics::inc(&self.metrics.backpressure_total);
-                    return Err(OpError::new(
-                        ErrorCode::Backpressure,
-                        format!("shard {owner} mailbox is full; retry"),
-                    ));
-                }
-                Err(SendError::Closed(_)) => {
-                    return Err(OpError::new(ErrorCode::ShuttingDown, "shard stopped"));
-                }
-            }
-        }
-        match rx.await {
-            Some(outcome) => outcome,
-            None => Err(OpError::new(
-                ErrorCode::ShuttingDown,
-                "request dropped at shutdown",
-            )),
-        }
     }
 
     fn respond(&self, reply: Responder, outcome: Outcome) {
@@ -1155,7 +1177,7 @@ impl Shard {
             loop {
                 let next = self.meta_queue.borrow_mut().pop_front();
                 let Some((op, reply)) = next else { break };
-                let outcome = crate::controller::run(&self, op).await;
+                let outcome = crate::controller::run(&*self, op).await;
                 self.respond(reply, outcome);
             }
         }

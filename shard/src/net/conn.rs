@@ -29,49 +29,49 @@ use ringlog_protocol::wire::{
 
 use super::budget::{ByteBudget, Charge};
 use crate::config::ServerConfig;
+use crate::handle::ShardHandle;
 use crate::metrics;
-use crate::shard::Shard;
 
-pub(crate) async fn accept_loop(shard: Rc<Shard>, listener: TcpListener) {
-    let budget = ByteBudget::new(shard.config.shard_request_bytes_max);
+pub(crate) async fn accept_loop<S: ShardHandle + 'static>(shard: Rc<S>, listener: TcpListener) {
+    let budget = ByteBudget::new(shard.config().shard_request_bytes_max);
     loop {
         if shard.is_stopping() {
             break;
         }
         let accepted = monoio::select! {
             r = listener.accept() => Some(r),
-            _ = shard.stop.notified() => None,
+            _ = shard.stop().notified() => None,
         };
         let Some(result) = accepted else { break };
         let (stream, peer) = match result {
             Ok(x) => x,
             Err(e) => {
-                tracing::warn!(shard = shard.id, error = %e, "accept failed");
+                tracing::warn!(shard = shard.id(), error = %e, "accept failed");
                 monoio::time::sleep(std::time::Duration::from_millis(10)).await;
                 continue;
             }
         };
-        let open = shard.metrics.connections_open.load(Ordering::Relaxed);
-        if open >= shard.config.connections_per_shard_max as u64 {
-            metrics::inc(&shard.metrics.connections_refused_total);
-            let stall = Duration::from_millis(shard.config.header_timeout_ms);
+        let open = shard.metrics().connections_open.load(Ordering::Relaxed);
+        if open >= shard.config().connections_per_shard_max as u64 {
+            metrics::inc(&shard.metrics().connections_refused_total);
+            let stall = Duration::from_millis(shard.config().header_timeout_ms);
             monoio::spawn(refuse(stream, stall));
             continue;
         }
-        metrics::inc(&shard.metrics.connections_total);
+        metrics::inc(&shard.metrics().connections_total);
         shard
-            .metrics
+            .metrics()
             .connections_open
             .fetch_add(1, Ordering::Relaxed);
         let (s, b) = (shard.clone(), budget.clone());
         monoio::spawn(async move {
             let _ = stream.set_nodelay(true);
-            tracing::debug!(shard = s.id, %peer, "connection");
-            serve(&s, &b, stream).await;
-            s.metrics.connections_open.fetch_sub(1, Ordering::Relaxed);
+            tracing::debug!(shard = s.id(), %peer, "connection");
+            serve(&*s, &b, stream).await;
+            s.metrics().connections_open.fetch_sub(1, Ordering::Relaxed);
         });
     }
-    tracing::info!(shard = shard.id, "stopped accepting connections");
+    tracing::info!(shard = shard.id(), "stopped accepting connections");
 }
 
 async fn refuse(mut stream: TcpStream, stall: Duration) {
@@ -193,12 +193,12 @@ async fn read_some(
 }
 
 async fn read_frame(
-    shard: &Shard,
+    shard: &impl ShardHandle,
     budget: &Rc<ByteBudget>,
     limits: &Limits,
     stream: &mut TcpStream,
 ) -> Frame {
-    let m = &shard.metrics;
+    let m = shard.metrics();
     let counted = |stop: Stop, timeouts: &AtomicU64| {
         if let Stop::TimedOut = stop {
             metrics::inc(timeouts);
@@ -294,29 +294,30 @@ fn reply_room_bytes(limits: &Limits, req: &Request) -> u64 {
     }
 }
 
-fn over_budget(shard: &Shard, opcode: u16, correlation: u32) -> Reply {
-    metrics::inc(&shard.metrics.over_budget_total);
+fn over_budget(shard: &impl ShardHandle, opcode: u16, correlation: u32) -> Reply {
+    metrics::inc(&shard.metrics().over_budget_total);
     Reply::error(
         opcode,
         correlation,
         ErrorCode::Backpressure,
         format!(
             "shard {} has its request byte budget (shard_request_bytes_max = {}) in use; retry",
-            shard.id, shard.config.shard_request_bytes_max
+            shard.id(),
+            shard.config().shard_request_bytes_max
         ),
     )
 }
 
-fn count_write_error(shard: &Shard, e: &std::io::Error) {
+fn count_write_error(shard: &impl ShardHandle, e: &std::io::Error) {
     if e.kind() == std::io::ErrorKind::TimedOut {
-        metrics::inc(&shard.metrics.write_timeouts_total);
+        metrics::inc(&shard.metrics().write_timeouts_total);
     }
 }
 
 /// Serves one connection until it closes, errs, times out, or the shard
 /// stops.
-async fn serve(shard: &Shard, budget: &Rc<ByteBudget>, mut stream: TcpStream) {
-    let limits = Limits::of(&shard.config);
+async fn serve(shard: &impl ShardHandle, budget: &Rc<ByteBudget>, mut stream: TcpStream) {
+    let limits = Limits::of(shard.config());
     let frame_max = limits.frame_max;
     let mut greeted = false;
     loop {
@@ -329,7 +330,7 @@ async fn serve(shard: &Shard, budget: &Rc<ByteBudget>, mut stream: TcpStream) {
             Frame::Body(b, c) => (b, c),
             Frame::Gone => return,
             Frame::BadHeader(e) => {
-                metrics::inc(&shard.metrics.bad_frames_total);
+                metrics::inc(&shard.metrics().bad_frames_total);
                 let _ = write_reply(
                     &mut stream,
                     &Reply::error(0, 0, e.code(), e.to_string()),
@@ -358,7 +359,7 @@ async fn serve(shard: &Shard, budget: &Rc<ByteBudget>, mut stream: TcpStream) {
         let _body_charge = matches!(decoded, Ok(Request::Produce { .. })).then_some(body_charge);
         let reply = match decoded {
             Err(e) => {
-                metrics::inc(&shard.metrics.bad_frames_total);
+                metrics::inc(&shard.metrics().bad_frames_total);
                 Reply::error(opcode, correlation, e.code(), e.to_string())
             }
             Ok(Request::Hello {
@@ -375,7 +376,7 @@ async fn serve(shard: &Shard, budget: &Rc<ByteBudget>, mut stream: TcpStream) {
                         Body::Hello(HelloReply {
                             version: PROTOCOL_VERSION,
                             frame_bytes_max: frame_max,
-                            batch_bytes_max: shard.config.store_config().batch_bytes_max() as u32,
+                            batch_bytes_max: shard.config().store_config().batch_bytes_max() as u32,
                             shards: shard.shard_count() as u16,
                         }),
                     )

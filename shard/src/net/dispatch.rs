@@ -7,14 +7,14 @@ use ringlog_protocol::wire::{
 };
 
 use crate::catalog::{TopicMeta, TopicState};
+use crate::handle::ShardHandle;
 use crate::ops::{MetaOp, Op, OpError, OpReply};
 use crate::placement::shard_for;
-use crate::shard::Shard;
 
 /// Space a fetch reply needs beside its batches.
 const FETCH_REPLY_OVERHEAD_BYTES: u32 = 64;
 
-pub(crate) async fn handle(shard: &Shard, correlation: u32, req: Request) -> Reply {
+pub(crate) async fn handle(shard: &impl ShardHandle, correlation: u32, req: Request) -> Reply {
     let opcode = req.opcode();
     match run(shard, req).await {
         Ok(body) => Reply::ok(opcode, correlation, body),
@@ -22,7 +22,7 @@ pub(crate) async fn handle(shard: &Shard, correlation: u32, req: Request) -> Rep
     }
 }
 
-fn topic_meta(shard: &Shard, topic: &str) -> Result<TopicMeta, OpError> {
+fn topic_meta(shard: &impl ShardHandle, topic: &str) -> Result<TopicMeta, OpError> {
     match shard.table().topics.get(topic) {
         Some(m) if m.state == TopicState::Ready => Ok(m.clone()),
         _ => Err(OpError::new(
@@ -32,7 +32,7 @@ fn topic_meta(shard: &Shard, topic: &str) -> Result<TopicMeta, OpError> {
     }
 }
 
-fn locate(shard: &Shard, topic: &str, partition: u32) -> Result<(usize, u32), OpError> {
+fn locate(shard: &impl ShardHandle, topic: &str, partition: u32) -> Result<(usize, u32), OpError> {
     let meta = topic_meta(shard, topic)?;
     let id = meta.partition_id(partition).ok_or_else(|| {
         OpError::new(
@@ -50,7 +50,7 @@ fn unexpected(r: OpReply) -> OpError {
     OpError::new(ErrorCode::Internal, format!("unexpected reply {r:?}"))
 }
 
-async fn run(shard: &Shard, req: Request) -> Result<Body, OpError> {
+async fn run(shard: &impl ShardHandle, req: Request) -> Result<Body, OpError> {
     if shard.is_stopping() {
         return Err(OpError::new(
             ErrorCode::ShuttingDown,
@@ -162,14 +162,14 @@ async fn run(shard: &Shard, req: Request) -> Result<Body, OpError> {
         } => {
             let (owner, partition_id) = locate(shard, &topic, partition)?;
             let cap = shard
-                .config
+                .config()
                 .frame_bytes_max
                 .saturating_sub(FETCH_REPLY_OVERHEAD_BYTES);
             let op = Op::Fetch {
                 partition_id,
                 offset,
                 max_bytes: max_bytes.min(cap),
-                wait_ms: wait_ms.min(shard.config.fetch_wait_ms_max),
+                wait_ms: wait_ms.min(shard.config().fetch_wait_ms_max),
             };
             match shard.call(owner, op).await? {
                 OpReply::Fetched(f) => Ok(Body::Fetched(f)),
