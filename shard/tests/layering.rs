@@ -18,6 +18,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("oneshot", &[]),
     ("placement", &[]),
     ("vsr", &[]),
+    ("replica_io", &["vsr"]),
     ("ops", &[]),
     ("mailbox", &["eventfd", "ops"]),
     ("metrics", &["mailbox"]),
