@@ -1,9 +1,11 @@
 //! `ringlog`: the one binary. `server` runs a node; `ctl` talks to its
-//! control socket; `produce` and `consume` are a command-line client.
+//! control socket; `produce` and `consume` are a command-line client; `sim` replays
+//! simulator seeds.
 
 mod ctl;
 mod io_cmds;
 mod server_cmd;
+mod sim_cmd;
 
 use clap::{Parser, Subcommand};
 
@@ -28,6 +30,8 @@ enum Command {
     Produce(io_cmds::ProduceArgs),
     /// Read records of a partition from an offset.
     Consume(io_cmds::ConsumeArgs),
+    /// Replay seeds of the deterministic cluster simulator.
+    Sim(sim_cmd::SimArgs),
 }
 
 fn main() {
@@ -37,6 +41,7 @@ fn main() {
         Command::Ctl(a) => ctl::run(a),
         Command::Produce(a) => io_cmds::produce(a),
         Command::Consume(a) => io_cmds::consume(a),
+        Command::Sim(a) => sim_cmd::run(a),
     };
     std::process::exit(code);
 }

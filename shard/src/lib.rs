@@ -29,4 +29,5 @@ pub mod placement;
 pub mod replica_io;
 pub mod server;
 pub mod shard;
+pub mod sim;
 pub mod vsr;

@@ -337,6 +337,12 @@ impl Replica {
         self.durable
     }
 
+    /// Booted wiped and not yet repaired to a durable log_view (the
+    /// driver must remember this across a crash: the superblock does not).
+    pub fn is_wiped(&self) -> bool {
+        self.wiped
+    }
+
     pub fn replica(&self) -> u8 {
         self.cfg.replica
     }

@@ -1,0 +1,51 @@
+//! `ringlog sim`: replays seeds of the deterministic cluster simulator
+//! (the logic is `ringlog_shard::sim`; this only parses and prints).
+
+use clap::Args;
+use ringlog_shard::sim::{self, SimOptions, TICKS_DEFAULT};
+
+#[derive(Args)]
+pub struct SimArgs {
+    /// The seed to run (a failing run prints its seed).
+    #[arg(long)]
+    seed: u64,
+    /// Replica count: 1, 3 or 5 [default: drawn from the seed].
+    #[arg(long, value_parser = parse_replicas)]
+    replicas: Option<u8>,
+    /// Ticks of the faulty (safety) phase.
+    #[arg(long, default_value_t = TICKS_DEFAULT)]
+    ticks: u64,
+    /// Run this many consecutive seeds from --seed (for ci/vopr).
+    #[arg(long, default_value_t = 1)]
+    count: u64,
+    /// No faults: network delays, disk speeds and the client only.
+    #[arg(long)]
+    no_faults: bool,
+}
+
+fn parse_replicas(s: &str) -> Result<u8, String> {
+    match s.parse::<u8>() {
+        Ok(n @ (1 | 3 | 5)) => Ok(n),
+        _ => Err(format!("replicas must be 1, 3 or 5, not {s}")),
+    }
+}
+
+/// Exit code 0 when every seed passed, 1 when one failed (printed).
+pub fn run(a: SimArgs) -> i32 {
+    for seed in a.seed..a.seed.saturating_add(a.count) {
+        let opts = SimOptions {
+            seed,
+            replicas: a.replicas,
+            ticks: a.ticks,
+            faults: !a.no_faults,
+        };
+        match sim::run(opts) {
+            Ok(summary) => println!("{summary}"),
+            Err(failure) => {
+                eprintln!("{failure}");
+                return 1;
+            }
+        }
+    }
+    0
+}

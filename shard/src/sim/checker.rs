@@ -1,0 +1,190 @@
+//! The safety checks, run after every step of any replica. Each names what
+//! it guards against; a failure carries the check's name and the details.
+//!
+//! The checker reads replicas through their public accessors and stores
+//! through the sim's per-replica model of what each store was given (see
+//! `node.rs`), which is itself checked against the store at every reboot
+//! and read back byte for byte at the end.
+
+use std::collections::BTreeMap;
+
+use crate::vsr::{Body, Message, Replica, Status, Token};
+
+/// A failed check: which one, and what it saw.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    pub check: &'static str,
+    pub detail: String,
+}
+
+pub fn violation(check: &'static str, detail: String) -> Violation {
+    Violation { check, detail }
+}
+
+/// One acknowledged append.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ack {
+    pub op: u64,
+    pub checksum: u64,
+    pub token: Token,
+}
+
+/// What a replica's store holds durably, as the checker needs it.
+pub trait DurableView {
+    /// Whether op `op` with header checksum `checksum` is durable there.
+    fn holds_durably(&self, op: u64, checksum: u64) -> bool;
+    /// The durable VSR state in its superblock (None while it has no store).
+    fn superblock_vsr(&self) -> Option<ringlog_storage::superblock::VsrState>;
+}
+
+#[derive(Debug, Default)]
+pub struct Checker {
+    /// Every op some replica committed or a primary acknowledged, with its
+    /// header checksum: one checksum per op, ever.
+    committed: BTreeMap<u64, u64>,
+    /// The replica that was the normal primary of each view.
+    primaries: BTreeMap<u32, u8>,
+    /// Per replica: commits up to here are recorded.
+    seen_commit: Vec<u64>,
+    pub acked: Vec<Ack>,
+}
+
+impl Checker {
+    pub fn new(n: u8) -> Self {
+        Self {
+            seen_commit: vec![0; usize::from(n)],
+            ..Self::default()
+        }
+    }
+
+    pub fn committed(&self) -> &BTreeMap<u64, u64> {
+        &self.committed
+    }
+
+    /// A replica booted: its commits are recorded from its journal's start.
+    pub fn booted(&mut self, r: u8, commit_from: u64) {
+        self.seen_commit[usize::from(r)] = commit_from;
+    }
+
+    /// Guards against: two replicas committing different batches at one op
+    /// (a forked log), and two primaries in one view.
+    pub fn after_step(&mut self, r: u8, replica: &Replica) -> Result<(), Violation> {
+        if replica.status() == Status::Normal && replica.is_primary() {
+            let first = *self.primaries.entry(replica.view()).or_insert(r);
+            if first != r {
+                let detail = format!(
+                    "replicas {first} and {r} were both normal primary of view {}",
+                    replica.view()
+                );
+                return Err(violation("one primary per view", detail));
+            }
+        }
+        let seen = &mut self.seen_commit[usize::from(r)];
+        let from = (*seen).min(replica.commit());
+        *seen = replica.commit();
+        for op in from + 1..=replica.commit() {
+            if let Some(checksum) = replica.checksum_at(op) {
+                self.record(op, checksum, r)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn record(&mut self, op: u64, checksum: u64, r: u8) -> Result<(), Violation> {
+        let known = *self.committed.entry(op).or_insert(checksum);
+        if known != checksum {
+            let detail = format!(
+                "replica {r} committed op {op} as {checksum:#x}, already committed as {known:#x}"
+            );
+            return Err(violation("committed ops agree", detail));
+        }
+        Ok(())
+    }
+
+    /// Guards against: an acknowledgement for a batch that is not durable on
+    /// a quorum (ack before fsync, a vote counted twice), or that differs
+    /// from what was committed at its op.
+    pub fn on_ack(
+        &mut self,
+        primary: u8,
+        ack: Ack,
+        stores: &[&dyn DurableView],
+        quorum: usize,
+    ) -> Result<(), Violation> {
+        self.record(ack.op, ack.checksum, primary)?;
+        let holders = stores
+            .iter()
+            .filter(|s| s.holds_durably(ack.op, ack.checksum))
+            .count();
+        if holders < quorum {
+            let detail = format!(
+                "replica {primary} acknowledged op {} (token {}) held durably by {holders} \
+                 replicas, quorum {quorum}",
+                ack.op, ack.token
+            );
+            return Err(violation("acked op durable on a quorum", detail));
+        }
+        self.acked.push(ack);
+        Ok(())
+    }
+
+    /// Guards against: a message leaving before what it depends on is
+    /// durable: its view in the superblock; the log_view a DoViewChange,
+    /// StartView or PrepareOk vouches for; PrepareOk(op) before that op's
+    /// fdatasync completed.
+    pub fn on_send(&self, r: u8, msg: &Message, store: &dyn DurableView) -> Result<(), Violation> {
+        let Some(sb) = store.superblock_vsr() else {
+            let detail = format!("replica {r} sent {} with no store", msg.body.name());
+            return Err(violation("durable before send", detail));
+        };
+        let what = msg.body.name();
+        if msg.view > sb.view {
+            let detail = format!(
+                "replica {r} sent {what} of view {} with view {} durable",
+                msg.view, sb.view
+            );
+            return Err(violation("view durable before send", detail));
+        }
+        let vouched = match &msg.body {
+            Body::DoViewChange(d) => Some(d.log_view),
+            Body::StartView(_) | Body::PrepareOk(_) => Some(msg.view),
+            _ => None,
+        };
+        if let Some(log_view) = vouched.filter(|&lv| lv > sb.log_view) {
+            let detail = format!(
+                "replica {r} sent {what} vouching for log_view {log_view} with log_view {} durable",
+                sb.log_view
+            );
+            return Err(violation("log_view durable before send", detail));
+        }
+        if let Body::PrepareOk(ok) = &msg.body {
+            if !store.holds_durably(ok.op, ok.prepare_checksum) {
+                let detail = format!(
+                    "replica {r} sent PrepareOk for op {} ({:#x}) before it was durable",
+                    ok.op, ok.prepare_checksum
+                );
+                return Err(violation("PrepareOk after fsync", detail));
+            }
+        }
+        Ok(())
+    }
+
+    /// Guards against: a replica cutting an op that is committed (with the
+    /// committed checksum) from its log.
+    pub fn on_truncate(
+        &self,
+        r: u8,
+        cut_above: u64,
+        held: &BTreeMap<u64, u64>,
+    ) -> Result<(), Violation> {
+        for (&op, &checksum) in held.range(cut_above + 1..) {
+            if self.committed.get(&op) == Some(&checksum) {
+                let detail = format!(
+                    "replica {r} cuts above op {cut_above}, losing committed op {op} ({checksum:#x})"
+                );
+                return Err(violation("committed ops never cut", detail));
+            }
+        }
+        Ok(())
+    }
+}

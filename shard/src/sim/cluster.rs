@@ -1,0 +1,641 @@
+//! The simulated cluster: R nodes, the network, a client, the fault
+//! schedule and the checker, stepped one input at a time from one seed.
+
+use std::collections::BTreeMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use ringlog_protocol::replication as wire;
+use ringlog_protocol::{BatchBuilder, BatchHeader, Record, Stamp, HEADER_LEN};
+
+use crate::vsr::timeout::Rng;
+use crate::vsr::{
+    AppendError, Body, Config, Event, Input, Message, Outbox, Output, Status, StorageOp, Token,
+};
+
+use super::checker::{violation, Ack, Checker, DurableView, Violation};
+use super::faults::{chance, FaultRates};
+use super::network::{Network, Packet};
+use super::node::{Node, RunIo, PARTITION_ID, PENDING_IO_MAX};
+use super::trace::Trace;
+use super::Counts;
+
+pub const CLUSTER_ID: u128 = 0x5eed_c1a5;
+/// Deliveries and storage completions per tick at most (the rest wait).
+const EVENTS_PER_TICK_MAX: u32 = 4096;
+/// Appends the client has in flight at most (it waits past this).
+pub const CLIENT_IN_FLIGHT_MAX: usize = 64;
+/// Committed ops a booting replica keeps in its journal.
+const BOOT_COMMITTED_OPS_KEPT: u64 = 8;
+
+/// The replica settings of the simulation: small bounds, so pipelines
+/// fill, journals prune (repair then reads the segments) and timeouts fire.
+pub fn replica_config(n: u8, r: u8) -> Config {
+    let mut c = Config::new(PARTITION_ID, n, r);
+    c.pipeline_ops_max = 4;
+    c.client_queue_max = 16;
+    c.journal_ops_max = 16;
+    c.repair_batches_max = 8;
+    c.heartbeat_ticks = 2;
+    c.prepare_retry_ticks = 4;
+    c.primary_silent_ticks = 10;
+    c.view_change_retry_ticks = 4;
+    c.view_change_escalate_ticks = 20;
+    c.start_view_request_ticks = 4;
+    c.repair_retry_ticks = 4;
+    c
+}
+
+/// The producer: appends through the replica it believes is the primary,
+/// remembers what it sent, learns the primary from refusals.
+#[derive(Debug, Default)]
+struct Client {
+    next_token: Token,
+    believed_primary: u8,
+    /// Token -> (replica it went to, the batch body).
+    in_flight: BTreeMap<Token, (u8, Vec<u8>)>,
+    /// Bodies of acknowledged appends, by token.
+    acked_bodies: BTreeMap<Token, Vec<u8>>,
+}
+
+pub struct Cluster {
+    pub seed: u64,
+    pub n: u8,
+    rng: Rng,
+    pub rates: FaultRates,
+    /// The rates this seed drew (the liveness phase replaces `rates`).
+    pub drawn: FaultRates,
+    net: Network,
+    nodes: Vec<Node>,
+    checker: Checker,
+    pub trace: Trace,
+    pub tick: u64,
+    pub steps: u64,
+    pub counts: Counts,
+    client: Client,
+    io_ops_per_tick_max: u64,
+}
+
+impl Cluster {
+    pub fn new(seed: u64, n: u8) -> Result<Self, Violation> {
+        let mut rng = Rng::new(seed);
+        let rates = FaultRates::draw(&mut rng, n);
+        let io_ops_per_tick_max = 1 + rng.below(12);
+        let mut nodes = Vec::new();
+        for r in 0..n {
+            let disk_seed = rng.next_u64();
+            let replica_seed = rng.next_u64();
+            let mut node = Node::new(r, disk_seed, replica_config(n, r), replica_seed)?;
+            node.set_disk_faults(rates.disk.clone());
+            nodes.push(node);
+        }
+        Ok(Self {
+            seed,
+            n,
+            rng,
+            drawn: rates.clone(),
+            rates,
+            net: Network::new(n),
+            nodes,
+            checker: Checker::new(n),
+            trace: Trace::new(),
+            tick: 0,
+            steps: 0,
+            counts: Counts::default(),
+            client: Client::default(),
+            io_ops_per_tick_max,
+        })
+    }
+
+    fn quorum(&self) -> usize {
+        usize::from(self.n) / 2 + 1
+    }
+
+    /// Replicas down or wiped (not voting) at most while faults run.
+    fn down_max(&self) -> usize {
+        ((usize::from(self.n) - 1) / 2).max(1)
+    }
+
+    fn down_count(&self) -> usize {
+        self.nodes.iter().filter(|x| !x.is_up() || x.wiped).count()
+    }
+
+    /// No faults from now on: only the seed's delays, disk speeds and
+    /// client appends stay.
+    pub fn calm_faults(&mut self) {
+        let append = self.rates.append_per_mille;
+        let delay = self.rates.delay_ticks_max;
+        self.rates = FaultRates::calm();
+        self.rates.append_per_mille = append;
+        self.rates.delay_ticks_max = delay;
+        for node in &mut self.nodes {
+            node.set_disk_faults(Default::default());
+        }
+    }
+
+    /// The safety phase: `ticks` ticks under this seed's faults.
+    pub fn run_faulty(&mut self, ticks: u64) -> Result<(), Violation> {
+        for _ in 0..ticks {
+            self.tick_once(true)?;
+        }
+        Ok(())
+    }
+
+    /// The liveness phase: network healed, faults stopped, every replica
+    /// booted; the group must converge within `ticks_max` ticks. Returns
+    /// the ticks it took, or None if a cut the store cannot make yet
+    /// blocked it (reported as skipped, never as passed).
+    pub fn run_liveness(&mut self, ticks_max: u64) -> Result<Option<u64>, Violation> {
+        self.rates = FaultRates::calm();
+        self.net.heal();
+        for node in &mut self.nodes {
+            node.disarm_crash();
+            node.set_disk_faults(Default::default());
+        }
+        for r in 0..self.n {
+            if !self.nodes[usize::from(r)].is_up() {
+                self.boot(r, false)?;
+            }
+        }
+        for t in 0..ticks_max {
+            if self.converged() {
+                self.check_final(true)?;
+                return Ok(Some(t));
+            }
+            self.tick_once(false)?;
+        }
+        if self.nodes.iter().any(|x| x.truncate_blocked) {
+            self.check_final(false)?;
+            return Ok(None);
+        }
+        Err(violation(
+            "converges after healing",
+            format!(
+                "not converged within {ticks_max} ticks: {}",
+                self.state_line()
+            ),
+        ))
+    }
+
+    pub fn fill_network_counts(&self, c: &mut Counts) {
+        let n = &self.net.counts;
+        c.messages_sent = n.sent;
+        c.messages_lost = n.lost + n.cut + n.overflowed;
+        c.messages_duplicated = n.duplicated;
+        c.partitions = n.partitions;
+        c.asymmetric_partitions = n.asymmetric_partitions;
+        c.clogs = n.clogs;
+    }
+
+    pub fn state_line(&self) -> String {
+        let mut s = String::new();
+        for x in &self.nodes {
+            match &x.replica {
+                Some(r) => s.push_str(&format!(
+                    "[R{} {:?} v{} lv{} op{} c{} durable {:?} wiped {}] ",
+                    x.index,
+                    r.status(),
+                    r.view(),
+                    r.log_view(),
+                    r.op(),
+                    r.commit(),
+                    r.durable(),
+                    x.wiped
+                )),
+                None => s.push_str(&format!("[R{} down] ", x.index)),
+            }
+        }
+        s
+    }
+
+    fn tick_once(&mut self, faults: bool) -> Result<(), Violation> {
+        self.tick += 1;
+        let now = self.tick;
+        self.net.weather(&mut self.rng, &self.rates, now);
+        for r in 0..self.n {
+            let node = &self.nodes[usize::from(r)];
+            if !node.is_up() {
+                if chance(&mut self.rng, self.rates.restart_per_mille) {
+                    self.boot(r, faults)?;
+                }
+                continue;
+            }
+            if node.crash_deadline_tick.is_some_and(|d| d <= now) {
+                self.crash(r, None)?;
+                continue;
+            }
+            let may_crash =
+                faults && node.crash_deadline_tick.is_none() && self.down_count() < self.down_max();
+            if may_crash && chance(&mut self.rng, self.rates.crash_per_mille) {
+                let ahead = self.rng.below(6);
+                let tear = self.rng.below(100) < self.rates.tear_pct;
+                self.nodes[usize::from(r)].arm_crash(ahead, tear, now + 30);
+            }
+            self.step(r, Input::Tick)?;
+        }
+        if chance(&mut self.rng, self.rates.append_per_mille) {
+            self.client_append()?;
+        }
+        self.run_events()
+    }
+
+    /// Delivers due messages and runs storage ops, interleaved by the seed,
+    /// each replica's disk doing a seeded number of ops this tick.
+    fn run_events(&mut self) -> Result<(), Violation> {
+        let now = self.tick;
+        let mut io_left: Vec<u64> = (0..self.n)
+            .map(|_| self.rng.below(self.io_ops_per_tick_max + 1))
+            .collect();
+        let mut due = self.net.due(&mut self.rng, now);
+        for _ in 0..EVENTS_PER_TICK_MAX {
+            let ready: Vec<u8> = (0..self.n)
+                .filter(|&r| {
+                    let x = &self.nodes[usize::from(r)];
+                    io_left[usize::from(r)] > 0 && x.is_up() && !x.pending.is_empty()
+                })
+                .collect();
+            if due.is_empty() && ready.is_empty() {
+                due = self.net.due(&mut self.rng, now);
+                if due.is_empty() {
+                    break;
+                }
+                continue;
+            }
+            if !due.is_empty() && (ready.is_empty() || self.rng.below(2) == 0) {
+                if let Some(p) = due.pop() {
+                    self.deliver(p)?;
+                }
+            } else {
+                let r = ready[self.rng.below(ready.len() as u64) as usize];
+                io_left[usize::from(r)] -= 1;
+                self.run_io(r)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn deliver(&mut self, p: Packet) -> Result<(), Violation> {
+        let limits = wire::ReplicationLimits::default();
+        let decoded = wire::Message::decode(&p.bytes, &limits).map_err(|e| {
+            let detail = format!("R{} -> R{}: {e}", p.from, p.to);
+            violation("messages decode", detail)
+        })?;
+        let env = decoded.envelope;
+        if env.cluster_id != CLUSTER_ID || env.partition_id != PARTITION_ID {
+            let detail = format!("envelope {env:?}");
+            return Err(violation("messages decode", detail));
+        }
+        let (from, msg) = Message::from_wire(&decoded);
+        if from != p.from {
+            let detail = format!("sent by R{}, decoded as from R{from}", p.from);
+            return Err(violation("messages decode", detail));
+        }
+        if !self.nodes[usize::from(p.to)].is_up() {
+            return Ok(());
+        }
+        self.trace.line(
+            self.tick,
+            format_args!("R{from}->R{} {}", p.to, msg.body.name()),
+        );
+        self.step(p.to, Input::Message { from, msg })
+    }
+
+    fn run_io(&mut self, r: u8) -> Result<(), Violation> {
+        match self.nodes[usize::from(r)].run_io() {
+            RunIo::Idle => Ok(()),
+            RunIo::Crashed { op } => self.crash(r, Some(&op)),
+            RunIo::Done { id, op, result } => {
+                if let Err(e) = &result {
+                    self.count_failure(r, &op, &e.reason);
+                }
+                let ok = if result.is_ok() { "ok" } else { "failed" };
+                self.trace.line(
+                    self.tick,
+                    format_args!("R{r} io {id} {} {ok}", op_name(&op)),
+                );
+                self.step(r, Input::IoDone { id, result })
+            }
+        }
+    }
+
+    fn count_failure(&mut self, r: u8, op: &StorageOp, reason: &str) {
+        match op {
+            StorageOp::TruncateAbove { .. } => {
+                self.counts.truncations_unsupported += 1;
+                self.nodes[usize::from(r)].truncate_blocked = true;
+            }
+            StorageOp::ReadBatches { .. } => self.counts.read_faults += 1,
+            StorageOp::Flush if reason.contains("fdatasync") => self.counts.fsync_failures += 1,
+            _ => self.counts.write_failures += 1,
+        }
+    }
+
+    /// Power fails at `r` (during `op`, if one was in flight).
+    fn crash(&mut self, r: u8, op: Option<&StorageOp>) -> Result<(), Violation> {
+        self.counts.crashes += 1;
+        let writing = matches!(
+            op,
+            Some(StorageOp::Append { .. } | StorageOp::Flush | StorageOp::PersistVsr(_))
+        );
+        if writing && self.nodes[usize::from(r)].crash_tears {
+            self.counts.torn_crashes += 1;
+        }
+        self.trace.line(self.tick, format_args!("R{r} crash"));
+        self.power_off(r)
+    }
+
+    fn power_off(&mut self, r: u8) -> Result<(), Violation> {
+        self.client.in_flight.retain(|_, (to, _)| *to != r);
+        self.nodes[usize::from(r)].power_off()
+    }
+
+    fn boot(&mut self, r: u8, faults: bool) -> Result<(), Violation> {
+        let others_whole = self
+            .nodes
+            .iter()
+            .all(|x| x.index == r || (x.is_up() && !x.wiped));
+        let seed = self.rng.next_u64();
+        let cfg = replica_config(self.n, r);
+        let wipe =
+            faults && self.n > 1 && others_whole && self.rng.below(100) < self.rates.wipe_pct;
+        let node = &mut self.nodes[usize::from(r)];
+        if wipe {
+            node.wipe(cfg, seed)?;
+            self.counts.wipes += 1;
+        } else {
+            node.boot(cfg, seed, BOOT_COMMITTED_OPS_KEPT)?;
+            self.counts.restarts += 1;
+        }
+        self.trace
+            .line(self.tick, format_args!("R{r} boot wiped {}", node.wiped));
+        self.checker.booted(r, 0);
+        Ok(())
+    }
+
+    fn client_append(&mut self) -> Result<(), Violation> {
+        if self.client.in_flight.len() >= CLIENT_IN_FLIGHT_MAX {
+            return Ok(());
+        }
+        let mut to = self.client.believed_primary;
+        if !self.nodes[usize::from(to)].is_up() {
+            to = self.rng.below(u64::from(self.n)) as u8;
+        }
+        if !self.nodes[usize::from(to)].is_up() {
+            return Ok(());
+        }
+        self.client.next_token += 1;
+        let token = self.client.next_token;
+        let len = 8 + self.rng.below(300) as usize;
+        let batch = client_batch(token, len);
+        let body = batch[HEADER_LEN..].to_vec();
+        self.client.in_flight.insert(token, (to, body));
+        self.counts.appends += 1;
+        self.trace
+            .line(self.tick, format_args!("client -> R{to} token {token}"));
+        self.step(to, Input::ClientAppend { token, batch })
+    }
+
+    /// Steps replica `r` with `input`, then handles and checks its outputs.
+    fn step(&mut self, r: u8, input: Input) -> Result<(), Violation> {
+        self.steps += 1;
+        let Some(replica) = self.nodes[usize::from(r)].replica.as_mut() else {
+            return Ok(());
+        };
+        let mut out = Outbox::new();
+        // The replica's own assertions are checks too; its outputs up to
+        // the panic are still checked first, so a sim check names the bug.
+        let panicked = catch_unwind(AssertUnwindSafe(|| replica.step(input, &mut out))).err();
+        let outputs: Vec<Output> = out.drain().collect();
+        for o in outputs {
+            self.output(r, o)?;
+        }
+        if let Some(p) = panicked {
+            return Err(violation("replica invariants", panic_text(&p)));
+        }
+        let node = &mut self.nodes[usize::from(r)];
+        let Some(replica) = node.replica.as_ref() else {
+            return Ok(());
+        };
+        self.checker.after_step(r, replica)?;
+        let d = replica.durable();
+        let m = &mut node.durable_max;
+        m.view = m.view.max(d.view);
+        m.log_view = m.log_view.max(d.log_view);
+        m.commit = m.commit.max(d.commit);
+        if node.wiped && !replica.is_wiped() {
+            node.wiped = false;
+        }
+        if replica.status() == Status::Fenced {
+            // Fail-stop: the process stops; an operator restarts it.
+            self.counts.fenced += 1;
+            self.trace.line(self.tick, format_args!("R{r} fenced"));
+            self.power_off(r)?;
+        }
+        Ok(())
+    }
+
+    fn output(&mut self, r: u8, output: Output) -> Result<(), Violation> {
+        match output {
+            Output::Send { to, msg } => self.send(r, to, msg),
+            Output::Io { id, op } => {
+                let node = &mut self.nodes[usize::from(r)];
+                if let StorageOp::TruncateAbove { op } = op {
+                    self.checker.on_truncate(r, op, &node.model)?;
+                    self.counts.truncations += 1;
+                }
+                node.pending.push_back((id, op));
+                if node.pending.len() > PENDING_IO_MAX {
+                    let detail =
+                        format!("replica {r} has {} storage ops queued", node.pending.len());
+                    return Err(violation("bounded storage queue", detail));
+                }
+                Ok(())
+            }
+            Output::Reply { token, result } => self.reply(r, token, result),
+            Output::Event(e) => {
+                match &e {
+                    Event::StatusChanged {
+                        status: Status::ViewChange,
+                        ..
+                    } => self.counts.view_changes += 1,
+                    Event::Committed { .. } => self.counts.commits += 1,
+                    _ => {}
+                }
+                if !matches!(e, Event::Committed { .. }) {
+                    self.trace.line(self.tick, format_args!("R{r} {e:?}"));
+                }
+                Ok(())
+            }
+        }
+    }
+
+    fn send(&mut self, r: u8, to: u8, msg: Message) -> Result<(), Violation> {
+        self.checker.on_send(r, &msg, &self.nodes[usize::from(r)])?;
+        if matches!(msg.body, Body::RequestPrepares(_)) {
+            self.counts.repairs += 1;
+        }
+        let frame = msg
+            .to_wire(CLUSTER_ID, PARTITION_ID, r)
+            .map_err(|e| violation("messages encode", format!("R{r} {}: {e}", msg.body.name())))?;
+        let mut bytes = Vec::new();
+        frame
+            .encode(&mut bytes)
+            .map_err(|e| violation("messages encode", format!("R{r} {}: {e}", msg.body.name())))?;
+        self.trace.bytes(&bytes);
+        let now = self.tick;
+        self.net
+            .send(&mut self.rng, &self.rates, now, (r, to, bytes));
+        Ok(())
+    }
+
+    fn reply(
+        &mut self,
+        r: u8,
+        token: Token,
+        result: Result<crate::vsr::Appended, AppendError>,
+    ) -> Result<(), Violation> {
+        let sent = self.client.in_flight.remove(&token);
+        match result {
+            Ok(a) => {
+                self.counts.acks += 1;
+                let checksum = self.nodes[usize::from(r)]
+                    .replica
+                    .as_ref()
+                    .and_then(|x| x.checksum_at(a.op));
+                let Some(checksum) = checksum else {
+                    let detail = format!("replica {r} acked op {} it does not hold", a.op);
+                    return Err(violation("acked op durable on a quorum", detail));
+                };
+                let ack = Ack {
+                    op: a.op,
+                    checksum,
+                    token,
+                };
+                let stores: Vec<&dyn DurableView> =
+                    self.nodes.iter().map(|x| x as &dyn DurableView).collect();
+                let quorum = self.quorum();
+                self.checker.on_ack(r, ack, &stores, quorum)?;
+                if let Some((_, body)) = sent {
+                    self.client.acked_bodies.insert(token, body);
+                }
+            }
+            Err(AppendError::NotPrimary { primary, .. }) => {
+                self.client.believed_primary = primary;
+            }
+            Err(AppendError::OutcomeUnknown { .. }) => self.counts.outcome_unknown += 1,
+            Err(_) => {}
+        }
+        Ok(())
+    }
+
+    /// One normal primary, every replica normal in its view, committed to
+    /// its last op (and to every acknowledged op) and durable that far.
+    fn converged(&self) -> bool {
+        let primary = self.nodes.iter().find_map(|x| {
+            let r = x.replica.as_ref()?;
+            (r.status() == Status::Normal && r.is_primary()).then_some(r)
+        });
+        let Some(p) = primary else { return false };
+        let acked_max = self.checker.acked.iter().map(|a| a.op).max().unwrap_or(0);
+        p.commit() >= acked_max
+            && self.nodes.iter().all(|x| {
+                x.replica.as_ref().is_some_and(|r| {
+                    r.status() == Status::Normal && r.view() == p.view() && r.commit() == p.op()
+                }) && x
+                    .store
+                    .as_ref()
+                    .is_some_and(|s| s.durable().last_op >= p.op())
+            })
+    }
+
+    /// Guards against: committed prefixes differing between replicas, and
+    /// an acknowledged batch unreadable, or not the producer's bytes, on
+    /// any replica. Reads every store back. With `whole`, every replica
+    /// holds every acknowledged op; else (a blocked run) the check covers
+    /// the prefix every up replica committed.
+    fn check_final(&mut self, whole: bool) -> Result<(), Violation> {
+        let prefix = self
+            .nodes
+            .iter()
+            .filter_map(|x| {
+                let r = x.replica.as_ref()?;
+                Some(r.commit().min(x.store.as_ref()?.durable().last_op))
+            })
+            .min()
+            .unwrap_or(0);
+        let mut first: Option<Vec<Vec<u8>>> = None;
+        for i in 0..self.nodes.len() {
+            if !self.nodes[i].is_up() {
+                continue;
+            }
+            let ops = self.nodes[i].read_ops(prefix)?;
+            match &first {
+                None => first = Some(ops),
+                Some(f) if *f != ops => {
+                    let at = f.iter().zip(&ops).position(|(a, b)| a != b).unwrap_or(0) + 1;
+                    let detail =
+                        format!("replica {i} differs from the first up replica at op {at}");
+                    return Err(violation("committed prefixes byte-identical", detail));
+                }
+                Some(_) => {}
+            }
+        }
+        let ops = first.unwrap_or_default();
+        for ack in &self.checker.acked {
+            let Some(bytes) = ops.get(ack.op as usize - 1) else {
+                if whole {
+                    let detail = format!("acked op {} beyond the committed prefix", ack.op);
+                    return Err(violation("acked ops readable everywhere", detail));
+                }
+                continue;
+            };
+            let header = BatchHeader::decode(bytes).ok();
+            let body = self.client.acked_bodies.get(&ack.token);
+            let same = header.is_some_and(|h| h.header_checksum == ack.checksum)
+                && body.is_some_and(|b| bytes.get(HEADER_LEN..) == Some(&b[..]));
+            if !same {
+                let detail = format!("acked op {} (token {}) differs on disk", ack.op, ack.token);
+                return Err(violation("acked ops readable everywhere", detail));
+            }
+        }
+        self.counts.ops_read_back += ops.len() as u64;
+        Ok(())
+    }
+}
+
+/// The client's batch for `token`: one record, `len` bytes of value.
+fn client_batch(token: Token, len: usize) -> Vec<u8> {
+    let mut b = BatchBuilder::new(PARTITION_ID);
+    let value: Vec<u8> = (0..len).map(|i| (token as usize + i) as u8).collect();
+    let key = token.to_le_bytes();
+    let record = Record {
+        key: &key,
+        headers: &[],
+        value: &value,
+        timestamp_ms: token,
+    };
+    // A single small record always fits a batch; the primary restamps it.
+    match b.push(&record).and_then(|()| b.finish(&Stamp::default())) {
+        Ok(batch) => batch,
+        Err(e) => unreachable!("a {len}-byte record fits a batch: {e}"),
+    }
+}
+
+fn op_name(op: &StorageOp) -> &'static str {
+    match op {
+        StorageOp::Append { .. } => "append",
+        StorageOp::Flush => "flush",
+        StorageOp::PersistVsr(_) => "persist_vsr",
+        StorageOp::TruncateAbove { .. } => "truncate_above",
+        StorageOp::ReadBatches { .. } => "read_batches",
+    }
+}
+
+fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "replica panicked".to_string()
+    }
+}

@@ -1,0 +1,269 @@
+//! The deterministic cluster simulator (VOPR-style, DESIGN.md section 8).
+//!
+//! R replicas (1, 3 or 5), each the pure [`crate::vsr::Replica`] driving
+//! the real [`ringlog_storage::store::PartitionStore`] through the shared
+//! executor ([`crate::replica_io`]) on its own sim disk; a network that
+//! loses, duplicates, delays, reorders, partitions (both ways or one way)
+//! and clogs; power failures at any storage op with torn writes and lost
+//! unsynced renames; fsync, write and read faults; wiped disks; a client
+//! producing through the primary with every acknowledgement checked.
+//! Every message goes through the replication wire codec.
+//!
+//! Everything comes from one seed: fault rates (drawn per seed), the order
+//! of deliveries and completions, the disks. No clock, thread or hash-map
+//! order. A failing seed prints itself and replays exactly: `ringlog sim
+//! --seed N` prints the same trace hash every time.
+//!
+//! A run is a safety phase (`ticks` ticks of faults, the checker after
+//! every step: see [`checker`]) then a liveness phase: the network heals,
+//! faults stop, every replica boots, and the group must converge (one
+//! view, all normal, everything acknowledged committed everywhere and read
+//! back byte-identical from every store) within [`LIVENESS_TICKS_MAX`].
+//!
+//! Weak spot, stated: until the store can cut its tail
+//! (`PartitionStore::truncate_above`), the executor refuses
+//! `TruncateAbove` and the replica fences; a run whose convergence that
+//! blocks is reported as `liveness skipped`, never as passed.
+
+pub mod checker;
+pub mod cluster;
+pub mod faults;
+pub mod network;
+pub mod node;
+pub mod trace;
+
+use std::fmt;
+
+use checker::Violation;
+use cluster::Cluster;
+use faults::FaultRates;
+
+/// Ticks of the safety phase unless asked otherwise.
+pub const TICKS_DEFAULT: u64 = 600;
+/// The liveness phase's bound: a healed group converges within this.
+pub const LIVENESS_TICKS_MAX: u64 = 3_000;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SimOptions {
+    pub seed: u64,
+    /// 1, 3 or 5; None: drawn from the seed.
+    pub replicas: Option<u8>,
+    pub ticks: u64,
+    /// False: the seed's network delays and client only, no faults.
+    pub faults: bool,
+}
+
+impl SimOptions {
+    pub fn new(seed: u64) -> Self {
+        Self {
+            seed,
+            replicas: None,
+            ticks: TICKS_DEFAULT,
+            faults: true,
+        }
+    }
+}
+
+/// What one run hit (summed over runs by [`Counts::add`]).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Counts {
+    pub appends: u64,
+    pub acks: u64,
+    pub commits: u64,
+    pub outcome_unknown: u64,
+    pub view_changes: u64,
+    /// RequestPrepares sent.
+    pub repairs: u64,
+    pub crashes: u64,
+    /// Crashes during a write path op with tearing on.
+    pub torn_crashes: u64,
+    pub restarts: u64,
+    pub wipes: u64,
+    pub fenced: u64,
+    pub fsync_failures: u64,
+    pub write_failures: u64,
+    pub read_faults: u64,
+    pub truncations: u64,
+    pub truncations_unsupported: u64,
+    pub ops_read_back: u64,
+    pub messages_sent: u64,
+    pub messages_lost: u64,
+    pub messages_duplicated: u64,
+    pub partitions: u64,
+    pub asymmetric_partitions: u64,
+    pub clogs: u64,
+}
+
+impl Counts {
+    pub fn add(&mut self, o: &Counts) {
+        let pairs = [
+            (&mut self.appends, o.appends),
+            (&mut self.acks, o.acks),
+            (&mut self.commits, o.commits),
+            (&mut self.outcome_unknown, o.outcome_unknown),
+            (&mut self.view_changes, o.view_changes),
+            (&mut self.repairs, o.repairs),
+            (&mut self.crashes, o.crashes),
+            (&mut self.torn_crashes, o.torn_crashes),
+            (&mut self.restarts, o.restarts),
+            (&mut self.wipes, o.wipes),
+            (&mut self.fenced, o.fenced),
+            (&mut self.fsync_failures, o.fsync_failures),
+            (&mut self.write_failures, o.write_failures),
+            (&mut self.read_faults, o.read_faults),
+            (&mut self.truncations, o.truncations),
+            (&mut self.truncations_unsupported, o.truncations_unsupported),
+            (&mut self.ops_read_back, o.ops_read_back),
+            (&mut self.messages_sent, o.messages_sent),
+            (&mut self.messages_lost, o.messages_lost),
+            (&mut self.messages_duplicated, o.messages_duplicated),
+            (&mut self.partitions, o.partitions),
+            (&mut self.asymmetric_partitions, o.asymmetric_partitions),
+            (&mut self.clogs, o.clogs),
+        ];
+        for (sum, x) in pairs {
+            *sum += x;
+        }
+    }
+}
+
+impl fmt::Display for Counts {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "appends {} acks {} view_changes {} repairs {} crashes {} torn_writes {} \
+             restarts {} wipes {} fenced {} fsync_failures {} write_failures {} \
+             read_faults {} truncations {} (unsupported {}) messages {} lost {} dup {} \
+             partitions {} (asymmetric {}) clogs {} ops_read_back {}",
+            self.appends,
+            self.acks,
+            self.view_changes,
+            self.repairs,
+            self.crashes,
+            self.torn_crashes,
+            self.restarts,
+            self.wipes,
+            self.fenced,
+            self.fsync_failures,
+            self.write_failures,
+            self.read_faults,
+            self.truncations,
+            self.truncations_unsupported,
+            self.messages_sent,
+            self.messages_lost,
+            self.messages_duplicated,
+            self.partitions,
+            self.asymmetric_partitions,
+            self.clogs,
+            self.ops_read_back,
+        )
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Summary {
+    pub seed: u64,
+    pub replicas: u8,
+    pub ticks: u64,
+    /// Ticks the liveness phase took; None if a cut the store cannot make
+    /// yet blocked convergence (skipped, see the module docs).
+    pub liveness_ticks: Option<u64>,
+    pub trace_hash: u64,
+    pub counts: Counts,
+    pub rates: FaultRates,
+}
+
+impl fmt::Display for Summary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let live = match self.liveness_ticks {
+            Some(t) => format!("converged in {t} ticks"),
+            None => "liveness skipped (truncation unsupported by the store)".into(),
+        };
+        write!(
+            f,
+            "seed {} replicas {} ticks {}: {live}; trace hash {:016x}\n  {}",
+            self.seed, self.replicas, self.ticks, self.trace_hash, self.counts
+        )
+    }
+}
+
+/// A failed run: enough to replay it.
+#[derive(Debug, Clone)]
+pub struct SimFailure {
+    pub seed: u64,
+    pub replicas: u8,
+    pub ticks: u64,
+    pub tick: u64,
+    pub step: u64,
+    pub check: &'static str,
+    pub detail: String,
+    pub trace_hash: u64,
+    pub recent: Vec<String>,
+    pub state: String,
+}
+
+impl fmt::Display for SimFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "sim seed {} replicas {} failed check '{}' at tick {} step {}: {}",
+            self.seed, self.replicas, self.check, self.tick, self.step, self.detail
+        )?;
+        writeln!(
+            f,
+            "  trace hash {:016x}; replay: ringlog sim --seed {} --replicas {} --ticks {}",
+            self.trace_hash, self.seed, self.replicas, self.ticks
+        )?;
+        writeln!(f, "  state: {}", self.state)?;
+        for line in &self.recent {
+            writeln!(f, "  | {line}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for SimFailure {}
+
+/// The replica count a seed runs with unless one is given.
+pub fn replicas_for(seed: u64) -> u8 {
+    let mut rng = crate::vsr::timeout::Rng::new(seed ^ 0x5245_504c);
+    [1, 3, 3, 5, 5][rng.below(5) as usize]
+}
+
+/// Runs one seed: the safety phase, then the liveness phase.
+pub fn run(opts: SimOptions) -> Result<Summary, Box<SimFailure>> {
+    let replicas = opts.replicas.unwrap_or_else(|| replicas_for(opts.seed));
+    let fail = |c: Option<&Cluster>, v: Violation| {
+        Box::new(SimFailure {
+            seed: opts.seed,
+            replicas,
+            ticks: opts.ticks,
+            tick: c.map_or(0, |c| c.tick),
+            step: c.map_or(0, |c| c.steps),
+            check: v.check,
+            detail: v.detail,
+            trace_hash: c.map_or(0, |c| c.trace.hash()),
+            recent: c.map_or_else(Vec::new, |c| c.trace.recent().cloned().collect()),
+            state: c.map_or_else(String::new, Cluster::state_line),
+        })
+    };
+    let mut cluster = Cluster::new(opts.seed, replicas).map_err(|v| fail(None, v))?;
+    if !opts.faults {
+        cluster.calm_faults();
+    }
+    let liveness = cluster
+        .run_faulty(opts.ticks)
+        .and_then(|()| cluster.run_liveness(LIVENESS_TICKS_MAX));
+    let liveness_ticks = liveness.map_err(|v| fail(Some(&cluster), v))?;
+    let mut counts = cluster.counts;
+    cluster.fill_network_counts(&mut counts);
+    Ok(Summary {
+        seed: opts.seed,
+        replicas,
+        ticks: opts.ticks,
+        liveness_ticks,
+        trace_hash: cluster.trace.hash(),
+        counts,
+        rates: cluster.drawn.clone(),
+    })
+}

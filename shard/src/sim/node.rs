@@ -1,0 +1,307 @@
+//! One simulated replica process: the pure [`Replica`], the real
+//! [`PartitionStore`] on its own [`SimBackend`] disk, the storage
+//! operations queued for the executor, and the sim's model of what the
+//! store was given.
+//!
+//! A crash cuts the power at a storage op ([`SimBackend::set_crash_at`]:
+//! unsynced sectors may tear, unsynced renames may be lost), reboots the
+//! disk and reopens the store at once, so the checker can see what that
+//! disk holds while the process is down. A boot later builds the replica
+//! from the store ([`replica_io::recover`]) or, for a wiped disk, from
+//! nothing ([`Replica::wiped`]).
+
+use std::collections::{BTreeMap, VecDeque};
+use std::path::Path;
+
+use ringlog_protocol::BatchHeader;
+use ringlog_storage::io::sim::{Faults as DiskFaults, SimBackend};
+use ringlog_storage::store::{PartitionStore, StoreConfig};
+use ringlog_storage::superblock;
+
+use crate::replica_io::{self, Recovered};
+use crate::vsr::{Config, IoFailure, IoId, IoOutcome, Replica, StorageOp, VsrState};
+
+use super::checker::{violation, DurableView, Violation};
+
+/// The partition every simulated replica holds.
+pub const PARTITION_ID: u32 = 1;
+const STORE_DIR: &str = "/partition";
+
+/// Storage operations queued per replica at most: far above what the
+/// replica's own bounds produce (pipeline, repair chunks, one VSR write),
+/// so reaching it means a replica emits I/O without bound.
+pub const PENDING_IO_MAX: usize = 4096;
+
+/// Small segments, so runs cross segment rolls and repair reads them.
+pub fn store_config() -> StoreConfig {
+    StoreConfig {
+        segment_size_bytes: 16 * 1024,
+        write_buffer_bytes: 8 * 1024,
+        index_interval_bytes: 1024,
+        transfer_chunk_bytes: 4096,
+        recycled_files_max: 2,
+        ..StoreConfig::default()
+    }
+}
+
+/// What running one queued storage op did.
+pub enum RunIo {
+    Idle,
+    /// Power failed during `op`: the process is gone.
+    Crashed {
+        op: StorageOp,
+    },
+    Done {
+        id: IoId,
+        op: StorageOp,
+        result: Result<IoOutcome, IoFailure>,
+    },
+}
+
+pub struct Node {
+    pub index: u8,
+    /// None while the process is down.
+    pub replica: Option<Replica>,
+    /// The store on this disk: None only if the disk failed to reopen
+    /// (which is itself reported as a violation).
+    pub store: Option<PartitionStore>,
+    pub io: SimBackend,
+    pub pending: VecDeque<(IoId, StorageOp)>,
+    /// Booted wiped and not yet repaired: the superblock has no such flag,
+    /// so the driver remembers it across crashes (see `vsr` module docs).
+    pub wiped: bool,
+    /// Power fails at one of the next storage ops, or at this tick.
+    pub crash_deadline_tick: Option<u64>,
+    /// The armed crash may tear unsynced writes.
+    pub crash_tears: bool,
+    /// Op -> header checksum of every batch the store was given and not
+    /// told to cut. Any op the store shows must be here with that checksum.
+    pub model: BTreeMap<u64, u64>,
+    /// The highest durable VSR state the replica saw acknowledged by this
+    /// disk: a reboot must not show less.
+    pub durable_max: VsrState,
+    /// The replica asked for a cut the store cannot make.
+    pub truncate_blocked: bool,
+    pub disk_faults: DiskFaults,
+    pub boots: u64,
+}
+
+impl Node {
+    pub fn new(
+        index: u8,
+        disk_seed: u64,
+        cfg: Config,
+        replica_seed: u64,
+    ) -> Result<Self, Violation> {
+        let mut io = SimBackend::new(disk_seed);
+        let store = create_store(&mut io)?;
+        let replica = Replica::new(cfg, replica_seed)
+            .map_err(|e| violation("replica config", e.to_string()))?;
+        Ok(Self {
+            index,
+            replica: Some(replica),
+            store: Some(store),
+            io,
+            pending: VecDeque::new(),
+            wiped: false,
+            crash_deadline_tick: None,
+            crash_tears: false,
+            model: BTreeMap::new(),
+            durable_max: VsrState::default(),
+            truncate_blocked: false,
+            disk_faults: DiskFaults::default(),
+            boots: 0,
+        })
+    }
+
+    pub fn is_up(&self) -> bool {
+        self.replica.is_some()
+    }
+
+    pub fn set_disk_faults(&mut self, faults: DiskFaults) {
+        self.io.set_faults(faults.clone());
+        self.disk_faults = faults;
+    }
+
+    /// Arms a power failure at one of the next `ops_ahead` mutating storage
+    /// ops (or at `deadline_tick` if none comes).
+    pub fn arm_crash(&mut self, ops_ahead: u64, tear: bool, deadline_tick: u64) {
+        let at = self.io.ops_count() + ops_ahead;
+        self.io.set_crash_at(at, tear);
+        self.crash_deadline_tick = Some(deadline_tick);
+        self.crash_tears = tear;
+    }
+
+    /// No armed crash any more (the liveness phase).
+    pub fn disarm_crash(&mut self) {
+        self.io.set_crash_at(u64::MAX, false);
+        self.crash_deadline_tick = None;
+        self.crash_tears = false;
+    }
+
+    /// Runs the oldest queued storage op.
+    pub fn run_io(&mut self) -> RunIo {
+        let Some((id, op)) = self.pending.pop_front() else {
+            return RunIo::Idle;
+        };
+        let Some(store) = self.store.as_mut() else {
+            return RunIo::Idle;
+        };
+        let result = replica_io::execute(store, &mut self.io, &op);
+        if self.io.is_crashed() {
+            return RunIo::Crashed { op };
+        }
+        if result.is_ok() {
+            match &op {
+                StorageOp::Append { op, batch } => {
+                    if let Ok(h) = BatchHeader::decode(batch) {
+                        self.model.insert(*op, h.header_checksum);
+                    }
+                }
+                StorageOp::TruncateAbove { op } => {
+                    self.model.split_off(&(op + 1));
+                }
+                _ => {}
+            }
+        }
+        RunIo::Done { id, op, result }
+    }
+
+    /// The process dies (power cut now if no armed crash fired yet); the
+    /// disk reboots and its store reopens. Checks the reopened store:
+    /// it shows only batches it was given and not cut, and its VSR state
+    /// did not go back.
+    pub fn power_off(&mut self) -> Result<(), Violation> {
+        self.replica = None;
+        self.pending.clear();
+        self.crash_deadline_tick = None;
+        self.store = None;
+        let io = std::mem::replace(&mut self.io, SimBackend::new(0));
+        self.io = io.reboot();
+        // Recovery itself is the storage tests' subject: reopen clean.
+        self.io.set_faults(DiskFaults::default());
+        let dir = Path::new(STORE_DIR);
+        let mut store = PartitionStore::open(&mut self.io, dir, PARTITION_ID, store_config())
+            .map_err(|e| violation("store reopens after a crash", e.to_string()))?;
+        let all = replica_io::recover(&mut store, &mut self.io, u64::MAX)
+            .map_err(|e| violation("store reopens after a crash", e.reason))?;
+        self.check_reopened(&all, store.superblock().vsr)?;
+        self.model = all
+            .headers
+            .iter()
+            .map(|h| (h.vsr_op, h.header_checksum))
+            .collect();
+        self.store = Some(store);
+        let faults = self.disk_faults.clone();
+        self.io.set_faults(faults);
+        Ok(())
+    }
+
+    /// Guards against: cut or never-written data returning after a crash,
+    /// and view, log_view or commit going back across a restart.
+    fn check_reopened(&self, all: &Recovered, sb: superblock::VsrState) -> Result<(), Violation> {
+        let r = self.index;
+        for h in &all.headers {
+            if self.model.get(&h.vsr_op) != Some(&h.header_checksum) {
+                let detail = format!(
+                    "replica {r}'s store shows op {} ({:#x}) after a crash; it was given {:?}",
+                    h.vsr_op,
+                    h.header_checksum,
+                    self.model.get(&h.vsr_op)
+                );
+                return Err(violation("cut data never returns", detail));
+            }
+        }
+        let m = self.durable_max;
+        if sb.view < m.view || sb.log_view < m.log_view || sb.commit < m.commit {
+            let detail = format!("replica {r}: superblock {sb:?} after reboot, had {m:?} durable");
+            return Err(violation("VSR state never regresses", detail));
+        }
+        Ok(())
+    }
+
+    /// Boots the process from its disk.
+    pub fn boot(
+        &mut self,
+        cfg: Config,
+        seed: u64,
+        committed_ops_kept: u64,
+    ) -> Result<(), Violation> {
+        debug_assert!(!self.is_up());
+        if self.wiped {
+            return self.wipe(cfg, seed);
+        }
+        let Some(store) = self.store.as_mut() else {
+            return Err(violation("store reopens after a crash", "no store".into()));
+        };
+        // Booting reads the store like recovery does: with faults off.
+        self.io.set_faults(DiskFaults::default());
+        let rec = replica_io::recover(store, &mut self.io, committed_ops_kept)
+            .map_err(|e| violation("replica boots from its store", e.reason))?;
+        self.io.set_faults(self.disk_faults.clone());
+        let replica = Replica::restart(cfg, seed, rec.durable, rec.base, &rec.headers)
+            .map_err(|e| violation("replica config", e.to_string()))?;
+        self.replica = Some(replica);
+        self.boots += 1;
+        Ok(())
+    }
+
+    /// Boots with the disk lost: a new empty store, `Replica::wiped`.
+    pub fn wipe(&mut self, cfg: Config, seed: u64) -> Result<(), Violation> {
+        self.store = None;
+        self.io = SimBackend::new(seed ^ 0x5749_5045);
+        self.store = Some(create_store(&mut self.io)?);
+        self.io.set_faults(self.disk_faults.clone());
+        self.model.clear();
+        self.durable_max = VsrState::default();
+        self.pending.clear();
+        let replica =
+            Replica::wiped(cfg, seed).map_err(|e| violation("replica config", e.to_string()))?;
+        self.replica = Some(replica);
+        self.wiped = true;
+        self.boots += 1;
+        Ok(())
+    }
+
+    /// Reads every durable op `1..=op_max` back from the store (faults off).
+    pub fn read_ops(&mut self, op_max: u64) -> Result<Vec<Vec<u8>>, Violation> {
+        let r = self.index;
+        let Some(store) = self.store.as_mut() else {
+            return Err(violation("read back", format!("replica {r} has no store")));
+        };
+        self.io.set_faults(DiskFaults::default());
+        let mut out: Vec<Vec<u8>> = Vec::new();
+        while (out.len() as u64) < op_max {
+            let op_min = out.len() as u64 + 1;
+            let read = StorageOp::ReadBatches { op_min, op_max };
+            match replica_io::execute(store, &mut self.io, &read) {
+                Ok(IoOutcome::Batches(b)) if !b.is_empty() => {
+                    out.extend(b.iter().map(|b| b.to_vec()))
+                }
+                other => {
+                    let detail = format!("replica {r}: op {op_min} not readable: {other:?}");
+                    return Err(violation("acked ops readable everywhere", detail));
+                }
+            }
+        }
+        let faults = self.disk_faults.clone();
+        self.io.set_faults(faults);
+        Ok(out)
+    }
+}
+
+fn create_store(io: &mut SimBackend) -> Result<PartitionStore, Violation> {
+    PartitionStore::create(io, Path::new(STORE_DIR), PARTITION_ID, store_config())
+        .map_err(|e| violation("store creates", e.to_string()))
+}
+
+impl DurableView for Node {
+    fn holds_durably(&self, op: u64, checksum: u64) -> bool {
+        let durable = self.store.as_ref().map_or(0, |s| s.durable().last_op);
+        op <= durable && self.model.get(&op) == Some(&checksum)
+    }
+
+    fn superblock_vsr(&self) -> Option<superblock::VsrState> {
+        self.store.as_ref().map(|s| s.superblock().vsr)
+    }
+}
