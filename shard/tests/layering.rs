@@ -19,6 +19,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("placement", &[]),
     ("vsr", &[]),
     ("replica_io", &["vsr"]),
+    ("sim", &["replica_io", "vsr"]),
     ("ops", &[]),
     ("mailbox", &["eventfd", "ops"]),
     ("metrics", &["mailbox"]),
