@@ -15,7 +15,7 @@
 //! arbitrary). Copies that are invalid or older are repaired by rewriting
 //! them.
 //!
-//! Layout of a copy (little-endian), version 3. A decoder accepts exactly
+//! Layout of a copy (little-endian), version 4. A decoder accepts exactly
 //! [`VERSION`]; a later version bumps it.
 //! ```text
 //!   0 magic u64            8 version u16        10 copy_index u16
@@ -31,14 +31,18 @@
 //! 176 table_anchor u64   184 table_last u64
 //! 192 active_capacity u64 (the active segment's size bound, fixed when it
 //!     was created: recovery scans to it, whatever the configuration says)
-//! 200 zero to the end of the copy
+//! 200 active_prev_op u64 (VSR op of the batch before the active segment)
+//! 208 slot_floor u64     216 cut_pending_end u64 (see `Frontier`)
+//! 224 zero to the end of the copy
 //! ```
 //! Version 1 held the sealed segments inside the copy (at most 338 of them)
 //! and its segment checksum was over the segment's bytes; since version 2
 //! it is the xxh3 of the chunk checksums (see `segment::SegmentHasher`) and
 //! the segments are in the segment table file the `table_*` fields name and
 //! commit (see `store::table`), so a copy is one fixed-size block. Version 3
-//! adds `active_capacity`.
+//! adds `active_capacity`; version 4 the fields of a tail cut
+//! (`store::truncate`). There is no migration: a partition written by an
+//! older version does not open (its copies are refused as another version).
 
 use std::path::Path;
 
@@ -53,8 +57,8 @@ pub const COPIES: usize = 4;
 pub const FILE_SIZE_BYTES: usize = COPY_SIZE_BYTES * COPIES;
 /// "RLGSUPER"
 const MAGIC: u64 = u64::from_le_bytes(*b"RLGSUPER");
-pub const VERSION: u16 = 3;
-const FIXED_LEN: usize = 200;
+pub const VERSION: u16 = 4;
+const FIXED_LEN: usize = 224;
 
 /// The two copies that receive the state with this sequence number.
 pub fn half_for(sequence: u64) -> [usize; 2] {
@@ -93,6 +97,18 @@ pub struct Frontier {
     /// Size bound of the active segment's data, fixed when it was created
     /// (the frontier record slots sit right after it).
     pub active_capacity_bytes: u64,
+    /// VSR op of the batch before the active segment's first one (0 when
+    /// none): a tail cut never goes below it (sealed data is never cut).
+    pub active_prev_op: u64,
+    /// Frontier records of the active segment with a sequence below this are
+    /// void: they were written before a tail cut and may name positions
+    /// above it. 0 for a segment never cut.
+    pub slot_floor: u64,
+    /// A cut to `active_position` is not finished while this is non-zero:
+    /// `[active_position, cut_pending_end)` may still hold cut bytes, so
+    /// recovery ends the log at `active_position` whatever follows, zeroes
+    /// that range and commits a frontier without it before appending.
+    pub cut_pending_end: u64,
 }
 
 /// Names and commits the live part of the segment table file: entries
@@ -224,6 +240,9 @@ impl Superblock {
             t.anchor,
             t.last,
             f.active_capacity_bytes,
+            f.active_prev_op,
+            f.slot_floor,
+            f.cut_pending_end,
         ] {
             w.u64(v);
         }
@@ -282,7 +301,7 @@ impl Superblock {
             active_base: r.u64(),
             active_position: r.u64(),
             active_prev_checksum: r.u64(),
-            active_capacity_bytes: 0,
+            ..Frontier::default()
         };
         let purge_generation = r.u64();
         let live_generation = r.u64();
@@ -295,6 +314,9 @@ impl Superblock {
         };
         let frontier = Frontier {
             active_capacity_bytes: r.u64(),
+            active_prev_op: r.u64(),
+            slot_floor: r.u64(),
+            cut_pending_end: r.u64(),
             ..frontier
         };
         debug_assert_eq!(r.at, FIXED_LEN);
@@ -481,6 +503,9 @@ mod tests {
                 active_position: 8192,
                 active_prev_checksum: 41,
                 active_capacity_bytes: 65536,
+                active_prev_op: 9,
+                slot_floor: 4,
+                cut_pending_end: 12288,
             },
             purge_generation: 1,
             live_generation: 2,
@@ -599,11 +624,12 @@ mod tests {
 
     #[test]
     fn other_versions_are_refused() {
-        // Version 1 listed the segments inside the copy and version 2 had no
-        // active capacity; reading either as version 3 would lose state.
+        // Version 1 listed the segments inside the copy, version 2 had no
+        // active capacity, version 3 no cut fields; reading any of them as
+        // version 4 would lose state.
         let mut copy = vec![0u8; COPY_SIZE_BYTES];
         sample().encode(0, &mut copy);
-        for version in [1u16, 2, VERSION + 1] {
+        for version in [1u16, 2, 3, VERSION + 1] {
             let mut bad = copy.clone();
             bad[8..10].copy_from_slice(&version.to_le_bytes());
             assert_eq!(

@@ -36,6 +36,13 @@ pub struct StoreConfig {
     /// Chunks an install holds that arrived ahead of the next one due: the
     /// receiver's memory bound is this many chunks.
     pub transfer_window_chunks: usize,
+    /// VSR: seal only committed data. `Some(h)`: a segment rolls once an
+    /// append passes its capacity less `h` and every accepted op is
+    /// committed; until then appends use the last `h` bytes, and one that
+    /// does not fit is refused (`StoreError::UncommittedTail`). Size it to
+    /// the replica's uncommitted pipeline. `None` (no VSR): rolls seal
+    /// whatever is accepted. Less than `segment_size_bytes`.
+    pub uncommitted_headroom_bytes: Option<u64>,
 }
 
 impl Default for StoreConfig {
@@ -52,6 +59,7 @@ impl Default for StoreConfig {
             snapshot_lease_ms: 30_000,
             snapshots_max: 4,
             transfer_window_chunks: 8,
+            uncommitted_headroom_bytes: None,
         }
     }
 }
@@ -94,6 +102,14 @@ impl StoreConfig {
         }
         if self.transfer_window_chunks == 0 {
             return fail("transfer_window_chunks must be positive".into());
+        }
+        if let Some(h) = self.uncommitted_headroom_bytes {
+            if h >= self.segment_size_bytes {
+                return fail(format!(
+                    "uncommitted_headroom_bytes {h} must be below segment_size_bytes {}",
+                    self.segment_size_bytes
+                ));
+            }
         }
         if self.read_bytes_max < HEADER_LEN {
             return fail(format!("read_bytes_max must be at least {HEADER_LEN}"));

@@ -86,6 +86,39 @@ pub enum StoreError {
         #[source]
         source: TransferError,
     },
+    /// A tail cut refused before it changed anything.
+    #[error("partition {partition_id}: tail cut refused: {source}")]
+    Cut {
+        partition_id: u32,
+        #[source]
+        source: CutError,
+    },
+    /// Seal only committed data: the active segment is full up to its
+    /// capacity and a roll would seal ops above the commit. Nothing was
+    /// accepted; the append fits once the tail commits
+    /// (`PartitionStore::note_commit`) or is cut.
+    #[error("partition {partition_id}: active segment full ({capacity_bytes} bytes) with ops up to {last_op} above the commit {commit}: a roll would seal uncommitted ops")]
+    UncommittedTail {
+        partition_id: u32,
+        last_op: u64,
+        commit: u64,
+        capacity_bytes: u64,
+    },
+}
+
+/// Why `PartitionStore::truncate_above` refused a cut (nothing changed).
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum CutError {
+    /// The cut would remove committed ops (above `op`, at or below `commit`).
+    #[error("cut above op {op} would remove ops up to the commit {commit}")]
+    BelowCommit { op: u64, commit: u64 },
+    #[error("cut above op {op} is past the log's last op {last_op}")]
+    AboveEnd { op: u64, last_op: u64 },
+    /// Sealed segments are never cut (only committed ops are sealed).
+    #[error("cut above op {op} reaches sealed data (ops up to {sealed_last_op})")]
+    IntoSealed { op: u64, sealed_last_op: u64 },
+    #[error("a flush is in flight; complete it first")]
+    FlushInFlight,
 }
 
 /// State transfer refusals and faults, each charged to whoever caused it:

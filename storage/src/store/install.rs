@@ -714,12 +714,7 @@ impl PartitionStore {
         // The old generation's files go next: no snapshot may read them.
         self.invalidate_snapshots();
         io.close(install.staging_dir_file);
-        self.switch_generation(
-            io,
-            generation_dir,
-            sealed,
-            (chain.next_offset, active_file, chain.last_checksum),
-        );
+        self.switch_generation(io, generation_dir, sealed, (active_file, chain));
         Ok(())
     }
 
@@ -739,6 +734,8 @@ impl PartitionStore {
             active_position: 0,
             active_prev_checksum: m.last_checksum,
             active_capacity_bytes: self.config.segment_size_bytes,
+            active_prev_op: m.last_op,
+            ..Frontier::default()
         };
         next
     }

@@ -37,6 +37,10 @@
 //! Recovery verifies every batch below the newest record and may drop as
 //! torn only what lies past it: at most the last flush (the bound is stated
 //! in `open.rs`).
+//!
+//! VSR: [`PartitionStore::truncate_above`] cuts the uncommitted tail of the
+//! active segment durably, and with `uncommitted_headroom_bytes` a roll
+//! seals only committed ops (see `truncate.rs`).
 
 mod config;
 mod error;
@@ -48,6 +52,7 @@ mod read;
 mod retention;
 mod snapshot;
 mod table;
+mod truncate;
 mod verify;
 mod walk;
 
@@ -56,7 +61,7 @@ use std::path::{Path, PathBuf};
 use ringlog_protocol::BatchView;
 
 pub use config::StoreConfig;
-pub use error::{StoreError, TransferError};
+pub use error::{CutError, StoreError, TransferError};
 pub use group::flush_all;
 pub use install::{Install, InstallBudget};
 pub use pool::{PoolConfig, StorePool};
@@ -114,6 +119,8 @@ struct ActiveSegment {
     file: FileId,
     /// Chain anchor before this segment's first batch.
     prev_checksum: u64,
+    /// VSR op of the batch before this segment's first batch.
+    prev_op: u64,
     /// Whole and per-chunk xxh3 over `[0, end_position)`, so sealing never
     /// rereads the segment.
     hasher: SegmentHasher,
@@ -141,6 +148,8 @@ struct ActiveSegment {
     /// Frontier records written into this segment so far; the next one
     /// goes to slot `slot_sequence % 3`, never over the last two written.
     slot_sequence: u64,
+    /// Records below this sequence are void (written before a tail cut).
+    slot_floor: u64,
     /// The position the newest frontier record known durable (superblock
     /// or slot) names: recovery verifies every batch below it.
     recorded_position: u64,
@@ -181,6 +190,9 @@ pub struct PartitionStore {
     snapshot_seq: u64,
     /// The install being staged, if any (at most one at a time).
     installing: Option<install::InstallSlot>,
+    /// The highest op the replica said is committed (not durable; see
+    /// `note_commit`).
+    commit_noted: u64,
 }
 
 impl PartitionStore {
@@ -244,9 +256,8 @@ impl PartitionStore {
             ..Superblock::default()
         };
         let active = ActiveSegment::empty(
-            0,
             active_file,
-            0,
+            ChainPoint::default(),
             (config.transfer_chunk_bytes, config.segment_size_bytes),
         );
         let mut store = PartitionStore {
@@ -266,6 +277,7 @@ impl PartitionStore {
             snapshots: Vec::new(),
             snapshot_seq: 0,
             installing: None,
+            commit_noted: 0,
         };
         store.sync_dirs(io, &[&generation_dir])?;
         // No earlier state exists: all four copies at once.
@@ -394,17 +406,27 @@ impl PartitionStore {
             });
         }
         let len = bytes.len() as u64;
-        if self.active.end_position + len > self.active.capacity_bytes {
-            if self.active.end_position == 0 {
-                // Only when the segment was created under a smaller
-                // segment size than the batch limit allows now.
-                return Err(StoreError::BatchTooLarge {
+        let end = self.active.end_position;
+        if end + len > self.roll_at_bytes() && end > 0 && !self.seal_allowed() {
+            // Seal only committed data: use the headroom, or refuse.
+            if end + len > self.active.capacity_bytes {
+                return Err(StoreError::UncommittedTail {
                     partition_id: pid,
-                    len_bytes: bytes.len(),
-                    max_bytes: self.active.capacity_bytes as usize,
+                    last_op: self.chain.last_op,
+                    commit: self.commit_known(),
+                    capacity_bytes: self.active.capacity_bytes,
                 });
             }
+        } else if end > 0 && end + len > self.roll_at_bytes() {
             self.roll(io)?;
+        } else if end + len > self.active.capacity_bytes {
+            // Only when the segment was created under a smaller segment
+            // size than the batch limit allows now.
+            return Err(StoreError::BatchTooLarge {
+                partition_id: pid,
+                len_bytes: bytes.len(),
+                max_bytes: self.active.capacity_bytes as usize,
+            });
         }
         if self.active.buffered_len() + bytes.len() > self.config.write_buffer_bytes {
             self.flush(io)?;
@@ -724,6 +746,8 @@ impl PartitionStore {
             active_position: 0,
             active_prev_checksum: self.durable.last_checksum,
             active_capacity_bytes: self.config.segment_size_bytes,
+            active_prev_op: self.durable.last_op,
+            ..Frontier::default()
         };
         // The superblock and the new segment's directory entry are made
         // durable side by side, in one submission: either may land first, as
@@ -759,9 +783,8 @@ impl PartitionStore {
         // The flush above left nothing pending: no buffer moves over.
         debug_assert!(self.active.pending.is_none());
         let new_active = ActiveSegment::empty(
-            new_base,
             new_file,
-            self.durable.last_checksum,
+            self.durable,
             (
                 self.config.transfer_chunk_bytes,
                 self.config.segment_size_bytes,
@@ -803,6 +826,10 @@ impl PartitionStore {
             active_position: self.active.durable_position,
             active_prev_checksum: self.active.prev_checksum,
             active_capacity_bytes: self.active.capacity_bytes,
+            active_prev_op: self.active.prev_op,
+            slot_floor: self.active.slot_floor,
+            // A cut finishes before it returns (or before open does).
+            cut_pending_end: 0,
         }
     }
 
@@ -1008,15 +1035,15 @@ impl ActiveSegment {
     /// slot record is due yet. Its allocation is not known: the first
     /// append's fallocate covers whatever is missing.
     fn empty(
-        base_offset: u64,
         file: FileId,
-        prev_checksum: u64,
+        prev: ChainPoint,
         (chunk_size_bytes, capacity_bytes): (u32, u64),
     ) -> Self {
         Self {
-            base_offset,
+            base_offset: prev.next_offset,
             file,
-            prev_checksum,
+            prev_checksum: prev.last_checksum,
+            prev_op: prev.last_op,
             hasher: SegmentHasher::new(chunk_size_bytes),
             index: SparseIndex::default(),
             max_timestamp_ms: 0,
@@ -1027,6 +1054,7 @@ impl ActiveSegment {
             allocated_bytes: 0,
             capacity_bytes,
             slot_sequence: 0,
+            slot_floor: 0,
             recorded_position: 0,
         }
     }

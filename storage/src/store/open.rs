@@ -13,7 +13,12 @@
 //!    first batch that fails its checksum, offset or hash chain, and the log
 //!    ends there (the torn tail is dropped: the next flush overwrites it).
 //!    The record is the newest of the superblock frontier and the segment's
-//!    two frontier record slots (see `segment::FrontierSlot`).
+//!    three frontier record slots (see `segment::FrontierSlot`); slots below
+//!    the superblock's `slot_floor` are void (written before a tail cut).
+//!    While the superblock marks a cut pending, the log ends at the cut
+//!    whatever follows, and open finishes the cut (zeroes the cut bytes,
+//!    commits a superblock without the mark) before it returns; see
+//!    `truncate.rs`.
 //! 4. Files the superblock does not reference are garbage: recycled or
 //!    removed. An install whose superblock committed but whose staging
 //!    rename did not land is rolled forward; any other staging is garbage.
@@ -67,7 +72,7 @@ use crate::superblock::{
 };
 
 /// Read size while scanning segments at open.
-const SCAN_CHUNK_BYTES: usize = 1024 * 1024;
+pub(super) const SCAN_CHUNK_BYTES: usize = 1024 * 1024;
 
 impl PartitionStore {
     /// Opens partition `partition_id` in `dir` and recovers it, with a
@@ -140,6 +145,7 @@ impl PartitionStore {
             snapshots: Vec::new(),
             snapshot_seq: 0,
             installing: None,
+            commit_noted: 0,
         };
         let repair = copies_worth_repairing(&sb_bytes, &sb, chosen.copies_to_repair);
         if !repair.is_empty() {
@@ -149,6 +155,9 @@ impl PartitionStore {
                 "rewriting stale or damaged superblock copies"
             );
             store.write_superblock_copies(io, &sb, &repair)?;
+        }
+        if sb.frontier.cut_pending_end != 0 {
+            store.finish_cut(io)?;
         }
         store.collect_garbage(io)?;
         Ok(store)
@@ -529,6 +538,8 @@ fn frontier_record(
         .filter_map(|(i, block)| FrontierSlot::decode(block).map(|s| (i as u64, s)))
         .filter(|(i, s)| {
             s.sequence % segment::SLOTS == *i
+                // Written before a tail cut: may name cut positions.
+                && s.sequence >= f.slot_floor
                 && s.partition_id == pid
                 && s.live_generation == sb.live_generation
                 && s.active_base == f.active_base
@@ -550,7 +561,7 @@ fn frontier_record(
             position: f.active_position,
             next_offset: f.next_offset,
             last_checksum: f.last_checksum,
-            slot_sequence: newest.map_or(0, |s| s.sequence + 1),
+            slot_sequence: newest.map_or(f.slot_floor, |s| s.sequence + 1),
         },
     })
 }
@@ -590,7 +601,7 @@ fn open_active_file(
 /// Corruption); past it, the first bad batch ends the log (a torn tail; see
 /// the bound at the top of this file). The scan is bounded by the segment's
 /// recorded capacity, never by the current configuration.
-fn recover_active(
+pub(super) fn recover_active(
     io: &mut impl IoBackend,
     pid: u32,
     generation_dir: &Path,
@@ -626,7 +637,14 @@ fn recover_active(
     let file_bytes = io
         .file_size(file)
         .map_err(|e| StoreError::io(pid, "stat", &path, e))?;
-    let walked = walker.walk(io, 0, capacity.min(file_bytes), |position, view| {
+    // An unfinished cut: the log ends at the cut whatever follows (cut
+    // bytes may remain past it until `finish_cut` zeroes them).
+    let limit = if frontier.cut_pending_end != 0 {
+        frontier.active_position
+    } else {
+        capacity.min(file_bytes)
+    };
+    let walked = walker.walk(io, 0, limit, |position, view| {
         let h = view.header();
         if position == record.position {
             met_record = meets(&chain);
@@ -704,6 +722,7 @@ fn recover_active(
         base_offset: frontier.active_base,
         file,
         prev_checksum: frontier.active_prev_checksum,
+        prev_op: frontier.active_prev_op,
         hasher,
         index,
         max_timestamp_ms,
@@ -716,6 +735,7 @@ fn recover_active(
         allocated_bytes: 0,
         capacity_bytes: capacity,
         slot_sequence: record.slot_sequence,
+        slot_floor: frontier.slot_floor,
         recorded_position: record.position,
     };
     Ok((active, chain))

@@ -13,7 +13,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{table, ActiveSegment, PartitionStore, SealedFile, StoreError};
+use super::{table, ActiveSegment, ChainPoint, PartitionStore, SealedFile, StoreError};
 use crate::io::{FileId, IoBackend, Op, Sqe};
 use crate::segment;
 use crate::superblock::{Frontier, SealedSegment};
@@ -59,32 +59,34 @@ impl PartitionStore {
             active_position: 0,
             active_prev_checksum: self.durable.last_checksum,
             active_capacity_bytes: self.config.segment_size_bytes,
+            active_prev_op: self.durable.last_op,
+            ..Frontier::default()
         };
         self.write_superblock(io, next)?;
 
         // Committed: switch to the new generation, then remove the old one.
-        let prev_checksum = self.durable.last_checksum;
-        self.switch_generation(io, new_dir, Vec::new(), (base, new_file, prev_checksum));
+        let prev = self.durable;
+        self.switch_generation(io, new_dir, Vec::new(), (new_file, prev));
         Ok(())
     }
 
     /// After a commit that named a new generation: makes it the live one in
     /// memory (its directory, sealed segments and empty active segment at
-    /// `(base, file, prev_checksum)`) and removes the old generation's files.
+    /// `(file, prev)`, starting after `prev`) and removes the old
+    /// generation's files.
     pub(super) fn switch_generation(
         &mut self,
         io: &mut impl IoBackend,
         dir: PathBuf,
         sealed: Vec<SealedFile>,
-        (base, file, prev_checksum): (u64, FileId, u64),
+        (file, prev): (FileId, ChainPoint),
     ) {
         if let Some(buf) = self.active.pending.take() {
             self.pool.put_write(buf);
         }
         let active = ActiveSegment::empty(
-            base,
             file,
-            prev_checksum,
+            prev,
             (
                 self.config.transfer_chunk_bytes,
                 self.config.segment_size_bytes,

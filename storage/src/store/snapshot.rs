@@ -261,6 +261,19 @@ impl PartitionStore {
         }
     }
 
+    /// Marks gone the snapshots serving active segment bytes at or past
+    /// `position` (a tail cut there changes them).
+    pub(super) fn invalidate_active_snapshots(&mut self, position: u64) {
+        let base = self.active.base_offset;
+        for lease in &mut self.snapshots {
+            let served_past = lease
+                .tail
+                .as_ref()
+                .is_some_and(|t| t.base_offset == base && t.length_bytes > position);
+            lease.gone |= served_past;
+        }
+    }
+
     /// Drops snapshots whose lease ran out.
     pub fn expire_snapshots(&mut self, now_ms: u64) {
         self.snapshots.retain(|l| l.expires_at_ms >= now_ms);

@@ -1,0 +1,727 @@
+//! Tail cuts (`PartitionStore::truncate_above`), sealing only committed data
+//! and the durability of the VSR state, on the sim backend.
+//!
+//! The crash-point tests run a workload once to count its I/Os, then again
+//! for every I/O index, with and without torn writes, losing power there;
+//! the recovered log must be one the workload allows:
+//! - before the cut started: a prefix of what was appended, holding every
+//!   acknowledged batch;
+//! - while the cut ran: that, or exactly the log below the cut (never a mix,
+//!   never less than the kept part);
+//! - once the cut returned: the kept part, then a prefix of what was
+//!   appended after the cut holding its acknowledged batches. The first
+//!   batch appended after the cut is byte-identical to the first cut one, so
+//!   a cut batch left on disk after it would chain and come back.
+
+mod common;
+
+use std::path::Path;
+
+use common::small_config;
+use ringlog_protocol::{BatchBuilder, BatchHeader, Record, Stamp};
+use ringlog_storage::io::sim::SimBackend;
+use ringlog_storage::io::IoBackend;
+use ringlog_storage::store::{CutError, PartitionStore, StoreConfig, StoreError, TransferError};
+use ringlog_storage::superblock::{choose, VsrState};
+
+const DIR: &str = "/p9";
+const PID: u32 = 9;
+/// The workload cuts every op above this one.
+const CUT_OP: u64 = 5;
+
+fn dir() -> &'static Path {
+    Path::new(DIR)
+}
+
+/// A batch continuing `store`'s log carrying VSR op `op`; its bytes depend
+/// only on the log end, `op` and `seed`.
+fn op_batch(store: &PartitionStore, op: u64, seed: u64, value_len: usize) -> Vec<u8> {
+    padded_batch(store, op, seed, (value_len, 0))
+}
+
+/// [`op_batch`] with `pad` more bytes in its second record.
+fn padded_batch(
+    store: &PartitionStore,
+    op: u64,
+    seed: u64,
+    (value_len, pad): (usize, usize),
+) -> Vec<u8> {
+    let mut builder = BatchBuilder::new(PID);
+    for i in 0..2u32 {
+        let len = value_len + if i == 1 { pad } else { 0 };
+        let value: Vec<u8> = (0..len)
+            .map(|j| (seed.wrapping_mul(131) + u64::from(i) + j as u64) as u8)
+            .collect();
+        let key = format!("op{op}-s{seed}-{i}");
+        builder
+            .push(&Record {
+                key: key.as_bytes(),
+                headers: &[],
+                value: &value,
+                timestamp_ms: 1_000 + op,
+            })
+            .expect("record fits");
+    }
+    builder
+        .finish(&Stamp {
+            base_offset: store.next_offset(),
+            vsr_op: op,
+            vsr_view: 0,
+            prev_checksum: store.last_checksum(),
+        })
+        .expect("valid batch")
+}
+
+fn op_of(batch: &[u8]) -> u64 {
+    BatchHeader::decode(batch).expect("header").vsr_op
+}
+
+/// What the workload did before the power failed.
+#[derive(Default, Debug)]
+struct Model {
+    created: bool,
+    /// Every batch appended before the cut, in order, and how many of them
+    /// were acknowledged (a flush covering them completed).
+    old: Vec<Vec<u8>>,
+    old_acked: usize,
+    cut_started: bool,
+    cut_done: bool,
+    /// Appended after the cut returned, and how many acknowledged.
+    post: Vec<Vec<u8>>,
+    post_acked: usize,
+    /// The VSR state set_vsr was asked for, and whether it returned.
+    vsr_asked: Option<VsrState>,
+    vsr_done: bool,
+}
+
+impl Model {
+    fn kept(&self) -> Vec<Vec<u8>> {
+        self.old
+            .iter()
+            .filter(|b| op_of(b) <= CUT_OP)
+            .cloned()
+            .collect()
+    }
+
+    /// Whether `log` is one this model allows (see the file docs).
+    fn allows(&self, log: &[Vec<u8>]) -> Result<(), String> {
+        let old_log = log.len() >= self.old_acked
+            && log.len() <= self.old.len()
+            && log.iter().zip(&self.old).all(|(a, b)| a == b);
+        let kept = self.kept();
+        let cut_log = log.len() >= kept.len() + self.post_acked
+            && log.len() <= kept.len() + self.post.len()
+            && log
+                .iter()
+                .zip(kept.iter().chain(&self.post))
+                .all(|(a, b)| a == b);
+        let ok = if self.cut_done {
+            cut_log
+        } else if self.cut_started {
+            old_log || cut_log
+        } else {
+            old_log
+        };
+        if ok {
+            return Ok(());
+        }
+        let ops: Vec<u64> = log.iter().map(|b| op_of(b)).collect();
+        Err(format!(
+            "log with ops {ops:?} not allowed (old {} acked {}, kept {}, post {} acked {}, cut started {} done {})",
+            self.old.len(),
+            self.old_acked,
+            kept.len(),
+            self.post.len(),
+            self.post_acked,
+            self.cut_started,
+            self.cut_done
+        ))
+    }
+}
+
+fn append_old(
+    io: &mut SimBackend,
+    store: &mut PartitionStore,
+    model: &mut Model,
+    (op, value_len): (u64, usize),
+) -> Result<(), StoreError> {
+    let batch = op_batch(store, op, op, value_len);
+    store.append(io, &batch)?;
+    model.old.push(batch);
+    Ok(())
+}
+
+fn flush_old(
+    io: &mut SimBackend,
+    store: &mut PartitionStore,
+    model: &mut Model,
+) -> Result<(), StoreError> {
+    store.flush(io)?;
+    model.old_acked = model.old.len();
+    Ok(())
+}
+
+/// The padding that makes op 6 end on a block boundary: a flush ending
+/// inside a block zeroes the rest of it, which would hide a cut op 7 left
+/// on disk after a re-appended op 6.
+fn block_ending_pad(store: &PartitionStore) -> usize {
+    (0..4096)
+        .find(|&pad| {
+            let len = padded_batch(store, 6, 6, (OP6_VALUE_LEN, pad)).len() as u64;
+            (store.size_bytes() + len).is_multiple_of(4096)
+        })
+        .expect("some padding ends the batch on a block")
+}
+
+const OP6_VALUE_LEN: usize = 4300;
+
+/// Ops 1..=6 flushed one by one (6 ending on a block boundary), a VSR
+/// state, a close (so the superblock frontier lies above the cut), ops
+/// 7..=9 flushed, 10 only accepted; the cut above op 5; then op 6 again
+/// with the very bytes it had, and 7, 8.
+fn workload(
+    io: &mut SimBackend,
+    config: &StoreConfig,
+    model: &mut Model,
+) -> Result<(), StoreError> {
+    let mut store = PartitionStore::create(io, dir(), PID, config.clone())?;
+    model.created = true;
+    for op in 1..=5 {
+        append_old(io, &mut store, model, (op, 300 + 700 * op as usize))?;
+        flush_old(io, &mut store, model)?;
+    }
+    let pad = block_ending_pad(&store);
+    let op6 = padded_batch(&store, 6, 6, (OP6_VALUE_LEN, pad));
+    store.append(io, &op6)?;
+    model.old.push(op6);
+    flush_old(io, &mut store, model)?;
+    let vsr = VsrState {
+        view: 2,
+        log_view: 1,
+        commit: 3,
+        op: 6,
+    };
+    model.vsr_asked = Some(vsr);
+    store.set_vsr(io, vsr)?;
+    model.vsr_done = true;
+    store.close(io)?;
+    let mut store = PartitionStore::open(io, dir(), PID, config.clone())?;
+    for op in 7..=9 {
+        append_old(io, &mut store, model, (op, 2500))?;
+    }
+    flush_old(io, &mut store, model)?;
+    append_old(io, &mut store, model, (10, 100))?;
+
+    model.cut_started = true;
+    let end = store.truncate_above(io, CUT_OP)?;
+    model.cut_done = true;
+    assert_eq!(end.last_op, CUT_OP);
+    assert_eq!(store.durable(), end);
+
+    // Op 6 again, byte for byte: a cut op 7 left on disk would chain to it.
+    let again = padded_batch(&store, 6, 6, (OP6_VALUE_LEN, pad));
+    assert_eq!(again, model.old[5], "the re-appended op is identical");
+    for (op, seed, value_len) in [
+        (6, 6, (OP6_VALUE_LEN, pad)),
+        (7, 70, (900, 0)),
+        (8, 80, (40, 0)),
+    ] {
+        let batch = padded_batch(&store, op, seed, value_len);
+        store.append(io, &batch)?;
+        model.post.push(batch);
+        store.flush(io)?;
+        model.post_acked = model.post.len();
+    }
+    Ok(())
+}
+
+/// Every batch from the start to the durable end.
+fn log_of(io: &mut SimBackend, store: &mut PartitionStore) -> Vec<Vec<u8>> {
+    common::read_all(io, store)
+        .into_iter()
+        .map(|(_, b)| b)
+        .collect()
+}
+
+/// Opens after a crash and checks the log, the VSR state and that appends
+/// go on. False if the crash came before the partition existed.
+fn check_recovery(io: SimBackend, config: &StoreConfig, model: &Model, label: &str) -> bool {
+    let mut io = io.reboot();
+    let mut store = match PartitionStore::open(&mut io, dir(), PID, config.clone()) {
+        Ok(store) => store,
+        Err(e) => {
+            assert!(!model.created, "{label}: open failed: {e}");
+            return false;
+        }
+    };
+    let log = log_of(&mut io, &mut store);
+    model
+        .allows(&log)
+        .unwrap_or_else(|e| panic!("{label}: {e}"));
+    let sb = store.superblock();
+    assert_eq!(
+        sb.frontier.cut_pending_end, 0,
+        "{label}: open left a cut pending"
+    );
+    let vsr = sb.vsr;
+    let asked = model.vsr_asked.unwrap_or_default();
+    assert!(
+        vsr == asked || (vsr == VsrState::default() && !model.vsr_done),
+        "{label}: VSR state {vsr:?} is neither {asked:?} nor the initial one before set_vsr returned"
+    );
+    // Appends continue the recovered log and survive another power cut.
+    let batch = op_batch(&store, store.chain().last_op + 1, 999, 500);
+    store
+        .append(&mut io, &batch)
+        .unwrap_or_else(|e| panic!("{label}: append after recovery: {e}"));
+    store.flush(&mut io).unwrap();
+    let mut io = io.reboot();
+    let mut store = PartitionStore::open(&mut io, dir(), PID, config.clone())
+        .unwrap_or_else(|e| panic!("{label}: second recovery: {e}"));
+    let again = log_of(&mut io, &mut store);
+    assert_eq!(again.len(), log.len() + 1, "{label}: second recovery");
+    assert!(
+        again[..log.len()] == log[..] && again[log.len()] == batch,
+        "{label}"
+    );
+    true
+}
+
+#[test]
+fn a_crash_at_any_io_of_a_cut_opens_the_old_or_the_cut_log() {
+    let config = small_config();
+    let mut io = SimBackend::new(1);
+    let mut model = Model::default();
+    workload(&mut io, &config, &mut model).expect("clean run");
+    let total_ops = io.ops_count();
+    let mut points = 0;
+    for crash_at in 0..=total_ops {
+        for tear in [false, true] {
+            let seed = crash_at * 2 + u64::from(tear) + 3;
+            let mut io = SimBackend::new(seed);
+            io.set_crash_at(crash_at, tear);
+            let mut model = Model::default();
+            let result = workload(&mut io, &config, &mut model);
+            assert!(
+                result.is_err() || crash_at == total_ops,
+                "crash at {crash_at} unnoticed"
+            );
+            let label = format!("crash_at={crash_at} tear={tear} seed={seed}");
+            points += u64::from(check_recovery(io, &config, &model, &label));
+        }
+    }
+    println!("cut: {total_ops} I/Os, {points} crash points checked");
+    assert!(points > 100, "only {points} crash points");
+}
+
+/// The crash points that leave a cut pending on disk (its superblock landed,
+/// its zeroing or the superblock that ends it did not).
+fn pending_cut_points(config: &StoreConfig) -> Vec<(u64, bool)> {
+    let mut io = SimBackend::new(1);
+    workload(&mut io, config, &mut Model::default()).unwrap();
+    let total_ops = io.ops_count();
+    let mut points = Vec::new();
+    for crash_at in 0..total_ops {
+        for tear in [false, true] {
+            let mut io = SimBackend::new(crash_at * 2 + u64::from(tear) + 3);
+            io.set_crash_at(crash_at, tear);
+            let _ = workload(&mut io, config, &mut Model::default());
+            let io = io.reboot();
+            let sb_path = dir().join("superblock");
+            let Some(bytes) = io.read_whole(&sb_path) else {
+                continue;
+            };
+            let pending =
+                choose(bytes, &sb_path).is_ok_and(|c| c.superblock.frontier.cut_pending_end != 0);
+            if pending {
+                points.push((crash_at, tear));
+            }
+        }
+    }
+    points
+}
+
+/// Replays the workload to the crash point `(crash_at, tear)`, then runs a
+/// recovery open that itself loses power at its I/O `open_crash_at`.
+fn crash_twice(
+    config: &StoreConfig,
+    (crash_at, tear): (u64, bool),
+    open_crash_at: Option<u64>,
+) -> (SimBackend, Model, bool) {
+    let mut io = SimBackend::new(crash_at * 2 + u64::from(tear) + 3);
+    io.set_crash_at(crash_at, tear);
+    let mut model = Model::default();
+    let _ = workload(&mut io, config, &mut model);
+    let mut io = io.reboot();
+    if let Some(at) = open_crash_at {
+        io.set_crash_at(at, true);
+    }
+    let opened = PartitionStore::open(&mut io, dir(), PID, config.clone()).is_ok();
+    (io, model, opened)
+}
+
+#[test]
+fn an_open_that_finishes_a_cut_may_crash_at_any_io() {
+    let config = small_config();
+    let points = pending_cut_points(&config);
+    assert!(
+        points.len() >= 4,
+        "only {} crash points leave a cut pending",
+        points.len()
+    );
+    let mut checked = 0;
+    for point in points {
+        let (io, _, opened) = crash_twice(&config, point, None);
+        assert!(opened, "{point:?}: open over a pending cut failed");
+        let open_ops = io.ops_count();
+        assert!(
+            open_ops >= 4,
+            "{point:?}: finishing the cut took {open_ops} I/Os"
+        );
+        for at in 0..open_ops {
+            let (io, mut model, _) = crash_twice(&config, point, Some(at));
+            // The pending superblock committed the cut: only the cut log
+            // may open, as if the cut had returned.
+            model.cut_done = true;
+            let label = format!("{point:?} open_crash_at={at}");
+            assert!(check_recovery(io, &config, &model, &label));
+            checked += 1;
+        }
+    }
+    println!("{checked} crashes inside the open that finishes a cut");
+}
+
+/// A partition holding ops 1..=n, one flush each; ops above `commit` are
+/// uncommitted.
+fn partition_with_ops(io: &mut SimBackend, config: StoreConfig, n: u64) -> PartitionStore {
+    let mut store = PartitionStore::create(io, dir(), PID, config).unwrap();
+    for op in 1..=n {
+        let batch = op_batch(&store, op, op, 1500);
+        store.append(io, &batch).unwrap();
+        store.flush(io).unwrap();
+    }
+    store
+}
+
+fn assert_cut_refused(
+    io: &mut SimBackend,
+    store: &mut PartitionStore,
+    op: u64,
+    expected: CutError,
+) {
+    let (ops, chain, sb) = (io.ops_count(), store.chain(), store.superblock().clone());
+    match store.truncate_above(io, op) {
+        Err(StoreError::Cut {
+            partition_id,
+            source,
+        }) => {
+            assert_eq!(partition_id, PID);
+            assert_eq!(source, expected);
+        }
+        other => panic!("cut above {op}: expected {expected:?}, got {other:?}"),
+    }
+    assert_eq!(io.ops_count(), ops, "a refused cut above {op} did I/O");
+    assert_eq!(store.chain(), chain);
+    assert_eq!(store.superblock(), &sb);
+    assert!(store.fenced().is_none());
+}
+
+#[test]
+fn bad_cuts_are_refused_with_typed_errors_and_change_nothing() {
+    let mut io = SimBackend::new(7);
+    let mut store = partition_with_ops(&mut io, small_config(), 8);
+    let vsr = VsrState {
+        view: 1,
+        log_view: 1,
+        commit: 4,
+        op: 8,
+    };
+    store.set_vsr(&mut io, vsr).unwrap();
+    // Below the durable commit: op 4 would go.
+    assert_cut_refused(
+        &mut io,
+        &mut store,
+        3,
+        CutError::BelowCommit { op: 3, commit: 4 },
+    );
+    // Below a commit only noted in memory.
+    store.note_commit(6);
+    assert_eq!(store.commit_known(), 6);
+    assert_cut_refused(
+        &mut io,
+        &mut store,
+        5,
+        CutError::BelowCommit { op: 5, commit: 6 },
+    );
+    assert_cut_refused(
+        &mut io,
+        &mut store,
+        9,
+        CutError::AboveEnd { op: 9, last_op: 8 },
+    );
+    // With a flush in flight.
+    let batch = op_batch(&store, 9, 9, 100);
+    store.append(&mut io, &batch).unwrap();
+    let mut sqes = Vec::new();
+    assert!(store.prepare_flush(&mut sqes).unwrap() > 0);
+    assert_cut_refused(&mut io, &mut store, 7, CutError::FlushInFlight);
+    let completions = io.submit(sqes);
+    store.complete_flush(completions).unwrap();
+    // At the commit: allowed; at the last op: nothing to cut, no I/O.
+    let ops = io.ops_count();
+    assert_eq!(store.truncate_above(&mut io, 9).unwrap().last_op, 9);
+    assert_eq!(io.ops_count(), ops);
+    let end = store.truncate_above(&mut io, 6).unwrap();
+    assert_eq!((end.last_op, store.chain(), store.durable()), (6, end, end));
+    // The commit is not lost by the cut, and reopening agrees.
+    drop(store);
+    let mut io = io.reboot();
+    let mut store = PartitionStore::open(&mut io, dir(), PID, small_config()).unwrap();
+    assert_eq!(store.durable(), end);
+    assert_eq!(store.superblock().vsr, vsr);
+    let ops: Vec<u64> = log_of(&mut io, &mut store)
+        .iter()
+        .map(|b| op_of(b))
+        .collect();
+    assert_eq!(ops, (1..=6).collect::<Vec<_>>());
+}
+
+#[test]
+fn a_cut_never_reaches_sealed_data() {
+    let mut io = SimBackend::new(8);
+    // 64 KiB segments of ~3 KiB batches: ops 1..=40 roll several times.
+    let mut store = partition_with_ops(&mut io, small_config(), 40);
+    let sealed_end = store.sealed_segments().last().expect("rolled").end_offset;
+    let log = log_of(&mut io, &mut store);
+    let first_active = log
+        .iter()
+        .find(|b| BatchHeader::decode(b).unwrap().base_offset == sealed_end)
+        .map(|b| op_of(b))
+        .unwrap();
+    assert_cut_refused(
+        &mut io,
+        &mut store,
+        first_active - 2,
+        CutError::IntoSealed {
+            op: first_active - 2,
+            sealed_last_op: first_active - 1,
+        },
+    );
+    // Right at the segment start: the whole active segment goes.
+    let end = store.truncate_above(&mut io, first_active - 1).unwrap();
+    assert_eq!(end.next_offset, sealed_end);
+    let batch = op_batch(&store, first_active, 77, 100);
+    store.append(&mut io, &batch).unwrap();
+    store.flush(&mut io).unwrap();
+    let mut io = io.reboot();
+    let mut store = PartitionStore::open(&mut io, dir(), PID, small_config()).unwrap();
+    let after = log_of(&mut io, &mut store);
+    let kept = log.iter().take_while(|b| op_of(b) < first_active);
+    assert!(after.iter().take(after.len() - 1).eq(kept));
+    assert_eq!(after.last(), Some(&batch));
+}
+
+#[test]
+fn a_fenced_partition_refuses_a_cut() {
+    let mut io = SimBackend::new(9);
+    let mut store = partition_with_ops(&mut io, small_config(), 4);
+    let batch = op_batch(&store, 5, 5, 100);
+    store.append(&mut io, &batch).unwrap();
+    io.set_fail_at(io.ops_count());
+    assert!(matches!(
+        store.flush(&mut io),
+        Err(StoreError::Fenced { .. })
+    ));
+    let ops = io.ops_count();
+    match store.truncate_above(&mut io, 2) {
+        Err(StoreError::Fenced { partition_id, .. }) => assert_eq!(partition_id, PID),
+        other => panic!("expected Fenced, got {other:?}"),
+    }
+    assert_eq!(io.ops_count(), ops);
+}
+
+/// A failed write or fsync at any I/O of the cut fences the partition; the
+/// reopen shows the old log or the cut one.
+#[test]
+fn a_failed_io_during_a_cut_fences_and_the_reopen_is_consistent() {
+    let config = small_config();
+    let build = |seed| {
+        let mut io = SimBackend::new(seed);
+        let store = partition_with_ops(&mut io, config.clone(), 12);
+        (io, store)
+    };
+    let (mut io, mut store) = build(10);
+    let old = log_of(&mut io, &mut store);
+    let before = io.ops_count();
+    store.truncate_above(&mut io, 7).unwrap();
+    let cut_ops = io.ops_count() - before;
+    assert!(cut_ops >= 5, "the cut took {cut_ops} I/Os");
+    let kept: Vec<Vec<u8>> = old.iter().filter(|b| op_of(b) <= 7).cloned().collect();
+    for k in 0..cut_ops {
+        let (mut io, mut store) = build(10);
+        io.set_fail_at(io.ops_count() + k);
+        match store.truncate_above(&mut io, 7) {
+            Err(StoreError::Fenced { .. }) => {}
+            other => panic!("failure at cut I/O {k}: expected Fenced, got {other:?}"),
+        }
+        assert!(store.fenced().is_some());
+        let batch = op_batch(&store, 8, 8, 10);
+        assert!(matches!(
+            store.append(&mut io, &batch),
+            Err(StoreError::Fenced { .. })
+        ));
+        drop(store);
+        let mut io = io.reboot();
+        let mut store = PartitionStore::open(&mut io, dir(), PID, config.clone())
+            .unwrap_or_else(|e| panic!("failure at cut I/O {k}: reopen: {e}"));
+        let log = log_of(&mut io, &mut store);
+        assert!(
+            log == old || log == kept,
+            "failure at cut I/O {k}: mixed log"
+        );
+    }
+}
+
+/// Seal only committed data: with a headroom, a segment past its roll point
+/// holding uncommitted ops keeps them; full, it refuses the append (the
+/// bound) until the ops commit; then the roll seals only committed ops.
+#[test]
+fn a_roll_never_seals_uncommitted_ops_and_the_headroom_is_a_hard_bound() {
+    let config = StoreConfig {
+        uncommitted_headroom_bytes: Some(16 * 1024),
+        ..small_config()
+    };
+    let mut io = SimBackend::new(11);
+    let mut store = PartitionStore::create(&mut io, dir(), PID, config.clone()).unwrap();
+    let capacity = store.active_capacity_bytes();
+    let mut op = 0;
+    let refused = loop {
+        op += 1;
+        let batch = op_batch(&store, op, op, 1500);
+        let (ops, chain) = (io.ops_count(), store.chain());
+        match store.append(&mut io, &batch) {
+            Ok(_) => store.flush(&mut io).unwrap(),
+            Err(StoreError::UncommittedTail {
+                partition_id,
+                last_op,
+                commit,
+                capacity_bytes,
+            }) => {
+                assert_eq!((partition_id, last_op, commit), (PID, op - 1, 0));
+                assert_eq!(capacity_bytes, capacity);
+                assert_eq!((io.ops_count(), store.chain()), (ops, chain));
+                break batch;
+            }
+            Err(e) => panic!("op {op}: {e}"),
+        }
+        assert!(
+            store.sealed_segments().next().is_none(),
+            "op {op}: sealed uncommitted ops"
+        );
+    };
+    // It filled the headroom: past the roll point, up to the capacity.
+    assert!(store.size_bytes() > capacity - 16 * 1024);
+    assert!(store.size_bytes() + refused.len() as u64 > capacity);
+    // Committed (the replica noted it): the refused append rolls and fits.
+    store.note_commit(op - 1);
+    assert!(store.append_rolls(refused.len()));
+    store.append(&mut io, &refused).unwrap();
+    store.flush(&mut io).unwrap();
+    let sealed: Vec<_> = store.sealed_segments().copied().collect();
+    assert_eq!(sealed.len(), 1);
+    assert_eq!(
+        sealed[0].end_offset,
+        BatchHeader::decode(&refused).unwrap().base_offset
+    );
+    // With ops committed as they come, rolls happen at the roll point.
+    for _ in 0..40 {
+        op += 1;
+        store.note_commit(op - 1);
+        let batch = op_batch(&store, op, op, 1500);
+        store.append(&mut io, &batch).unwrap();
+        store.flush(&mut io).unwrap();
+    }
+    let lengths: Vec<u64> = store
+        .sealed_segments()
+        .skip(1)
+        .map(|s| s.length_bytes)
+        .collect();
+    assert!(!lengths.is_empty());
+    assert!(
+        lengths.iter().all(|&l| l <= capacity - 16 * 1024),
+        "{lengths:?}"
+    );
+    // The refusal is stable across a reopen (the uncommitted end is on disk).
+    drop(store);
+    let mut io = io.reboot();
+    let store = PartitionStore::open(&mut io, dir(), PID, config).unwrap();
+    assert_eq!(store.chain().last_op, op);
+}
+
+/// `set_vsr` makes view, log_view, commit and op durable together: a crash
+/// at any of its I/Os reopens the old state or the new one, never a mix.
+#[test]
+fn vsr_state_survives_a_crash_at_any_io_of_set_vsr() {
+    let old = VsrState {
+        view: 3,
+        log_view: 2,
+        commit: 5,
+        op: 7,
+    };
+    let new = VsrState {
+        view: 4,
+        log_view: 4,
+        commit: 6,
+        op: 7,
+    };
+    let prepare = |seed| {
+        let mut io = SimBackend::new(seed);
+        let mut store = partition_with_ops(&mut io, small_config(), 7);
+        store.set_vsr(&mut io, old).unwrap();
+        (io, store)
+    };
+    let (mut io, mut store) = prepare(12);
+    let before = io.ops_count();
+    store.set_vsr(&mut io, new).unwrap();
+    let ios = io.ops_count() - before;
+    drop(store);
+    let mut io = io.reboot();
+    let store = PartitionStore::open(&mut io, dir(), PID, small_config()).unwrap();
+    assert_eq!(store.superblock().vsr, new);
+    for k in 0..ios {
+        for tear in [false, true] {
+            let (mut io, mut store) = prepare(12);
+            io.set_crash_at(io.ops_count() + k, tear);
+            assert!(store.set_vsr(&mut io, new).is_err());
+            drop(store);
+            let mut io = io.reboot();
+            let store = PartitionStore::open(&mut io, dir(), PID, small_config()).unwrap();
+            let got = store.superblock().vsr;
+            assert!(
+                got == old || got == new,
+                "crash at set_vsr I/O {k} tear={tear}: {got:?}"
+            );
+        }
+    }
+}
+
+/// A snapshot serving the active segment's bytes above the cut is gone
+/// after it: a peer must not read cut batches as the log.
+#[test]
+fn a_cut_invalidates_snapshots_serving_the_cut_bytes() {
+    let mut io = SimBackend::new(13);
+    let mut store = partition_with_ops(&mut io, small_config(), 8);
+    let manifest = store.open_snapshot(&mut io, 1_000).unwrap();
+    let last = manifest.artifacts.len() as u32 - 1;
+    store
+        .read_chunk(&mut io, manifest.snapshot_id, last, 0, 1_000)
+        .unwrap();
+    store.truncate_above(&mut io, 5).unwrap();
+    match store.read_chunk(&mut io, manifest.snapshot_id, last, 0, 1_000) {
+        Err(StoreError::Transfer {
+            source: TransferError::SnapshotGone { id },
+            ..
+        }) => assert_eq!(id, manifest.snapshot_id),
+        other => panic!("expected SnapshotGone, got {other:?}"),
+    }
+}
