@@ -621,9 +621,12 @@ fn a_roll_never_seals_uncommitted_ops_and_the_headroom_is_a_hard_bound() {
     };
     // It filled the headroom: past the roll point, up to the capacity.
     assert!(store.size_bytes() > capacity - 16 * 1024);
+    assert!(store.seal_waits_for_commit());
+    assert!(!store.append_rolls(refused.len()));
     assert!(store.size_bytes() + refused.len() as u64 > capacity);
     // Committed (the replica noted it): the refused append rolls and fits.
     store.note_commit(op - 1);
+    assert!(!store.seal_waits_for_commit());
     assert!(store.append_rolls(refused.len()));
     store.append(&mut io, &refused).unwrap();
     store.flush(&mut io).unwrap();

@@ -638,7 +638,8 @@ pub(super) fn recover_active(
         .file_size(file)
         .map_err(|e| StoreError::io(pid, "stat", &path, e))?;
     // An unfinished cut: the log ends at the cut whatever follows (cut
-    // bytes may remain past it until `finish_cut` zeroes them).
+    // bytes, and their frontier records, may remain past it until
+    // `finish_cut` zeroes them): no torn-tail check applies past it.
     let limit = if frontier.cut_pending_end != 0 {
         frontier.active_position
     } else {

@@ -38,7 +38,9 @@
 //! headroom, and one that does not fit the capacity is refused with
 //! [`StoreError::UncommittedTail`] (nothing changes; it fits once the tail
 //! commits). So sealed segments hold committed ops only and a cut never
-//! reaches them.
+//! reaches them. The roll needs the whole accepted tail committed at one
+//! moment: a primary stops admitting client ops while
+//! [`PartitionStore::seal_waits_for_commit`] holds, so its pipeline drains.
 //!
 //! [`StoreConfig::uncommitted_headroom_bytes`]: super::StoreConfig::uncommitted_headroom_bytes
 
@@ -123,6 +125,17 @@ impl PartitionStore {
     pub fn append_rolls(&self, len_bytes: usize) -> bool {
         let end = self.active.end_position;
         end > 0 && end + len_bytes as u64 > self.roll_at_bytes() && self.seal_allowed()
+    }
+
+    /// Whether the active segment is past its roll point holding ops above
+    /// the commit: its roll waits for them to commit, and appends use the
+    /// headroom meanwhile. The roll needs every accepted op committed at
+    /// once, so a primary should admit no new client ops while this holds
+    /// (its pipeline then drains); under a pipeline that never drains the
+    /// headroom runs out and appends are refused with
+    /// [`StoreError::UncommittedTail`].
+    pub fn seal_waits_for_commit(&self) -> bool {
+        self.active.end_position > self.roll_at_bytes() && !self.seal_allowed()
     }
 
     /// The active segment's end past which an append rolls it (when
