@@ -728,3 +728,61 @@ fn a_cut_invalidates_snapshots_serving_the_cut_bytes() {
         other => panic!("expected SnapshotGone, got {other:?}"),
     }
 }
+
+/// The cut zeroes past the log's end too, by one write buffer: a flush torn
+/// at an earlier crash can leave whole batches there that recovery dropped
+/// (the one before them was torn). Were they left, re-appending the batches
+/// before them byte for byte after a cut would make them chain again.
+#[test]
+fn a_cut_also_zeroes_the_dropped_torn_tail_past_the_end() {
+    let config = small_config();
+    let mut io = SimBackend::new(14);
+    let mut store = partition_with_ops(&mut io, config.clone(), 4);
+    // Ops 5..=7 in one flush, op 5 ending on a block boundary (a flush
+    // ending inside a block zeroes the rest of it, which would hide op 6).
+    let pad = (0..4096)
+        .find(|&pad| {
+            let len = padded_batch(&store, 5, 5, (1500, pad)).len() as u64;
+            (store.size_bytes() + len).is_multiple_of(4096)
+        })
+        .unwrap();
+    let op5 = padded_batch(&store, 5, 5, (1500, pad));
+    let op5_at = store.size_bytes() as usize;
+    store.append(&mut io, &op5).unwrap();
+    for op in 6..=7 {
+        let batch = op_batch(&store, op, op, 1500);
+        store.append(&mut io, &batch).unwrap();
+    }
+    store.flush(&mut io).unwrap();
+    // Op 5 damaged past the frontier record: recovery takes it for a torn
+    // tail and drops 5..=7, leaving 6 and 7 whole on disk.
+    let segment = dir()
+        .join(format!("gen-{:020}", 1))
+        .join(format!("{:020}.log", 0));
+    drop(store);
+    let byte = io.read_whole(&segment).unwrap()[op5_at + 200];
+    io.corrupt(&segment, op5_at + 200, &[byte ^ 1]);
+    let mut io = io.reboot();
+    let mut store = PartitionStore::open(&mut io, dir(), PID, config.clone()).unwrap();
+    let log = log_of(&mut io, &mut store);
+    assert_eq!(
+        log.iter().map(|b| op_of(b)).collect::<Vec<_>>(),
+        [1, 2, 3, 4]
+    );
+    // Cut above op 2, then ops 3, 4 and 5 again, byte for byte.
+    store.truncate_above(&mut io, 2).unwrap();
+    for batch in &log[2..] {
+        store.append(&mut io, batch).unwrap();
+    }
+    assert_eq!(padded_batch(&store, 5, 5, (1500, pad)), op5);
+    store.append(&mut io, &op5).unwrap();
+    store.flush(&mut io).unwrap();
+    drop(store);
+    let mut io = io.reboot();
+    let mut store = PartitionStore::open(&mut io, dir(), PID, config).unwrap();
+    let ops: Vec<u64> = log_of(&mut io, &mut store)
+        .iter()
+        .map(|b| op_of(b))
+        .collect();
+    assert_eq!(ops, [1, 2, 3, 4, 5], "dropped ops came back after the cut");
+}
