@@ -42,6 +42,19 @@
 //! moment: a primary stops admitting client ops while
 //! [`PartitionStore::seal_waits_for_commit`] holds, so its pipeline drains.
 //!
+//! ## For the VSR executor
+//!
+//! - `StorageOp::TruncateAbove { op }` is [`PartitionStore::truncate_above`]
+//!   (`op` is the batch header's `vsr_op`); its `Ok` is the new log end. A
+//!   [`StoreError::Cut`] means the replica asked for something it must never
+//!   ask (a cut of committed or sealed ops, past its log, or with a flush of
+//!   its own in flight): a bug, reported as the I/O failure it fences on.
+//! - Every committed op goes to [`PartitionStore::note_commit`] (the
+//!   replica's `Event::Committed`), so rolls can seal it; `PersistVsr` is
+//!   [`PartitionStore::set_vsr`], which makes the commit durable too.
+//! - With a headroom configured, rolls come before the capacity: predict
+//!   them with [`PartitionStore::append_rolls`], not the capacity.
+//!
 //! [`StoreConfig::uncommitted_headroom_bytes`]: super::StoreConfig::uncommitted_headroom_bytes
 
 use super::open::{read_range, recover_active};
