@@ -30,4 +30,5 @@ pub mod replica_io;
 pub mod server;
 pub mod shard;
 pub mod sim;
+pub mod trash;
 pub mod vsr;

@@ -3,7 +3,8 @@
 //! Start: lock the data directory, check its filesystem (O_DIRECT, and a
 //! warning on tmpfs/ramfs), load topics.json (a missing or corrupt one
 //! refuses to start unless `--rebuild-catalog`), remove partition
-//! directories it does not reference (garbage from deleted topics), bind
+//! directories it does not reference (garbage from deleted topics), start
+//! the trash sweeper (see `trash`), bind
 //! the client port once (shared by the shards, exclusive to this process),
 //! start the pinned shard threads (each opens its partitions), finish
 //! topics a crash left half-created, open the control socket (0600 from the
@@ -29,6 +30,7 @@ use crate::control::{ControlContext, ControlServer, LogLevelHook};
 use crate::mailbox::mailbox;
 use crate::metrics::ShardMetrics;
 use crate::shard::{self, ShardSetup, Shutdown};
+use crate::trash::{Sweeper, TRASH_DIR};
 
 /// How long shards may take to open their partitions at boot.
 const BOOT_TIMEOUT: Duration = Duration::from_secs(600);
@@ -81,6 +83,7 @@ pub struct Running {
     pub control_socket: PathBuf,
     shutdown: Arc<Shutdown>,
     threads: Vec<JoinHandle<()>>,
+    sweeper: Sweeper,
     control: ControlServer,
     _lock: std::fs::File,
 }
@@ -103,6 +106,13 @@ pub fn start(config: ServerConfig, hooks: Hooks) -> Result<Running, ServerError>
         TopicTable::load(&data_dir)?
     };
     collect_garbage(&data_dir, &table);
+    // Started before the shards so that what a crash left in the trash goes
+    // first; it works beside the boot, not before it.
+    let trash_dir = data_dir.join(TRASH_DIR);
+    let sweeper = Sweeper::start(trash_dir.clone()).map_err(|source| ServerError::DataDir {
+        path: trash_dir,
+        source,
+    })?;
 
     let shards = config.shard_count();
     let addr: SocketAddr = config.listen.parse().map_err(|_| ServerError::Listen {
@@ -165,6 +175,7 @@ pub fn start(config: ServerConfig, hooks: Hooks) -> Result<Running, ServerError>
             listener,
             core: (!cores.is_empty()).then(|| cores[id % cores.len()]),
             ready: ready_tx.clone(),
+            trash: sweeper.poker(),
         };
         let handle = std::thread::Builder::new()
             .name(format!("ringlog-shard-{id}"))
@@ -241,6 +252,7 @@ pub fn start(config: ServerConfig, hooks: Hooks) -> Result<Running, ServerError>
         control_socket,
         shutdown,
         threads,
+        sweeper,
         control,
         _lock: lock,
     })
@@ -269,6 +281,9 @@ impl Running {
             }
         }
         self.control.stop();
+        // The shards (holding the other pokers) are gone: the sweeper ends
+        // after the sweep queued last, so a deleted topic is off the disk.
+        self.sweeper.stop();
         if !failed.is_empty() {
             return Err(ServerError::Shard(format!("shards {failed:?} panicked")));
         }

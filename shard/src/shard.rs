@@ -57,6 +57,7 @@ use crate::ops::{
 };
 use crate::partition::Partition;
 use crate::placement::shard_for;
+use crate::trash::{self, Poker};
 
 /// Ring entries of each shard's storage ring.
 const STORAGE_RING_ENTRIES: u32 = 256;
@@ -131,6 +132,8 @@ pub struct ShardSetup {
     pub core: Option<core_affinity::CoreId>,
     /// Told once the shard opened its partitions (or failed to start).
     pub ready: crossbeam_channel::Sender<Result<usize, String>>,
+    /// Wakes the thread removing dropped partitions' directories.
+    pub trash: Poker,
 }
 
 /// Where a reply goes, seen from the owning shard.
@@ -192,13 +195,17 @@ struct Applied {
     replies: Vec<(Responder, Outcome)>,
     /// Partitions to flush and settle afterwards.
     touched: Vec<u32>,
+    /// The time of this turn, read once by the runtime loop that started
+    /// it: applying work reads no clock.
+    now: Instant,
 }
 
 impl Applied {
-    fn with_capacity(n: usize) -> Self {
+    fn new(n: usize, now: Instant) -> Self {
         Self {
             replies: Vec::with_capacity(n),
             touched: Vec::new(),
+            now,
         }
     }
 
@@ -237,6 +244,7 @@ pub(crate) struct Shard<B: IoBackend = UringBackend> {
     pub meta: Notify,
     pub stop: Notify,
     stopping: Cell<bool>,
+    trash: Poker,
 }
 
 /// Runs a shard on the current thread until shutdown.
@@ -435,6 +443,7 @@ impl<B: IoBackend> Shard<B> {
             listener,
             core,
             ready,
+            trash,
         } = setup;
         let view = CatalogView::new(catalog.clone());
         let pool = shard_pool(&config, id);
@@ -466,6 +475,7 @@ impl<B: IoBackend> Shard<B> {
             meta: Notify::default(),
             stop: Notify::default(),
             stopping: Cell::new(false),
+            trash,
         };
         (shard, listener, ready)
     }
@@ -567,7 +577,7 @@ impl<B: IoBackend> Shard<B> {
             } else {
                 yield_now().await;
             }
-            while self.run_turn() > 0 {
+            while self.run_turn(Instant::now()) > 0 {
                 yield_now().await;
             }
         }
@@ -579,7 +589,7 @@ impl<B: IoBackend> Shard<B> {
     /// waiting for it, and replies to everything but the produces, which are
     /// acknowledged once a completed flush covers them (see
     /// [`Shard::on_storage_completions`]). Returns how many items it took.
-    fn run_turn(&self) -> usize {
+    fn run_turn(&self, now: Instant) -> usize {
         let max = self.config.group_commit_appends_max;
         let mut works = Vec::new();
         {
@@ -603,7 +613,7 @@ impl<B: IoBackend> Shard<B> {
         if taken == 0 {
             return 0;
         }
-        let mut out = Applied::with_capacity(taken);
+        let mut out = Applied::new(taken, now);
         {
             let mut core = self.core.borrow_mut();
             for work in works {
@@ -658,7 +668,11 @@ impl<B: IoBackend> Shard<B> {
             lanes,
             ..
         } = core;
-        let Applied { replies, touched } = out;
+        let Applied {
+            replies,
+            touched,
+            now,
+        } = out;
         match op {
             Op::Produce {
                 partition_id,
@@ -703,7 +717,7 @@ impl<B: IoBackend> Shard<B> {
                         list.push(Waiter {
                             offset,
                             max_bytes,
-                            deadline: Instant::now() + Duration::from_millis(u64::from(wait_ms)),
+                            deadline: *now + Duration::from_millis(u64::from(wait_ms)),
                             reply,
                         });
                         return;
@@ -773,8 +787,17 @@ impl<B: IoBackend> Shard<B> {
                     if let Err(e) = p.close(io) {
                         tracing::warn!(partition_id, error = %e, "close before delete failed");
                     }
-                    if let Err(e) = std::fs::remove_dir_all(&dir) {
-                        tracing::warn!(dir = %dir.display(), error = %e, "removing partition");
+                    // Renamed away on the ring, removed by the trash's own
+                    // thread: the name is free now, the shard never waits
+                    // for a recursive removal.
+                    let to = trash::entry_path(&self.config.data_dir, partition_id);
+                    match trash::move_in(io, &dir, &to) {
+                        Ok(()) => {
+                            self.trash.poke();
+                        }
+                        Err(e) => {
+                            tracing::warn!(dir = %dir.display(), error = %e, "moving a dropped partition into the trash; boot removes it");
+                        }
                     }
                 }
                 // Appends still waiting for an acknowledgement get an error
@@ -851,7 +874,7 @@ impl<B: IoBackend> Shard<B> {
                 id,
                 Flight {
                     parts,
-                    started: Instant::now(),
+                    started: out.now,
                 },
             );
         }
@@ -945,7 +968,7 @@ impl<B: IoBackend> Shard<B> {
                 tracing::error!(shard = self.id, error = %e, "storage eventfd wait failed");
                 monoio::time::sleep(Duration::from_millis(10)).await;
             }
-            self.on_storage_completions();
+            self.on_storage_completions(Instant::now());
         }
     }
 
@@ -953,8 +976,8 @@ impl<B: IoBackend> Shard<B> {
     /// failure fences it), runs the work parked behind those flushes, queues
     /// the next flush of partitions that took appends meanwhile, and
     /// acknowledges the appends that are durable now.
-    fn on_storage_completions(&self) {
-        let mut out = Applied::with_capacity(0);
+    fn on_storage_completions(&self, now: Instant) {
+        let mut out = Applied::new(0, now);
         {
             let mut core = self.core.borrow_mut();
             let reaped = core.io.reap();
@@ -967,7 +990,7 @@ impl<B: IoBackend> Shard<B> {
                     tracing::warn!(shard = self.id, batch = ?id, "completion of an unknown flush");
                     continue;
                 };
-                let elapsed_us = flight.started.elapsed().as_micros() as u64;
+                let elapsed_us = now.saturating_duration_since(flight.started).as_micros() as u64;
                 self.metrics.fsync_latency_us.record(elapsed_us);
                 let mut completions = completions.into_iter();
                 for (pid, n) in flight.parts {
@@ -1033,33 +1056,39 @@ impl<B: IoBackend> Shard<B> {
         }
     }
 
+    /// Answers the long-poll fetches whose deadline is at or before `now`
+    /// (all of them once stopping) with an empty fetch.
+    fn expire_waiters(&self, now: Instant) {
+        let mut replies = Vec::new();
+        {
+            let core = self.core.borrow();
+            let mut waiters = self.waiters.borrow_mut();
+            for (pid, list) in waiters.iter_mut() {
+                let (expired, keep): (Vec<Waiter>, Vec<Waiter>) = list
+                    .drain(..)
+                    .partition(|w| w.deadline <= now || self.is_stopping());
+                *list = keep;
+                for w in expired {
+                    let outcome = match core.partitions.get(pid) {
+                        Some(p) => Ok(OpReply::Fetched(p.empty_fetch(w.offset))),
+                        None => Err(unknown_partition(*pid)),
+                    };
+                    replies.push((w.reply, outcome));
+                }
+            }
+            waiters.retain(|_, l| !l.is_empty());
+        }
+        for (reply, outcome) in replies {
+            self.respond(reply, outcome);
+        }
+    }
+
     async fn tick_task(self: Rc<Self>) {
         let mut last_retention = Instant::now();
         loop {
             monoio::time::sleep(Duration::from_millis(TICK_MS)).await;
             let now = Instant::now();
-            let mut replies = Vec::new();
-            {
-                let core = self.core.borrow();
-                let mut waiters = self.waiters.borrow_mut();
-                for (pid, list) in waiters.iter_mut() {
-                    let (expired, keep): (Vec<Waiter>, Vec<Waiter>) = list
-                        .drain(..)
-                        .partition(|w| w.deadline <= now || self.is_stopping());
-                    *list = keep;
-                    for w in expired {
-                        let outcome = match core.partitions.get(pid) {
-                            Some(p) => Ok(OpReply::Fetched(p.empty_fetch(w.offset))),
-                            None => Err(unknown_partition(*pid)),
-                        };
-                        replies.push((w.reply, outcome));
-                    }
-                }
-                waiters.retain(|_, l| !l.is_empty());
-            }
-            for (reply, outcome) in replies {
-                self.respond(reply, outcome);
-            }
+            self.expire_waiters(now);
             let retention_due = now.duration_since(last_retention)
                 >= Duration::from_millis(self.config.retention_check_ms);
             if retention_due && (self.config.retention_bytes > 0 || self.config.retention_ms > 0) {
@@ -1072,7 +1101,7 @@ impl<B: IoBackend> Shard<B> {
                 }
             }
             if !self.is_stopping() {
-                self.checkpoint_idle();
+                self.checkpoint_idle(now);
             }
         }
     }
@@ -1081,7 +1110,7 @@ impl<B: IoBackend> Shard<B> {
     /// tick up to their durable end, in one group submission nobody waits
     /// for: a partition's record otherwise trails by its last flush until
     /// its next one (see `PartitionStore::prepare_checkpoint`).
-    fn checkpoint_idle(&self) {
+    fn checkpoint_idle(&self, now: Instant) {
         let mut core = self.core.borrow_mut();
         let Core {
             io,
@@ -1105,7 +1134,7 @@ impl<B: IoBackend> Shard<B> {
                 id,
                 Flight {
                     parts,
-                    started: Instant::now(),
+                    started: now,
                 },
             );
         }
@@ -1121,7 +1150,7 @@ impl<B: IoBackend> Shard<B> {
         // Let connection tasks holding a fully read request enqueue it.
         for _ in 0..3 {
             yield_now().await;
-            while self.run_turn() > 0 {}
+            while self.run_turn(Instant::now()) > 0 {}
         }
         // No flush may be in flight when the partitions close.
         while !self.core.borrow().flights.is_empty() {
@@ -1130,10 +1159,10 @@ impl<B: IoBackend> Shard<B> {
                 // Reaping is idempotent: do it here too should a wake-up
                 // go missing.
                 _ = monoio::time::sleep(Duration::from_millis(50)) => {
-                    self.on_storage_completions();
+                    self.on_storage_completions(Instant::now());
                 }
             }
-            while self.run_turn() > 0 {}
+            while self.run_turn(Instant::now()) > 0 {}
         }
         let mut replies = Vec::new();
         for (_, list) in self.waiters.borrow_mut().drain() {
@@ -1231,3 +1260,5 @@ pub(crate) fn unknown_partition(partition_id: u32) -> OpError {
 
 #[cfg(test)]
 mod crash_sim;
+#[cfg(test)]
+mod turn_tests;

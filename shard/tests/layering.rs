@@ -4,6 +4,8 @@
 //! A new dependency between modules is a deliberate change to this table,
 //! and one that closes a cycle (say net or controller reaching back into
 //! shard, which they reach only through `handle::ShardHandle`) fails here.
+//! Also checked: the shard's turn and the replica read no clock and make
+//! no blocking filesystem call (that is the runtime layer's).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -24,6 +26,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("mailbox", &["eventfd", "ops"]),
     ("metrics", &["mailbox"]),
     ("partition", &["client", "config", "ops"]),
+    ("trash", &[]),
     (
         "handle",
         &["catalog", "config", "metrics", "oneshot", "ops"],
@@ -48,6 +51,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "ops",
             "partition",
             "placement",
+            "trash",
         ],
     ),
     (
@@ -65,7 +69,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "server",
         &[
-            "catalog", "config", "control", "mailbox", "metrics", "net", "shard",
+            "catalog", "config", "control", "mailbox", "metrics", "net", "shard", "trash",
         ],
     ),
 ];
@@ -262,4 +266,90 @@ fn the_checker_sees_inline_paths_groups_and_cycles() {
         .insert("shard".into());
     let cycle = find_cycle(&edges).expect("net -> shard -> net is a cycle");
     assert!(cycle.contains(&"net".to_string()) && cycle.contains(&"shard".to_string()));
+}
+
+/// What the runtime layer alone may touch: clocks, threads, the monoio
+/// runtime, blocking filesystem calls.
+const RUNTIME_ONLY: &[&str] = &[
+    "Instant::now",
+    "SystemTime",
+    ".elapsed()",
+    "now_ms()",
+    "std::fs",
+    "std::thread",
+    "monoio::",
+];
+
+/// Functions of shard.rs that apply work and complete storage I/O: they
+/// get the time as data from the runtime loop and do file I/O only on the
+/// storage ring.
+const SHARD_TURN_FNS: &[&str] = &[
+    "run_turn",
+    "must_park",
+    "apply",
+    "commit",
+    "settle",
+    "on_storage_completions",
+    "serve_waiters",
+    "expire_waiters",
+    "checkpoint_idle",
+];
+
+/// The body of `fn name` in `code` (from its opening brace to the
+/// matching close).
+fn fn_body<'a>(code: &'a str, name: &str) -> Option<&'a str> {
+    let start = code.find(&format!("fn {name}("))?;
+    let open = start + code[start..].find('{')?;
+    let mut depth = 0usize;
+    for (i, c) in code[open..].char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some(&code[open..=open + i]);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+fn runtime_uses(code: &str) -> Vec<&'static str> {
+    let code: String = code
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("//"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    RUNTIME_ONLY
+        .iter()
+        .copied()
+        .filter(|t| code.contains(t))
+        .collect()
+}
+
+#[test]
+fn the_shard_turn_reads_no_clock_and_blocks_on_no_filesystem() {
+    let code = std::fs::read_to_string(src_dir().join("shard.rs")).expect("shard.rs");
+    for name in SHARD_TURN_FNS {
+        let body = fn_body(&code, name).unwrap_or_else(|| panic!("no fn {name} in shard.rs"));
+        let used = runtime_uses(body);
+        assert!(used.is_empty(), "shard.rs fn {name} uses {used:?}");
+    }
+}
+
+/// The replica and its storage executor are pure: the runtime's tokens
+/// appear in none of their files (tests included).
+#[test]
+fn the_replica_and_its_executor_use_no_runtime() {
+    let src = src_dir();
+    let mut files = vec![src.join("replica_io.rs")];
+    rust_files(&src.join("vsr"), &mut files);
+    rust_files(&src.join("replica_io"), &mut files);
+    for path in files {
+        let code = std::fs::read_to_string(&path).expect("source");
+        let used = runtime_uses(&code);
+        assert!(used.is_empty(), "{} uses {used:?}", path.display());
+    }
 }

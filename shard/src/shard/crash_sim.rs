@@ -26,7 +26,7 @@ use crate::mailbox::mailbox;
 
 const TOPIC: &str = "t";
 const PARTITIONS: u32 = 3;
-const FIRST_ID: u32 = 1;
+pub(super) const FIRST_ID: u32 = 1;
 const PRODUCERS: u64 = 4;
 const ROUNDS: usize = 20;
 /// Bounds the drain loop: far more turns than the workload ever needs.
@@ -71,13 +71,14 @@ fn shard(io: SimBackend, state: TopicState) -> Shard<SimBackend> {
         listener: std::net::TcpListener::bind("127.0.0.1:0").expect("bind"),
         core: None,
         ready: crossbeam_channel::bounded(1).0,
+        trash: crate::trash::channel().0,
     };
     Shard::new(setup, io, EventFd::new().expect("eventfd")).0
 }
 
 /// A producer's batch: `records` values derived from `tag`, fixed
 /// timestamps, so every run of a seed builds the same bytes.
-fn batch(tag: u64, records: u64, value_len: usize) -> Vec<u8> {
+pub(super) fn batch(tag: u64, records: u64, value_len: usize) -> Vec<u8> {
     let mut b = BatchBuilder::new(0);
     for r in 0..records {
         let value: Vec<u8> = (0..value_len)
@@ -110,7 +111,7 @@ struct Acked {
 }
 
 /// Creates the data dir and the partitions (nothing acknowledged yet).
-fn setup(seed: u64) -> Shard<SimBackend> {
+pub(super) fn setup(seed: u64) -> Shard<SimBackend> {
     let mut io = SimBackend::new(seed);
     io.create_dir(Path::new("/data")).expect("mkdir");
     let root = io.open_dir(Path::new("/")).expect("open /");
@@ -149,17 +150,17 @@ fn drive(s: &Shard<SimBackend>, seed: u64) -> Vec<Sent> {
                 reply: rx,
             });
         }
-        while s.run_turn() > 0 {}
+        while s.run_turn(Instant::now()) > 0 {}
         for _ in 0..rng.below(3) {
-            s.on_storage_completions();
+            s.on_storage_completions(Instant::now());
         }
     }
     let mut turns = 0;
     while !s.core.borrow().flights.is_empty() {
         turns += 1;
         assert!(turns < DRAIN_TURNS_MAX, "flushes never finish");
-        s.on_storage_completions();
-        while s.run_turn() > 0 {}
+        s.on_storage_completions(Instant::now());
+        while s.run_turn(Instant::now()) > 0 {}
     }
     sent
 }
@@ -247,12 +248,12 @@ fn check_recovery(io: SimBackend, acked: &BTreeMap<u32, Vec<Acked>>, label: &str
         });
         replies.push(rx);
     }
-    while s.run_turn() > 0 {}
+    while s.run_turn(Instant::now()) > 0 {}
     let mut turns = 0;
     while !s.core.borrow().flights.is_empty() {
         turns += 1;
         assert!(turns < DRAIN_TURNS_MAX, "{label}: flushes never finish");
-        s.on_storage_completions();
+        s.on_storage_completions(Instant::now());
     }
     for rx in replies {
         match rx.try_recv() {

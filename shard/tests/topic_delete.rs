@@ -1,0 +1,72 @@
+//! Deleting a topic through a running server: the shards move the
+//! partition directories into the trash and the sweeper thread removes
+//! them; what a crash left in the trash is removed by the next start.
+
+use std::path::Path;
+use std::time::Duration;
+
+use ringlog_shard::client::{batch_of, Client};
+use ringlog_shard::config::ServerConfig;
+use ringlog_shard::server::{self, Hooks};
+
+fn config(data_dir: &Path) -> ServerConfig {
+    ServerConfig {
+        data_dir: data_dir.to_path_buf(),
+        listen: "127.0.0.1:0".into(),
+        shards: 2,
+        pin_cores: false,
+        control_socket: data_dir.join("ctl.sock"),
+        segment_size_bytes: 32 * 1024,
+        write_buffer_bytes: 8192,
+        log_level: "warn".into(),
+        ..ServerConfig::default()
+    }
+}
+
+fn entries(dir: &Path) -> usize {
+    std::fs::read_dir(dir).map_or(0, |d| d.count())
+}
+
+#[test]
+fn a_deleted_topic_leaves_nothing_and_trash_left_by_a_crash_goes_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let trash = data.join("trash");
+
+    let running = server::start(config(&data), Hooks::default()).unwrap();
+    let mut c = Client::connect(running.client_addr).unwrap();
+    c.create_topic("gone", 4).unwrap();
+    for p in 0..4 {
+        c.produce("gone", p, batch_of(&[b"a", b"b"]).unwrap())
+            .unwrap();
+    }
+    c.delete_topic("gone").unwrap();
+    // The names are free at once: nothing of the topic is left in place.
+    assert!(!data.join("topics/gone").exists());
+    c.create_topic("gone", 1).unwrap();
+    let fresh = c.produce("gone", 0, batch_of(&[b"x"]).unwrap()).unwrap();
+    assert_eq!(fresh.base_offset, 0, "the new topic starts empty");
+    c.delete_topic("gone").unwrap();
+    drop(c);
+    running.shutdown_handle().trigger();
+    running.wait().unwrap();
+    // The sweeper finished before the server stopped.
+    assert!(trash.is_dir());
+    assert_eq!(entries(&trash), 0, "the trash was emptied");
+
+    // A crash while the sweeper was removing a partition: part of it left.
+    let left = trash.join("41");
+    std::fs::create_dir_all(left.join("gen3")).unwrap();
+    std::fs::write(left.join("gen3/00000000.seg"), vec![7u8; 8192]).unwrap();
+    std::fs::write(left.join("superblock"), vec![1u8; 4096]).unwrap();
+    let running = server::start(config(&data), Hooks::default()).unwrap();
+    let mut waited_ms = 0;
+    while left.exists() {
+        assert!(waited_ms < 10_000, "leftover trash not removed after start");
+        std::thread::sleep(Duration::from_millis(10));
+        waited_ms += 10;
+    }
+    running.shutdown_handle().trigger();
+    running.wait().unwrap();
+    assert_eq!(entries(&trash), 0);
+}
