@@ -786,3 +786,210 @@ fn a_cut_also_zeroes_the_dropped_torn_tail_past_the_end() {
         .collect();
     assert_eq!(ops, [1, 2, 3, 4, 5], "dropped ops came back after the cut");
 }
+
+/// What a random run expects of the log: every batch accepted, in order,
+/// the first `acked` of them durable.
+struct RandomModel {
+    log: Vec<Vec<u8>>,
+    acked: usize,
+    vsr: VsrState,
+}
+
+impl RandomModel {
+    /// Whether `got` may open after a crash inside a step that started
+    /// from `self` and, had it finished, would have left `after`: a cut
+    /// leaves the old log or the cut one; any other step a prefix of what
+    /// it accepted holding what was acknowledged before it.
+    fn allows(&self, after: &RandomModel, got: &[Vec<u8>]) -> bool {
+        let prefix_of = |log: &[Vec<u8>], min: usize| {
+            got.len() >= min && got.len() <= log.len() && got.iter().zip(log).all(|(a, b)| a == b)
+        };
+        if after.log.len() < self.log.len() {
+            prefix_of(&self.log, self.acked) || got == after.log
+        } else {
+            prefix_of(&after.log, self.acked)
+        }
+    }
+}
+
+/// One random step on `store`: the model it leaves if it finishes (what it
+/// set out to do, also on a crash inside it) and how it went.
+fn random_step(
+    io: &mut SimBackend,
+    store: &mut PartitionStore,
+    model: &RandomModel,
+    rng: &mut ringlog_storage::io::sim::SimRng,
+) -> (RandomModel, Result<(), StoreError>) {
+    let mut after = RandomModel {
+        log: model.log.clone(),
+        ..*model
+    };
+    let result = match rng.below(10) {
+        0..=4 => random_appends(io, store, &mut after, rng),
+        5 | 6 => {
+            let sealed_end = store.sealed_segments().last().map_or(0, |s| s.end_offset);
+            let sealed_op = after
+                .log
+                .iter()
+                .map(|b| BatchHeader::decode(b).unwrap())
+                .filter(|h| h.base_offset < sealed_end)
+                .map(|h| h.vsr_op)
+                .max()
+                .unwrap_or(0);
+            let lo = store.commit_known().max(sealed_op);
+            let last = store.chain().last_op;
+            if lo <= last {
+                let op = lo + rng.below(last - lo + 1);
+                // A cut flushes, then cuts; one above the last op does
+                // neither.
+                if op < last {
+                    after.log.retain(|b| op_of(b) <= op);
+                    after.acked = after.log.len();
+                }
+                store.truncate_above(io, op).map(|_| ())
+            } else {
+                Ok(())
+            }
+        }
+        7 => {
+            let last = store.chain().last_op;
+            let commit = store.commit_known() + rng.below(last - store.commit_known() + 1);
+            if rng.chance(1, 2) {
+                store.note_commit(commit);
+                Ok(())
+            } else {
+                after.vsr = VsrState {
+                    commit: commit.max(model.vsr.commit),
+                    ..model.vsr
+                };
+                store.set_vsr(io, after.vsr)
+            }
+        }
+        _ => {
+            after.acked = after.log.len();
+            store.flush(io)
+        }
+    };
+    (after, result)
+}
+
+/// Up to three appends, then (mostly) a flush.
+fn random_appends(
+    io: &mut SimBackend,
+    store: &mut PartitionStore,
+    after: &mut RandomModel,
+    rng: &mut ringlog_storage::io::sim::SimRng,
+) -> Result<(), StoreError> {
+    for _ in 0..=rng.below(3) {
+        let op = store.chain().last_op + 1;
+        let len = 100 + rng.below(3000) as usize;
+        let batch = op_batch(store, op, rng.next_u64(), len);
+        match store.append(io, &batch) {
+            Ok(_) => after.log.push(batch),
+            // The headroom is full: commit it all, as a replica would.
+            Err(StoreError::UncommittedTail { .. }) => store.note_commit(op - 1),
+            Err(e) => return Err(e),
+        }
+    }
+    if rng.chance(3, 4) {
+        after.acked = after.log.len();
+        store.flush(io)?;
+    }
+    Ok(())
+}
+
+/// Random appends, flushes, cuts, commits and power cuts (between steps and
+/// inside them, torn or not), with the seal-only-committed headroom on: the
+/// log that opens is always one the steps allow, so cut data never returns
+/// across many cuts, rolls and restarts.
+#[test]
+fn random_cuts_commits_and_crashes_never_bring_cut_data_back() {
+    let config = StoreConfig {
+        uncommitted_headroom_bytes: Some(16 * 1024),
+        ..small_config()
+    };
+    let mut cuts = 0;
+    let mut crashes = 0;
+    for seed in 0..200 {
+        let mut rng = ringlog_storage::io::sim::SimRng::new(seed);
+        let mut io = SimBackend::new(seed + 100);
+        let mut store = PartitionStore::create(&mut io, dir(), PID, config.clone()).unwrap();
+        let mut model = RandomModel {
+            log: Vec::new(),
+            acked: 0,
+            vsr: VsrState::default(),
+        };
+        for step in 0..80 {
+            let crash = rng.chance(1, 10);
+            if crash {
+                io.set_crash_at(io.ops_count() + rng.below(12), rng.chance(1, 2));
+            }
+            let ops_before = io.ops_count();
+            let (after, result) = random_step(&mut io, &mut store, &model, &mut rng);
+            let cut = result.is_ok() && after.log.len() < model.log.len();
+            cuts += u64::from(cut);
+            match result {
+                Ok(()) if !io.is_crashed() => {}
+                result => {
+                    assert!(
+                        io.is_crashed(),
+                        "seed {seed} step {step}: {:?}",
+                        result.err()
+                    );
+                    // Inside the step: the log from before it, or after it.
+                    drop(store);
+                    io = io.reboot();
+                    store = PartitionStore::open(&mut io, dir(), PID, config.clone())
+                        .unwrap_or_else(|e| panic!("seed {seed} step {step}: open: {e}"));
+                    let got = log_of(&mut io, &mut store);
+                    assert!(
+                        model.allows(&after, &got),
+                        "seed {seed} step {step} (crash {} I/Os in): ops {:?} open; before {:?} acked {}, after {:?} acked {}",
+                        io.ops_count() - ops_before,
+                        got.iter().map(|b| op_of(b)).collect::<Vec<_>>(),
+                        model.log.iter().map(|b| op_of(b)).collect::<Vec<_>>(),
+                        model.acked,
+                        after.log.iter().map(|b| op_of(b)).collect::<Vec<_>>(),
+                        after.acked,
+                    );
+                    crashes += 1;
+                    let vsr = store.superblock().vsr;
+                    assert!(
+                        vsr == model.vsr || vsr == after.vsr,
+                        "seed {seed} step {step}"
+                    );
+                    model = RandomModel {
+                        acked: got.len(),
+                        log: got,
+                        vsr,
+                    };
+                    continue;
+                }
+            }
+            model = after;
+            if crash {
+                io.set_crash_at(u64::MAX, false);
+            }
+            if rng.chance(1, 12) {
+                // A power cut between steps: the acknowledged log, and
+                // maybe appends a full write buffer or a roll flushed.
+                drop(store);
+                io = io.reboot();
+                store = PartitionStore::open(&mut io, dir(), PID, config.clone()).unwrap();
+                let got = log_of(&mut io, &mut store);
+                assert!(
+                    model.allows(&model, &got),
+                    "seed {seed} step {step}: ops {:?} open; accepted {:?} acked {}",
+                    got.iter().map(|b| op_of(b)).collect::<Vec<_>>(),
+                    model.log.iter().map(|b| op_of(b)).collect::<Vec<_>>(),
+                    model.acked
+                );
+                model.acked = got.len();
+                model.log = got;
+                assert_eq!(store.superblock().vsr, model.vsr);
+            }
+        }
+    }
+    println!("{cuts} cuts, {crashes} crashes inside a step");
+    assert!(cuts > 1000 && crashes > 200, "{cuts} cuts, {crashes} crashes");
+}

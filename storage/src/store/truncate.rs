@@ -83,7 +83,8 @@ impl PartitionStore {
     /// fdatasync, and a rescan of the kept part (the index and checksums are
     /// rebuilt from disk, as at open).
     ///
-    /// `op` equal to the last op cuts nothing (Ok, no I/O). Refused with
+    /// `op` equal to the last op cuts nothing: Ok with the accepted end, no
+    /// I/O (unflushed batches stay unflushed). Refused with
     /// [`StoreError::Cut`], nothing changed, when: `op` is below the commit
     /// (the durable VSR commit or a noted one, see
     /// [`note_commit`](PartitionStore::note_commit)): the cut would remove
