@@ -991,5 +991,8 @@ fn random_cuts_commits_and_crashes_never_bring_cut_data_back() {
         }
     }
     println!("{cuts} cuts, {crashes} crashes inside a step");
-    assert!(cuts > 1000 && crashes > 200, "{cuts} cuts, {crashes} crashes");
+    assert!(
+        cuts > 1000 && crashes > 200,
+        "{cuts} cuts, {crashes} crashes"
+    );
 }
