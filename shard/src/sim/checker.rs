@@ -33,6 +33,9 @@ pub struct Ack {
 pub trait DurableView {
     /// Whether op `op` with header checksum `checksum` is durable there.
     fn holds_durably(&self, op: u64, checksum: u64) -> bool;
+    /// Whether it held that op durably on its disk now, or on the disk its
+    /// last wipe lost (a PrepareOk sent before a wipe is a valid vote).
+    fn voted_durably(&self, op: u64, checksum: u64) -> bool;
     /// The durable VSR state in its superblock (None while it has no store).
     fn superblock_vsr(&self) -> Option<ringlog_storage::superblock::VsrState>;
 }
@@ -114,7 +117,7 @@ impl Checker {
         self.record(ack.op, ack.checksum, primary)?;
         let holders = stores
             .iter()
-            .filter(|s| s.holds_durably(ack.op, ack.checksum))
+            .filter(|s| s.voted_durably(ack.op, ack.checksum))
             .count();
         if holders < quorum {
             let detail = format!(

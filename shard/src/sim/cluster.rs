@@ -536,14 +536,16 @@ impl Cluster {
         });
         let Some(p) = primary else { return false };
         let acked_max = self.checker.acked.iter().map(|a| a.op).max().unwrap_or(0);
+        let head = p.checksum_at(p.op());
+        // The store, not only the journal, holds the head durably and no
+        // storage op is pending (a failing one could still fence).
         p.commit() >= acked_max
             && self.nodes.iter().all(|x| {
-                x.replica.as_ref().is_some_and(|r| {
+                let normal = x.replica.as_ref().is_some_and(|r| {
                     r.status() == Status::Normal && r.view() == p.view() && r.commit() == p.op()
-                }) && x
-                    .store
-                    .as_ref()
-                    .is_some_and(|s| s.durable().last_op >= p.op())
+                });
+                let stored = p.op() == 0 || head.is_some_and(|c| x.holds_durably(p.op(), c));
+                normal && stored && x.pending.is_empty()
             })
     }
 

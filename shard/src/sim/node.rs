@@ -77,6 +77,9 @@ pub struct Node {
     /// Op -> header checksum of every batch the store was given and not
     /// told to cut. Any op the store shows must be here with that checksum.
     pub model: BTreeMap<u64, u64>,
+    /// The durable part of `model` on the disk the last wipe lost: votes
+    /// this replica cast from that disk before the wipe still counted.
+    pub lost_disk: BTreeMap<u64, u64>,
     /// The highest durable VSR state the replica saw acknowledged by this
     /// disk: a reboot must not show less.
     pub durable_max: VsrState,
@@ -107,6 +110,7 @@ impl Node {
             crash_deadline_tick: None,
             crash_tears: false,
             model: BTreeMap::new(),
+            lost_disk: BTreeMap::new(),
             durable_max: VsrState::default(),
             truncate_blocked: false,
             disk_faults: DiskFaults::default(),
@@ -248,11 +252,14 @@ impl Node {
 
     /// Boots with the disk lost: a new empty store, `Replica::wiped`.
     pub fn wipe(&mut self, cfg: Config, seed: u64) -> Result<(), Violation> {
+        let durable = self.store.as_ref().map_or(0, |s| s.durable().last_op);
+        let mut model = std::mem::take(&mut self.model);
+        model.split_off(&(durable + 1));
+        self.lost_disk = model;
         self.store = None;
         self.io = SimBackend::new(seed ^ 0x5749_5045);
         self.store = Some(create_store(&mut self.io)?);
         self.io.set_faults(self.disk_faults.clone());
-        self.model.clear();
         self.durable_max = VsrState::default();
         self.pending.clear();
         let replica =
@@ -299,6 +306,10 @@ impl DurableView for Node {
     fn holds_durably(&self, op: u64, checksum: u64) -> bool {
         let durable = self.store.as_ref().map_or(0, |s| s.durable().last_op);
         op <= durable && self.model.get(&op) == Some(&checksum)
+    }
+
+    fn voted_durably(&self, op: u64, checksum: u64) -> bool {
+        self.holds_durably(op, checksum) || self.lost_disk.get(&op) == Some(&checksum)
     }
 
     fn superblock_vsr(&self) -> Option<superblock::VsrState> {

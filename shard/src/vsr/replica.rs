@@ -203,6 +203,10 @@ pub struct Replica {
     pub(super) heartbeat_commit: u64,
     /// The op the log must hold (durably) before log_view is persisted.
     pub(super) log_view_op: u64,
+    /// Some(v): ops above v were kept at a view change although no header
+    /// vouched for them (see `cut_point`); they are not committed until a
+    /// linked append proves the chain below it canonical.
+    pub(super) unverified_above: Option<u64>,
 }
 
 impl Replica {
@@ -310,6 +314,7 @@ impl Replica {
             wiped: false,
             heartbeat_commit: 0,
             log_view_op: 0,
+            unverified_above: None,
         })
     }
 
@@ -409,6 +414,11 @@ impl Replica {
             "repair reads over bound"
         );
         self.log.check_chain();
+        assert!(
+            self.unverified_above
+                .is_none_or(|v| v >= self.commit && v < self.log.op()),
+            "unverified ops include committed ones"
+        );
         let leading = self.status == Status::Normal && self.is_primary();
         if leading {
             assert_eq!(
@@ -810,6 +820,8 @@ impl Replica {
     /// Appends a verified, linked batch and flushes it.
     pub(super) fn append(&mut self, header: BatchHeader, batch: BatchBytes, out: &mut Outbox) {
         let op = header.vsr_op;
+        // It links to our head: the whole chain below is the canonical one.
+        self.unverified_above = None;
         self.log.push(Entry {
             header,
             batch: Some(batch.clone()),
@@ -1223,7 +1235,8 @@ impl Replica {
     /// Backup: learns `commit_max` and commits what its log holds of it.
     pub(super) fn advance_commit(&mut self, commit_max: u64, out: &mut Outbox) {
         self.commit_max = self.commit_max.max(commit_max);
-        let target = self.commit_max.min(self.log.op());
+        let verified = self.unverified_above.unwrap_or(u64::MAX);
+        let target = self.commit_max.min(self.log.op()).min(verified);
         while self.commit < target {
             self.commit += 1;
             out.event(Event::Committed { op: self.commit });
@@ -1237,6 +1250,9 @@ impl Replica {
         assert!(op >= self.commit, "truncation at or below commit");
         if !self.log.truncate_above(op) {
             return;
+        }
+        if self.unverified_above.is_some_and(|v| v >= op) {
+            self.unverified_above = None;
         }
         let id = self.io(out, StorageOp::TruncateAbove { op });
         self.truncations.insert(id);

@@ -1541,3 +1541,54 @@ fn dead_primary_still_deposed_within_tick_bound() {
     c.settle();
     assert_eq!(ok_reply(&c.nodes[usize::from(primary)], 2).op, 2);
 }
+
+/// Guards against: a backup cutting committed ops it holds because the
+/// StartView's suffix (the new primary's journal, pruned) starts above its
+/// log, so no header vouches for them: R2 holds ops 1..=3, knows commit 2,
+/// and must keep op 3 (committed on R0 and R1) and repair on top of it,
+/// the chain link of the first repaired batch checking it. Cutting it
+/// leaves a committed op on fewer replicas than a quorum. Found by the
+/// simulator (seed 1, R = 3: 'committed ops never cut').
+#[test]
+fn backup_keeps_committed_ops_below_a_pruned_start_view_suffix() {
+    let mut nodes = Vec::new();
+    for i in 0..3 {
+        let mut cfg = config(3, i);
+        cfg.pipeline_ops_max = 2;
+        cfg.journal_ops_max = 4;
+        nodes.push(Node::new(
+            Replica::new(cfg, u64::from(i) + 1).expect("config"),
+        ));
+    }
+    let mut c = Cluster::with_nodes(nodes);
+    // Commits reach R2 only inside Prepares: it ends one behind.
+    c.drop = Some(Box::new(|_, to, m| {
+        to == 2 && matches!(m.body, Body::Commit(_))
+    }));
+    for token in 1..=3 {
+        c.append(0, token, token as u8);
+        c.settle();
+    }
+    assert_eq!((c.r(2).op(), c.r(2).commit()), (3, 2));
+    let op3 = c.r(0).checksum_at(3).expect("op 3");
+    c.drop = Some(Box::new(|_, to, _| to == 2));
+    for token in 4..=12 {
+        c.append(0, token, token as u8);
+        c.settle();
+    }
+    c.tick(3); // a Commit heartbeat brings R1 to 12
+    assert_eq!(c.r(1).commit(), 12);
+    c.crash(0);
+    c.drop = None;
+    c.tick_until(400, |c| {
+        c.normal_primary(1) && c.r(2).status() == Status::Normal && c.r(2).commit() == 12
+    });
+    let cuts: Vec<&StorageOp> = c.nodes[2]
+        .io_log
+        .iter()
+        .filter(|o| matches!(o, StorageOp::TruncateAbove { .. }))
+        .collect();
+    assert!(cuts.is_empty(), "R2 cut committed ops: {cuts:?}");
+    assert_eq!(c.r(2).checksum_at(3), Some(op3));
+    assert_eq!(c.nodes[2].ops, c.nodes[1].ops, "R2 repaired on top of op 3");
+}

@@ -240,9 +240,10 @@ impl Replica {
             });
             return false;
         }
-        let cut = self.vouched_op(suffix).min(op);
+        let (cut, vouched) = self.cut_point(op, suffix);
         debug_assert!(cut >= self.commit && cut <= self.log.op());
         self.truncate_to(cut, out);
+        self.unverified_above = (cut > vouched).then_some(vouched);
         self.target = suffix
             .iter()
             .filter(|h| h.vsr_op > cut)
@@ -254,6 +255,39 @@ impl Replica {
             self.request_repair(from, op, out);
         }
         true
+    }
+
+    /// Where adopting the canonical log (`suffix`, ending at `op`) cuts
+    /// ours: above the ops it vouches for, and above our unvouched ops too
+    /// when nothing contradicts them and a repair follows (its first batch
+    /// must link to our last op, which checks the whole chain below; a
+    /// mismatch then cuts one op at a time, see `repair_mismatch`). A
+    /// suffix that starts above our log (the primary's journal was pruned)
+    /// vouches for nothing of ours, yet our ops may be committed ones:
+    /// cutting them would leave them on fewer replicas than a quorum.
+    /// Returns (cut, vouched): ops in `vouched + 1..=cut` are kept
+    /// unverified, and not committed until verified.
+    fn cut_point(&self, op: u64, suffix: &[BatchHeader]) -> (u64, u64) {
+        let own = self.log.op();
+        let vouched = self.vouched_op(suffix).min(op);
+        let mut contradicted = suffix
+            .iter()
+            .filter(|h| h.vsr_op <= own)
+            .find(|h| self.log.checksum_at(h.vsr_op) != Some(h.header_checksum))
+            .map(|h| h.vsr_op);
+        if let Some(first) = suffix.first() {
+            let below = first.vsr_op.saturating_sub(1);
+            let known = self.log.checksum_at(below);
+            if below <= own && known.is_some_and(|c| c != first.prev_checksum) {
+                contradicted = Some(below);
+            }
+        }
+        let limit = contradicted.map_or(own, |c| c.saturating_sub(1)).min(op);
+        if limit > vouched && limit < op {
+            (limit, vouched)
+        } else {
+            (vouched, vouched)
+        }
     }
 
     /// The highest op of our log that `suffix` shows is canonical; at
@@ -582,7 +616,16 @@ impl Replica {
                 continue;
             }
             let expected = self.target.get(&h.vsr_op).map(|e| e.header_checksum);
-            if !self.log.links(&h) || expected.is_some_and(|c| c != h.header_checksum) {
+            if h.vsr_op != self.log.op() + 1 || expected.is_some_and(|c| c != h.header_checksum) {
+                // A gap (our log moved since we asked), or the peer's op
+                // is not the canonical one: nothing said about ours.
+                out.event(Event::Dropped {
+                    what: "prepares",
+                    reason: "not the next canonical op",
+                });
+                break;
+            }
+            if !self.log.links(&h) {
                 self.repair_mismatch(out);
                 break;
             }
@@ -601,16 +644,18 @@ impl Replica {
         self.try_finish_view(out);
     }
 
-    /// A repaired batch does not link: our uncommitted tail is not the
-    /// canonical one, so cut it back to commit and repair from there.
+    /// The canonical next op does not link to our last op: that op is not
+    /// canonical (the canonical one is what it links to). Cut just it and
+    /// repair from there; the ops below may be canonical (and committed),
+    /// the next answer's link checks the next one.
     fn repair_mismatch(&mut self, out: &mut Outbox) {
         out.event(Event::Dropped {
             what: "prepares",
             reason: "does not link",
         });
         if self.log.op() > self.commit {
-            let commit = self.commit;
-            self.truncate_to(commit, out);
+            let below = self.log.op() - 1;
+            self.truncate_to(below, out);
         }
     }
 }
