@@ -7,11 +7,14 @@
 //! the log at open.
 //!
 //! Every segment file also has three frontier record slots ([`FrontierSlot`])
-//! of one block each, right after its data capacity: each flush writes one
+//! of one block each, right after its data capacity: every
+//! `FRONTIER_SLOT_EVERY_FLUSHES`-th flush (and each checkpoint) writes one
 //! (round robin) beside its data write, recording how far the log was
-//! already durable; that flush's fdatasync or the next one covers it.
+//! already durable; that flush's fdatasync covers it.
 //! Recovery trusts the newest valid slot of the live active segment as the
-//! durable frontier (see `store/open.rs`).
+//! durable frontier (see `store/open.rs`). Since most flushes write no
+//! slot, each flush also carries a [`FlushTrailer`] in the zero padding of
+//! its own data write.
 
 use std::path::{Path, PathBuf};
 
@@ -353,6 +356,139 @@ impl FrontierSlot {
     }
 }
 
+/// Size of a flush trailer: one sector, the unit a torn write keeps or
+/// loses whole.
+pub const TRAILER_BYTES: u64 = 512;
+const TRAILER_MAGIC: u64 = u64::from_le_bytes(*b"RLGTRAIL");
+const TRAILER_VERSION: u16 = 1;
+const TRAILER_LEN: usize = 128;
+const _: () = assert!(TRAILER_LEN <= TRAILER_BYTES as usize);
+const _: () = assert!(SLOT_LEN <= SLOT_BYTES as usize);
+const _: () = assert!((crate::io::BLOCK_SIZE as u64).is_multiple_of(TRAILER_BYTES));
+
+/// Where the trailer of a flush whose data ends at `end_position` goes: the
+/// first sector boundary at or past it, inside the flush's zero padding.
+pub fn trailer_position(end_position: u64) -> u64 {
+    end_position.next_multiple_of(TRAILER_BYTES)
+}
+
+/// Where the data write of a flush ending at `end_position` ends when it
+/// carries its trailer: the block boundary past the trailer (one block more
+/// than the padding when the trailer does not fit in it).
+pub fn trailer_write_end(end_position: u64) -> u64 {
+    crate::io::align_up(trailer_position(end_position) + TRAILER_BYTES)
+}
+
+/// The frontier record a flush carries in its own data write, in the
+/// padding past its last batch (see `store/open.rs`). It names the durable
+/// end as it was when the flush was prepared (what earlier, completed
+/// fdatasyncs made durable) and this flush's own end. Only the newest
+/// flush's trailer survives: the next flush rewrites that block.
+///
+/// The identity fields, and the segment's random `nonce` (from the
+/// superblock, new for every segment), make a trailer left in a recycled
+/// file, or one a producer wrote inside a batch's bytes, never match.
+///
+/// Layout (little-endian): magic u64, version u16, reserved u16+u32,
+/// checksum u64 (xxh3 of the first 128 bytes with this field zero),
+/// partition_id u32, reserved u32, then u64 each: live_generation,
+/// active_base, capacity_bytes, nonce, slot_sequence, durable_position,
+/// durable_next_offset, durable_last_checksum, durable_last_op,
+/// end_position, end_next_offset, end_last_checksum; the rest of the
+/// sector is zero.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FlushTrailer {
+    pub partition_id: u32,
+    pub live_generation: u64,
+    pub active_base: u64,
+    pub capacity_bytes: u64,
+    pub nonce: u64,
+    /// The next frontier slot's sequence when the flush was prepared: a
+    /// trailer below the newest slot record is older than that record.
+    pub slot_sequence: u64,
+    /// Byte position below which every batch was durable.
+    pub durable_position: u64,
+    pub durable_next_offset: u64,
+    pub durable_last_checksum: u64,
+    pub durable_last_op: u64,
+    /// Where this flush's data ends, and the chain there.
+    pub end_position: u64,
+    pub end_next_offset: u64,
+    pub end_last_checksum: u64,
+}
+
+impl FlushTrailer {
+    /// Encodes into `out` (one trailer sector, zero-filled past the record).
+    pub fn encode(&self, out: &mut [u8]) {
+        assert_eq!(out.len() as u64, TRAILER_BYTES);
+        out.fill(0);
+        out[0..8].copy_from_slice(&TRAILER_MAGIC.to_le_bytes());
+        out[8..10].copy_from_slice(&TRAILER_VERSION.to_le_bytes());
+        out[24..28].copy_from_slice(&self.partition_id.to_le_bytes());
+        let fields = [
+            self.live_generation,
+            self.active_base,
+            self.capacity_bytes,
+            self.nonce,
+            self.slot_sequence,
+            self.durable_position,
+            self.durable_next_offset,
+            self.durable_last_checksum,
+            self.durable_last_op,
+            self.end_position,
+            self.end_next_offset,
+            self.end_last_checksum,
+        ];
+        for (i, v) in fields.iter().enumerate() {
+            out[32 + 8 * i..40 + 8 * i].copy_from_slice(&v.to_le_bytes());
+        }
+        debug_assert_eq!(32 + 8 * fields.len(), TRAILER_LEN);
+        let sum = checksum(&out[..TRAILER_LEN]);
+        out[16..24].copy_from_slice(&sum.to_le_bytes());
+    }
+
+    /// Decodes one sector; `None` unless it is a whole, valid trailer.
+    pub fn decode(sector: &[u8]) -> Option<FlushTrailer> {
+        let sector = sector.get(..TRAILER_BYTES as usize)?;
+        let u64_at = |i: usize| u64::from_le_bytes(sector[i..i + 8].try_into().expect("8 bytes"));
+        // The magic first: this runs on every sector a recovery scan reads.
+        if u64_at(0) != TRAILER_MAGIC || sector[8..10] != TRAILER_VERSION.to_le_bytes() {
+            return None;
+        }
+        let mut zeroed = [0u8; TRAILER_LEN];
+        zeroed.copy_from_slice(&sector[..TRAILER_LEN]);
+        zeroed[16..24].fill(0);
+        let reserved_zero = sector[10..16].iter().all(|&b| b == 0)
+            && sector[28..32].iter().all(|&b| b == 0)
+            && sector[TRAILER_LEN..].iter().all(|&b| b == 0);
+        if checksum(&zeroed) != u64_at(16) || !reserved_zero {
+            return None;
+        }
+        let field = |i: usize| u64_at(32 + 8 * i);
+        Some(FlushTrailer {
+            partition_id: u32::from_le_bytes(sector[24..28].try_into().expect("4 bytes")),
+            live_generation: field(0),
+            active_base: field(1),
+            capacity_bytes: field(2),
+            nonce: field(3),
+            slot_sequence: field(4),
+            durable_position: field(5),
+            durable_next_offset: field(6),
+            durable_last_checksum: field(7),
+            durable_last_op: field(8),
+            end_position: field(9),
+            end_next_offset: field(10),
+            end_last_checksum: field(11),
+        })
+    }
+}
+
+/// A fresh random 64-bit value for a new segment's trailers (see
+/// [`FlushTrailer`]): producer bytes cannot predict it.
+pub fn new_nonce() -> std::io::Result<u64> {
+    getrandom::u64().map_err(std::io::Error::from)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -431,6 +567,66 @@ mod tests {
         assert_eq!(FrontierSlot::decode(&block[..100]), None);
         assert_eq!(FrontierSlot::decode(&[0u8; 4096]), None);
         assert_eq!(slot_offset(65536, 1), 65536 + 4096);
+    }
+
+    #[test]
+    fn flush_trailer_round_trip_and_damage() {
+        let trailer = FlushTrailer {
+            partition_id: 3,
+            live_generation: 2,
+            active_base: 100,
+            capacity_bytes: 65536,
+            nonce: 0x0123_4567_89ab_cdef,
+            slot_sequence: 4,
+            durable_position: 12288,
+            durable_next_offset: 140,
+            durable_last_checksum: 0xdead_beef,
+            durable_last_op: 141,
+            end_position: 13000,
+            end_next_offset: 150,
+            end_last_checksum: 0xfeed,
+        };
+        let mut sector = vec![0u8; TRAILER_BYTES as usize];
+        trailer.encode(&mut sector);
+        assert_eq!(FlushTrailer::decode(&sector), Some(trailer));
+        // Every single bit flip anywhere in the sector is rejected.
+        for bit in 0..TRAILER_BYTES as usize * 8 {
+            let mut bad = sector.clone();
+            bad[bit / 8] ^= 1 << (bit % 8);
+            assert_eq!(
+                FlushTrailer::decode(&bad),
+                None,
+                "flip of bit {bit} accepted"
+            );
+        }
+        for len in [0, 8, TRAILER_LEN, TRAILER_BYTES as usize - 1] {
+            assert_eq!(FlushTrailer::decode(&sector[..len]), None, "{len} bytes");
+        }
+        assert_eq!(FlushTrailer::decode(&[0u8; 512]), None);
+        // Not a frontier slot, and a slot is not a trailer.
+        assert_eq!(FrontierSlot::decode(&sector), None);
+        let mut slot = vec![0u8; SLOT_BYTES as usize];
+        FrontierSlot::default().encode(&mut slot);
+        assert_eq!(FlushTrailer::decode(&slot), None);
+    }
+
+    #[test]
+    fn trailer_goes_in_the_padding_or_one_block_past_it() {
+        assert_eq!((trailer_position(0), trailer_write_end(0)), (0, 4096));
+        assert_eq!((trailer_position(1), trailer_write_end(1)), (512, 4096));
+        assert_eq!(
+            (trailer_position(3584), trailer_write_end(3584)),
+            (3584, 4096)
+        );
+        assert_eq!(
+            (trailer_position(3585), trailer_write_end(3585)),
+            (4096, 8192)
+        );
+        assert_eq!(
+            (trailer_position(4096), trailer_write_end(4096)),
+            (4096, 8192)
+        );
+        assert_ne!(new_nonce().unwrap(), new_nonce().unwrap());
     }
 
     #[test]

@@ -15,7 +15,7 @@
 //! arbitrary). Copies that are invalid or older are repaired by rewriting
 //! them.
 //!
-//! Layout of a copy (little-endian), version 4. A decoder accepts exactly
+//! Layout of a copy (little-endian), version 5. A decoder accepts exactly
 //! [`VERSION`]; a later version bumps it.
 //! ```text
 //!   0 magic u64            8 version u16        10 copy_index u16
@@ -33,7 +33,9 @@
 //!     was created: recovery scans to it, whatever the configuration says)
 //! 200 active_prev_op u64 (VSR op of the batch before the active segment)
 //! 208 slot_floor u64     216 cut_pending_end u64 (see `Frontier`)
-//! 224 zero to the end of the copy
+//! 224 active_nonce u64 (random, new for each active segment: its flush
+//!     trailers carry it, see `segment::FlushTrailer`)
+//! 232 zero to the end of the copy
 //! ```
 //! Version 1 held the sealed segments inside the copy (at most 338 of them)
 //! and its segment checksum was over the segment's bytes; since version 2
@@ -41,7 +43,7 @@
 //! the segments are in the segment table file the `table_*` fields name and
 //! commit (see `store::table`), so a copy is one fixed-size block. Version 3
 //! adds `active_capacity`; version 4 the fields of a tail cut
-//! (`store::truncate`). There is no migration: a partition written by an
+//! (`store::truncate`); version 5 `active_nonce`. There is no migration: a partition written by an
 //! older version does not open (its copies are refused as another version).
 
 use std::path::Path;
@@ -57,8 +59,8 @@ pub const COPIES: usize = 4;
 pub const FILE_SIZE_BYTES: usize = COPY_SIZE_BYTES * COPIES;
 /// "RLGSUPER"
 const MAGIC: u64 = u64::from_le_bytes(*b"RLGSUPER");
-pub const VERSION: u16 = 4;
-const FIXED_LEN: usize = 224;
+pub const VERSION: u16 = 5;
+const FIXED_LEN: usize = 232;
 
 /// The two copies that receive the state with this sequence number.
 pub fn half_for(sequence: u64) -> [usize; 2] {
@@ -109,6 +111,9 @@ pub struct Frontier {
     /// recovery ends the log at `active_position` whatever follows, zeroes
     /// that range and commits a frontier without it before appending.
     pub cut_pending_end: u64,
+    /// The active segment's random trailer nonce (see
+    /// `segment::FlushTrailer`), drawn when the segment was created.
+    pub active_nonce: u64,
 }
 
 /// Names and commits the live part of the segment table file: entries
@@ -243,6 +248,7 @@ impl Superblock {
             f.active_prev_op,
             f.slot_floor,
             f.cut_pending_end,
+            f.active_nonce,
         ] {
             w.u64(v);
         }
@@ -317,6 +323,7 @@ impl Superblock {
             active_prev_op: r.u64(),
             slot_floor: r.u64(),
             cut_pending_end: r.u64(),
+            active_nonce: r.u64(),
             ..frontier
         };
         debug_assert_eq!(r.at, FIXED_LEN);
@@ -506,6 +513,7 @@ mod tests {
                 active_prev_op: 9,
                 slot_floor: 4,
                 cut_pending_end: 12288,
+                active_nonce: 0x5eed_0000_0000_0001,
             },
             purge_generation: 1,
             live_generation: 2,
@@ -625,11 +633,11 @@ mod tests {
     #[test]
     fn other_versions_are_refused() {
         // Version 1 listed the segments inside the copy, version 2 had no
-        // active capacity, version 3 no cut fields; reading any of them as
-        // version 4 would lose state.
+        // active capacity, version 3 no cut fields, version 4 no nonce;
+        // reading any of them as version 5 would lose state.
         let mut copy = vec![0u8; COPY_SIZE_BYTES];
         sample().encode(0, &mut copy);
-        for version in [1u16, 2, 3, VERSION + 1] {
+        for version in [1u16, 2, 3, 4, VERSION + 1] {
             let mut bad = copy.clone();
             bad[8..10].copy_from_slice(&version.to_le_bytes());
             assert_eq!(

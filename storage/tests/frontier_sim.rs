@@ -9,8 +9,11 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::{next_batch, read_all, small_config};
-use ringlog_storage::io::sim::SimBackend;
-use ringlog_storage::store::{PartitionStore, StoreConfig, StoreError};
+use ringlog_storage::io::sim::{FaultOp, SimBackend};
+use ringlog_storage::segment::{FlushTrailer, TRAILER_BYTES};
+use ringlog_storage::store::{
+    PartitionStore, StoreConfig, StoreError, FRONTIER_SLOT_EVERY_FLUSHES,
+};
 
 const DIR: &str = "/p5";
 const PID: u32 = 5;
@@ -274,7 +277,7 @@ fn crash_at_every_flush_io_loses_nothing_and_reports_corruption_below_the_record
     let mut io = SimBackend::new(1);
     run_flushes(&mut io, &config, &mut Flushed::default()).expect("clean run");
     let total_ops = io.ops_count();
-    let (mut points, mut flipped) = (0, 0);
+    let (mut points, mut flipped, mut weak) = (0, 0, 0);
     for crash_at in 0..=total_ops {
         for tear in [false, true] {
             let seed = crash_at * 2 + u64::from(tear) + 101;
@@ -323,19 +326,268 @@ fn crash_at_every_flush_io_loses_nothing_and_reports_corruption_below_the_record
                 continue;
             };
             let position = *position;
+            // The one weaker case of the bound: the torn flush N+1
+            // overwrote flush N's trailer and left none of its own; then
+            // only the newest slot record holds (none in this short run:
+            // the superblock's, at the segment's start), tested on its own
+            // in `a_torn_flush_over_the_last_trailer_falls_back_to_the_slot_record`.
+            let trailer_names_bound = durable_trailers(&io, &segment)
+                .iter()
+                .any(|t| t.durable_position >= bound);
             flip(&mut io, &segment, position, batch.len());
             let mut io = io.reboot();
-            let err = match PartitionStore::open(&mut io, dir(), PID, config.clone()) {
-                Err(e) => e,
-                Ok(s) => panic!(
-                    "{label}: opened over a bad batch at {position} ({n} flushes), next offset {}",
-                    s.next_offset()
-                ),
-            };
-            assert_corruption_at(&err, &segment, position);
-            flipped += 1;
+            match PartitionStore::open(&mut io, dir(), PID, config.clone()) {
+                Err(err) => {
+                    assert_corruption_at(&err, &segment, position);
+                    flipped += 1;
+                }
+                Ok(s) => {
+                    assert!(
+                        !trailer_names_bound,
+                        "{label}: opened over a bad batch at {position} ({n} flushes), next offset {}",
+                        s.next_offset()
+                    );
+                    weak += 1;
+                }
+            }
         }
     }
-    println!("flushes: {total_ops} I/Os, {points} crash points, {flipped} with a flipped byte");
+    println!(
+        "flushes: {total_ops} I/Os, {points} crash points, {flipped} with a flipped byte \
+         reported, {weak} dropped past the slot record (trailer torn away)"
+    );
     assert!(flipped > 20, "only {flipped} corruption checks");
+}
+
+/// Every valid flush trailer in `segment` as the disk holds it now.
+fn durable_trailers(io: &SimBackend, segment: &Path) -> Vec<FlushTrailer> {
+    io.read_whole(segment)
+        .unwrap_or_default()
+        .chunks_exact(TRAILER_BYTES as usize)
+        .filter_map(FlushTrailer::decode)
+        .collect()
+}
+
+/// The cost of the frontier record: a flush is its data write (which
+/// carries the record in a trailer) and one fdatasync; only every
+/// `FRONTIER_SLOT_EVERY_FLUSHES`-th flush adds a slot record write.
+#[test]
+fn a_flush_is_one_write_and_one_fdatasync_but_every_nth() {
+    let every = FRONTIER_SLOT_EVERY_FLUSHES;
+    let mut io = SimBackend::new(31);
+    let config = StoreConfig {
+        segment_size_bytes: 4 * 1024 * 1024,
+        ..small_config()
+    };
+    let mut store = PartitionStore::create(&mut io, dir(), PID, config).unwrap();
+    let mut with_slot = Vec::new();
+    for seed in 0..3 * every {
+        let batch = next_batch(&store, 1, 300, seed);
+        store.append(&mut io, &batch).unwrap();
+        let (writes, syncs, ops) = (
+            io.op_count(FaultOp::Write),
+            io.op_count(FaultOp::Sync),
+            io.ops_count(),
+        );
+        store.flush(&mut io).unwrap();
+        let writes = io.op_count(FaultOp::Write) - writes;
+        assert_eq!(io.op_count(FaultOp::Sync) - syncs, 1, "flush {seed}");
+        assert_eq!(
+            io.ops_count() - ops,
+            writes + 1,
+            "flush {seed}: only writes and one sync"
+        );
+        match writes {
+            1 => {}
+            2 => with_slot.push(seed),
+            n => panic!("flush {seed}: {n} writes"),
+        }
+    }
+    assert!(store.sealed_segments().next().is_none(), "no roll wanted");
+    // The first flush has nothing durable to record yet.
+    let expected: Vec<u64> = (1..=3).map(|k| k * every - 1).collect();
+    assert_eq!(with_slot, expected, "flushes that wrote a slot record");
+}
+
+/// The review's repro with trailers: ten small flushes (the default write
+/// buffer, so no flush fills it, and no slot record yet: only the last
+/// flush's trailer names the durable end; a smaller segment than the
+/// default's keeps the sim's disk small), a byte flipped in a batch's
+/// header or payload, a crash. Every
+/// batch but the last flush's is found by the trailer scan and reported;
+/// the last flush's is taken for a torn tail; after a checkpoint, every
+/// flip is reported.
+#[test]
+fn a_flip_in_any_batch_header_or_payload_below_the_last_flush_is_corruption() {
+    let header = ringlog_protocol::HEADER_LEN;
+    let config = StoreConfig {
+        segment_size_bytes: 8 * 1024 * 1024,
+        ..StoreConfig::default()
+    };
+    for checkpoint in [false, true] {
+        for flipped in 0..10usize {
+            for at in [0, header / 2, header - 1, header + 100] {
+                let seed = 700 + (flipped * 10 + at) as u64 + u64::from(checkpoint);
+                let mut io = SimBackend::new(seed);
+                let (mut store, batches) = flushed(&mut io, config.clone(), 10);
+                if checkpoint {
+                    store.checkpoint_frontier(&mut io).unwrap();
+                }
+                let segment = active_segment(&store);
+                drop(store);
+                let (position, _) = batches[flipped];
+                let byte = position as usize + at;
+                let old = io.read_whole(&segment).unwrap()[byte];
+                io.corrupt(&segment, byte, &[old ^ 0x10]);
+                let mut io = io.reboot();
+                let label = format!("batch {flipped} byte {at} checkpoint {checkpoint}");
+                match PartitionStore::open(&mut io, dir(), PID, config.clone()) {
+                    Ok(store) => {
+                        assert!(!checkpoint && flipped == 9, "{label}: dropped as torn");
+                        assert_eq!(store.next_offset(), 27, "{label}");
+                    }
+                    Err(err) => {
+                        assert!(checkpoint || flipped < 9, "{label}: {err}");
+                        assert_corruption_at(&err, &segment, position);
+                        if !checkpoint {
+                            assert!(err.to_string().contains("flush trailer"), "{label}: {err}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The one weaker case of the bound (see `open.rs`): flush N+1 tears so
+/// that it overwrote flush N's trailer and left no trailer of its own.
+/// Then a bad batch is reported only below the newest slot record (written
+/// by every FRONTIER_SLOT_EVERY_FLUSHES-th flush), and at most the flushes
+/// since are dropped. When a trailer survives, the usual bound holds:
+/// everything below end(N-1) is reported.
+#[test]
+fn a_torn_flush_over_the_last_trailer_falls_back_to_the_slot_record() {
+    let every = FRONTIER_SLOT_EVERY_FLUSHES as usize;
+    let n = every + 8;
+    let config = StoreConfig {
+        segment_size_bytes: 1024 * 1024,
+        ..small_config()
+    };
+    // Flush N+1, a batch spanning several sectors, torn mid-write; the
+    // same seed replays the same crash.
+    let crashed = |seed: u64| {
+        let mut io = SimBackend::new(900 + seed);
+        let (mut store, batches) = flushed(&mut io, config.clone(), n as u64);
+        let segment = active_segment(&store);
+        let batch = next_batch(&store, 2, 1500, 5000 + seed);
+        store.append(&mut io, &batch).unwrap();
+        io.set_crash_at(io.ops_count(), true);
+        assert!(store.flush(&mut io).is_err());
+        drop(store);
+        (io.reboot(), batches, segment)
+    };
+    let (mut weak, mut strong) = (0, 0);
+    for seed in 0..48 {
+        let (io, batches, segment) = crashed(seed);
+        let end = |i: usize| batches[i].0 + batches[i].1.len() as u64;
+        let names_end_n_1 = durable_trailers(&io, &segment)
+            .iter()
+            .any(|t| t.durable_position >= end(n - 2));
+        // The slot record written by flush `every` (1-based) names the end
+        // of the flush before it.
+        let slot_end = end(every - 2);
+        for flipped in [0, every - 2, every - 1, n - 2] {
+            let (mut io, _, _) = crashed(seed);
+            let (position, bytes) = &batches[flipped];
+            flip(&mut io, &segment, *position, bytes.len());
+            let mut io = io.reboot();
+            let label = format!("seed {seed} batch {flipped} trailer kept {names_end_n_1}");
+            match PartitionStore::open(&mut io, dir(), PID, config.clone()) {
+                Ok(store) => {
+                    // Dropped as torn: allowed only past the slot record,
+                    // and only when no trailer names end(N-1).
+                    assert!(!names_end_n_1, "{label}: dropped as torn");
+                    assert!(*position >= slot_end, "{label}: below the slot record");
+                    assert_eq!(store.next_offset(), flipped as u64 * 3, "{label}");
+                    assert!(n - flipped <= every, "{label}: more than the bound dropped");
+                }
+                Err(err) => {
+                    assert_corruption_at(&err, &segment, *position);
+                    assert!(names_end_n_1 || *position < slot_end, "{label}: {err}");
+                }
+            }
+        }
+        if names_end_n_1 {
+            strong += 1;
+        } else {
+            weak += 1;
+        }
+    }
+    println!("torn flush N+1: {strong} runs kept a trailer naming end(N-1), {weak} did not");
+    assert!(
+        weak > 0 && strong > 0,
+        "both cases wanted: {weak} weak, {strong} strong"
+    );
+}
+
+/// A roll onto a recycled file (full of another segment's batches and
+/// trailers) zeroes its first block before the superblock names it: after a
+/// crash before its first flush it opens empty from that block alone.
+/// With the stale first block put back it still opens empty (the stale
+/// trailers belong to another segment), but only after scanning the rest.
+#[test]
+fn a_recycled_active_segment_opens_empty_without_a_scan() {
+    let config = StoreConfig {
+        retention_bytes: Some(64 * 1024),
+        ..small_config()
+    };
+    let recycle = dir().join("recycle");
+    let mut io = SimBackend::new(51);
+    let mut store = PartitionStore::create(&mut io, dir(), PID, config.clone()).unwrap();
+    let mut recycled = false;
+    for seed in 0..1000 {
+        let base = store.superblock().frontier.active_base;
+        let batch = next_batch(&store, 1, 900, seed);
+        store.append(&mut io, &batch).unwrap();
+        if recycled && store.superblock().frontier.active_base != base {
+            break; // rolled onto the recycled file; nothing flushed in it
+        }
+        store.flush(&mut io).unwrap();
+        store.apply_retention(&mut io, 0).unwrap();
+        recycled = io
+            .paths()
+            .iter()
+            .any(|p| p.starts_with(&recycle) && p != &recycle);
+    }
+    assert!(recycled, "no file was recycled");
+    let segment = active_segment(&store);
+    let base = store.superblock().frontier.active_base;
+    drop(store);
+    let mut io = io.reboot();
+    let bytes = io.read_whole(&segment).unwrap().to_vec();
+    assert!(
+        bytes[..4096].iter().all(|&b| b == 0),
+        "first block not zeroed"
+    );
+    assert!(
+        bytes[4096..].iter().any(|&b| b != 0),
+        "no stale bytes: not a recycled file"
+    );
+    let opened_reads = |io: &mut SimBackend| {
+        let reads = io.op_count(FaultOp::Read);
+        let store = PartitionStore::open(io, dir(), PID, config.clone()).unwrap();
+        assert_eq!(store.next_offset(), base, "opens empty");
+        drop(store);
+        io.op_count(FaultOp::Read) - reads
+    };
+    let zeroed = opened_reads(&mut io);
+    // The stale first block back (as a crash before the zeroing landed
+    // would leave it): the trailer scan reads the rest of the file.
+    io.corrupt(&segment, 0, &bytes[4096..8192]);
+    let mut io = io.reboot();
+    let stale = opened_reads(&mut io);
+    assert!(
+        zeroed < stale,
+        "zeroed first block: {zeroed} reads, stale: {stale}"
+    );
 }

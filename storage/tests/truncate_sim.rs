@@ -311,7 +311,9 @@ fn a_crash_at_any_io_of_a_cut_opens_the_old_or_the_cut_log() {
         }
     }
     println!("cut: {total_ops} I/Os, {points} crash points checked");
-    assert!(points > 100, "only {points} crash points");
+    // A flush is two I/Os (its trailer rides in its data write), so the
+    // workload has about 57 I/Os.
+    assert!(points > 80, "only {points} crash points");
 }
 
 /// The crash points that leave a cut pending on disk (its superblock landed,

@@ -38,8 +38,8 @@ use ringlog_protocol::manifest::{Manifest, ManifestLimits};
 use super::open::list;
 use super::verify::LogVerifier;
 use super::{
-    submit_checked, table, write_new_file, ChainPoint, PartitionStore, SealedFile, StoreError,
-    TransferError, STAGING_DIR,
+    new_nonce, submit_checked, table, write_new_file, ChainPoint, PartitionStore, SealedFile,
+    StoreError, TransferError, STAGING_DIR,
 };
 use crate::io::{align_up, AlignedBuf, BufPool, FileId, IoBackend, Op, OpenMode, Sqe};
 use crate::segment::{self, segment_checksum, SealedIndex, SparseIndex};
@@ -658,8 +658,12 @@ impl PartitionStore {
                 let id = self.sb.table.id + 1;
                 table::write_fresh(io, self.partition_id, &install.staging_dir, id, &metas)
                     .map(|table| (sealed, table))
+            })
+            .and_then(|(sealed, table)| {
+                // The new active segment's trailer nonce.
+                new_nonce(self.partition_id, &install.staging_dir).map(|n| (sealed, table, n))
             });
-        let (sealed, table) = match staged {
+        let (sealed, table, nonce) = match staged {
             Ok(staged) => staged,
             Err(e) => {
                 self.abort_install(io, install)?;
@@ -693,7 +697,7 @@ impl PartitionStore {
         }
         // The commit point; a failure fences (recovery decides from the
         // copies that landed).
-        let next = self.installed_superblock(m, generation, table);
+        let next = self.installed_superblock(m, generation, table, nonce);
         self.write_superblock(io, next)?;
         tracing::info!(
             partition = self.partition_id,
@@ -720,7 +724,13 @@ impl PartitionStore {
 
     /// The superblock that makes the installed snapshot this partition's
     /// state: its generation and table, an empty active segment at its end.
-    fn installed_superblock(&self, m: &Manifest, generation: u64, table: TableRef) -> Superblock {
+    fn installed_superblock(
+        &self,
+        m: &Manifest,
+        generation: u64,
+        table: TableRef,
+        nonce: u64,
+    ) -> Superblock {
         let mut next = self.sb.successor();
         next.live_generation = generation;
         next.purge_generation = next.purge_generation.max(m.purge_generation);
@@ -735,6 +745,7 @@ impl PartitionStore {
             active_prev_checksum: m.last_checksum,
             active_capacity_bytes: self.config.segment_size_bytes,
             active_prev_op: m.last_op,
+            active_nonce: nonce,
             ..Frontier::default()
         };
         next

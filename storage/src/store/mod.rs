@@ -30,13 +30,14 @@
 //!
 //! The superblock's frontier is a checkpoint, written at seal, purge,
 //! retention and close, not on every flush. Between checkpoints the durable
-//! frontier is recorded in the active segment file itself: each flush adds
-//! a frontier record write (the durable end the previous flush's completed
-//! fdatasync made durable) to its chain, between the data write and the
-//! fdatasync, so the record costs one 4 KiB write and no fsync of its own.
+//! frontier is recorded in the active segment file itself: each flush's
+//! data write carries a trailer in its padding (the durable end the
+//! previous flush's completed fdatasync made durable, and its own end), and
+//! every [`FRONTIER_SLOT_EVERY_FLUSHES`]-th flush also writes a frontier
+//! record slot in its chain, so a flush costs one write and one fdatasync.
 //! Recovery verifies every batch below the newest record and may drop as
-//! torn only what lies past it: at most the last flush (the bound is stated
-//! in `open.rs`).
+//! torn only what no record or trailer shows acknowledged (the bound is
+//! stated in `open.rs`).
 //!
 //! VSR: [`PartitionStore::truncate_above`] cuts the uncommitted tail of the
 //! active segment durably, and with `uncommitted_headroom_bytes` a roll
@@ -69,9 +70,9 @@ pub use read::Fetched;
 pub use retention::RetentionOutcome;
 
 use crate::io::{
-    align_down, align_up, AlignedBuf, Completion, FileId, IoBackend, Op, OpenMode, Sqe,
+    align_down, align_up, AlignedBuf, Completion, FileId, IoBackend, Op, OpenMode, Sqe, BLOCK_SIZE,
 };
-use crate::segment::{self, FrontierSlot, SealedIndex, SegmentHasher, SparseIndex};
+use crate::segment::{self, FlushTrailer, FrontierSlot, SealedIndex, SegmentHasher, SparseIndex};
 use crate::superblock::{
     half_for, Frontier, SealedSegment, Superblock, VsrState, COPIES, COPY_SIZE_BYTES,
 };
@@ -87,6 +88,10 @@ const ALLOCATION_STEP_MIN_BYTES: u64 = 64 * 1024;
 /// clamped to these bounds, so a nearly empty partition reserves little and
 /// a busy one calls fallocate about once per 8 MiB.
 const ALLOCATION_STEP_MAX_BYTES: u64 = 8 * 1024 * 1024;
+/// Every this many flushes of the active segment, the flush also writes a
+/// frontier record slot (linked before its fdatasync); the others carry
+/// their record in a trailer inside their data write (see `open.rs`).
+pub const FRONTIER_SLOT_EVERY_FLUSHES: u64 = 32;
 
 /// Where the log ends: the next offset and the hash chain anchor.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -150,6 +155,11 @@ struct ActiveSegment {
     slot_sequence: u64,
     /// Records below this sequence are void (written before a tail cut).
     slot_floor: u64,
+    /// Flushes since the last one that wrote a slot record (see
+    /// [`FRONTIER_SLOT_EVERY_FLUSHES`]).
+    flushes_since_slot: u64,
+    /// The segment's random trailer nonce (from the superblock frontier).
+    nonce: u64,
     /// The position the newest frontier record known durable (superblock
     /// or slot) names: recovery verifies every batch below it.
     recorded_position: u64,
@@ -251,6 +261,7 @@ impl PartitionStore {
             table,
             frontier: Frontier {
                 active_capacity_bytes: config.segment_size_bytes,
+                active_nonce: new_nonce(pid, &active_path)?,
                 ..Frontier::default()
             },
             ..Superblock::default()
@@ -259,6 +270,7 @@ impl PartitionStore {
             active_file,
             ChainPoint::default(),
             (config.transfer_chunk_bytes, config.segment_size_bytes),
+            sb.frontier.active_nonce,
         );
         let mut store = PartitionStore {
             partition_id,
@@ -431,7 +443,12 @@ impl PartitionStore {
         if self.active.buffered_len() + bytes.len() > self.config.write_buffer_bytes {
             self.flush(io)?;
         }
-        self.reserve(io, self.active.end_position + len)?;
+        // Room for this flush's trailer too (see `prepare_flush`).
+        let end = self.active.end_position + len;
+        self.reserve(
+            io,
+            segment::trailer_write_end(end).min(self.active.capacity_bytes),
+        )?;
         let buffer_bytes = self.config.write_buffer_bytes;
         let active = &mut self.active;
         let pending = active.pending.get_or_insert_with(|| {
@@ -464,17 +481,19 @@ impl PartitionStore {
         })
     }
 
-    /// Queues this partition's flush onto `sqes`: the data write, a
-    /// frontier record of the durable end (if it moved past the newest
-    /// record) and one fdatasync, linked in that order. Returns how many
-    /// entries it added (0: nothing to flush). The matching completions go
-    /// to [`complete_flush`], in order.
+    /// Queues this partition's flush onto `sqes`: the data write, carrying
+    /// a trailer ([`FlushTrailer`]) in its padding, and one fdatasync,
+    /// linked. Every [`FRONTIER_SLOT_EVERY_FLUSHES`]-th flush, and one whose
+    /// trailer would not fit below the segment's capacity, also writes a
+    /// frontier record slot between the two. Returns how many entries it
+    /// added (0: nothing to flush). The matching completions go to
+    /// [`complete_flush`], in order.
     ///
-    /// The record names only what an earlier, completed fdatasync made
-    /// durable, never this flush's bytes: this flush may tear, the record
-    /// must not claim torn bytes. Riding this flush's own fdatasync, it is
-    /// durable once the flush completed, so at most the last completed
-    /// flush is ever past the newest durable record (see `open.rs`).
+    /// The trailer and the slot name only what an earlier, completed
+    /// fdatasync made durable (plus, the trailer, where this flush ends),
+    /// never this flush's bytes as durable: this flush may tear, a record
+    /// must not claim torn bytes. Riding this flush's own fdatasync, they
+    /// are durable once the flush completed (see the bound in `open.rs`).
     ///
     /// [`complete_flush`]: PartitionStore::complete_flush
     pub fn prepare_flush(&mut self, sqes: &mut Vec<Sqe>) -> Result<usize, StoreError> {
@@ -484,32 +503,56 @@ impl PartitionStore {
         if self.active.end_position == self.active.durable_position {
             return Ok(0);
         }
+        let trailer = self.flush_trailer();
         let active = &mut self.active;
-        let flushed_from = active.durable_position;
-        let start = align_down(flushed_from);
-        let len = (active.end_position - start) as usize;
+        let end = active.end_position;
+        let start = align_down(active.durable_position);
+        let len = (end - start) as usize;
         let mut buf = active
             .pending
             .take()
             .expect("accepted bytes past the durable end are in the write buffer");
         debug_assert_eq!(len, buf.len());
-        let padded = align_up(len as u64) as usize;
         // The next write buffer, taken on the next append, starts with the
-        // tail block this write ends in; the partition holds no buffer
-        // until then.
-        let tail_from = (align_down(active.end_position) - start) as usize;
+        // tail block this write ends in (its data, not the trailer); the
+        // partition holds no buffer until then.
+        let tail_from = (align_down(end) - start) as usize;
         active.tail.clear();
         active.tail.extend_from_slice(&buf[tail_from..len]);
-        buf.full_mut()[len..padded].fill(0);
-        buf.set_len(padded);
-        debug_assert!(start + padded as u64 <= active.capacity_bytes);
+        let written = match &trailer {
+            Some(t) => {
+                let at = (segment::trailer_position(end) - start) as usize;
+                let write_end = (segment::trailer_write_end(end) - start) as usize;
+                // Write buffers hold a block more than `write_buffer_bytes`.
+                assert!(write_end <= buf.capacity(), "no room for the trailer");
+                buf.full_mut()[len..write_end].fill(0);
+                t.encode(&mut buf.full_mut()[at..at + segment::TRAILER_BYTES as usize]);
+                write_end
+            }
+            None => {
+                let padded = align_up(len as u64) as usize;
+                buf.full_mut()[len..padded].fill(0);
+                padded
+            }
+        };
+        buf.set_len(written);
+        debug_assert!(start + written as u64 <= active.capacity_bytes);
         sqes.push(Sqe::linked(Op::Write {
             file: active.file,
             offset: start,
             buf,
         }));
-        let recorded = active.recorded_position;
-        let record = self.push_record(sqes, recorded, true);
+        active.flushes_since_slot += 1;
+        let record = if self.slot_due(trailer.is_some()) {
+            let recorded = self.active.recorded_position;
+            self.push_record(sqes, recorded, true)
+        } else {
+            None
+        };
+        if record.is_some() {
+            self.active.flushes_since_slot = 0;
+        }
+        debug_assert!(trailer.is_none_or(|t| t.slot_sequence == self.active.slot_sequence));
         sqes.push(Sqe::new(Op::Fdatasync {
             file: self.active.file,
         }));
@@ -521,11 +564,52 @@ impl PartitionStore {
         Ok(sqes.len() - before)
     }
 
-    /// Queues a frontier record of the durable end, with its fdatasync, if
-    /// the newest record lags it: after a partition's last flush, the
-    /// record trails by that flush until the next one (or this) writes it.
-    /// The shard's maintenance calls this for idle partitions, bounding the
-    /// lag in time. Returns the entries added (0: the record is current);
+    /// Whether the flush being prepared (the `flushes_since_slot`-th since
+    /// the last slot record) writes a slot record: every
+    /// [`FRONTIER_SLOT_EVERY_FLUSHES`]-th, or when it has no trailer;
+    /// never when the durable end is already recorded.
+    fn slot_due(&self, has_trailer: bool) -> bool {
+        let active = &self.active;
+        let due = !has_trailer || active.flushes_since_slot >= FRONTIER_SLOT_EVERY_FLUSHES;
+        due && active.durable_position > active.recorded_position
+    }
+
+    /// The trailer of the flush about to be prepared, or None when it would
+    /// not fit below the segment's capacity (that flush writes a slot
+    /// record instead). Its `slot_sequence` is the one in effect after this
+    /// flush's slot record, if it writes one.
+    fn flush_trailer(&self) -> Option<FlushTrailer> {
+        let active = &self.active;
+        let end = active.end_position;
+        if segment::trailer_write_end(end) > active.capacity_bytes {
+            return None;
+        }
+        // `prepare_flush` counts this flush after taking its trailer.
+        let slot = active.flushes_since_slot + 1 >= FRONTIER_SLOT_EVERY_FLUSHES
+            && active.durable_position > active.recorded_position;
+        Some(FlushTrailer {
+            partition_id: self.partition_id,
+            live_generation: self.sb.live_generation,
+            active_base: active.base_offset,
+            capacity_bytes: active.capacity_bytes,
+            nonce: active.nonce,
+            slot_sequence: active.slot_sequence + u64::from(slot),
+            durable_position: active.durable_position,
+            durable_next_offset: self.durable.next_offset,
+            durable_last_checksum: self.durable.last_checksum,
+            durable_last_op: self.durable.last_op,
+            end_position: end,
+            end_next_offset: self.chain.next_offset,
+            end_last_checksum: self.chain.last_checksum,
+        })
+    }
+
+    /// Queues a frontier record slot of the durable end, with its
+    /// fdatasync, if the newest slot record lags it: between slot records
+    /// (every [`FRONTIER_SLOT_EVERY_FLUSHES`] flushes) only the last
+    /// flush's trailer names the durable end, and it names the end before
+    /// that flush. The shard's maintenance calls this for idle partitions,
+    /// bounding the lag in time. Returns the entries added (0: the record is current);
     /// the completions go to [`complete_flush`], in order.
     ///
     /// [`complete_flush`]: PartitionStore::complete_flush
@@ -561,8 +645,9 @@ impl PartitionStore {
     }
 
     /// Bytes of the active segment that are durable but not yet below the
-    /// newest frontier record (what a crash plus a bad byte there could
-    /// make recovery take for a torn tail).
+    /// newest frontier record slot or superblock frontier (what a crash
+    /// that also tore away the last flush's trailer, plus a bad byte there,
+    /// could make recovery take for a torn tail; see `open.rs`).
     pub fn frontier_lag_bytes(&self) -> u64 {
         self.active.durable_position - self.active.recorded_position
     }
@@ -747,6 +832,13 @@ impl PartitionStore {
             active_prev_checksum: self.durable.last_checksum,
             active_capacity_bytes: self.config.segment_size_bytes,
             active_prev_op: self.durable.last_op,
+            active_nonce: match new_nonce(self.partition_id, &new_path) {
+                Ok(nonce) => nonce,
+                Err(e) => {
+                    io.close(new_file);
+                    return Err(e);
+                }
+            },
             ..Frontier::default()
         };
         // The superblock and the new segment's directory entry are made
@@ -789,6 +881,7 @@ impl PartitionStore {
                 self.config.transfer_chunk_bytes,
                 self.config.segment_size_bytes,
             ),
+            next.frontier.active_nonce,
         );
         let old = std::mem::replace(&mut self.active, new_active);
         self.sb = next;
@@ -830,6 +923,7 @@ impl PartitionStore {
             slot_floor: self.active.slot_floor,
             // A cut finishes before it returns (or before open does).
             cut_pending_end: 0,
+            active_nonce: self.active.nonce,
         }
     }
 
@@ -856,6 +950,7 @@ impl PartitionStore {
                         io.open_file(path, OpenMode::Existing)
                             .map_err(|e| StoreError::io(pid, "open", path, e))
                     })
+                    .and_then(|file| zero_first_block(io, pid, path, file))
             }
             None => create_segment_file(io, pid, path, 0),
         };
@@ -1030,14 +1125,15 @@ impl PartitionStore {
 }
 
 impl ActiveSegment {
-    /// A new segment with nothing in it (and no write buffer); the
-    /// superblock that names it records its frontier (position 0), so no
+    /// A new segment with nothing in it (and no write buffer), as the
+    /// superblock `frontier` that names it records it (position 0), so no
     /// slot record is due yet. Its allocation is not known: the first
     /// append's fallocate covers whatever is missing.
     fn empty(
         file: FileId,
         prev: ChainPoint,
         (chunk_size_bytes, capacity_bytes): (u32, u64),
+        nonce: u64,
     ) -> Self {
         Self {
             base_offset: prev.next_offset,
@@ -1055,7 +1151,9 @@ impl ActiveSegment {
             capacity_bytes,
             slot_sequence: 0,
             slot_floor: 0,
+            flushes_since_slot: 0,
             recorded_position: 0,
+            nonce,
         }
     }
 
@@ -1075,6 +1173,41 @@ fn allocation_target(end: u64, segment_size_bytes: u64) -> u64 {
         .div_ceil(ALLOCATION_STEP_MIN_BYTES)
         .saturating_mul(ALLOCATION_STEP_MIN_BYTES)
         .min(segment_size_bytes)
+}
+
+/// Zeroes (durably) the first block of recycled segment file `file`, before
+/// a superblock names it active: recovery then finds the log's end at once
+/// (zeros where the first header was due) instead of scanning stale bytes
+/// for trailers (see `open.rs`). Closes `file` on failure.
+fn zero_first_block(
+    io: &mut impl IoBackend,
+    pid: u32,
+    path: &Path,
+    file: FileId,
+) -> Result<FileId, StoreError> {
+    let mut buf = AlignedBuf::new(BLOCK_SIZE);
+    buf.set_len(BLOCK_SIZE);
+    let sqes = vec![
+        Sqe::linked(Op::Write {
+            file,
+            offset: 0,
+            buf,
+        }),
+        Sqe::new(Op::Fdatasync { file }),
+    ];
+    match submit_checked(io, sqes) {
+        Ok(_) => Ok(file),
+        Err((kind, e)) => {
+            io.close(file);
+            Err(StoreError::io(pid, kind, path, e))
+        }
+    }
+}
+
+/// A new segment's trailer nonce (see [`FlushTrailer`]); `path` names the
+/// segment in the error.
+fn new_nonce(partition_id: u32, path: &Path) -> Result<u64, StoreError> {
+    segment::new_nonce().map_err(|e| StoreError::io(partition_id, "getrandom", path, e))
 }
 
 /// Opens a directory for an fsync; the caller closes it.

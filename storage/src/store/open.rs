@@ -10,8 +10,8 @@
 //!    have changed): batches below the durable frontier record must all
 //!    verify and the log must meet the record exactly (a failure there is
 //!    corruption, reported, never truncated); past it, the scan stops at the
-//!    first batch that fails its checksum, offset or hash chain, and the log
-//!    ends there (the torn tail is dropped: the next flush overwrites it).
+//!    first batch that fails its checksum, offset or hash chain, and what
+//!    that stop is depends on the flush trailers (see below).
 //!    The record is the newest of the superblock frontier and the segment's
 //!    three frontier record slots (see `segment::FrontierSlot`); slots below
 //!    the superblock's `slot_floor` are void (written before a tail cut).
@@ -25,35 +25,63 @@
 //!
 //! ## The torn-tail bound
 //!
-//! Every flush links, in one chain, its data write, a frontier record write
-//! and one fdatasync. The record names the durable end as it was when the
-//! flush was prepared (what earlier, completed fdatasyncs made durable),
-//! never the flush's own bytes, so a torn flush cannot make it claim torn
-//! data. It goes to the next of three slots (round robin), so the newest
-//! durable record is never the one being rewritten.
+//! Every flush is one data write and one fdatasync, linked. The data write
+//! carries a trailer (`segment::FlushTrailer`, one 512-byte sector in the
+//! zero padding past its last batch, or in one more block when the padding
+//! has no room) naming the durable end as it was when the flush was
+//! prepared (what earlier, completed fdatasyncs made durable) and the
+//! flush's own end. Every `FRONTIER_SLOT_EVERY_FLUSHES`-th flush (32), a
+//! flush whose trailer would not fit below the capacity, an idle
+//! checkpoint and close also record the durable end in a frontier record
+//! slot (or the superblock). Neither record ever names the flush's own
+//! bytes as durable, so a torn flush cannot make one claim torn data.
+//!
+//! Where the walk stops, at W (W is at or past the record):
+//! a. the trailer at `trailer_position(W)` is this segment's (partition,
+//!    generation, base, capacity and the segment's random nonce match), its
+//!    flush ended at W and its chain point is the walk's: the last flush
+//!    ended here; nothing more is read;
+//! b. zeros where a header was due, and W is the record itself: nothing
+//!    was written past the record (a new segment, or a recycled one, whose
+//!    first block the roll zeroed);
+//! c. otherwise the rest of the segment, up to its recorded capacity (or
+//!    the file's end), is read in `SCAN_CHUNK_BYTES` pieces and every
+//!    sector decoded as a trailer: one of this segment, no older than the
+//!    record, naming a durable end past W proves acknowledged data past W:
+//!    Corruption. Without one, W is a torn tail (after the second read,
+//!    `batch_reads_whole`, rules out an unstable device).
 //!
 //! Let flush N be the active segment's last flush that completed before the
 //! crash: every acknowledged append ends at or below end(N), and at most
 //! flush N+1 is in flight (one flush per partition at a time). Flush N's
-//! record names end(N-1) and is durable (it preceded N's fdatasync); flush
-//! N+1's record, if it landed, names end(N) (durable, so safe to trust
-//! unsynced). Hence:
-//! - a crash alone never loses an acknowledged batch: end(N) is durable and
-//!   every batch below it is valid, so the scan passes it;
-//! - every batch below end(N-1) must verify: a bad one is corruption,
-//!   reported with partition, segment and position, never truncated;
-//! - what recovery can ever drop as torn is past end(N-1): flush N+1 (in
-//!   flight, never acknowledged) and flush N, at most W =
-//!   `write_buffer_bytes` acknowledged bytes, dropped only if they are also
-//!   damaged and flush N+1 left no record (so nothing on disk shows that N
-//!   completed: to recovery it is the flush that may have been in flight);
-//! - an idle partition closes even that window with a checkpoint
-//!   (`PartitionStore::prepare_checkpoint`: a record of end(N) linked to an
-//!   fdatasync, which the shard issues for partitions idle for a tick);
-//!   `close` does the same through the superblock.
+//! trailer names end(N-1) and is durable; flush N+1 rewrites the block
+//! holding it, and its own trailer, if it landed, names end(N). Hence:
+//! - a crash with no damage never loses an acknowledged batch: end(N) is
+//!   durable and every batch below it is valid, so the walk passes it;
+//! - with damage but no torn write, every batch below end(N-1) verifies or
+//!   is Corruption, reported with partition, segment and position: flush
+//!   N's trailer (or N+1's) names end(N-1) or more and case c finds it;
+//!   what can be dropped as torn is past end(N-1): flush N+1 (in flight,
+//!   never acknowledged) and flush N, at most `write_buffer_bytes`
+//!   acknowledged bytes, only if they are damaged too;
+//! - the one weaker case: power loss tore flush N+1 so that it overwrote
+//!   flush N's trailer sector and left no trailer of its own, and batches
+//!   are damaged too: then only the newest slot record holds, so at most
+//!   the `FRONTIER_SLOT_EVERY_FLUSHES` flushes since it (each at most
+//!   `write_buffer_bytes`) can be dropped as torn;
+//! - an idle partition closes the window with a checkpoint
+//!   (`PartitionStore::prepare_checkpoint`: a slot record of end(N) linked
+//!   to an fdatasync, which the shard issues for partitions idle for a
+//!   tick); `close` does the same through the superblock.
 //!
-//! The record costs one 4 KiB write per flush in the flush's own chain and
-//! no fsync of its own.
+//! Known limits: a header zeroed whole exactly at the record's position is
+//! taken for the log's end (case b); a producer cannot forge a trailer
+//! inside a batch without the segment's nonce (random, never sent out), and
+//! case c's scan can cost a read of the rest of the segment at the open
+//! after a crash that tore a flush.
+//!
+//! The trailer costs no I/O of its own: one more block on the data write at
+//! most, and no fsync.
 
 use std::path::{Path, PathBuf};
 
@@ -65,8 +93,10 @@ use super::{
     ChainPoint, PartitionStore, SealedFile, StoreConfig, StoreError, StorePool, RECYCLE_DIR,
     STAGING_DIR, SUPERBLOCK_FILE,
 };
-use crate::io::{align_down, AlignedBuf, FileId, IoBackend, Op, OpenMode, Sqe, BLOCK_SIZE};
-use crate::segment::{self, FrontierSlot, SealedIndex, SegmentHasher, SparseIndex};
+use crate::io::{
+    align_down, align_up, AlignedBuf, FileId, IoBackend, Op, OpenMode, Sqe, BLOCK_SIZE,
+};
+use crate::segment::{self, FlushTrailer, FrontierSlot, SealedIndex, SegmentHasher, SparseIndex};
 use crate::superblock::{
     choose, half_for, SealedSegment, Superblock, COPY_SIZE_BYTES, FILE_SIZE_BYTES,
 };
@@ -598,8 +628,9 @@ fn open_active_file(
 
 /// Recovers the active segment: every batch below the durable frontier
 /// record must verify and the log must meet the record exactly (else
-/// Corruption); past it, the first bad batch ends the log (a torn tail; see
-/// the bound at the top of this file). The scan is bounded by the segment's
+/// Corruption); past it, the first bad batch ends the log unless a flush
+/// trailer proves acknowledged data past it (see `check_tail` and the bound
+/// at the top of this file). Every read is bounded by the segment's
 /// recorded capacity, never by the current configuration.
 pub(super) fn recover_active(
     io: &mut impl IoBackend,
@@ -671,16 +702,25 @@ pub(super) fn recover_active(
         };
         Visit::Continue
     });
+    let (end, stop) = match walked {
+        Ok(walked) => walked,
+        Err(e) => {
+            pool.put_read(walker.into_buf());
+            return Err(StoreError::io(pid, "read", &path, e));
+        }
+    };
     // Zeros where a header was due are where the log ends (fresh or
     // zeroed space): no single flipped bit makes a header read as zeros.
     let stopped_at_zeros = walker
-        .buffered(
-            walked.as_ref().map_or(0, |w| w.0),
-            ringlog_protocol::HEADER_LEN,
-        )
+        .buffered(end, ringlog_protocol::HEADER_LEN)
         .is_some_and(|b| b.iter().all(|&x| x == 0));
+    let trailer_at_end = walker
+        .buffered(
+            segment::trailer_position(end),
+            segment::TRAILER_BYTES as usize,
+        )
+        .map(FlushTrailer::decode);
     pool.put_read(walker.into_buf());
-    let (end, stop) = walked.map_err(|e| StoreError::io(pid, "read", &path, e))?;
     if end == record.position {
         met_record = meets(&chain);
     }
@@ -691,24 +731,29 @@ pub(super) fn recover_active(
         };
         return Err(corruption(pid, &path, end, reason));
     }
-    if let WalkStop::Invalid { position, reason } = &stop {
-        let limit = capacity.min(file_bytes);
-        if !stopped_at_zeros
-            && batch_reads_whole(io, pid, (&path, file), (*position, limit), &chain, pool)?
-        {
-            // A second read found a whole batch where the first saw a torn
-            // one: a transient read fault, not a torn write. Cutting the log
-            // here could drop acknowledged batches, so refuse instead.
-            return Err(StoreError::io(
-                pid,
-                "read",
-                &path,
-                std::io::Error::other(format!(
-                    "the batch at byte {position} read differently twice ({reason} the first time): unstable device, not opened"
-                )),
-            ));
-        }
-        tracing::info!(partition = pid, position, %reason, "log ends at torn or stale tail");
+    // A pending cut ends the log at the cut whatever follows (see above).
+    if frontier.cut_pending_end == 0 {
+        let tail = Tail {
+            end,
+            chain: &chain,
+            stop: &stop,
+            stopped_at_zeros,
+            limit,
+        };
+        let trailer_at_end = match trailer_at_end {
+            Some(decoded) => decoded,
+            None => read_trailer(io, pid, (&path, file), end, limit)?,
+        };
+        let segment = TrailerOwner::of(pid, sb);
+        check_tail(
+            io,
+            (&path, file),
+            &segment,
+            &record,
+            trailer_at_end,
+            &tail,
+            pool,
+        )?;
     }
     debug_assert!(chain.next_offset >= frontier.next_offset);
     // No write buffer until the first append: only the partial tail block.
@@ -737,9 +782,198 @@ pub(super) fn recover_active(
         capacity_bytes: capacity,
         slot_sequence: record.slot_sequence,
         slot_floor: frontier.slot_floor,
+        flushes_since_slot: 0,
         recorded_position: record.position,
+        nonce: frontier.active_nonce,
     };
     Ok((active, chain))
+}
+
+/// Where the recovery walk of the active segment stopped.
+struct Tail<'a> {
+    end: u64,
+    chain: &'a ChainPoint,
+    stop: &'a WalkStop,
+    stopped_at_zeros: bool,
+    /// Where the segment's bytes end: its recorded capacity or the file's
+    /// end, whichever is first.
+    limit: u64,
+}
+
+/// Who a flush trailer must name to belong to the live active segment.
+struct TrailerOwner {
+    partition_id: u32,
+    live_generation: u64,
+    active_base: u64,
+    capacity_bytes: u64,
+    nonce: u64,
+}
+
+impl TrailerOwner {
+    fn of(pid: u32, sb: &Superblock) -> Self {
+        Self {
+            partition_id: pid,
+            live_generation: sb.live_generation,
+            active_base: sb.frontier.active_base,
+            capacity_bytes: sb.frontier.active_capacity_bytes,
+            nonce: sb.frontier.active_nonce,
+        }
+    }
+
+    /// Whether `t`, found at byte `position`, is a trailer this segment's
+    /// flush wrote there: its owner, and the place its own end puts it.
+    fn wrote(&self, t: &FlushTrailer, position: u64) -> bool {
+        t.partition_id == self.partition_id
+            && t.live_generation == self.live_generation
+            && t.active_base == self.active_base
+            && t.capacity_bytes == self.capacity_bytes
+            && t.nonce == self.nonce
+            && segment::trailer_position(t.end_position) == position
+            && t.durable_position <= t.end_position
+    }
+}
+
+/// Decides what the stop at `tail.end` is, past the durable frontier
+/// record (see "The torn-tail bound" at the top of this file):
+/// a. the flush trailer right there names this very end: the last flush
+///    ended here, whole; nothing more is read;
+/// b. zeros where a header was due, exactly at the record: nothing was
+///    ever written past it (a new or recycled segment, zeroed at roll);
+/// c. otherwise the segment's remaining bytes, up to `tail.limit`, are
+///    scanned for trailers: one of this segment (newer than the record)
+///    naming a durable end past `tail.end` proves acknowledged data there:
+///    Corruption. Without one the stop is a torn tail, unless a second
+///    read finds a whole batch there (an unstable device: refused).
+fn check_tail(
+    io: &mut impl IoBackend,
+    (path, file): (&Path, FileId),
+    segment: &TrailerOwner,
+    record: &Record,
+    trailer_at_end: Option<FlushTrailer>,
+    tail: &Tail,
+    pool: &StorePool,
+) -> Result<(), StoreError> {
+    let pid = segment.partition_id;
+    let end = tail.end;
+    let clean = trailer_at_end.is_some_and(|t| {
+        segment.wrote(&t, segment::trailer_position(end))
+            && t.end_position == end
+            && t.end_next_offset == tail.chain.next_offset
+            && t.end_last_checksum == tail.chain.last_checksum
+    });
+    if clean || (tail.stopped_at_zeros && end == record.position) {
+        return Ok(());
+    }
+    let range = (end, tail.limit);
+    if let Some((at, t)) = scan_trailers(io, (path, file), segment, record, range, pool)? {
+        let detail = format!(
+            "the log stops here, but the flush trailer at byte {at} records it durable up to byte {} (next offset {})",
+            t.durable_position, t.durable_next_offset
+        );
+        return Err(corruption(pid, path, end, detail));
+    }
+    let WalkStop::Invalid { position, reason } = tail.stop else {
+        return Ok(());
+    };
+    if !tail.stopped_at_zeros
+        && batch_reads_whole(
+            io,
+            pid,
+            (path, file),
+            (*position, tail.limit),
+            tail.chain,
+            pool,
+        )?
+    {
+        // A second read found a whole batch where the first saw a torn
+        // one: a transient read fault, not a torn write. Cutting the log
+        // here could drop acknowledged batches, so refuse instead.
+        return Err(StoreError::io(
+            pid,
+            "read",
+            path,
+            std::io::Error::other(format!(
+                "the batch at byte {position} read differently twice ({reason} the first time): unstable device, not opened"
+            )),
+        ));
+    }
+    tracing::info!(partition = pid, position, %reason, "log ends at torn or stale tail");
+    Ok(())
+}
+
+/// The trailer sector at `trailer_position(end)`, read on its own (when the
+/// walk's buffer did not hold it); None past `limit` or when it does not
+/// decode.
+fn read_trailer(
+    io: &mut impl IoBackend,
+    pid: u32,
+    (path, file): (&Path, FileId),
+    end: u64,
+    limit: u64,
+) -> Result<Option<FlushTrailer>, StoreError> {
+    let at = segment::trailer_position(end);
+    if at + segment::TRAILER_BYTES > limit {
+        return Ok(None);
+    }
+    let block = read_range(io, file, align_down(at), BLOCK_SIZE)
+        .map_err(|e| StoreError::io(pid, "read", path, e))?;
+    let from = (at - align_down(at)) as usize;
+    Ok(block.get(from..).and_then(FlushTrailer::decode))
+}
+
+/// Reads `[from, limit)` in [`SCAN_CHUNK_BYTES`] pieces and returns the
+/// first trailer (and its position) that `segment` wrote, no older than
+/// `record`, whose durable end lies past `from`. Bounded by `limit`: at
+/// most the segment's recorded capacity.
+fn scan_trailers(
+    io: &mut impl IoBackend,
+    (path, file): (&Path, FileId),
+    segment: &TrailerOwner,
+    record: &Record,
+    (from, limit): (u64, u64),
+    pool: &StorePool,
+) -> Result<Option<(u64, FlushTrailer)>, StoreError> {
+    let sector = segment::TRAILER_BYTES as usize;
+    let first = segment::trailer_position(from);
+    let mut at = align_down(first);
+    let mut buf = pool.take_read(SCAN_CHUNK_BYTES);
+    while at < limit {
+        let len = (SCAN_CHUNK_BYTES as u64).min(limit - at) as usize;
+        let read = Op::Read {
+            file,
+            offset: at,
+            len: align_up(len as u64) as usize,
+            buf,
+        };
+        let mut done = submit_checked(io, vec![Sqe::new(read)])
+            .map_err(|(_, e)| StoreError::io(segment.partition_id, "read", path, e))?;
+        buf = done
+            .pop()
+            .and_then(|c| c.op.into_buf())
+            .expect("a read returns its buffer");
+        let got = buf.len().min(len);
+        let found = buf[..got]
+            .chunks_exact(sector)
+            .enumerate()
+            .map(|(i, bytes)| (at + (i * sector) as u64, bytes))
+            .filter(|(position, _)| *position >= first)
+            .find_map(|(position, bytes)| {
+                FlushTrailer::decode(bytes)
+                    .filter(|t| {
+                        segment.wrote(t, position)
+                            && t.slot_sequence >= record.slot_sequence
+                            && t.durable_position > from
+                    })
+                    .map(|t| (position, t))
+            });
+        if found.is_some() || got < len {
+            pool.put_read(buf);
+            return Ok(found);
+        }
+        at += got as u64;
+    }
+    pool.put_read(buf);
+    Ok(None)
 }
 
 /// Why a batch with header `h` cannot follow `chain` in partition `pid`'s

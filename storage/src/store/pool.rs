@@ -17,13 +17,15 @@ use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
 use super::StoreConfig;
-use crate::io::{AlignedBuf, BufPool, IoBackend, Op, OpenMode, Sqe};
+use crate::io::{AlignedBuf, BufPool, IoBackend, Op, OpenMode, Sqe, BLOCK_SIZE};
 use crate::superblock::FILE_SIZE_BYTES;
 
 /// Bounds of a pool.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PoolConfig {
-    /// Size of each pooled write buffer (the stores' `write_buffer_bytes`).
+    /// Data each pooled write buffer holds (the stores'
+    /// `write_buffer_bytes`; a buffer is one block larger, for the flush
+    /// trailer).
     pub write_buffer_bytes: usize,
     /// Write buffers kept (pre-touched) while no partition needs them;
     /// more are allocated on demand and dropped on return. Buffers in use
@@ -77,7 +79,12 @@ impl StorePool {
     /// An empty pool whose recycled files go to `recycle_dir` (see
     /// [`StorePool::load_recycled`]). No I/O.
     pub fn new(recycle_dir: PathBuf, config: PoolConfig) -> Self {
-        let write = BufPool::lazy(config.write_buffer_bytes, config.write_buffers_idle_max);
+        // A block past the data: a flush's trailer may need one more block
+        // than its padding (see `segment::trailer_write_end`).
+        let write = BufPool::lazy(
+            config.write_buffer_bytes + BLOCK_SIZE,
+            config.write_buffers_idle_max,
+        );
         Self(Rc::new(RefCell::new(Inner {
             config,
             recycle_dir,

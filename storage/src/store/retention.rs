@@ -13,7 +13,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{table, ActiveSegment, ChainPoint, PartitionStore, SealedFile, StoreError};
+use super::{new_nonce, table, ActiveSegment, ChainPoint, PartitionStore, SealedFile, StoreError};
 use crate::io::{FileId, IoBackend, Op, Sqe};
 use crate::segment;
 use crate::superblock::{Frontier, SealedSegment};
@@ -36,6 +36,8 @@ impl PartitionStore {
         let pid = self.partition_id;
         let generation = self.sb.live_generation + 1;
         let new_dir = segment::generation_dir(&self.dir, generation);
+        // Drawn before anything changes: a failure here leaves no trace.
+        let nonce = new_nonce(pid, &new_dir)?;
         let created = io
             .create_dir(&new_dir)
             .map_err(|e| StoreError::io(pid, "mkdir", &new_dir, e));
@@ -60,6 +62,7 @@ impl PartitionStore {
             active_prev_checksum: self.durable.last_checksum,
             active_capacity_bytes: self.config.segment_size_bytes,
             active_prev_op: self.durable.last_op,
+            active_nonce: nonce,
             ..Frontier::default()
         };
         self.write_superblock(io, next)?;
@@ -84,6 +87,8 @@ impl PartitionStore {
         if let Some(buf) = self.active.pending.take() {
             self.pool.put_write(buf);
         }
+        // Called after the commit that names the new active segment.
+        debug_assert_eq!(self.sb.frontier.active_base, prev.next_offset);
         let active = ActiveSegment::empty(
             file,
             prev,
@@ -91,6 +96,7 @@ impl PartitionStore {
                 self.config.transfer_chunk_bytes,
                 self.config.segment_size_bytes,
             ),
+            self.sb.frontier.active_nonce,
         );
         let old_active = std::mem::replace(&mut self.active, active);
         let old_sealed = std::mem::replace(&mut self.sealed, sealed);

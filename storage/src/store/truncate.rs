@@ -24,10 +24,11 @@
 //! Bytes below X are never written except with their own values, so no
 //! batch at or below the cut is lost.
 //!
-//! Z is the old accepted end's block plus one write buffer (a flush torn at
-//! an earlier crash wrote at most that far past the end recovery kept),
-//! within the capacity and the file: no stale batch past Z can chain onto a
-//! later log.
+//! Z is the old accepted end's block plus one write buffer and one block (a
+//! flush torn at an earlier crash wrote at most that far past the end
+//! recovery kept, its trailer included), within the capacity and the file:
+//! no stale batch past Z can chain onto a later log, and no flush trailer
+//! written before the cut remains to claim cut bytes as durable.
 //!
 //! ## Seal only committed data
 //!
@@ -249,7 +250,11 @@ impl PartitionStore {
             let path = segment::log_path(&self.generation_dir, active.base_offset);
             StoreError::io(self.partition_id, "stat", path, e)
         })?;
-        let zero_end = (align_up(active.end_position) + self.config.write_buffer_bytes as u64)
+        // One block more: a flush's trailer may take a block past its data
+        // (see `segment::trailer_write_end`).
+        let zero_end = (align_up(active.end_position)
+            + self.config.write_buffer_bytes as u64
+            + BLOCK_SIZE as u64)
             .min(active.capacity_bytes)
             .min(align_up(file_bytes));
         debug_assert!(cut.position < active.end_position && active.end_position <= zero_end);
