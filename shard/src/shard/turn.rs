@@ -1,0 +1,532 @@
+//! The shard's turn: applying work to its partitions, group commit and
+//! its completions, long-poll fetches. Pure over the storage backend: no
+//! clock (the runtime loops in `shard.rs` pass the time in), no thread, no
+//! monoio, no blocking filesystem call (file I/O goes through the ring);
+//! tests/layering.rs checks this file for them.
+
+use super::*;
+
+impl<B: IoBackend> Shard<B> {
+    /// Takes up to `group_commit_appends_max` work items (local queue first,
+    /// then the mailbox) and applies them; then queues one flush per touched
+    /// partition (without one in flight) as one ring submission, without
+    /// waiting for it, and replies to everything but the produces, which are
+    /// acknowledged once a completed flush covers them (see
+    /// [`Shard::on_storage_completions`]). Returns how many items it took.
+    pub(super) fn run_turn(&self, now: Instant) -> usize {
+        let max = self.config.group_commit_appends_max;
+        let mut works = Vec::new();
+        {
+            let mut q = self.queue.borrow_mut();
+            while works.len() < max {
+                let Some(w) = q.pop_front() else { break };
+                works.push(w);
+            }
+        }
+        while works.len() < max {
+            let Some(env) = self.rx.try_recv() else {
+                break;
+            };
+            let reply = match env.reply {
+                ReplyTo::Shard { shard, token } => Responder::Remote { shard, token },
+                ReplyTo::Thread(tx) => Responder::Thread(tx),
+            };
+            works.push(Work { op: env.op, reply });
+        }
+        let taken = works.len();
+        if taken == 0 {
+            return 0;
+        }
+        let mut out = Applied::new(taken, now);
+        {
+            let mut core = self.core.borrow_mut();
+            for work in works {
+                self.apply(&mut core, work, &mut out);
+            }
+            self.commit(&mut core, &mut out);
+        }
+        for (reply, outcome) in out.replies {
+            self.respond(reply, outcome);
+        }
+        taken
+    }
+
+    /// The partition whose flush in flight `op` must wait for, if it must:
+    /// anything that would flush synchronously (purge, close, an append that
+    /// overflows the write buffer or rolls the segment), and anything queued
+    /// behind such an op, so a partition's ops keep their order. Fetches
+    /// read durable data only and never wait.
+    pub(super) fn must_park(core: &Core<B>, op: &Op) -> Option<u32> {
+        let pid = match op {
+            Op::Produce { partition_id, .. }
+            | Op::Purge { partition_id }
+            | Op::DropPartition { partition_id } => *partition_id,
+            _ => return None,
+        };
+        let p = core.partitions.get(&pid)?;
+        if !p.flush_in_flight() {
+            return None;
+        }
+        let behind = core.lanes.get(&pid).is_some_and(|l| !l.parked.is_empty());
+        let wait = behind
+            || match op {
+                Op::Produce { batch, .. } => p.append_must_wait(batch.len()),
+                _ => true,
+            };
+        wait.then_some(pid)
+    }
+
+    /// Applies one work item: replies go to `out.replies`, appends become
+    /// pending acknowledgements of their partition's lane.
+    pub(super) fn apply(&self, core: &mut Core<B>, work: Work, out: &mut Applied) {
+        if let Some(pid) = Self::must_park(core, &work.op) {
+            metrics::inc(&self.metrics.parked_total);
+            core.lanes.entry(pid).or_default().parked.push_back(work);
+            return;
+        }
+        let Work { op, reply } = work;
+        let Core {
+            io,
+            pool,
+            partitions,
+            lanes,
+            ..
+        } = core;
+        let Applied {
+            replies,
+            touched,
+            now,
+        } = out;
+        match op {
+            Op::Produce {
+                partition_id,
+                batch,
+            } => {
+                let len = batch.len() as u64;
+                let Some(p) = partitions.get_mut(&partition_id) else {
+                    replies.push((reply, Err(unknown_partition(partition_id))));
+                    return;
+                };
+                match p.produce(io, batch) {
+                    Ok(app) => {
+                        metrics::add(&self.metrics.append_bytes_total, len);
+                        touch(touched, partition_id);
+                        lanes.entry(partition_id).or_default().acks.push_back(Ack {
+                            appended: app,
+                            index: p.index,
+                            reply,
+                        });
+                    }
+                    Err(e) => {
+                        metrics::inc(&self.metrics.append_errors_total);
+                        replies.push((reply, Err(e)));
+                    }
+                }
+            }
+            Op::Fetch {
+                partition_id,
+                offset,
+                max_bytes,
+                wait_ms,
+            } => {
+                let Some(p) = partitions.get_mut(&partition_id) else {
+                    replies.push((reply, Err(unknown_partition(partition_id))));
+                    return;
+                };
+                let waits = wait_ms > 0 && p.high_watermark() == Some(offset);
+                if waits {
+                    let mut waiters = self.waiters.borrow_mut();
+                    let list = waiters.entry(partition_id).or_default();
+                    if list.len() < self.config.fetch_waiters_max {
+                        list.push(Waiter {
+                            offset,
+                            max_bytes,
+                            deadline: *now + Duration::from_millis(u64::from(wait_ms)),
+                            reply,
+                        });
+                        return;
+                    }
+                }
+                let outcome = p.fetch(io, offset, max_bytes).map(|f| {
+                    metrics::inc(&self.metrics.fetches_total);
+                    metrics::add(&self.metrics.fetch_bytes_total, f.batches.len() as u64);
+                    OpReply::Fetched(f)
+                });
+                replies.push((reply, outcome));
+            }
+            Op::Purge { partition_id } => {
+                let outcome = match partitions.get_mut(&partition_id) {
+                    Some(p) => p.purge(io).map(|()| OpReply::Empty),
+                    None => Err(unknown_partition(partition_id)),
+                };
+                // The purge flushed: pending acknowledgements may be due.
+                touch(touched, partition_id);
+                replies.push((reply, outcome));
+            }
+            Op::Describe { partition_ids } => {
+                let mut list: Vec<_> = match partition_ids {
+                    Some(ids) => ids
+                        .iter()
+                        .filter_map(|id| partitions.get(id))
+                        .map(|p| p.status(self.id))
+                        .collect(),
+                    None => partitions.values().map(|p| p.status(self.id)).collect(),
+                };
+                list.sort_by(|a, b| (&a.topic, a.partition).cmp(&(&b.topic, b.partition)));
+                replies.push((reply, Ok(OpReply::Partitions(list))));
+            }
+            Op::OpenPartition {
+                topic,
+                index,
+                partition_id,
+                create,
+            } => {
+                let outcome = match partitions.entry(partition_id) {
+                    std::collections::hash_map::Entry::Occupied(_) => Ok(OpReply::Empty),
+                    std::collections::hash_map::Entry::Vacant(slot) => {
+                        let dir = TopicTable::partition_dir(&self.config.data_dir, &topic, index);
+                        let p = Partition::open(
+                            io,
+                            pool,
+                            &dir,
+                            &topic,
+                            index,
+                            partition_id,
+                            self.config.store_config(),
+                            create,
+                        );
+                        let fault = p.status(self.id).fault;
+                        slot.insert(p);
+                        match fault {
+                            None => Ok(OpReply::Empty),
+                            Some(f) => Err(OpError::new(ErrorCode::Storage, f)),
+                        }
+                    }
+                };
+                replies.push((reply, outcome));
+            }
+            Op::DropPartition { partition_id } => {
+                if let Some(p) = partitions.remove(&partition_id) {
+                    let dir = p.dir().to_path_buf();
+                    if let Err(e) = p.close(io) {
+                        tracing::warn!(partition_id, error = %e, "close before delete failed");
+                    }
+                    // Renamed away on the ring, removed by the trash's own
+                    // thread: the name is free now, the shard never waits
+                    // for a recursive removal.
+                    let to = trash::entry_path(&self.config.data_dir, partition_id);
+                    match trash::move_in(io, &dir, &to) {
+                        Ok(()) => {
+                            self.trash.poke();
+                        }
+                        Err(e) => {
+                            tracing::warn!(dir = %dir.display(), error = %e, "moving a dropped partition into the trash; boot removes it");
+                        }
+                    }
+                }
+                // Appends still waiting for an acknowledgement get an error
+                // (the lane is settled as touched), as do waiting fetches.
+                touch(touched, partition_id);
+                if let Some(ws) = self.waiters.borrow_mut().remove(&partition_id) {
+                    for w in ws {
+                        replies.push((w.reply, Err(unknown_partition(partition_id))));
+                    }
+                }
+                replies.push((reply, Ok(OpReply::Empty)));
+            }
+            Op::ShardStatus => {
+                let st = ShardStatus {
+                    shard: self.id,
+                    core: self.core_id,
+                    partitions: partitions.len(),
+                    connections: self
+                        .metrics
+                        .connections_open
+                        .load(std::sync::atomic::Ordering::Relaxed),
+                    mailbox_depth: self.rx.len(),
+                };
+                replies.push((reply, Ok(OpReply::Shard(st))));
+            }
+            Op::Meta(m) => {
+                let mut q = self.meta_queue.borrow_mut();
+                if self.id != 0 {
+                    replies.push((
+                        reply,
+                        Err(OpError::new(ErrorCode::Internal, "not the controller")),
+                    ));
+                } else if q.len() >= META_QUEUE_MAX {
+                    replies.push((
+                        reply,
+                        Err(OpError::new(
+                            ErrorCode::Backpressure,
+                            "too many topic operations queued; retry",
+                        )),
+                    ));
+                } else {
+                    q.push_back((m, reply));
+                    self.meta.notify();
+                }
+            }
+        }
+    }
+
+    /// After applying work: queues one flush per touched partition that has
+    /// none in flight, all in one ring submission that nobody waits for
+    /// (group commit), then acknowledges whatever is durable already and
+    /// answers long-poll fetches.
+    pub(super) fn commit(&self, core: &mut Core<B>, out: &mut Applied) {
+        if out.touched.is_empty() {
+            return;
+        }
+        let mut sqes = Vec::new();
+        let mut parts = Vec::new();
+        for &pid in &out.touched {
+            let Some(p) = core.partitions.get_mut(&pid) else {
+                continue;
+            };
+            match p.prepare_flush(&mut sqes) {
+                Ok(0) => {}
+                Ok(n) => parts.push((pid, n)),
+                // Fenced: `settle` answers its appends with the cause.
+                Err(e) => tracing::debug!(partition_id = pid, error = %e, "no flush"),
+            }
+        }
+        if !parts.is_empty() {
+            let id = core.io.submit_nowait(sqes);
+            metrics::inc(&self.metrics.fsyncs_total);
+            core.flights.insert(
+                id,
+                Flight {
+                    parts,
+                    started: out.now,
+                },
+            );
+        }
+        let settled = self.settle(core, &out.touched, &mut out.replies);
+        if settled > 0 {
+            self.metrics.group_commit_appends.record(settled as u64);
+        }
+        self.serve_waiters(core, &out.touched, &mut out.replies);
+    }
+
+    /// Acknowledges the pending appends of `pids` that are durable now
+    /// (`durable().next_offset` reached their next offset); a fenced
+    /// partition fails the rest with its cause, a removed one with
+    /// UnknownPartition. Returns how many it acknowledged.
+    pub(super) fn settle(
+        &self,
+        core: &mut Core<B>,
+        pids: &[u32],
+        replies: &mut Vec<(Responder, Outcome)>,
+    ) -> usize {
+        let mut acked = 0;
+        for pid in pids {
+            let Some(lane) = core.lanes.get_mut(pid) else {
+                continue;
+            };
+            let Some(p) = core.partitions.get(pid) else {
+                let lane = core.lanes.remove(pid).unwrap_or_default();
+                for a in lane.acks {
+                    metrics::inc(&self.metrics.append_errors_total);
+                    replies.push((a.reply, Err(unknown_partition(*pid))));
+                }
+                for w in lane.parked {
+                    replies.push((w.reply, Err(unknown_partition(*pid))));
+                }
+                continue;
+            };
+            let (durable, fenced) = match p.store() {
+                Ok(s) => (
+                    s.durable().next_offset,
+                    s.fenced()
+                        .map(|cause| OpError::new(ErrorCode::PartitionFenced, cause)),
+                ),
+                Err(e) => (0, Some(e)),
+            };
+            while lane
+                .acks
+                .front()
+                .is_some_and(|a| a.appended.next_offset <= durable)
+            {
+                let Some(a) = lane.acks.pop_front() else {
+                    break;
+                };
+                metrics::inc(&self.metrics.appends_total);
+                acked += 1;
+                replies.push((
+                    a.reply,
+                    Ok(OpReply::Produced(ProduceReply {
+                        partition: a.index,
+                        base_offset: a.appended.base_offset,
+                        next_offset: a.appended.next_offset,
+                    })),
+                ));
+            }
+            let failure = match fenced {
+                Some(e) => Some(e),
+                // Nothing in flight will cover them (cannot happen: every
+                // append is followed by a flush attempt); never leave a
+                // producer hanging.
+                None if !lane.acks.is_empty() && !p.flush_in_flight() => {
+                    Some(OpError::new(ErrorCode::Storage, "append not durable"))
+                }
+                None => None,
+            };
+            if let Some(e) = failure {
+                for a in lane.acks.drain(..) {
+                    metrics::inc(&self.metrics.append_errors_total);
+                    replies.push((a.reply, Err(e.clone())));
+                }
+            }
+            if lane.acks.is_empty() && lane.parked.is_empty() {
+                core.lanes.remove(pid);
+            }
+        }
+        acked
+    }
+
+    /// Reaps finished group commits: completes each partition's flush (a
+    /// failure fences it), runs the work parked behind those flushes, queues
+    /// the next flush of partitions that took appends meanwhile, and
+    /// acknowledges the appends that are durable now.
+    pub(super) fn on_storage_completions(&self, now: Instant) {
+        let mut out = Applied::new(0, now);
+        {
+            let mut core = self.core.borrow_mut();
+            let reaped = core.io.reap();
+            if reaped.is_empty() {
+                return;
+            }
+            let mut done: Vec<u32> = Vec::new();
+            for (id, completions) in reaped {
+                let Some(flight) = core.flights.remove(&id) else {
+                    tracing::warn!(shard = self.id, batch = ?id, "completion of an unknown flush");
+                    continue;
+                };
+                let elapsed_us = now.saturating_duration_since(flight.started).as_micros() as u64;
+                self.metrics.fsync_latency_us.record(elapsed_us);
+                let mut completions = completions.into_iter();
+                for (pid, n) in flight.parts {
+                    let mine = completions.by_ref().take(n);
+                    match core.partitions.get_mut(&pid) {
+                        Some(p) => {
+                            if let Err(e) = p.complete_flush(mine) {
+                                tracing::error!(shard = self.id, partition_id = pid, error = %e, "flush failed");
+                            }
+                        }
+                        None => tracing::error!(partition_id = pid, "flushed partition is gone"),
+                    }
+                    done.push(pid);
+                }
+            }
+            for &pid in &done {
+                out.touch(pid);
+            }
+            // Work parked behind these flushes: nothing is in flight for
+            // these partitions now, so all of it runs.
+            for pid in done {
+                let parked = core
+                    .lanes
+                    .get_mut(&pid)
+                    .map(|l| std::mem::take(&mut l.parked))
+                    .unwrap_or_default();
+                for work in parked {
+                    self.apply(&mut core, work, &mut out);
+                }
+            }
+            self.commit(&mut core, &mut out);
+        }
+        for (reply, outcome) in out.replies {
+            self.respond(reply, outcome);
+        }
+        self.flushed.notify();
+    }
+
+    /// Answers long-poll fetches whose data became durable.
+    pub(super) fn serve_waiters(
+        &self,
+        core: &mut Core<B>,
+        touched: &[u32],
+        replies: &mut Vec<(Responder, Outcome)>,
+    ) {
+        let Core { io, partitions, .. } = core;
+        let mut waiters = self.waiters.borrow_mut();
+        for pid in touched {
+            let Some(list) = waiters.get_mut(pid) else {
+                continue;
+            };
+            let Some(p) = partitions.get_mut(pid) else {
+                continue;
+            };
+            let hwm = p.high_watermark().unwrap_or(0);
+            let (ready, waiting): (Vec<Waiter>, Vec<Waiter>) =
+                list.drain(..).partition(|w| w.offset < hwm);
+            *list = waiting;
+            for w in ready {
+                let outcome = p.fetch(io, w.offset, w.max_bytes).map(OpReply::Fetched);
+                replies.push((w.reply, outcome));
+            }
+        }
+    }
+
+    /// Answers the long-poll fetches whose deadline is at or before `now`
+    /// (all of them once stopping) with an empty fetch.
+    pub(super) fn expire_waiters(&self, now: Instant) {
+        let mut replies = Vec::new();
+        {
+            let core = self.core.borrow();
+            let mut waiters = self.waiters.borrow_mut();
+            for (pid, list) in waiters.iter_mut() {
+                let (expired, keep): (Vec<Waiter>, Vec<Waiter>) = list
+                    .drain(..)
+                    .partition(|w| w.deadline <= now || self.is_stopping());
+                *list = keep;
+                for w in expired {
+                    let outcome = match core.partitions.get(pid) {
+                        Some(p) => Ok(OpReply::Fetched(p.empty_fetch(w.offset))),
+                        None => Err(unknown_partition(*pid)),
+                    };
+                    replies.push((w.reply, outcome));
+                }
+            }
+            waiters.retain(|_, l| !l.is_empty());
+        }
+        for (reply, outcome) in replies {
+            self.respond(reply, outcome);
+        }
+    }
+
+    /// Brings the durable frontier record of partitions idle since the last
+    /// tick up to their durable end, in one group submission nobody waits
+    /// for: a partition's record otherwise trails by its last flush until
+    /// its next one (see `PartitionStore::prepare_checkpoint`).
+    pub(super) fn checkpoint_idle(&self, now: Instant) {
+        let mut core = self.core.borrow_mut();
+        let Core {
+            io,
+            partitions,
+            flights,
+            ..
+        } = &mut *core;
+        let mut sqes = Vec::new();
+        let mut parts = Vec::new();
+        for (&pid, p) in partitions.iter_mut() {
+            match p.prepare_checkpoint(&mut sqes) {
+                Ok(0) => {}
+                Ok(n) => parts.push((pid, n)),
+                Err(e) => tracing::debug!(partition_id = pid, error = %e, "no checkpoint"),
+            }
+        }
+        if !parts.is_empty() {
+            let id = io.submit_nowait(sqes);
+            metrics::inc(&self.metrics.fsyncs_total);
+            flights.insert(
+                id,
+                Flight {
+                    parts,
+                    started: now,
+                },
+            );
+        }
+    }
+}
