@@ -137,13 +137,25 @@ fn a_sweep_cut_short_is_finished_at_the_next_start() {
     assert_eq!(std::fs::read_dir(&trash).expect("list").count(), 0);
 }
 
+/// Puts a tree into the trash the way a shard does: built elsewhere,
+/// renamed in whole (a sweep running meanwhile never sees it half made).
+fn rename_in(dir: &Path, trash: &Path, name: &str) {
+    let staged = dir.join(format!("staged-{name}"));
+    std::fs::create_dir_all(staged.join("x")).expect("mkdir");
+    std::fs::write(staged.join("x/seg"), b"data").expect("write");
+    std::fs::rename(&staged, trash.join(name)).expect("rename into the trash");
+}
+
 /// The thread sweeps on a poke while running, not only at start and stop.
 #[test]
 fn a_poke_empties_the_trash_while_the_sweeper_runs() {
     let dir = tempfile::tempdir().expect("tempdir");
     let trash = dir.path().join(TRASH_DIR);
     let sweeper = Sweeper::start(trash.clone()).expect("start");
-    std::fs::create_dir_all(trash.join("3/x")).expect("mkdir");
+    // Long past the sweep at start (of an empty trash): only a poke can
+    // remove what comes in now.
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    rename_in(dir.path(), &trash, "3");
     let poker = sweeper.poker();
     assert_ne!(poker.poke(), Poked::Stopped);
     let mut waited_ms = 0;
@@ -154,7 +166,7 @@ fn a_poke_empties_the_trash_while_the_sweeper_runs() {
     }
     // Stop sweeps a last time: an entry nobody poked for goes too, and a
     // poker kept past the stop (as a shard's is) holds nothing up.
-    std::fs::create_dir_all(trash.join("4/y")).expect("mkdir");
+    rename_in(dir.path(), &trash, "4");
     sweeper.stop();
     assert!(!trash.join("4").exists(), "the last sweep missed an entry");
     assert_eq!(poker.poke(), Poked::Stopped);
