@@ -102,9 +102,9 @@ pub struct Frontier {
     /// VSR op of the batch before the active segment's first one (0 when
     /// none): a tail cut never goes below it (sealed data is never cut).
     pub active_prev_op: u64,
-    /// Frontier records of the active segment with a sequence below this are
-    /// void: they were written before a tail cut and may name positions
-    /// above it. 0 for a segment never cut.
+    /// Frontier records and flush trailers of the active segment with a
+    /// slot sequence below this are void: they were written before a tail
+    /// cut and may name positions above it. 0 for a segment never cut.
     pub slot_floor: u64,
     /// A cut to `active_position` is not finished while this is non-zero:
     /// `[active_position, cut_pending_end)` may still hold cut bytes, so

@@ -998,3 +998,54 @@ fn random_cuts_commits_and_crashes_never_bring_cut_data_back() {
         "{cuts} cuts, {crashes} crashes"
     );
 }
+
+/// A cut voids the flush trailers written before it by their slot
+/// sequence, not only by zeroing them: one that survived on disk (a lost
+/// or misdirected zeroing write, put back here by hand) must not make
+/// recovery call a torn tail past the cut Corruption.
+#[test]
+fn a_flush_trailer_from_before_a_cut_is_void_even_if_it_survives() {
+    use ringlog_storage::segment::{FlushTrailer, TRAILER_BYTES};
+    let config = small_config();
+    let mut io = SimBackend::new(15);
+    let mut store = partition_with_ops(&mut io, config.clone(), 10);
+    let segment = dir()
+        .join(format!("gen-{:020}", 1))
+        .join(format!("{:020}.log", 0));
+    let before = io.read_whole(&segment).unwrap().to_vec();
+    // Where the cut lands: the batches of ops 1..=5 (one segment, from 0).
+    let log = log_of(&mut io, &mut store);
+    assert!(store.sealed_segments().next().is_none());
+    let end: u64 = log.iter().take(5).map(|b| b.len() as u64).sum();
+    let stale: Vec<(usize, Vec<u8>)> = before
+        .chunks_exact(TRAILER_BYTES as usize)
+        .enumerate()
+        .map(|(i, s)| (i * TRAILER_BYTES as usize, s))
+        .filter(|(at, s)| {
+            FlushTrailer::decode(s).is_some_and(|t| t.durable_position > end) && *at as u64 > end
+        })
+        .map(|(at, s)| (at, s.to_vec()))
+        .collect();
+    assert!(!stale.is_empty(), "no trailer past the cut to put back");
+    store.truncate_above(&mut io, 5).unwrap();
+    // One batch after the cut, then damage to it: past every record, it is
+    // a torn tail, unless a trailer claims it durable.
+    let batch = op_batch(&store, 6, 600, 100);
+    store.append(&mut io, &batch).unwrap();
+    store.flush(&mut io).unwrap();
+    drop(store);
+    let (at, sector) = stale.last().unwrap();
+    assert!(*at as u64 > end + batch.len() as u64 + 4096);
+    io.corrupt(&segment, *at, sector);
+    let flip = end as usize + 100;
+    let byte = io.read_whole(&segment).unwrap()[flip];
+    io.corrupt(&segment, flip, &[byte ^ 1]);
+    let mut io = io.reboot();
+    let mut store = PartitionStore::open(&mut io, dir(), PID, config)
+        .unwrap_or_else(|e| panic!("a trailer from before the cut was trusted: {e}"));
+    let ops: Vec<u64> = log_of(&mut io, &mut store)
+        .iter()
+        .map(|b| op_of(b))
+        .collect();
+    assert_eq!(ops, [1, 2, 3, 4, 5]);
+}

@@ -13,8 +13,10 @@
 //!    first batch that fails its checksum, offset or hash chain, and what
 //!    that stop is depends on the flush trailers (see below).
 //!    The record is the newest of the superblock frontier and the segment's
-//!    three frontier record slots (see `segment::FrontierSlot`); slots below
-//!    the superblock's `slot_floor` are void (written before a tail cut).
+//!    three frontier record slots (see `segment::FrontierSlot`); slots and
+//!    flush trailers below the superblock's `slot_floor` are void (written
+//!    before a tail cut: the trailer scan takes only those at or past the
+//!    record's sequence, which is at least the floor).
 //!    While the superblock marks a cut pending, the log ends at the cut
 //!    whatever follows, and open finishes the cut (zeroes the cut bytes,
 //!    commits a superblock without the mark) before it returns; see

@@ -6,10 +6,11 @@
 //!
 //! A cut to position X (the first batch whose op is above the cut op) is
 //! three durable steps, each its own submission:
-//! 1. a superblock naming X as the frontier, with `slot_floor` S (the next
-//!    frontier record sequence: every record written before, which may name
-//!    positions above X, is void) and `cut_pending_end` Z (the cut bytes
-//!    may still be on disk up to Z);
+//! 1. a superblock naming X as the frontier, with `slot_floor` S (one past
+//!    the slot sequence in effect: every slot record and flush trailer
+//!    written before, which may name positions above X, is void, even if
+//!    it survives the zeroing) and `cut_pending_end` Z (the cut bytes may
+//!    still be on disk up to Z);
 //! 2. zeros over `[X, Z)` (the block holding X is rewritten with its bytes
 //!    below X kept), then an fdatasync;
 //! 3. a superblock without `cut_pending_end` (same frontier, same floor).
@@ -264,7 +265,9 @@ impl PartitionStore {
         next.frontier.last_checksum = cut.chain.last_checksum;
         next.frontier.last_op = cut.chain.last_op;
         next.frontier.active_position = cut.position;
-        next.frontier.slot_floor = active.slot_sequence;
+        // Past the sequence in effect: flush trailers carry that one, so
+        // every slot record and trailer written before the cut is void.
+        next.frontier.slot_floor = active.slot_sequence + 1;
         next.frontier.cut_pending_end = zero_end;
         self.write_superblock_copies(io, &next, &half_for(next.sequence))?;
         self.sb = next;
