@@ -939,6 +939,7 @@ fn random_cuts_commits_and_crashes_never_bring_cut_data_back() {
                         result.err()
                     );
                     // Inside the step: the log from before it, or after it.
+                    let crash_io = io.ops_count() - ops_before;
                     drop(store);
                     io = io.reboot();
                     store = PartitionStore::open(&mut io, dir(), PID, config.clone())
@@ -947,7 +948,7 @@ fn random_cuts_commits_and_crashes_never_bring_cut_data_back() {
                     assert!(
                         model.allows(&after, &got),
                         "seed {seed} step {step} (crash {} I/Os in): ops {:?} open; before {:?} acked {}, after {:?} acked {}",
-                        io.ops_count() - ops_before,
+                        crash_io,
                         got.iter().map(|b| op_of(b)).collect::<Vec<_>>(),
                         model.log.iter().map(|b| op_of(b)).collect::<Vec<_>>(),
                         model.acked,

@@ -81,9 +81,10 @@ impl PartitionStore {
     /// For the VSR executor's `StorageOp::TruncateAbove { op }`: everything
     /// appended before it is covered (accepted, unflushed batches are
     /// flushed first, then cut). It costs a scan of the active segment up to
-    /// the cut, two superblock writes, one zeroing write with its
-    /// fdatasync, and a rescan of the kept part (the index and checksums are
-    /// rebuilt from disk, as at open).
+    /// the cut, two superblock writes, zeroing writes (one write buffer
+    /// each, so the memory is one buffer) and one fdatasync, and a rescan of
+    /// the kept part (the index and checksums are rebuilt from disk, as at
+    /// open).
     ///
     /// `op` equal to the last op cuts nothing: Ok with the accepted end, no
     /// I/O (unflushed batches stay unflushed). Refused with
