@@ -29,7 +29,7 @@ use crate::config::ServerConfig;
 use crate::control::{ControlContext, ControlServer, LogLevelHook};
 use crate::mailbox::mailbox;
 use crate::metrics::ShardMetrics;
-use crate::shard::{self, ShardSetup, Shutdown};
+use crate::shard::{self, ShardSetup, Shutdown, RECYCLE_DIR};
 use crate::trash::{Sweeper, TRASH_DIR};
 
 /// How long shards may take to open their partitions at boot.
@@ -109,6 +109,7 @@ pub fn start(config: ServerConfig, hooks: Hooks) -> Result<Running, ServerError>
     // Started before the shards so that what a crash left in the trash goes
     // first; it works beside the boot, not before it.
     let trash_dir = data_dir.join(TRASH_DIR);
+    prepare_recycle_dirs(&data_dir, &trash_dir, config.shard_count())?;
     let sweeper = Sweeper::start(trash_dir.clone()).map_err(|source| ServerError::DataDir {
         path: trash_dir,
         source,
@@ -413,6 +414,36 @@ fn rebuild_catalog(data_dir: &Path) -> Result<TopicTable, ServerError> {
         .collect();
     tracing::warn!(?topics, "rebuilt topics.json from the partitions on disk");
     Ok(table)
+}
+
+/// Makes `<data_dir>/recycle` (each shard makes its own dir in it) and moves
+/// the recycle dirs of shards this process does not run (the shard count
+/// went down; their files are garbage) into the trash, whose sweeper removes
+/// them beside the boot. A dir that cannot be moved is logged and left for
+/// the next boot.
+fn prepare_recycle_dirs(data_dir: &Path, trash: &Path, shards: usize) -> Result<(), ServerError> {
+    let root = data_dir.join(RECYCLE_DIR);
+    for dir in [&root, trash] {
+        std::fs::create_dir_all(dir).map_err(|source| ServerError::DataDir {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+    }
+    let Ok(entries) = std::fs::read_dir(&root) else {
+        return Ok(());
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let ours = name.parse::<usize>().is_ok_and(|n| n < shards);
+        if ours {
+            continue;
+        }
+        let to = trash.join(format!("{RECYCLE_DIR}-{name}"));
+        if let Err(e) = std::fs::rename(entry.path(), &to) {
+            tracing::warn!(dir = %entry.path().display(), error = %e, "moving a stale recycle directory into the trash");
+        }
+    }
+    Ok(())
 }
 
 /// Removes partition directories topics.json does not reference.

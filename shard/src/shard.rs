@@ -495,15 +495,9 @@ impl<B: IoBackend> Shard<B> {
             partitions,
             ..
         } = &mut *core;
-        if self.id == 0 {
-            remove_foreign_recycle_dirs(&self.config.data_dir, self.shard_count());
-        }
+        // The server made the recycle root and cleared foreign shards' dirs.
         let recycle_dir = pool.recycle_dir();
-        let loaded = recycle_dir
-            .parent()
-            .map_or(Ok(()), std::fs::create_dir_all)
-            .and_then(|()| pool.load_recycled(io));
-        if let Err(e) = loaded {
+        if let Err(e) = pool.load_recycled(io) {
             // Recycling is an optimisation: without it segments start empty.
             tracing::warn!(shard = self.id, dir = %recycle_dir.display(), error = %e, "recycled segment files not loaded");
         }
@@ -694,8 +688,8 @@ impl Shard {
     }
 }
 
-/// Directory of shard `id`'s recycled segment files.
-const RECYCLE_DIR: &str = "recycle";
+/// Directory of the shards' recycled segment files (one dir per shard).
+pub(crate) const RECYCLE_DIR: &str = "recycle";
 
 /// The pool of shard `id`: recycled files in `<data_dir>/recycle/<id>`,
 /// bounded per shard by `recycled_files_max`.
@@ -709,27 +703,6 @@ fn shard_pool(config: &ServerConfig, id: usize) -> StorePool {
             ..PoolConfig::private(&store)
         },
     )
-}
-
-/// Removes the recycle directories of shards this process does not run
-/// (the shard count went down): their files are garbage.
-fn remove_foreign_recycle_dirs(data_dir: &std::path::Path, shards: usize) {
-    let root = data_dir.join(RECYCLE_DIR);
-    let Ok(entries) = std::fs::read_dir(&root) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        let ours = name
-            .to_str()
-            .and_then(|n| n.parse::<usize>().ok())
-            .is_some_and(|n| n < shards);
-        if !ours {
-            if let Err(e) = std::fs::remove_dir_all(entry.path()) {
-                tracing::warn!(dir = %entry.path().display(), error = %e, "removing a stale recycle directory");
-            }
-        }
-    }
 }
 
 pub(crate) fn unknown_partition(partition_id: u32) -> OpError {

@@ -321,3 +321,17 @@ fn the_replica_and_its_executor_use_no_runtime() {
         assert!(used.is_empty(), "{} uses {used:?}", path.display());
     }
 }
+
+/// The shard thread touches files only through its storage ring: the
+/// directories it needs (recycle root, trash) are made by the server before
+/// it starts, and stale ones go through the trash.
+#[test]
+fn the_shard_thread_makes_no_blocking_filesystem_call() {
+    let code = std::fs::read_to_string(src_dir().join("shard.rs")).expect("shard.rs");
+    let code: String = code
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("//"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(!code.contains("std::fs"), "shard.rs calls std::fs");
+}

@@ -70,3 +70,26 @@ fn a_deleted_topic_leaves_nothing_and_trash_left_by_a_crash_goes_at_start() {
     running.wait().unwrap();
     assert_eq!(entries(&trash), 0);
 }
+
+/// The shard count went down: the recycle dirs of shards that no longer
+/// run go through the trash (the shards never remove them themselves), the
+/// running shards' stay.
+#[test]
+fn stale_recycle_dirs_of_removed_shards_are_trashed_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    for stale in ["recycle/2", "recycle/7", "recycle/junk"] {
+        std::fs::create_dir_all(data.join(stale)).unwrap();
+        std::fs::write(data.join(stale).join("00000001.seg"), vec![0u8; 4096]).unwrap();
+    }
+    let running = server::start(config(&data), Hooks::default()).unwrap();
+    running.shutdown_handle().trigger();
+    running.wait().unwrap();
+    let mut left: Vec<String> = std::fs::read_dir(data.join("recycle"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    left.sort();
+    assert_eq!(left, ["0", "1"], "only the two running shards' dirs stay");
+    assert_eq!(entries(&data.join("trash")), 0, "the trash was emptied");
+}
