@@ -1050,3 +1050,57 @@ fn a_flush_trailer_from_before_a_cut_is_void_even_if_it_survives() {
         .collect();
     assert_eq!(ops, [1, 2, 3, 4, 5]);
 }
+
+/// With a headroom, a roll due while a flush is in flight waits for a
+/// later append (the batch goes into the headroom), so a caller that
+/// waits for its flush only before batches past the capacity (the shard's
+/// rule) never makes the store flush twice at once.
+#[test]
+fn a_roll_due_during_a_flush_in_flight_waits_for_the_next_append() {
+    let headroom = 16 * 1024;
+    let config = StoreConfig {
+        uncommitted_headroom_bytes: Some(headroom),
+        ..small_config()
+    };
+    let mut io = SimBackend::new(16);
+    let mut store = PartitionStore::create(&mut io, dir(), PID, config).unwrap();
+    let capacity = store.active_capacity_bytes();
+    let mut op = 0;
+    // Committed batches up to just below the roll point.
+    loop {
+        let batch = op_batch(&store, op + 1, op + 1, 1500);
+        if store.size_bytes() + batch.len() as u64 > capacity - headroom {
+            break;
+        }
+        op += 1;
+        store.append(&mut io, &batch).unwrap();
+        store.flush(&mut io).unwrap();
+        store.note_commit(op);
+    }
+    // A flush in flight, then a batch past the roll point that fits.
+    store
+        .append(&mut io, &op_batch(&store, op + 1, op + 1, 10))
+        .unwrap();
+    op += 1;
+    store.note_commit(op);
+    let mut sqes = Vec::new();
+    assert!(store.prepare_flush(&mut sqes).unwrap() > 0);
+    let batch = op_batch(&store, op + 1, op + 1, 1500);
+    assert!(!store.append_rolls(batch.len()));
+    store.append(&mut io, &batch).unwrap();
+    op += 1;
+    assert!(
+        store.sealed_segments().next().is_none(),
+        "rolled with a flush in flight"
+    );
+    assert!(store.size_bytes() > capacity - headroom);
+    let completions = io.submit(sqes);
+    store.complete_flush(completions).unwrap();
+    store.flush(&mut io).unwrap();
+    store.note_commit(op);
+    // No flush in flight: the next append rolls.
+    let batch = op_batch(&store, op + 1, op + 1, 100);
+    assert!(store.append_rolls(batch.len()));
+    store.append(&mut io, &batch).unwrap();
+    assert_eq!(store.sealed_segments().count(), 1);
+}

@@ -418,27 +418,10 @@ impl PartitionStore {
             });
         }
         let len = bytes.len() as u64;
-        let end = self.active.end_position;
-        if end + len > self.roll_at_bytes() && end > 0 && !self.seal_allowed() {
-            // Seal only committed data: use the headroom, or refuse.
-            if end + len > self.active.capacity_bytes {
-                return Err(StoreError::UncommittedTail {
-                    partition_id: pid,
-                    last_op: self.chain.last_op,
-                    commit: self.commit_known(),
-                    capacity_bytes: self.active.capacity_bytes,
-                });
-            }
-        } else if end > 0 && end + len > self.roll_at_bytes() {
+        if self.append_rolls(bytes.len()) {
             self.roll(io)?;
-        } else if end + len > self.active.capacity_bytes {
-            // Only when the segment was created under a smaller segment
-            // size than the batch limit allows now.
-            return Err(StoreError::BatchTooLarge {
-                partition_id: pid,
-                len_bytes: bytes.len(),
-                max_bytes: self.active.capacity_bytes as usize,
-            });
+        } else if self.active.end_position + len > self.active.capacity_bytes {
+            return Err(self.no_room_error(bytes.len()));
         }
         if self.active.buffered_len() + bytes.len() > self.config.write_buffer_bytes {
             self.flush(io)?;

@@ -135,13 +135,43 @@ impl PartitionStore {
         self.sb.vsr.commit.max(self.commit_noted)
     }
 
-    /// Whether appending a batch of `len_bytes` now would roll the segment
-    /// (which flushes first: a caller with a flush in flight completes it
-    /// before such an append). With an uncommitted-tail headroom the roll
-    /// comes before the capacity, and only once the tail is committed.
+    /// Whether appending a batch of `len_bytes` now rolls the segment first
+    /// (a roll flushes, so a caller with a flush in flight completes it
+    /// before such an append). Without a headroom: when the batch does not
+    /// fit the capacity. With one: when it passes the roll point and every
+    /// accepted op is committed; while a flush is in flight the roll waits
+    /// for a later append (the batch goes into the headroom), unless the
+    /// batch does not fit the capacity, so a caller that waits only for
+    /// batches past the capacity never meets a roll with a flush in flight.
     pub fn append_rolls(&self, len_bytes: usize) -> bool {
         let end = self.active.end_position;
-        end > 0 && end + len_bytes as u64 > self.roll_at_bytes() && self.seal_allowed()
+        let past = end + len_bytes as u64;
+        let fits = past <= self.active.capacity_bytes;
+        end > 0
+            && past > self.roll_at_bytes()
+            && self.seal_allowed()
+            && (!fits || self.flushing.is_none())
+    }
+
+    /// Why a batch of `len_bytes` that neither fits nor rolls is refused:
+    /// larger than an empty segment, or held back by the uncommitted tail.
+    pub(super) fn no_room_error(&self, len_bytes: usize) -> StoreError {
+        if self.active.end_position == 0 {
+            // Only when the segment was created under a smaller segment
+            // size than the batch limit allows now.
+            return StoreError::BatchTooLarge {
+                partition_id: self.partition_id,
+                len_bytes,
+                max_bytes: self.active.capacity_bytes as usize,
+            };
+        }
+        debug_assert!(!self.seal_allowed());
+        StoreError::UncommittedTail {
+            partition_id: self.partition_id,
+            last_op: self.chain.last_op,
+            commit: self.commit_known(),
+            capacity_bytes: self.active.capacity_bytes,
+        }
     }
 
     /// Whether the active segment is past its roll point holding ops above
