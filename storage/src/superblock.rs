@@ -43,8 +43,9 @@
 //! the segments are in the segment table file the `table_*` fields name and
 //! commit (see `store::table`), so a copy is one fixed-size block. Version 3
 //! adds `active_capacity`; version 4 the fields of a tail cut
-//! (`store::truncate`); version 5 `active_nonce`. There is no migration: a partition written by an
-//! older version does not open (its copies are refused as another version).
+//! (`store::truncate`); version 5 `active_nonce`. There is no migration: a
+//! partition written by an older version does not open (its copies are
+//! refused as another version).
 
 use std::path::Path;
 
