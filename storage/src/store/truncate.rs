@@ -59,7 +59,8 @@
 //!
 //! [`StoreConfig::uncommitted_headroom_bytes`]: super::StoreConfig::uncommitted_headroom_bytes
 
-use super::open::{read_range, recover_active};
+use super::open::{read_range, recover_active, SCAN_CHUNK_BYTES};
+use super::walk::{Visit, WalkStop, Walker};
 use super::{submit_checked, ChainPoint, CutError, PartitionStore, StoreError};
 use crate::io::{align_down, align_up, AlignedBuf, FileId, IoBackend, Op, Sqe, BLOCK_SIZE};
 use crate::segment;
@@ -238,9 +239,8 @@ impl PartitionStore {
             last_checksum: active.prev_checksum,
             last_op: active.prev_op,
         };
-        let buf = self.pool.take_read(super::open::SCAN_CHUNK_BYTES);
-        let mut walker =
-            super::walk::Walker::with_buf(active.file, super::open::SCAN_CHUNK_BYTES, buf);
+        let buf = self.pool.take_read(SCAN_CHUNK_BYTES);
+        let mut walker = Walker::with_buf(active.file, SCAN_CHUNK_BYTES, buf);
         let walked = walker.walk_until(
             io,
             0,
@@ -253,7 +253,7 @@ impl PartitionStore {
                     last_checksum: h.header_checksum,
                     last_op: h.vsr_op,
                 };
-                super::walk::Visit::Continue
+                Visit::Continue
             },
         );
         self.pool.put_read(walker.into_buf());
@@ -261,7 +261,7 @@ impl PartitionStore {
         let (position, stop) =
             walked.map_err(|e| StoreError::io(self.partition_id, "read", &path, e))?;
         match stop {
-            super::walk::WalkStop::Visitor => Ok(CutPoint { position, chain }),
+            WalkStop::Visitor => Ok(CutPoint { position, chain }),
             // Every batch below the durable end verified at open or append:
             // not finding the op there is damage.
             other => Err(StoreError::Corruption {
