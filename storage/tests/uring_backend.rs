@@ -652,3 +652,27 @@ fn register_eventfd_twice_fails() {
     backend.register_eventfd(a.as_raw_fd()).unwrap();
     assert!(backend.register_eventfd(b.as_raw_fd()).is_err());
 }
+
+/// A blocking submit whose batch fits the ring waits in the kernel once for
+/// all of it: a flush (a write and its fdatasync, linked) wakes its thread
+/// once, not once per op (each wakeup is a context switch and, on a busy
+/// machine, a wait for a CPU on the ack path).
+#[test]
+fn a_linked_write_and_fdatasync_wait_in_the_kernel_once() {
+    let dir = tempdir();
+    let mut backend = UringBackend::with_default_entries().unwrap();
+    let file = backend
+        .open_file(&dir.path().join("seg"), OpenMode::Create)
+        .unwrap();
+    let data = pattern(64 << 10, 3);
+    for round in 0..16u64 {
+        let waits = backend.kernel_waits();
+        let done = backend.submit(vec![
+            Sqe::linked(write(file, round * data.len() as u64, &data)),
+            Sqe::new(Op::Fdatasync { file }),
+        ]);
+        assert_eq!(ok(&done[0]), data.len());
+        assert_eq!(ok(&done[1]), 0);
+        assert_eq!(backend.kernel_waits() - waits, 1, "round {round}");
+    }
+}

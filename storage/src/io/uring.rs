@@ -122,6 +122,9 @@ pub struct UringBackend {
     eventfd: Option<RawFd>,
     /// Scratch for draining the CQ.
     cqes: Vec<(u64, i32)>,
+    /// Waits in the kernel for completions that returned (see
+    /// [`UringBackend::kernel_waits`]).
+    kernel_waits: u64,
 }
 
 struct Quarantined {
@@ -160,6 +163,7 @@ impl UringBackend {
             next_batch: 0,
             eventfd: None,
             cqes: Vec::new(),
+            kernel_waits: 0,
         })
     }
 
@@ -171,6 +175,12 @@ impl UringBackend {
     /// The SQ size: the most ops in flight at once and the longest chain.
     pub fn capacity(&self) -> usize {
         self.capacity
+    }
+
+    /// How many times a blocking `submit` waited in the kernel for
+    /// completions so far (each a sleep and a wakeup of this thread).
+    pub fn kernel_waits(&self) -> u64 {
+        self.kernel_waits
     }
 
     fn fd(&self, file: FileId) -> io::Result<RawFd> {
@@ -513,9 +523,7 @@ impl IoBackend for UringBackend {
         let mut busy = 0u32;
         loop {
             // Older (asynchronous) batches' waiting chains go first.
-            if self.push_running() {
-                self.push_chains(&mut batch);
-            }
+            let all_pushed = self.push_running() && self.push_chains(&mut batch);
             if batch.is_done() {
                 break;
             }
@@ -523,8 +531,20 @@ impl IoBackend for UringBackend {
             // batches that must finish before this batch's chains fit (a
             // chain never exceeds the ring, so it fits into an idle ring).
             debug_assert!(self.in_flight > 0);
-            match self.ring.submit_and_wait(1) {
-                Ok(_) => busy = 0,
+            // Everything queued is in the kernel: one wait for all of this
+            // batch (every entry in flight yields a CQE, a cancelled one
+            // too), so a flush is one wakeup, not one per op. Otherwise the
+            // first completion may make room for what waits.
+            let wanted = if all_pushed {
+                batch.in_flight.max(1)
+            } else {
+                1
+            };
+            match self.ring.submit_and_wait(wanted) {
+                Ok(_) => {
+                    busy = 0;
+                    self.kernel_waits += 1;
+                }
                 Err(e) => match e.raw_os_error() {
                     Some(libc::EINTR) => {}
                     Some(libc::EBUSY) | Some(libc::EAGAIN) if busy < ENTER_BUSY_LIMIT => {
