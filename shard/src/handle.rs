@@ -2,7 +2,8 @@
 //! they run on: its identity, config, metrics, the topic catalog, and
 //! calls into any shard. The shard implements it; `net` and `controller`
 //! depend on this trait, never on `shard`, so the dependencies point one
-//! way (shard -> net, controller -> handle; see tests/layering.rs).
+//! way: shard -> net -> handle and shard -> controller -> handle (the
+//! table of allowed edges is tests/layering.rs).
 
 use std::future::Future;
 use std::sync::Arc;

@@ -12,6 +12,8 @@
 //!   it and the controller reach their shard through `handle`'s trait,
 //!   never `shard` itself (the layering is checked by tests/layering.rs);
 //!   [`client`] is the matching blocking client library.
+//! * [`trash`] holds dropped partitions' directories (renamed in on the
+//!   ring) until its sweeper thread, owned by the server, removes them.
 pub mod catalog;
 pub mod client;
 pub mod config;

@@ -8,10 +8,10 @@
 //!   the waiting local tasks and kicks the turn task;
 //! * turn: takes the queued work (local requests plus the request mailbox),
 //!   applies it, then submits one group commit for the partitions it
-//!   appended to, without waiting for it (see [`Shard::run_turn`]);
+//!   appended to, without waiting for it (`Shard::run_turn`, turn.rs);
 //! * storage: awaits the storage ring's eventfd, reaps finished group
-//!   commits and acknowledges what they made durable (see
-//!   [`Shard::on_storage_completions`]);
+//!   commits and acknowledges what they made durable
+//!   (`Shard::on_storage_completions`, turn.rs);
 //! * tick: long-poll fetch deadlines and retention;
 //! * meta (shard 0 only): the controller, creating and deleting topics one at
 //!   a time (see `controller`).
