@@ -21,6 +21,18 @@ pub struct SimArgs {
     /// No faults: network delays, disk speeds and the client only.
     #[arg(long)]
     no_faults: bool,
+    /// No bit flips on reads (the other disk faults stay).
+    #[arg(long)]
+    no_read_bit_flips: bool,
+    /// No replica rebooted with its disk lost.
+    #[arg(long)]
+    no_wipes: bool,
+    /// Segment size of the simulated stores.
+    #[arg(long, default_value_t = sim::SEGMENT_BYTES_DEFAULT)]
+    segment_bytes: u64,
+    /// Headroom past a segment's roll point for uncommitted ops.
+    #[arg(long, default_value_t = sim::UNCOMMITTED_HEADROOM_BYTES_DEFAULT)]
+    headroom_bytes: u64,
 }
 
 fn parse_replicas(s: &str) -> Result<u8, String> {
@@ -38,6 +50,10 @@ pub fn run(a: SimArgs) -> i32 {
             replicas: a.replicas,
             ticks: a.ticks,
             faults: !a.no_faults,
+            read_bit_flips: !a.no_read_bit_flips,
+            wipes: !a.no_wipes,
+            segment_bytes: a.segment_bytes,
+            uncommitted_headroom_bytes: a.headroom_bytes,
         };
         match sim::run(opts) {
             Ok(summary) => println!("{summary}"),

@@ -3,10 +3,16 @@
 //! [`IoBackend`], and boots a replica from what a store holds.
 //!
 //! Shared by the shard (io_uring) and the simulator (sim backend), so the
-//! simulator runs the same code the server does. The API is two calls:
+//! simulator runs the same code the server does. The API is three calls:
 //! - [`execute`]: one operation, its result for `Input::IoDone`;
+//! - [`note_event`]: each replica event (commits let the store seal, and
+//!   make it refuse cuts below them);
 //! - [`recover`]: the durable VSR state and the journal tail for
 //!   `Replica::restart`.
+//!
+//! Stores of replicated partitions are configured with
+//! `StoreConfig::uncommitted_headroom_bytes`, so a roll never seals ops a
+//! view change may still cut (see `storage/src/store/truncate.rs`).
 //!
 //! Ops are the batch headers' `vsr_op`; the store is indexed by offset.
 //! Ops and offsets grow together (one batch per op, dense offsets), so an
@@ -19,7 +25,7 @@ use ringlog_storage::io::IoBackend;
 use ringlog_storage::store::{PartitionStore, StoreError};
 use ringlog_storage::superblock;
 
-use crate::vsr::{Anchor, BatchBytes, IoFailure, IoOutcome, StorageOp, VsrState};
+use crate::vsr::{Anchor, BatchBytes, Event, IoFailure, IoOutcome, StorageOp, VsrState};
 
 /// Bytes one [`StorageOp::ReadBatches`] returns at most (it stops after the
 /// batch that crosses it; the replica asks again for the rest).
@@ -51,15 +57,25 @@ pub fn execute(
                 .map(|()| IoOutcome::Done)
                 .map_err(|e| failure("persist vsr", e))
         }
-        StorageOp::TruncateAbove { op } => Err(IoFailure {
-            reason: format!(
-                "truncate above op {op}: the store cannot cut its tail yet \
-                 (PartitionStore::truncate_above is not on this branch)"
-            ),
-        }),
+        StorageOp::TruncateAbove { op } => store
+            .truncate_above(io, *op)
+            .map(|_| IoOutcome::Done)
+            .map_err(|e| failure(&format!("truncate above op {op}"), e)),
         StorageOp::ReadBatches { op_min, op_max } => {
             read_batches(store, io, *op_min, *op_max).map(IoOutcome::Batches)
         }
+    }
+}
+
+/// Passes what the store must know of a replica event: a commit (rolls
+/// seal only committed ops; a cut below the commit is refused). Call it
+/// at once, except while a `TruncateAbove` emitted before the event is
+/// still to run: then after it (a view change emits a cut, then repairs
+/// and commits ops above it; that commit must not reach the store before
+/// the cut, which would refuse it).
+pub fn note_event(store: &mut PartitionStore, event: &Event) {
+    if let Event::Committed { op } = event {
+        store.note_commit(*op);
     }
 }
 

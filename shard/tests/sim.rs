@@ -12,7 +12,6 @@ fn fault_free_seeds_converge() {
         let mut opts = SimOptions::new(seed);
         opts.faults = false;
         let summary = sim::run(opts).unwrap_or_else(|f| panic!("{f}"));
-        assert!(summary.liveness_ticks.is_some(), "{summary}");
         assert_eq!(summary.counts.crashes, 0);
         acks += summary.counts.acks;
     }
@@ -65,4 +64,119 @@ fn pinned_regression_seeds() {
             .unwrap_or_else(|f| panic!("pinned seed {seed} (once: {found}):\n{f}"));
         eprintln!("pinned {summary}");
     }
+}
+
+/// Fresh seeds per CI run (the replica count drawn per seed): ~10 ms each
+/// in release.
+const FRESH_SEEDS: u64 = 256;
+
+/// Guards against: everything the checker checks (see
+/// `ringlog_shard::sim::checker`), over seeds no run saw before. The base
+/// is printed; `RINGLOG_SIM_SEED_BASE=<base>` replays the batch, and a
+/// failing seed prints its own replay command. Fails if the batch hit no
+/// view change, no repair or no crash (the faults would have lost their
+/// teeth).
+#[test]
+fn fresh_random_seeds() {
+    let base = std::env::var("RINGLOG_SIM_SEED_BASE")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+        .unwrap_or_else(seed_base_from_time);
+    eprintln!("sim: {FRESH_SEEDS} seeds from base {base} (RINGLOG_SIM_SEED_BASE={base} replays)");
+    let started = std::time::Instant::now();
+    let mut total = sim::Counts::default();
+    let mut ticks = 0;
+    for seed in (0..FRESH_SEEDS).map(|i| base.wrapping_add(i)) {
+        // Without the two fault kinds whose open bugs are pinned below
+        // (ci/vopr runs them): bit flips on reads, wiped disks.
+        let mut opts = SimOptions::new(seed);
+        opts.read_bit_flips = false;
+        opts.wipes = false;
+        let summary = sim::run(opts)
+            .unwrap_or_else(|f| panic!("fresh seed failed (batch base {base}):\n{f}"));
+        ticks += summary.ticks + summary.liveness_ticks;
+        total.add(&summary.counts);
+    }
+    eprintln!(
+        "sim: {FRESH_SEEDS} seeds, {ticks} ticks in {:.1} s\nsim: {total}",
+        started.elapsed().as_secs_f64()
+    );
+    assert!(total.view_changes > 0, "no view change in the batch");
+    assert!(total.repairs > 0, "no repair in the batch");
+    assert!(total.crashes > 0, "no crash in the batch");
+    assert!(
+        total.torn_crashes > 0 && total.fsync_failures > 0,
+        "{total}"
+    );
+}
+
+/// A base no earlier run is likely to have used (the test's only clock:
+/// the simulator itself never reads one).
+fn seed_base_from_time() -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    // Spread out, and clear of the pinned seeds.
+    nanos.wrapping_mul(0x9E37_79B9_7F4A_7C15) | (1 << 40)
+}
+
+/// Open bugs the simulator found, pinned so they replay (each fails
+/// today; run with `--ignored`). Not fixed here: storage is the store's
+/// owners', the rest needs more than a small change.
+fn open_bug(seed: u64, shape: impl FnOnce(&mut SimOptions)) {
+    let mut opts = SimOptions::new(seed);
+    shape(&mut opts);
+    if let Err(f) = sim::run(opts) {
+        panic!("{f}");
+    }
+}
+
+/// Storage: `truncate_above` rewrites the block holding the cut from a
+/// read it does not verify (`finish_cut`, `read_range` of the head block):
+/// a bit flip on that read is written back below the cut, and the store
+/// then fails to reopen ('store reopens after a crash': corruption).
+#[test]
+#[ignore = "open storage bug: an unverified read rewritten by a tail cut"]
+fn open_bug_cut_rewrites_a_flipped_read() {
+    for seed in [30118, 30889, 22428] {
+        open_bug(seed, |_| {});
+    }
+}
+
+/// Liveness: after restarts the cluster's known commit falls behind (the
+/// superblock commit is written only with view changes); a lagging backup
+/// then repairs more uncommitted ops than the store's headroom holds
+/// (`StoreError::UncommittedTail`), fences at every boot, and the group
+/// never converges. With 16 KiB of headroom.
+#[test]
+#[ignore = "open liveness bug: uncommitted tail outgrows the store headroom"]
+fn open_bug_uncommitted_tail_outgrows_headroom() {
+    for seed in [21217, 21073] {
+        open_bug(seed, |o| {
+            o.segment_bytes = 32 * 1024;
+            o.uncommitted_headroom_bytes = 16 * 1024;
+        });
+    }
+}
+
+/// Wipes: a wiped replica never persists the new view's log_view (liveness,
+/// seed 23715), and a view change cut committed ops after a wipe ('committed
+/// ops never cut', seed 23818). Not diagnosed.
+#[test]
+#[ignore = "open bugs with wiped replicas, not diagnosed"]
+fn open_bug_wiped_replicas() {
+    for seed in [23715, 23818] {
+        open_bug(seed, |_| {});
+    }
+}
+
+/// Liveness without wipes or bit flips: a new primary's commit stays below
+/// its backups' (seed 21242), its pipeline full. Not diagnosed.
+#[test]
+#[ignore = "open liveness bug, not diagnosed"]
+fn open_bug_primary_commit_stuck() {
+    open_bug(21242, |o| {
+        o.read_bit_flips = false;
+        o.wipes = false;
+    });
 }

@@ -260,13 +260,49 @@ fn injected_read_faults_fail_read_batches() {
     assert_eq!(read(&mut store, &mut io, 2, 3).len(), 2, "transient");
 }
 
-/// Guards against: a cut the store cannot make reported as made.
+/// Guards against: cut ops coming back after a reboot, appends not
+/// continuing at the cut, or a cut of committed ops accepted.
 #[test]
-fn truncate_above_is_refused_until_the_store_supports_it() {
+fn truncate_above_cuts_durably_and_refuses_committed_ops() {
     let (mut io, mut store) = fresh();
-    append_all(&mut store, &mut io, &chain(3, 100));
-    let err =
-        execute(&mut store, &mut io, &StorageOp::TruncateAbove { op: 1 }).expect_err("unsupported");
+    let batches = chain(4, 100);
+    append_all(&mut store, &mut io, &batches);
+    note_event(&mut store, &Event::Committed { op: 2 });
+    let err = execute(&mut store, &mut io, &StorageOp::TruncateAbove { op: 1 })
+        .expect_err("below commit");
     assert!(err.reason.contains("truncate above op 1"), "{err}");
-    assert_eq!(store.durable().last_op, 3);
+    assert!(err.reason.contains("refused"), "{err}");
+    assert_eq!(store.durable().last_op, 4, "a refused cut changes nothing");
+    assert_eq!(
+        run(&mut store, &mut io, StorageOp::TruncateAbove { op: 2 }),
+        IoOutcome::Done
+    );
+    assert_eq!(store.chain().last_op, 2);
+    assert!(read(&mut store, &mut io, 3, 4).is_empty());
+    // A new view's op 3 continues the log at the cut.
+    let h2 = BatchHeader::decode(&batches[1]).expect("decodes");
+    let mut b = BatchBuilder::new(PID);
+    let record = Record {
+        key: b"x",
+        headers: &[],
+        value: b"other",
+        timestamp_ms: 9,
+    };
+    b.push(&record).expect("fits");
+    let stamp = Stamp {
+        base_offset: h2.next_offset(),
+        vsr_op: 3,
+        vsr_view: 1,
+        prev_checksum: h2.header_checksum,
+    };
+    let other3 = BatchBytes::from(b.finish(&stamp).expect("seals"));
+    let batch = other3.clone();
+    run(&mut store, &mut io, StorageOp::Append { op: 3, batch });
+    run(&mut store, &mut io, StorageOp::Flush);
+    drop(store);
+    let mut io = io.reboot();
+    let mut store =
+        PartitionStore::open(&mut io, Path::new(DIR), PID, small_config()).expect("reopens");
+    let got = read(&mut store, &mut io, 1, 4);
+    assert_eq!(got, vec![batches[0].clone(), batches[1].clone(), other3]);
 }

@@ -19,7 +19,7 @@ use ringlog_storage::store::{PartitionStore, StoreConfig};
 use ringlog_storage::superblock;
 
 use crate::replica_io::{self, Recovered};
-use crate::vsr::{Config, IoFailure, IoId, IoOutcome, Replica, StorageOp, VsrState};
+use crate::vsr::{Config, Event, IoFailure, IoId, IoOutcome, Replica, StorageOp, VsrState};
 
 use super::checker::{violation, DurableView, Violation};
 
@@ -32,16 +32,29 @@ const STORE_DIR: &str = "/partition";
 /// so reaching it means a replica emits I/O without bound.
 pub const PENDING_IO_MAX: usize = 4096;
 
-/// Small segments, so runs cross segment rolls and repair reads them.
-pub fn store_config() -> StoreConfig {
+/// Small segments, so runs cross segment rolls and repair reads them; a
+/// headroom so rolls seal committed ops only (a cut never reaches them).
+pub fn store_config(segment_bytes: u64, uncommitted_headroom_bytes: u64) -> StoreConfig {
     StoreConfig {
-        segment_size_bytes: 16 * 1024,
+        segment_size_bytes: segment_bytes,
+        uncommitted_headroom_bytes: Some(uncommitted_headroom_bytes),
         write_buffer_bytes: 8 * 1024,
         index_interval_bytes: 1024,
         transfer_chunk_bytes: 4096,
         recycled_files_max: 2,
         ..StoreConfig::default()
     }
+}
+
+/// What waits for this replica's disk, in emission order. A commit is
+/// told to the store at once (so rolls can seal it early) unless a cut
+/// emitted before it is still queued: the commit may be of ops the cut's
+/// repair writes, and must not reach the store before that cut (which
+/// would then refuse to cut below it).
+#[derive(Debug)]
+pub enum Queued {
+    Io(IoId, StorageOp),
+    Committed(Event),
 }
 
 /// What running one queued storage op did.
@@ -60,13 +73,15 @@ pub enum RunIo {
 
 pub struct Node {
     pub index: u8,
+    store_config: StoreConfig,
     /// None while the process is down.
     pub replica: Option<Replica>,
     /// The store on this disk: None only if the disk failed to reopen
     /// (which is itself reported as a violation).
     pub store: Option<PartitionStore>,
     pub io: SimBackend,
-    pub pending: VecDeque<(IoId, StorageOp)>,
+    /// Storage ops and commit notes, in the order the replica emitted them.
+    pub pending: VecDeque<Queued>,
     /// Booted wiped and not yet repaired: the superblock has no such flag,
     /// so the driver remembers it across crashes (see `vsr` module docs).
     pub wiped: bool,
@@ -83,8 +98,6 @@ pub struct Node {
     /// The highest durable VSR state the replica saw acknowledged by this
     /// disk: a reboot must not show less.
     pub durable_max: VsrState,
-    /// The replica asked for a cut the store cannot make.
-    pub truncate_blocked: bool,
     pub disk_faults: DiskFaults,
     pub boots: u64,
 }
@@ -92,16 +105,18 @@ pub struct Node {
 impl Node {
     pub fn new(
         index: u8,
-        disk_seed: u64,
+        store_config: StoreConfig,
+        seeds: (u64, u64),
         cfg: Config,
-        replica_seed: u64,
     ) -> Result<Self, Violation> {
+        let (disk_seed, replica_seed) = seeds;
         let mut io = SimBackend::new(disk_seed);
-        let store = create_store(&mut io)?;
+        let store = create_store(&mut io, &store_config)?;
         let replica = Replica::new(cfg, replica_seed)
             .map_err(|e| violation("replica config", e.to_string()))?;
         Ok(Self {
             index,
+            store_config,
             replica: Some(replica),
             store: Some(store),
             io,
@@ -112,7 +127,6 @@ impl Node {
             model: BTreeMap::new(),
             lost_disk: BTreeMap::new(),
             durable_max: VsrState::default(),
-            truncate_blocked: false,
             disk_faults: DiskFaults::default(),
             boots: 0,
         })
@@ -136,6 +150,18 @@ impl Node {
         self.crash_tears = tear;
     }
 
+    /// Tells the store of a commit now, or after a queued cut.
+    pub fn note_commit(&mut self, event: Event) {
+        let cut_queued = self
+            .pending
+            .iter()
+            .any(|q| matches!(q, Queued::Io(_, StorageOp::TruncateAbove { .. })));
+        match self.store.as_mut() {
+            Some(store) if !cut_queued => replica_io::note_event(store, &event),
+            _ => self.pending.push_back(Queued::Committed(event)),
+        }
+    }
+
     /// No armed crash any more (the liveness phase).
     pub fn disarm_crash(&mut self) {
         self.io.set_crash_at(u64::MAX, false);
@@ -145,11 +171,15 @@ impl Node {
 
     /// Runs the oldest queued storage op.
     pub fn run_io(&mut self) -> RunIo {
-        let Some((id, op)) = self.pending.pop_front() else {
-            return RunIo::Idle;
-        };
         let Some(store) = self.store.as_mut() else {
             return RunIo::Idle;
+        };
+        let (id, op) = loop {
+            match self.pending.pop_front() {
+                None => return RunIo::Idle,
+                Some(Queued::Committed(e)) => replica_io::note_event(store, &e),
+                Some(Queued::Io(id, op)) => break (id, op),
+            }
         };
         let result = replica_io::execute(store, &mut self.io, &op);
         if self.io.is_crashed() {
@@ -185,8 +215,9 @@ impl Node {
         // Recovery itself is the storage tests' subject: reopen clean.
         self.io.set_faults(DiskFaults::default());
         let dir = Path::new(STORE_DIR);
-        let mut store = PartitionStore::open(&mut self.io, dir, PARTITION_ID, store_config())
-            .map_err(|e| violation("store reopens after a crash", e.to_string()))?;
+        let mut store =
+            PartitionStore::open(&mut self.io, dir, PARTITION_ID, self.store_config.clone())
+                .map_err(|e| violation("store reopens after a crash", e.to_string()))?;
         let all = replica_io::recover(&mut store, &mut self.io, u64::MAX)
             .map_err(|e| violation("store reopens after a crash", e.reason))?;
         self.check_reopened(&all, store.superblock().vsr)?;
@@ -258,7 +289,7 @@ impl Node {
         self.lost_disk = model;
         self.store = None;
         self.io = SimBackend::new(seed ^ 0x5749_5045);
-        self.store = Some(create_store(&mut self.io)?);
+        self.store = Some(create_store(&mut self.io, &self.store_config)?);
         self.io.set_faults(self.disk_faults.clone());
         self.durable_max = VsrState::default();
         self.pending.clear();
@@ -297,8 +328,8 @@ impl Node {
     }
 }
 
-fn create_store(io: &mut SimBackend) -> Result<PartitionStore, Violation> {
-    PartitionStore::create(io, Path::new(STORE_DIR), PARTITION_ID, store_config())
+fn create_store(io: &mut SimBackend, config: &StoreConfig) -> Result<PartitionStore, Violation> {
+    PartitionStore::create(io, Path::new(STORE_DIR), PARTITION_ID, config.clone())
         .map_err(|e| violation("store creates", e.to_string()))
 }
 
