@@ -44,7 +44,21 @@
 //! across a crash; timestamps are the producer's, not the primary's;
 //! RangeEvicted (state transfer) is dropped.
 
+/// Whether planted bug `$plant` is on: always false (and compiled out)
+/// without the test-only `planted-bugs` feature.
+macro_rules! planted {
+    ($plant:ident) => {{
+        #[cfg(feature = "planted-bugs")]
+        let on = crate::vsr::planted::active(crate::vsr::planted::Plant::$plant);
+        #[cfg(not(feature = "planted-bugs"))]
+        let on = false;
+        on
+    }};
+}
+
 mod log;
+#[cfg(feature = "planted-bugs")]
+pub mod planted;
 mod replica;
 pub mod timeout;
 mod types;

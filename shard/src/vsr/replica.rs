@@ -488,6 +488,7 @@ impl Replica {
     /// The log_view a message vouches for, if it vouches for one.
     fn vouched_log_view(&self, msg: &Message) -> Option<u32> {
         match &msg.body {
+            Body::DoViewChange(_) if planted!(LogViewNotPersistedBeforeDoViewChange) => None,
             Body::DoViewChange(wire::DoViewChange { log_view, .. }) => Some(*log_view),
             Body::StartView(wire::StartView { .. }) => Some(msg.view),
             Body::PrepareOk(wire::PrepareOk { .. }) => Some(self.log_view),
@@ -831,6 +832,9 @@ impl Replica {
         self.appends.insert(append);
         let flush = self.io(out, StorageOp::Flush);
         self.flushes.insert(flush, op);
+        if planted!(AckBeforeFsync) && self.status == Status::Normal && !self.is_primary() {
+            self.send_prepare_ok(op, header.header_checksum, out);
+        }
     }
 
     /// Counts one replica's vote for (op, checksum), once.
@@ -850,6 +854,12 @@ impl Replica {
             });
         }
         let bit = 1u32 << from;
+        if ack.voters & bit != 0 && planted!(DuplicatePrepareOkCounted) {
+            // Counted as a vote: the lowest replica that has not voted.
+            let spare = !ack.voters & ((1u32 << self.cfg.replica_count) - 1);
+            ack.voters |= spare & spare.wrapping_neg();
+            return self.try_commit(out);
+        }
         if ack.voters & bit != 0 {
             let reason = "duplicate";
             return out.event(Event::Dropped {
@@ -927,7 +937,7 @@ impl Replica {
 
     pub(super) fn send_prepare_ok(&mut self, op: u64, prepare_checksum: u64, out: &mut Outbox) {
         debug_assert!(
-            self.log.get(op).is_some_and(|e| e.durable),
+            self.log.get(op).is_some_and(|e| e.durable) || planted!(AckBeforeFsync),
             "ack before fsync"
         );
         let primary = self.primary_of(self.view);
@@ -1247,7 +1257,16 @@ impl Replica {
 
     /// Cuts every op above `op` (never a committed one).
     pub(super) fn truncate_to(&mut self, op: u64, out: &mut Outbox) {
-        assert!(op >= self.commit, "truncation at or below commit");
+        let op = if planted!(TruncateBelowCommit) {
+            op.min(self.commit.saturating_sub(1))
+                .max(self.log.base().op)
+        } else {
+            op
+        };
+        assert!(
+            op >= self.commit || planted!(TruncateBelowCommit),
+            "truncation at or below commit"
+        );
         if !self.log.truncate_above(op) {
             return;
         }

@@ -131,7 +131,11 @@ impl Replica {
     /// that view's log (ops of no later view; a log still being repaired
     /// into a newer view vouches for its older part only).
     fn own_dvc_fields(&self) -> Dvc {
-        let log_view = self.durable.log_view;
+        let log_view = if planted!(LogViewNotPersistedBeforeDoViewChange) {
+            self.log_view
+        } else {
+            self.durable.log_view
+        };
         let suffix: Vec<BatchHeader> = self
             .log
             .entries()

@@ -1,0 +1,75 @@
+//! The simulator catches each planted bug (feature `planted-bugs`; run by
+//! ci/test: `cargo test --release -p ringlog-shard --features planted-bugs
+//! --test planted`), so its checkers cannot silently lose their teeth.
+#![cfg(feature = "planted-bugs")]
+
+use ringlog_shard::sim::{self, SimOptions};
+use ringlog_shard::vsr::planted::{self, Plant};
+
+/// Seeds a plant must be caught within.
+const SEEDS_MAX: u64 = 500;
+
+/// The first seed (of 0..SEEDS_MAX) that fails with `plant` on, and the
+/// check that failed.
+fn caught(plant: Plant) -> Option<(u64, &'static str)> {
+    planted::set(Some(plant));
+    let found = (0..SEEDS_MAX).find_map(|seed| {
+        let failure = sim::run(SimOptions::new(seed)).err()?;
+        Some((seed, failure.check))
+    });
+    planted::set(None);
+    found
+}
+
+fn assert_caught(plant: Plant, checks: &[&str]) {
+    let Some((seed, check)) = caught(plant) else {
+        panic!("{plant:?} not caught within {SEEDS_MAX} seeds");
+    };
+    eprintln!(
+        "{plant:?}: caught at seed {seed} ({} seeds) by '{check}'",
+        seed + 1
+    );
+    assert!(
+        checks.contains(&check),
+        "{plant:?} caught by '{check}', expected one of {checks:?}"
+    );
+}
+
+#[test]
+fn ack_before_fsync_is_caught() {
+    assert_caught(Plant::AckBeforeFsync, &["PrepareOk after fsync"]);
+}
+
+#[test]
+fn log_view_not_persisted_before_do_view_change_is_caught() {
+    assert_caught(
+        Plant::LogViewNotPersistedBeforeDoViewChange,
+        &["log_view durable before send"],
+    );
+}
+
+#[test]
+fn duplicate_prepare_ok_counted_is_caught() {
+    assert_caught(
+        Plant::DuplicatePrepareOkCounted,
+        &["acked op durable on a quorum"],
+    );
+}
+
+#[test]
+fn truncation_below_commit_is_caught() {
+    assert_caught(
+        Plant::TruncateBelowCommit,
+        &["committed ops never cut", "cuts the store accepts"],
+    );
+}
+
+/// The plants are off unless set: the same seeds pass without them.
+#[test]
+fn without_a_plant_the_seeds_pass() {
+    planted::set(None);
+    for seed in 0..20 {
+        sim::run(SimOptions::new(seed)).unwrap_or_else(|f| panic!("{f}"));
+    }
+    assert_eq!(planted::ALL.len(), 4);
+}
