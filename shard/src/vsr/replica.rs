@@ -224,7 +224,44 @@ impl Replica {
     /// journal from the last `headers` above `base`. It starts Recovering:
     /// it learns the current view (RequestStartView) before it votes,
     /// acks or leads, whatever view it had.
+    ///
+    /// Except a replica of a cluster of one whose durable log_view is its
+    /// view: it is its own quorum, nobody else can have moved the view, and
+    /// every op on its disk was flushed by the only replica, so it resumes
+    /// Normal as primary of its persisted view with its whole log
+    /// committed, without a view change or a superblock write. One that
+    /// crashed inside a view change (log_view below view) takes the slow
+    /// path; a wiped one ([`Replica::wiped`]) stays refused.
     pub fn restart(
+        cfg: Config,
+        seed: u64,
+        durable: VsrState,
+        base: Anchor,
+        headers: &[BatchHeader],
+    ) -> Result<Self, ConfigError> {
+        let lone = cfg.replica_count == 1 && durable.log_view == durable.view;
+        let mut r = Self::boot(cfg, seed, durable, base, headers)?;
+        if lone {
+            r.commit = r.log.op();
+            r.commit_max = r.commit_max.max(r.commit);
+            r.status = Status::Normal;
+            r.arm_for_status();
+        }
+        r.assert_invariants();
+        Ok(r)
+    }
+
+    /// A replica whose disk was lost: empty, Recovering, and it stays so
+    /// until the current primary's StartView (it never claims view 0).
+    pub fn wiped(cfg: Config, seed: u64) -> Result<Self, ConfigError> {
+        let mut r = Self::boot(cfg, seed, VsrState::default(), Anchor::default(), &[])?;
+        r.wiped = true;
+        r.assert_invariants();
+        Ok(r)
+    }
+
+    /// Booted from `durable` and the journal, Recovering.
+    fn boot(
         cfg: Config,
         seed: u64,
         durable: VsrState,
@@ -245,15 +282,6 @@ impl Replica {
         r.status = Status::Recovering;
         r.nonce = r.rng.next_u64() | 1;
         r.arm_for_status();
-        r.assert_invariants();
-        Ok(r)
-    }
-
-    /// A replica whose disk was lost: empty, Recovering, and it stays so
-    /// until the current primary's StartView (it never claims view 0).
-    pub fn wiped(cfg: Config, seed: u64) -> Result<Self, ConfigError> {
-        let mut r = Self::restart(cfg, seed, VsrState::default(), Anchor::default(), &[])?;
-        r.wiped = true;
         Ok(r)
     }
 
