@@ -8,7 +8,7 @@
 //! - [`note_event`]: each replica event (commits let the store seal, and
 //!   make it refuse cuts below them);
 //! - [`recover`]: the durable VSR state and the journal tail for
-//!   `Replica::restart`.
+//!   `Replica::restart` ([`recover_lone`] for a cluster of one).
 //!
 //! Stores of replicated partitions are configured with
 //! `StoreConfig::uncommitted_headroom_bytes`, so a roll never seals ops a
@@ -225,17 +225,50 @@ pub fn recover(
     io: &mut impl IoBackend,
     committed_ops_kept: u64,
 ) -> Result<Recovered, IoFailure> {
+    let commit = store.superblock().vsr.commit;
+    recover_above(store, io, commit, committed_ops_kept)
+}
+
+/// [`recover`] for a replica of a cluster of one: every durable op was
+/// flushed by the only replica, its quorum, so the durable end is the
+/// commit point (the superblock's commit lags: nothing writes it at
+/// R = 1). Reads only the `committed_ops_kept` batches asked for; with 0
+/// the anchor is the store's durable end and nothing is read, so a boot
+/// does not read whole logs.
+pub fn recover_lone(
+    store: &mut PartitionStore,
+    io: &mut impl IoBackend,
+    committed_ops_kept: u64,
+) -> Result<Recovered, IoFailure> {
+    let commit = store.durable().last_op;
+    recover_above(store, io, commit, committed_ops_kept)
+}
+
+fn recover_above(
+    store: &mut PartitionStore,
+    io: &mut impl IoBackend,
+    commit: u64,
+    committed_ops_kept: u64,
+) -> Result<Recovered, IoFailure> {
     let sb = store.superblock().vsr;
     let durable = VsrState {
         view: sb.view,
         log_view: sb.log_view,
         commit: sb.commit,
     };
-    let last_op = store.durable().last_op;
-    let base_op = sb.commit.min(last_op).saturating_sub(committed_ops_kept);
+    let end = store.durable();
+    let last_op = end.last_op;
+    let base_op = commit.min(last_op).saturating_sub(committed_ops_kept);
     let mut headers = Vec::new();
     let mut base = Anchor::default();
-    if base_op > 0 {
+    if base_op > 0 && base_op == last_op {
+        // The durable end is the anchor: the store tracks it, no read.
+        base = Anchor {
+            op: last_op,
+            checksum: end.last_checksum,
+            next_offset: end.next_offset,
+        };
+    } else if base_op > 0 {
         let h = seek_op(store, io, base_op)?.filter(|h| h.vsr_op == base_op);
         let Some(h) = h else {
             return Err(IoFailure {

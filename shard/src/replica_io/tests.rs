@@ -8,6 +8,7 @@ use ringlog_storage::io::sim::{Fault, FaultOp, SimBackend};
 use ringlog_storage::store::{PartitionStore, StoreConfig};
 
 use super::*;
+use crate::vsr::{Config, Replica, Status};
 
 const PID: u32 = 4;
 const DIR: &str = "/r0";
@@ -305,4 +306,57 @@ fn truncate_above_cuts_durably_and_refuses_committed_ops() {
         PartitionStore::open(&mut io, Path::new(DIR), PID, small_config()).expect("reopens");
     let got = read(&mut store, &mut io, 1, 4);
     assert_eq!(got, vec![batches[0].clone(), batches[1].clone(), other3]);
+}
+
+/// Guards against: booting a lone replica (R = 1) reading its whole log.
+/// The server never persists commit at R = 1 (no view change writes the
+/// superblock), so `recover` reads every batch above commit 0; a cluster
+/// of one takes its durable end as committed and reads only the journal
+/// it is asked to keep (none: no read at all).
+#[test]
+fn lone_recover_reads_only_the_kept_journal() {
+    let (mut io, mut store) = fresh();
+    let batches = chain(40, 300);
+    append_all(&mut store, &mut io, &batches);
+    drop(store);
+    let mut io = io.reboot();
+    let mut store =
+        PartitionStore::open(&mut io, Path::new(DIR), PID, small_config()).expect("reopens");
+    assert_eq!(store.superblock().vsr.commit, 0, "commit never persisted");
+    let headers: Vec<BatchHeader> = batches
+        .iter()
+        .map(|b| BatchHeader::decode(b).expect("decodes"))
+        .collect();
+
+    let reads = io.op_count(FaultOp::Read);
+    let all = recover(&mut store, &mut io, 0).expect("recovers");
+    assert_eq!(all.headers.len(), 40, "recover reads the whole log");
+    assert!(io.op_count(FaultOp::Read) > reads);
+
+    let reads = io.op_count(FaultOp::Read);
+    let r = recover_lone(&mut store, &mut io, 0).expect("recovers");
+    assert_eq!(io.op_count(FaultOp::Read), reads, "no read at all");
+    assert!(r.headers.is_empty());
+    let last = headers[39];
+    let want = Anchor {
+        op: 40,
+        checksum: last.header_checksum,
+        next_offset: last.next_offset(),
+    };
+    assert_eq!(r.base, want);
+    let replica =
+        Replica::restart(Config::new(PID, 1, 0), 1, r.durable, r.base, &r.headers).expect("config");
+    assert_eq!((replica.status(), replica.commit()), (Status::Normal, 40));
+
+    let r = recover_lone(&mut store, &mut io, 3).expect("recovers");
+    let ops: Vec<u64> = r.headers.iter().map(|h| h.vsr_op).collect();
+    assert_eq!(ops, [38, 39, 40]);
+    assert_eq!(r.base.op, 37);
+    assert_eq!(r.base.checksum, headers[36].header_checksum);
+
+    // A failing read is reported, not papered over.
+    let nth = io.op_count(FaultOp::Read);
+    io.inject(FaultOp::Read, nth, Fault::Errno(libc::EIO));
+    let err = recover_lone(&mut store, &mut io, 3).expect_err("read failed");
+    assert!(err.reason.contains("read"), "{err}");
 }
