@@ -88,6 +88,11 @@ impl Log {
             && h.base_offset == head.next_offset
     }
 
+    /// Entries held (the journal's length).
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
     pub fn push(&mut self, entry: Entry) {
         assert!(self.links(&entry.header), "log push breaks the chain");
         self.entries.push_back(entry);

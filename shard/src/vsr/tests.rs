@@ -842,6 +842,71 @@ fn single_replica_fast_restart_needs_an_intact_settled_disk() {
     assert_eq!(c.r(0).commit(), 1, "the old op survives the view change");
 }
 
+/// Guards against: the pipeline capping group commit at R = 1. The shard
+/// keeps appending to a partition while its flush is in flight until the
+/// store's write buffer would overflow (4 MiB by default: ~43,000 of the
+/// smallest batches, 96-byte header plus a record); a pipeline of 8 would
+/// turn that into one fdatasync per 8 appends. At R = 1 the defaults take
+/// [`LONE_PIPELINE_OPS_MAX`] ops in flight before queueing
+/// [`LONE_CLIENT_QUEUE_MAX`] more, refuse the next, keep only 64
+/// committed headers (no view change needs a suffix), and a step stays
+/// cheap with the pipeline full (the test would take minutes otherwise).
+#[test]
+fn lone_defaults_do_not_cap_group_commit_and_are_bounded() {
+    let cfg = Config::new(PARTITION, 1, 0);
+    assert_eq!(cfg.pipeline_ops_max, LONE_PIPELINE_OPS_MAX);
+    assert_eq!(cfg.client_queue_max, LONE_CLIENT_QUEUE_MAX);
+    assert_eq!(cfg.journal_ops_max, 64);
+    let mut r = Replica::new(cfg, 1).expect("config");
+    let (pipeline, queue) = (LONE_PIPELINE_OPS_MAX, LONE_CLIENT_QUEUE_MAX as u64);
+    let total = pipeline + queue + 1;
+    let mut out = Outbox::new();
+    let (mut ios, mut replies) = (Vec::new(), Vec::new());
+    for token in 1..=total {
+        let batch = batch(token as u8);
+        r.step(Input::ClientAppend { token, batch }, &mut out);
+    }
+    let drain = |out: &mut Outbox, ios: &mut Vec<_>, replies: &mut Vec<_>| {
+        for o in out.drain() {
+            match o {
+                Output::Io { id, op } => ios.push((id, op)),
+                Output::Reply { token, result } => replies.push((token, result)),
+                Output::Event(_) => {}
+                Output::Send { to, .. } => panic!("a lone replica sent to {to}"),
+            }
+        }
+    };
+    drain(&mut out, &mut ios, &mut replies);
+    assert_eq!(r.op(), pipeline, "the whole pipeline is in flight");
+    let flushes = ios.iter().filter(|(_, op)| matches!(op, StorageOp::Flush));
+    assert_eq!(
+        flushes.count() as u64,
+        pipeline,
+        "a Flush per append, for the host to merge"
+    );
+    assert_eq!(replies.len(), 1, "only the last append is refused");
+    assert!(matches!(
+        replies[0],
+        (t, Err(AppendError::Busy { queued })) if t == total && queued as u64 == queue
+    ));
+    while !ios.is_empty() {
+        for (id, _) in std::mem::take(&mut ios) {
+            let result = Ok(IoOutcome::Done);
+            r.step(Input::IoDone { id, result }, &mut out);
+            drain(&mut out, &mut ios, &mut replies);
+        }
+    }
+    assert_eq!(
+        r.commit(),
+        total - 1,
+        "the queue drains behind the pipeline"
+    );
+    assert_eq!(replies.len() as u64, total);
+    assert!(replies[1..].iter().all(|(_, res)| res.is_ok()));
+    assert!(r.log.len() <= 64, "journal pruned to its bound");
+    r.assert_invariants();
+}
+
 /// Guards against: a backup or a replica in view change accepting client
 /// appends (two sequencers).
 #[test]
