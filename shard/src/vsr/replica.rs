@@ -404,6 +404,13 @@ impl Replica {
         (view % u32::from(self.cfg.replica_count)) as u8
     }
 
+    /// Whether [`Input::Tick`] can do anything: some timeout is armed. A
+    /// host ticks only the replicas that need it (a Normal replica of a
+    /// cluster of one never does), so a tick costs O(those), not O(all).
+    pub fn needs_tick(&self) -> bool {
+        self.timeouts.iter().any(|t| t.armed())
+    }
+
     pub fn is_primary(&self) -> bool {
         self.primary_of(self.view) == self.cfg.replica
     }
@@ -625,12 +632,22 @@ impl Replica {
         &mut self.timeouts[t as usize]
     }
 
+    /// A cluster of one has nobody to heartbeat or resend prepares to:
+    /// those timeouts stay off, so its Normal primary needs no tick.
+    fn peerless(&self, t: T) -> bool {
+        self.cfg.replica_count == 1 && matches!(t, T::Heartbeat | T::PrepareRetry)
+    }
+
     pub(super) fn start(&mut self, t: T) {
-        self.timeouts[t as usize].start(&mut self.rng);
+        if !self.peerless(t) {
+            self.timeouts[t as usize].start(&mut self.rng);
+        }
     }
 
     pub(super) fn ensure(&mut self, t: T) {
-        self.timeouts[t as usize].ensure(&mut self.rng);
+        if !self.peerless(t) {
+            self.timeouts[t as usize].ensure(&mut self.rng);
+        }
     }
 
     pub(super) fn backoff(&mut self, t: T) {

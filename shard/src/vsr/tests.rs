@@ -907,6 +907,36 @@ fn lone_defaults_do_not_cap_group_commit_and_are_bounded() {
     r.assert_invariants();
 }
 
+/// Guards against: a host ticking every partition to drive timeouts that
+/// do nothing. A Normal replica of a cluster of one has no peer to send a
+/// heartbeat or a prepare to, so it arms no timeout and asks for no tick;
+/// one still in a view change (the slow restart) does, until Normal.
+#[test]
+fn lone_normal_replica_needs_no_tick() {
+    let mut c = Cluster::new(1);
+    assert!(!c.r(0).needs_tick(), "idle");
+    c.node(0).auto_io = false;
+    c.append(0, 1, 1);
+    assert!(!c.r(0).needs_tick(), "an op in flight");
+    c.node(0).auto_io = true;
+    c.settle();
+    assert_eq!(ok_reply(&c.nodes[0], 1).op, 1);
+    assert!(!c.r(0).needs_tick(), "after a commit");
+
+    c.crash(0);
+    c.node(0).vsr.view = 2;
+    c.restart(0);
+    assert!(c.r(0).needs_tick(), "the slow restart runs on ticks");
+    c.tick_until(2_000, |c| c.normal_primary(0));
+    assert!(!c.r(0).needs_tick(), "Normal again");
+
+    let c = Cluster::new(3);
+    assert!(
+        c.r(0).needs_tick() && c.r(1).needs_tick(),
+        "R = 3 heartbeats"
+    );
+}
+
 /// Guards against: a backup or a replica in view change accepting client
 /// appends (two sequencers).
 #[test]
