@@ -901,9 +901,12 @@ impl Replica {
         let op = header.vsr_op;
         // It links to our head: the whole chain below is the canonical one.
         self.unverified_above = None;
+        // The body serves prepares and repairs for peers; a cluster of one
+        // has none, and the store holds the bytes already.
+        let body = (self.cfg.replica_count > 1).then(|| batch.clone());
         self.log.push(Entry {
             header,
-            batch: Some(batch.clone()),
+            batch: body,
             durable: false,
         });
         let append = self.io(out, StorageOp::Append { op, batch });

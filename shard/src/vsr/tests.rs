@@ -907,6 +907,23 @@ fn lone_defaults_do_not_cap_group_commit_and_are_bounded() {
     r.assert_invariants();
 }
 
+/// Guards against: a cluster of one holding each uncommitted batch twice
+/// (the store's write buffer has it; the journal's copy serves only
+/// prepares and repairs for peers, and it has none), so the pipeline's
+/// memory is the headers only; a backup-bearing primary keeps its copy.
+#[test]
+fn lone_journal_holds_no_batch_bodies() {
+    for n in [1, 3] {
+        let mut c = Cluster::new(n);
+        for r in 0..n {
+            c.node(r).auto_io = false;
+        }
+        c.append(0, 1, 1);
+        let entry = c.r(0).log.get(1).expect("op 1 in the journal");
+        assert_eq!(entry.batch.is_some(), n > 1, "R = {n}");
+    }
+}
+
 /// Guards against: a host ticking every partition to drive timeouts that
 /// do nothing. A Normal replica of a cluster of one has no peer to send a
 /// heartbeat or a prepare to, so it arms no timeout and asks for no tick;
