@@ -980,6 +980,7 @@ impl Replica {
             }
         }
         self.log.prune(self.commit, self.cfg.journal_ops_max);
+        self.persist_commit_if_behind(out);
         if self.acks.is_empty() {
             self.timeout(T::PrepareRetry).stop();
         }
@@ -1334,6 +1335,18 @@ impl Replica {
         }
         self.acks.retain(|&op, _| op > self.commit);
         self.log.prune(self.commit, self.cfg.journal_ops_max);
+        self.persist_commit_if_behind(out);
+    }
+
+    /// Keeps the superblock's commit within half a journal of the commit.
+    /// A restarted replica starts from it; further behind, it could lead a
+    /// view whose ops its backups pruned from their journals long ago (they
+    /// re-ack only journal ops), and its commit would never advance.
+    fn persist_commit_if_behind(&mut self, out: &mut Outbox) {
+        let lag_max = (self.cfg.journal_ops_max / 2) as u64;
+        if self.commit >= self.durable.commit + lag_max {
+            self.persist(out);
+        }
     }
 
     /// Cuts every op above `op` (never a committed one).

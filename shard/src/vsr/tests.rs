@@ -1748,3 +1748,28 @@ fn backup_keeps_committed_ops_below_a_pruned_start_view_suffix() {
     assert_eq!(c.r(2).checksum_at(3), Some(op3));
     assert_eq!(c.nodes[2].ops, c.nodes[1].ops, "R2 repaired on top of op 3");
 }
+
+/// Guards against: the superblock's commit lagging the commit without
+/// bound (it was written only with view changes). A replica restarted from
+/// it could lead a view needing acks for ops every backup pruned from its
+/// journal long ago, and never commit again (simulator seeds 21174,
+/// 22380, 22947: a primary stuck at commit 0 with backups at 90).
+#[test]
+fn superblock_commit_stays_within_half_a_journal() {
+    let mut c = Cluster::new(3);
+    let lag_max = (config(3, 0).journal_ops_max / 2) as u64;
+    for token in 1..=3 * lag_max {
+        c.append(0, token, token as u8);
+        c.settle();
+        c.tick(1);
+        for (r, node) in c.nodes.iter().enumerate() {
+            assert!(
+                node.vsr.commit + lag_max >= node.replica.commit(),
+                "replica {r}: superblock commit {} with commit {}",
+                node.vsr.commit,
+                node.replica.commit()
+            );
+        }
+    }
+    assert_eq!(c.r(0).view(), 0, "no view change wrote it");
+}
