@@ -27,6 +27,15 @@
 //! view change itself only after `recovering_attempts_max` unanswered
 //! rounds, so a cluster that restarted whole still comes back.
 //!
+//! A cluster of one is its own quorum: restarted with its disk intact and
+//! log_view == view it resumes Normal at once with its whole durable log
+//! committed (no view change, no superblock write; boot it with
+//! `replica_io::recover_lone`), it writes no superblock while it commits,
+//! keeps no batch bodies in its journal, arms no heartbeat (so
+//! [`Replica::needs_tick`] is false while Normal) and its defaults
+//! ([`LONE_PIPELINE_OPS_MAX`], [`LONE_CLIENT_QUEUE_MAX`]) do not cap the
+//! shard's group commit.
+//!
 //! Check-quorum against an asymmetric partition: a Normal replica that is
 //! the primary, or heard it within `primary_silent_ticks`, ignores a
 //! StartViewChange for a newer view (unless the primary itself sent it),
