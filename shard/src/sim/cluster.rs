@@ -648,3 +648,52 @@ fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
         "replica panicked".to_string()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cluster() -> Cluster {
+        let mut opts = SimOptions::new(5);
+        opts.faults = false;
+        let mut c = Cluster::new(&opts, 3).expect("cluster");
+        c.calm_faults();
+        c
+    }
+
+    /// Guards against: the client's in-flight appends growing without bound.
+    #[test]
+    fn client_waits_at_its_in_flight_bound() {
+        let mut c = cluster();
+        for token in 0..CLIENT_IN_FLIGHT_MAX as u64 {
+            c.client.in_flight.insert(1_000 + token, (0, Vec::new()));
+        }
+        c.client_append().expect("no violation");
+        assert_eq!(c.counts.appends, 0, "appended past the bound");
+        c.client.in_flight.clear();
+        c.client_append().expect("no violation");
+        assert_eq!(c.counts.appends, 1);
+    }
+
+    /// Guards against: a replica queueing storage ops without bound going
+    /// unnoticed: past PENDING_IO_MAX the run fails with its check.
+    #[test]
+    fn storage_queue_past_its_bound_is_a_violation() {
+        let mut c = cluster();
+        for id in 0..PENDING_IO_MAX as u64 {
+            c.nodes[0]
+                .pending
+                .push_back(Queued::Io(id, StorageOp::Flush));
+        }
+        let v = c
+            .output(
+                0,
+                Output::Io {
+                    id: 1 << 40,
+                    op: StorageOp::Flush,
+                },
+            )
+            .expect_err("over the bound");
+        assert_eq!(v.check, "bounded storage queue");
+    }
+}
