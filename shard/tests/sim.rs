@@ -149,7 +149,6 @@ fn open_bug(seed: u64, shape: impl FnOnce(&mut SimOptions)) {
 /// holding the cut from a read it does not verify (`finish_cut`,
 /// `read_range` of the head block), so a flipped read lands below the cut.
 #[test]
-#[ignore = "open storage bug: flipped reads become durable corruption"]
 fn open_bug_flipped_reads_become_corruption() {
     for seed in [20258, 21062, 20296] {
         open_bug(seed, |_| {});

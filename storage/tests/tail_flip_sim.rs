@@ -188,3 +188,53 @@ fn flip_reads_of_pending_cut_open(seed: u64) -> usize {
     }
     pending
 }
+
+/// The verified tail read is retried at most 3 times in all: flips on two
+/// reads in a row still open (the third read verifies), flips on three
+/// refuse the open with a typed I/O error (unstable device), and neither
+/// damages the disk.
+#[test]
+fn the_tail_block_is_read_at_most_three_times_then_the_device_is_unstable() {
+    let mut refused = 0;
+    for seed in 0..SEEDS {
+        // The verified tail read is the last read of a clean open.
+        let (mut io, _) = one_batch(seed);
+        PartitionStore::open(&mut io, dir(), PID, small_config()).unwrap();
+        let tail_read = io.op_count(FaultOp::Read) - 1;
+        for flips in [2, 3] {
+            let (mut io, mut must) = one_batch(seed);
+            for k in 0..flips {
+                io.inject(FaultOp::Read, tail_read + k, Fault::BitFlip);
+            }
+            let what = format!("seed {seed} {flips} flips");
+            match PartitionStore::open(&mut io, dir(), PID, small_config()) {
+                Ok(mut store) => append_one(&mut io, &mut store, &mut must),
+                Err(StoreError::Io { source, .. })
+                    if flips == 3 && source.to_string().contains("unstable device") =>
+                {
+                    refused += 1;
+                }
+                Err(e) => panic!("{what}: {e}"),
+            }
+            check_clean(io, &must, &what);
+        }
+    }
+    // A flip misses the batch only when it lands in the block's last bytes.
+    assert!(
+        refused > SEEDS / 2,
+        "three flipped tail reads refused only {refused} opens"
+    );
+    println!("{refused} of {SEEDS} opens refused after three flipped tail reads");
+}
+
+/// A store with one flushed batch filling most of the first block, so a
+/// flip in the read of that block almost always lands in the batch.
+fn one_batch(seed: u64) -> (SimBackend, Batches) {
+    let mut io = SimBackend::new(seed);
+    let mut store = PartitionStore::create(&mut io, dir(), PID, small_config()).unwrap();
+    let b = next_batch(&store, 1, 3900, seed);
+    assert!(b.len() > 3900 && b.len() < 4096, "{} bytes", b.len());
+    let a = store.append(&mut io, &b).unwrap();
+    store.flush(&mut io).unwrap();
+    (io.reboot(), vec![(a.base_offset, b)])
+}

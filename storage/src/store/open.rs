@@ -17,6 +17,9 @@
 //!    flush trailers below the superblock's `slot_floor` are void (written
 //!    before a tail cut: the trailer scan takes only those at or past the
 //!    record's sequence, which is at least the floor).
+//!    The block the log ends in is kept for the next flush to rewrite; it
+//!    comes from a second read whose batches verify again
+//!    (`verified_tail`), so a bit flipped in a read is never written back.
 //!    While the superblock marks a cut pending, the log ends at the cut
 //!    whatever follows, and open finishes the cut (zeroes the cut bytes,
 //!    commits a superblock without the mark) before it returns; see
@@ -89,7 +92,7 @@ use std::path::{Path, PathBuf};
 
 use ringlog_protocol::BatchHeader;
 
-use super::walk::{Visit, WalkStop, Walker};
+use super::walk::{TailFrom, Visit, WalkStop, Walker};
 use super::{
     create_segment_file, open_dir, submit_checked, table, write_new_file, ActiveSegment,
     ChainPoint, PartitionStore, SealedFile, StoreConfig, StoreError, StorePool, RECYCLE_DIR,
@@ -189,7 +192,10 @@ impl PartitionStore {
             store.write_superblock_copies(io, &sb, &repair)?;
         }
         if sb.frontier.cut_pending_end != 0 {
-            store.finish_cut(io)?;
+            // Recovery ended the log at the cut: its verified tail is the
+            // cut block's bytes below the cut.
+            let head = store.active.tail.clone();
+            store.finish_cut(io, &head)?;
         }
         store.collect_garbage(io)?;
         Ok(store)
@@ -663,6 +669,7 @@ pub(super) fn recover_active(
         c.next_offset == record.next_offset && c.last_checksum == record.last_checksum
     };
     let mut met_record = record.position == 0;
+    let mut tail_from = TailFrom { position: 0, chain };
     // The pool's read buffer: opening thousands of partitions allocates no
     // scan buffer each. Nothing lies past the end of the file: an empty one
     // (a new or idle partition) is not read at all.
@@ -696,6 +703,7 @@ pub(super) fn recover_active(
             config.index_interval_bytes,
         );
         hasher.update(view.as_bytes());
+        tail_from.observe(position, view.as_bytes().len(), &chain);
         max_timestamp_ms = max_timestamp_ms.max(h.max_timestamp_ms);
         chain = ChainPoint {
             next_offset: h.next_offset(),
@@ -758,14 +766,9 @@ pub(super) fn recover_active(
         )?;
     }
     debug_assert!(chain.next_offset >= frontier.next_offset);
-    // No write buffer until the first append: only the partial tail block.
-    let mut tail = Vec::new();
-    let tail_start = align_down(end);
-    if end > tail_start {
-        let block = read_range(io, file, tail_start, BLOCK_SIZE)
-            .map_err(|e| StoreError::io(pid, "read", &path, e))?;
-        tail.extend_from_slice(&block[..(end - tail_start) as usize]);
-    }
+    // No write buffer until the first append: only the partial tail block,
+    // which the next flush writes back, so taken from a verified read.
+    let tail = verified_tail(io, pid, (&path, file), tail_from, (end, &chain), pool)?;
     let active = ActiveSegment {
         base_offset: frontier.active_base,
         file,
@@ -1011,6 +1014,74 @@ fn batch_reads_whole(
     pool.put_read(walker.into_buf());
     walked.map_err(|e| StoreError::io(pid, "read", path, e))?;
     Ok(whole)
+}
+
+/// Reads for [`verified_tail`] before it gives up on the device.
+const TAIL_READ_ATTEMPTS: usize = 3;
+
+/// The bytes `[align_down(end), end)` of the block the log ends in, for a
+/// write that puts them back (the next flush, a cut's head block): taken
+/// from one read of `[align_down(from.position), end)` whose batches verify
+/// again (checksums, and a chain from `from.chain` meeting `end_chain` at
+/// `end`), so a bit flipped in that read is never written down. Bounded:
+/// under one batch plus two blocks (`from` is the first batch overlapping
+/// the end block, see [`TailFrom`]). A read that does not verify is retried, at
+/// most [`TAIL_READ_ATTEMPTS`] reads in all; then a typed I/O error
+/// (unstable device), nothing written.
+pub(super) fn verified_tail(
+    io: &mut impl IoBackend,
+    pid: u32,
+    (path, file): (&Path, FileId),
+    from: TailFrom,
+    (end, end_chain): (u64, &ChainPoint),
+    pool: &StorePool,
+) -> Result<Vec<u8>, StoreError> {
+    let block_start = align_down(end);
+    if end == block_start {
+        return Ok(Vec::new());
+    }
+    debug_assert!(from.position <= block_start);
+    let span_bytes = (align_up(end) - align_down(from.position)) as usize;
+    for attempt in 1..=TAIL_READ_ATTEMPTS {
+        let mut chain = from.chain;
+        let mut walker = Walker::with_buf(file, span_bytes, pool.take_read(span_bytes));
+        let walked = walker.walk(io, from.position, end, |_, view| {
+            let h = view.header();
+            if let Some(reason) = chain_break(h, pid, &chain) {
+                return Visit::Reject(reason);
+            }
+            chain = ChainPoint {
+                next_offset: h.next_offset(),
+                last_checksum: h.header_checksum,
+                last_op: h.vsr_op,
+            };
+            Visit::Continue
+        });
+        let tail = walker
+            .buffered(block_start, (end - block_start) as usize)
+            .map(<[u8]>::to_vec);
+        pool.put_read(walker.into_buf());
+        let (at, stop) = walked.map_err(|e| StoreError::io(pid, "read", path, e))?;
+        match tail {
+            Some(tail) if at == end && chain == *end_chain => return Ok(tail),
+            _ => tracing::warn!(
+                partition = pid,
+                attempt,
+                at,
+                ?stop,
+                "the log's last block read differently than before"
+            ),
+        }
+    }
+    Err(StoreError::io(
+        pid,
+        "read",
+        path,
+        std::io::Error::other(format!(
+            "the batches from byte {} to the log's end at byte {end} read differently {TAIL_READ_ATTEMPTS} times: unstable device",
+            from.position
+        )),
+    ))
 }
 
 /// Reads `[offset, offset + len)` (len rounded up to a block); short at EOF.

@@ -22,8 +22,9 @@
 //! finishes steps 2 and 3 before it returns, so nothing is appended above a
 //! cut whose bytes may remain. After step 3 the zeros are durable, so
 //! recovery's usual scan stops at X (or at what was appended after the cut).
-//! Bytes below X are never written except with their own values, so no
-//! batch at or below the cut is lost.
+//! Bytes below X are never written except with their own values (from a
+//! read whose batches verify again, `verified_tail`), so no batch at or
+//! below the cut is lost.
 //!
 //! Z is the old accepted end's block plus one write buffer and one block (a
 //! flush torn at an earlier crash wrote at most that far past the end
@@ -59,8 +60,8 @@
 //!
 //! [`StoreConfig::uncommitted_headroom_bytes`]: super::StoreConfig::uncommitted_headroom_bytes
 
-use super::open::{read_range, recover_active, SCAN_CHUNK_BYTES};
-use super::walk::{Visit, WalkStop, Walker};
+use super::open::{recover_active, verified_tail, SCAN_CHUNK_BYTES};
+use super::walk::{TailFrom, Visit, WalkStop, Walker};
 use super::{submit_checked, ChainPoint, CutError, PartitionStore, StoreError};
 use crate::io::{align_down, align_up, AlignedBuf, FileId, IoBackend, Op, Sqe, BLOCK_SIZE};
 use crate::segment;
@@ -71,6 +72,8 @@ use crate::superblock::half_for;
 struct CutPoint {
     position: u64,
     chain: ChainPoint,
+    /// Where a verified read of the cut's block starts.
+    tail_from: TailFrom,
 }
 
 impl PartitionStore {
@@ -239,6 +242,7 @@ impl PartitionStore {
             last_checksum: active.prev_checksum,
             last_op: active.prev_op,
         };
+        let mut tail_from = TailFrom { position: 0, chain };
         let buf = self.pool.take_read(SCAN_CHUNK_BYTES);
         let mut walker = Walker::with_buf(active.file, SCAN_CHUNK_BYTES, buf);
         let walked = walker.walk_until(
@@ -246,8 +250,9 @@ impl PartitionStore {
             0,
             active.durable_position,
             |h| h.vsr_op > op,
-            |_, view| {
+            |position, view| {
                 let h = view.header();
+                tail_from.observe(position, view.as_bytes().len(), &chain);
                 chain = ChainPoint {
                     next_offset: h.next_offset(),
                     last_checksum: h.header_checksum,
@@ -261,7 +266,11 @@ impl PartitionStore {
         let (position, stop) =
             walked.map_err(|e| StoreError::io(self.partition_id, "read", &path, e))?;
         match stop {
-            WalkStop::Visitor => Ok(CutPoint { position, chain }),
+            WalkStop::Visitor => Ok(CutPoint {
+                position,
+                chain,
+                tail_from,
+            }),
             // Every batch below the durable end verified at open or append:
             // not finding the op there is damage.
             other => Err(StoreError::Corruption {
@@ -290,6 +299,17 @@ impl PartitionStore {
             .min(active.capacity_bytes)
             .min(align_up(file_bytes));
         debug_assert!(cut.position < active.end_position && active.end_position <= zero_end);
+        // The cut block's bytes below the cut are written back: verified
+        // ones, read before anything is written.
+        let path = segment::log_path(&self.generation_dir, active.base_offset);
+        let head = verified_tail(
+            io,
+            self.partition_id,
+            (&path, active.file),
+            cut.tail_from,
+            (cut.position, &cut.chain),
+            &self.pool,
+        )?;
         let mut next = self.sb.successor();
         next.frontier = self.frontier_now();
         next.frontier.next_offset = cut.chain.next_offset;
@@ -303,7 +323,7 @@ impl PartitionStore {
         self.write_superblock_copies(io, &next, &half_for(next.sequence))?;
         self.sb = next;
         self.invalidate_active_snapshots(cut.position);
-        self.finish_cut(io)?;
+        self.finish_cut(io, &head)?;
         // The kept log as recovery sees it: index, checksums, tail block.
         let (active, chain) = recover_active(
             io,
@@ -333,23 +353,34 @@ impl PartitionStore {
     /// Steps 2 and 3 of the cut the superblock records as pending: zeros
     /// over `[active_position, cut_pending_end)` (the bytes below the cut in
     /// its block kept), an fdatasync, then the superblock without the
-    /// pending mark. Also run by `open` when a crash interrupted a cut.
-    pub(super) fn finish_cut(&mut self, io: &mut impl IoBackend) -> Result<(), StoreError> {
+    /// pending mark. `head` is the cut block's bytes below the cut, from a
+    /// verified read (`verified_tail`). Also run by `open` when a crash
+    /// interrupted a cut.
+    pub(super) fn finish_cut(
+        &mut self,
+        io: &mut impl IoBackend,
+        head: &[u8],
+    ) -> Result<(), StoreError> {
         let f = self.sb.frontier;
         debug_assert!(f.cut_pending_end > f.active_position);
         let pid = self.partition_id;
         let file = self.active.file;
         let path = segment::log_path(&self.generation_dir, f.active_base);
         let start = align_down(f.active_position);
-        let kept = (f.active_position - start) as usize;
-        let head = if kept > 0 {
-            let read = read_range(io, file, start, BLOCK_SIZE);
-            read.map_err(|e| StoreError::io(pid, "read", &path, e))?
-        } else {
-            AlignedBuf::new(0)
-        };
+        if head.len() as u64 != f.active_position - start {
+            return Err(StoreError::Corruption {
+                partition_id: pid,
+                segment: path,
+                position: f.active_position,
+                detail: format!(
+                    "a cut here keeps {} bytes of its block, {} given",
+                    f.active_position - start,
+                    head.len()
+                ),
+            });
+        }
         let buf = self.pool.take_write(self.config.write_buffer_bytes);
-        let (zeroed, buf) = zero_range(io, file, (start, f.cut_pending_end), (&head[..kept], buf));
+        let (zeroed, buf) = zero_range(io, file, (start, f.cut_pending_end), (head, buf));
         if let Some(buf) = buf {
             self.pool.put_write(buf);
         }

@@ -7,7 +7,32 @@
 
 use ringlog_protocol::{BatchHeader, BatchView, HEADER_LEN};
 
+use super::ChainPoint;
 use crate::io::{align_down, align_up, AlignedBuf, FileId, IoBackend, Op, Sqe};
+
+/// The first batch overlapping the block a walk ends in, and the chain
+/// point before it: where a re-read that verifies the end block's bytes
+/// starts (see `open::verified_tail`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct TailFrom {
+    pub(crate) position: u64,
+    pub(crate) chain: ChainPoint,
+}
+
+impl TailFrom {
+    /// Notes the batch of `len` bytes at `position`, `chain` the point
+    /// before it. Only a batch holding a block boundary can hold the start
+    /// of the block the walk ends in; every batch after the last such one
+    /// lies inside that block.
+    pub(crate) fn observe(&mut self, position: u64, len: usize, chain: &ChainPoint) {
+        if align_up(position) < position + len as u64 {
+            *self = Self {
+                position,
+                chain: *chain,
+            };
+        }
+    }
+}
 
 /// Why a walk stopped before its limit.
 #[derive(Debug)]
