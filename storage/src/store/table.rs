@@ -28,7 +28,7 @@ use ringlog_protocol::checksum;
 
 use super::open::read_range;
 use super::{submit_checked, write_new_file, PartitionStore, StoreError};
-use crate::io::{align_down, FileId, IoBackend, Op, OpenMode, Sqe, BLOCK_SIZE};
+use crate::io::{align_down, AlignedBuf, FileId, IoBackend, Op, OpenMode, Sqe, BLOCK_SIZE};
 use crate::superblock::{SealedSegment, TableRef};
 
 const RECORD_BYTES: usize = 64;
@@ -293,32 +293,96 @@ fn append_entry(
     let file = io
         .open_file(path, OpenMode::Existing)
         .map_err(|e| StoreError::io(pid, "open segment table", path, e))?;
-    let result = read_range(io, file, block_at, BLOCK_SIZE)
-        .map_err(|e| StoreError::io(pid, "read", path, e))
-        .and_then(|mut buf| {
-            // Records past the new one belong to no committed state.
-            let from = (position - block_at) as usize;
-            buf.set_len(BLOCK_SIZE);
-            buf.full_mut()[from..].fill(0);
-            let chain = encode(meta, index, t.last, &mut buf[from..from + RECORD_BYTES]);
-            let sqes = vec![
-                Sqe::linked(Op::Write {
-                    file,
-                    offset: block_at,
-                    buf,
-                }),
-                Sqe::new(Op::Fdatasync { file }),
-            ];
-            submit_checked(io, sqes)
-                .map_err(|(kind, e)| StoreError::io(pid, kind, path, e))
-                .map(|_| TableRef {
-                    count: t.count + 1,
-                    last: chain,
-                    ..*t
-                })
-        });
+    let result = read_live_block(io, (pid, path, file), t, block_at).and_then(|mut buf| {
+        // Records past the new one belong to no committed state.
+        let from = (position - block_at) as usize;
+        buf.set_len(BLOCK_SIZE);
+        buf.full_mut()[from..].fill(0);
+        let chain = encode(meta, index, t.last, &mut buf[from..from + RECORD_BYTES]);
+        let sqes = vec![
+            Sqe::linked(Op::Write {
+                file,
+                offset: block_at,
+                buf,
+            }),
+            Sqe::new(Op::Fdatasync { file }),
+        ];
+        submit_checked(io, sqes)
+            .map_err(|(kind, e)| StoreError::io(pid, kind, path, e))
+            .map(|_| TableRef {
+                count: t.count + 1,
+                last: chain,
+                ..*t
+            })
+    });
     io.close(file);
     result
+}
+
+/// Reads of the table's last block tried before the device is taken for
+/// unstable.
+const BLOCK_READS_MAX: usize = 3;
+
+/// Reads the block at `block_at` (where the next entry goes) and verifies
+/// the live entries in it against `t` before the caller writes them back: a
+/// flipped bit in that read would otherwise become durable damage. The
+/// first live entry in the block chains from `t.anchor` or from the entry
+/// before it, which may sit in the block before (then read too: at most two
+/// blocks). A read that does not verify is retried, then is an I/O error.
+fn read_live_block(
+    io: &mut impl IoBackend,
+    (pid, path, file): (u32, &Path, FileId),
+    t: &TableRef,
+    block_at: u64,
+) -> Result<AlignedBuf, StoreError> {
+    let record = RECORD_BYTES as u64;
+    let end = (t.first + t.count) * record;
+    debug_assert!(block_at <= end && end < block_at + BLOCK_SIZE as u64);
+    let live_from = (t.first * record).max(block_at);
+    // The stored chain of the entry before `live_from`, unless that is the anchor.
+    let from = if live_from > t.first * record && live_from == block_at {
+        block_at - BLOCK_SIZE as u64
+    } else {
+        block_at
+    };
+    for _ in 0..BLOCK_READS_MAX {
+        let mut buf = read_range(io, file, from, (block_at - from) as usize + BLOCK_SIZE)
+            .map_err(|e| StoreError::io(pid, "read", path, e))?;
+        let at = |position: u64| (position - from) as usize;
+        let mut chain = if live_from == t.first * record {
+            t.anchor
+        } else {
+            field(&buf[at(live_from - record)..at(live_from)], 7)
+        };
+        let mut whole = buf.len() >= at(end);
+        let mut position = live_from;
+        while whole && position < end {
+            let r = &buf[at(position)..at(position + record)];
+            let expected = chain_over(chain, &r[..CHAINED_BYTES]);
+            whole = field(r, 6) == position / record && field(r, 7) == expected;
+            chain = expected;
+            position += record;
+        }
+        if whole && chain == t.last {
+            if from < block_at {
+                // Keep only the block the caller rewrites (short at the
+                // file's end: the caller zeroes past the live entries).
+                let shift = (block_at - from) as usize;
+                let kept = buf.len().saturating_sub(shift).min(BLOCK_SIZE);
+                buf.copy_within(shift..shift + kept, 0);
+                buf.set_len(kept);
+            }
+            return Ok(buf);
+        }
+    }
+    Err(StoreError::io(
+        pid,
+        "read",
+        path,
+        std::io::Error::other(format!(
+            "the segment table's entries below byte {end} failed verification in {BLOCK_READS_MAX} reads: unstable device, nothing written"
+        )),
+    ))
 }
 
 #[cfg(test)]
