@@ -71,6 +71,13 @@ fn chain_over(prev_chain: u64, bytes: &[u8]) -> u64 {
     checksum(&input)
 }
 
+/// The chain value after `record`, if it is entry `index` and chains from
+/// `prev_chain` (its stored chain matches).
+fn verified_chain(record: &[u8], index: u64, prev_chain: u64) -> Option<u64> {
+    let expected = chain_over(prev_chain, &record[..CHAINED_BYTES]);
+    (field(record, 6) == index && field(record, 7) == expected).then_some(expected)
+}
+
 fn chain_next(prev_chain: u64, index: u64, meta: &SealedSegment) -> u64 {
     encode(meta, index, prev_chain, &mut [0u8; RECORD_BYTES])
 }
@@ -206,13 +213,12 @@ fn load_from(
         let skip = (start.max(at) - at) as usize;
         for r in buf[skip..want].chunks_exact(RECORD_BYTES) {
             let position = index * record;
-            let expected = chain_over(chain, &r[..CHAINED_BYTES]);
-            if field(r, 6) != index || field(r, 7) != expected {
+            let Some(expected) = verified_chain(r, index, chain) else {
                 return Err(corrupt(
                     position,
                     format!("segment table entry {index} fails its checksum"),
                 ));
-            }
+            };
             entries.push(SealedSegment {
                 base_offset: field(r, 0),
                 end_offset: field(r, 1),
@@ -358,9 +364,10 @@ fn read_live_block(
         let mut position = live_from;
         while whole && position < end {
             let r = &buf[at(position)..at(position + record)];
-            let expected = chain_over(chain, &r[..CHAINED_BYTES]);
-            whole = field(r, 6) == position / record && field(r, 7) == expected;
-            chain = expected;
+            match verified_chain(r, position / record, chain) {
+                Some(next) => chain = next,
+                None => whole = false,
+            }
             position += record;
         }
         if whole && chain == t.last {
