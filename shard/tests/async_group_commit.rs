@@ -3,28 +3,16 @@
 //! behind flushes in flight, get parked (buffer full, segment roll) and
 //! resume; every acknowledged batch must read back, once, in offset order.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::config;
 use ringlog_shard::client::{batch_of, records, with_retry, Client};
-use ringlog_shard::config::ServerConfig;
 use ringlog_shard::server::{self, Hooks};
-
-fn config(data_dir: &Path) -> ServerConfig {
-    ServerConfig {
-        data_dir: data_dir.to_path_buf(),
-        listen: "127.0.0.1:0".into(),
-        shards: 2,
-        pin_cores: false,
-        control_socket: data_dir.join("ctl.sock"),
-        segment_size_bytes: 32 * 1024,
-        write_buffer_bytes: 8192,
-        log_level: "warn".into(),
-        ..ServerConfig::default()
-    }
-}
 
 fn counter(control: &Path, name: &str) -> u64 {
     let reply = ringlog_shard::control::client::request(

@@ -2,26 +2,14 @@
 //! partition directories into the trash and the sweeper thread removes
 //! them; what a crash left in the trash is removed by the next start.
 
+mod common;
+
 use std::path::Path;
 use std::time::Duration;
 
+use common::config;
 use ringlog_shard::client::{batch_of, Client};
-use ringlog_shard::config::ServerConfig;
 use ringlog_shard::server::{self, Hooks};
-
-fn config(data_dir: &Path) -> ServerConfig {
-    ServerConfig {
-        data_dir: data_dir.to_path_buf(),
-        listen: "127.0.0.1:0".into(),
-        shards: 2,
-        pin_cores: false,
-        control_socket: data_dir.join("ctl.sock"),
-        segment_size_bytes: 32 * 1024,
-        write_buffer_bytes: 8192,
-        log_level: "warn".into(),
-        ..ServerConfig::default()
-    }
-}
 
 fn entries(dir: &Path) -> usize {
     std::fs::read_dir(dir).map_or(0, |d| d.count())
