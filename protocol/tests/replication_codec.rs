@@ -6,12 +6,17 @@
 use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
+use ringlog_protocol::manifest::{Artifact, ArtifactKind, Manifest, ManifestLimits};
 use ringlog_protocol::replication::{
-    Body, Command, Commit, DoViewChange, Envelope, EvictedReason, Message, Prepare, PrepareOk,
-    Prepares, RangeEvicted, ReplicationError, ReplicationLimits, RequestPrepares, RequestStartView,
-    StartView, HEADER_LEN, MAGIC,
+    Body, Chunk, ChunkKey, Command, Commit, DoViewChange, Envelope, EvictedReason, Message, Offer,
+    Prepare, PrepareOk, Prepares, RangeEvicted, Refusal, ReleaseSnapshot, ReplicationError,
+    ReplicationLimits, RequestChunks, RequestPrepares, RequestSnapshot, RequestStartView,
+    SnapshotOffer, StartView, HEADER_LEN, MAGIC,
 };
 use ringlog_protocol::{checksum, BatchBuilder, BatchHeader, BatchView, Record, Stamp};
+
+#[path = "replication_codec/transfer_rules.rs"]
+mod transfer_rules;
 
 const ENV: Envelope = Envelope {
     cluster_id: 0xfeed_0000_0000_0000_0000_0000_0000_beef,
@@ -92,7 +97,10 @@ fn encode(msg: &Message<'_>) -> Vec<u8> {
 /// a test can borrow them into a [`Message`].
 #[derive(Debug, Clone)]
 enum Spec {
-    Prepare { commit: u64, batch: Vec<u8> },
+    Prepare {
+        commit: u64,
+        batch: Vec<u8>,
+    },
     PrepareOk(PrepareOk),
     Commit(Commit),
     StartViewChange,
@@ -100,8 +108,20 @@ enum Spec {
     StartView(StartView),
     RequestStartView(RequestStartView),
     RequestPrepares(RequestPrepares),
-    Prepares { commit: u64, batches: Vec<Vec<u8>> },
+    Prepares {
+        commit: u64,
+        batches: Vec<Vec<u8>>,
+    },
     RangeEvicted(RangeEvicted),
+    RequestSnapshot(RequestSnapshot),
+    SnapshotOffer(SnapshotOffer),
+    RequestChunks(RequestChunks),
+    Chunk {
+        snapshot_id: u64,
+        key: ChunkKey,
+        data: Vec<u8>,
+    },
+    ReleaseSnapshot(ReleaseSnapshot),
 }
 
 impl Spec {
@@ -123,8 +143,97 @@ impl Spec {
                 batches: views(batches),
             }),
             Spec::RangeEvicted(m) => Body::RangeEvicted(*m),
+            Spec::RequestSnapshot(m) => Body::RequestSnapshot(*m),
+            Spec::SnapshotOffer(m) => Body::SnapshotOffer(m.clone()),
+            Spec::RequestChunks(m) => Body::RequestChunks(m.clone()),
+            Spec::Chunk {
+                snapshot_id,
+                key,
+                data,
+            } => Body::Chunk(Chunk {
+                snapshot_id: *snapshot_id,
+                key: *key,
+                data,
+            }),
+            Spec::ReleaseSnapshot(m) => Body::ReleaseSnapshot(*m),
         }
     }
+}
+
+/// A manifest of `partition_id` in `view`: `lengths.len()` contiguous
+/// segments in chunks of 4 KiB, its frontier at op `commit`.
+fn manifest(
+    partition_id: u32,
+    view: u32,
+    commit: u64,
+    snapshot_id: u64,
+    lengths: &[u64],
+) -> Manifest {
+    let chunk_size_bytes = 4096u32;
+    let artifacts: Vec<Artifact> = (0u64..)
+        .zip(lengths)
+        .map(|(i, &length_bytes)| Artifact {
+            kind: ArtifactKind::Segment,
+            base_offset: i * 100,
+            end_offset: (i + 1) * 100,
+            length_bytes,
+            checksum: 0xa0 + i,
+            last_batch_checksum: 0xb0 + i,
+            max_timestamp_ms: 1_000 + i,
+            chunk_checksums: (0..Manifest::chunk_count(length_bytes, chunk_size_bytes))
+                .map(|c| c * 31 + i)
+                .collect(),
+        })
+        .collect();
+    Manifest {
+        partition_id,
+        view,
+        commit,
+        next_offset: lengths.len() as u64 * 100,
+        last_op: commit,
+        last_checksum: 0xc0ffee,
+        purge_generation: 3,
+        snapshot_id,
+        chunk_size_bytes,
+        artifacts,
+    }
+}
+
+fn offer(
+    env: &Envelope,
+    nonce: u64,
+    snapshot_id: u64,
+    commit: u64,
+    lengths: &[u64],
+) -> SnapshotOffer {
+    SnapshotOffer {
+        nonce,
+        snapshot_id,
+        commit_max: commit + 5,
+        offer: Offer::Snapshot(manifest(
+            env.partition_id,
+            env.view,
+            commit,
+            snapshot_id,
+            lengths,
+        )),
+    }
+}
+
+fn refusal(nonce: u64, snapshot_id: u64, reason: Refusal) -> SnapshotOffer {
+    SnapshotOffer {
+        nonce,
+        snapshot_id,
+        commit_max: 40,
+        offer: Offer::Refused(reason),
+    }
+}
+
+fn keys(pairs: &[(u32, u32)]) -> Vec<ChunkKey> {
+    pairs
+        .iter()
+        .map(|&(artifact, chunk)| ChunkKey { artifact, chunk })
+        .collect()
 }
 
 fn encode_spec(env: &Envelope, spec: &Spec) -> Vec<u8> {
@@ -187,6 +296,28 @@ fn samples() -> Vec<Spec> {
             purge_generation: 2,
             reason: EvictedReason::Retired,
         }),
+        Spec::RequestSnapshot(RequestSnapshot {
+            nonce: 91,
+            commit: 17,
+            purge_generation: 2,
+        }),
+        Spec::SnapshotOffer(offer(&ENV, 91, 12, 30, &[9000, 4096])),
+        Spec::SnapshotOffer(refusal(91, 0, Refusal::Busy)),
+        Spec::SnapshotOffer(refusal(91, 0, Refusal::NotAhead)),
+        Spec::SnapshotOffer(refusal(0, 12, Refusal::UnknownSnapshot)),
+        Spec::RequestChunks(RequestChunks {
+            snapshot_id: 12,
+            keys: keys(&[(0, 0), (0, 2), (1, 0)]),
+        }),
+        Spec::Chunk {
+            snapshot_id: 12,
+            key: ChunkKey {
+                artifact: 1,
+                chunk: 0,
+            },
+            data: vec![7; 333],
+        },
+        Spec::ReleaseSnapshot(ReleaseSnapshot { snapshot_id: 12 }),
     ]
 }
 
@@ -276,7 +407,7 @@ fn samples_round_trip() {
             s.body().command() as u8
         })
         .collect();
-    assert_eq!(commands.len(), 10, "every command has a sample");
+    assert_eq!(commands.len(), 15, "every command has a sample");
 }
 
 #[test]
@@ -412,6 +543,66 @@ fn spec(env: Envelope) -> impl Strategy<Value = Spec> {
                     })
                 }
             ),
+        transfer_spec(env),
+    ]
+}
+
+fn refusal_reason() -> impl Strategy<Value = Refusal> {
+    prop_oneof![
+        Just(Refusal::Busy),
+        Just(Refusal::NotNormal),
+        Just(Refusal::NotAhead),
+        Just(Refusal::Unavailable),
+    ]
+}
+
+/// The state-transfer commands.
+fn transfer_spec(env: Envelope) -> impl Strategy<Value = Spec> {
+    prop_oneof![
+        (1u64.., any::<u64>(), any::<u64>()).prop_map(|(nonce, commit, purge_generation)| {
+            Spec::RequestSnapshot(RequestSnapshot {
+                nonce,
+                commit,
+                purge_generation,
+            })
+        }),
+        (
+            1u64..,
+            1u64..,
+            0u64..1 << 40,
+            prop::collection::vec(1u64..20_000, 0..4)
+        )
+            .prop_map(
+                move |(nonce, id, commit, lengths)| Spec::SnapshotOffer(offer(
+                    &env, nonce, id, commit, &lengths
+                ))
+            ),
+        (1u64.., refusal_reason())
+            .prop_map(|(nonce, reason)| Spec::SnapshotOffer(refusal(nonce, 0, reason))),
+        (1u64..).prop_map(|id| Spec::SnapshotOffer(refusal(0, id, Refusal::UnknownSnapshot))),
+        (
+            1u64..,
+            prop::collection::btree_set((0u32..4, any::<u32>()), 1..40)
+        )
+            .prop_map(|(snapshot_id, set)| {
+                let pairs: Vec<(u32, u32)> = set.into_iter().collect();
+                Spec::RequestChunks(RequestChunks {
+                    snapshot_id,
+                    keys: keys(&pairs),
+                })
+            }),
+        (
+            1u64..,
+            any::<u32>(),
+            any::<u32>(),
+            prop::collection::vec(any::<u8>(), 1..600)
+        )
+            .prop_map(|(snapshot_id, artifact, chunk, data)| Spec::Chunk {
+                snapshot_id,
+                key: ChunkKey { artifact, chunk },
+                data,
+            }),
+        (1u64..).prop_map(|snapshot_id| Spec::ReleaseSnapshot(ReleaseSnapshot { snapshot_id })),
     ]
 }
 
@@ -538,16 +729,22 @@ fn body_of_another_command_refused() {
         Command::RequestStartView,
         Command::RequestPrepares,
         Command::RangeEvicted,
+        Command::RequestSnapshot,
+        Command::ReleaseSnapshot,
     ];
     for spec in samples() {
         let from = spec.body().command();
         for to in fixed.into_iter().filter(|&c| c != from) {
             // Same-size fixed bodies are each other's valid encodings.
-            let same_size = [from, to].iter().all(|c| {
-                matches!(
-                    c,
-                    Command::PrepareOk | Command::Commit | Command::RequestPrepares
-                )
+            let same_size = [[from, to], [to, from]].iter().any(|pair| {
+                pair.iter().all(|c| {
+                    matches!(
+                        c,
+                        Command::PrepareOk | Command::Commit | Command::RequestPrepares
+                    )
+                }) || pair
+                    .iter()
+                    .all(|c| matches!(c, Command::RequestStartView | Command::ReleaseSnapshot))
             });
             if same_size {
                 continue;

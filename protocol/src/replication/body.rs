@@ -1,6 +1,7 @@
 //! Body codecs, one pair per command; layouts in the module docs.
 
 use super::run::check_run;
+use super::transfer;
 use super::{
     Body, Command, Commit, DoViewChange, Envelope, EvictedReason, Header, Prepare, PrepareOk,
     Prepares, RangeEvicted, ReplicationError, ReplicationLimits, RequestPrepares, RequestStartView,
@@ -161,6 +162,15 @@ pub(super) fn decode<'a>(
         }
         Command::Prepares => Body::Prepares(decode_prepares(env, body, limits)?),
         Command::RangeEvicted => Body::RangeEvicted(decode_range_evicted(body)?),
+        Command::RequestSnapshot => Body::RequestSnapshot(transfer::decode_request_snapshot(body)?),
+        Command::SnapshotOffer => {
+            Body::SnapshotOffer(transfer::decode_snapshot_offer(env, body, limits)?)
+        }
+        Command::RequestChunks => {
+            Body::RequestChunks(transfer::decode_request_chunks(body, limits)?)
+        }
+        Command::Chunk => Body::Chunk(transfer::decode_chunk(body, limits)?),
+        Command::ReleaseSnapshot => Body::ReleaseSnapshot(transfer::decode_release_snapshot(body)?),
     })
 }
 
@@ -556,6 +566,11 @@ pub(super) fn encode(
             out.push(e.reason as u8);
             out.extend_from_slice(&[0u8; 7]);
         }
+        Body::RequestSnapshot(r) => transfer::encode_request_snapshot(r, out)?,
+        Body::SnapshotOffer(o) => transfer::encode_snapshot_offer(env, o, out)?,
+        Body::RequestChunks(r) => transfer::encode_request_chunks(r, out)?,
+        Body::Chunk(c) => transfer::encode_chunk(c, out)?,
+        Body::ReleaseSnapshot(r) => transfer::encode_release_snapshot(r, out)?,
     }
     Ok(())
 }

@@ -1,6 +1,7 @@
 use thiserror::Error;
 
 use super::Command;
+use crate::manifest::ManifestError;
 use crate::BatchError;
 
 /// Why a replication message was refused (decode) or could not be built
@@ -81,5 +82,13 @@ pub enum ReplicationError {
         field: &'static str,
         value: u64,
         reason: &'static str,
+    },
+    #[error("SnapshotOffer: manifest: {0}")]
+    Manifest(#[source] ManifestError),
+    #[error("SnapshotOffer: {field} is {message} in the message but {manifest} in the manifest")]
+    OfferMismatch {
+        field: &'static str,
+        message: u64,
+        manifest: u64,
     },
 }

@@ -42,7 +42,25 @@
 //! RangeEvicted     u64 op_min, u64 op_max, u64 op_held_min,
 //!                  u64 log_start_offset, u64 purge_generation,
 //!                  u8 reason, [u8; 7] reserved
+//! RequestSnapshot  u64 nonce, u64 commit, u64 purge_generation
+//! SnapshotOffer    u64 nonce, u64 snapshot_id, u64 commit_max,
+//!                  u8 kind (1 offer, 2 refused), u8 reason (0 for an offer),
+//!                  [u8; 6] reserved, then for an offer the manifest
+//!                  ([`crate::manifest`]) filling the rest of the body
+//! RequestChunks    u64 snapshot_id, u32 count, u32 reserved,
+//!                  count x (u32 artifact, u32 chunk), strictly increasing
+//! Chunk            u64 snapshot_id, u32 artifact, u32 chunk, data (the rest)
+//! ReleaseSnapshot  u64 snapshot_id
 //! ```
+//!
+//! The last five are state transfer (DESIGN.md section 7, [`transfer`]).
+//! An offer's manifest names the snapshot's view, commit, frontier and
+//! purge generation; the decoder checks it agrees with the message
+//! (snapshot id, partition, view at most the message's, commit at most
+//! `commit_max`, frontier at most its commit). A refusal carries no
+//! manifest and says whether it is transient ([`Refusal::is_transient`]).
+//! A Chunk's bytes are checked by the receiver against the manifest's
+//! checksum for its key; the body checksum only guards the transit.
 //!
 //! A Prepare carries the batch bytes exactly as the primary stamped them:
 //! the batch header already holds op, view, offset and chain link, so the
@@ -91,11 +109,16 @@ mod header;
 mod run;
 #[cfg(test)]
 mod tests;
+pub mod transfer;
 
 pub use error::ReplicationError;
 pub use header::Header;
+pub use transfer::{
+    Chunk, ChunkKey, Offer, Refusal, ReleaseSnapshot, RequestChunks, RequestSnapshot, SnapshotOffer,
+};
 
 use crate::batch::{BatchHeader, BatchView, BODY_LEN_MAX_BYTES, HEADER_LEN as BATCH_HEADER_LEN};
+use crate::manifest::ManifestLimits;
 
 /// "RLGR" when read as little-endian bytes.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"RLGR");
@@ -118,6 +141,11 @@ pub enum Command {
     RequestPrepares = 8,
     Prepares = 9,
     RangeEvicted = 10,
+    RequestSnapshot = 11,
+    SnapshotOffer = 12,
+    RequestChunks = 13,
+    Chunk = 14,
+    ReleaseSnapshot = 15,
 }
 
 impl Command {
@@ -133,6 +161,11 @@ impl Command {
             8 => Command::RequestPrepares,
             9 => Command::Prepares,
             10 => Command::RangeEvicted,
+            11 => Command::RequestSnapshot,
+            12 => Command::SnapshotOffer,
+            13 => Command::RequestChunks,
+            14 => Command::Chunk,
+            15 => Command::ReleaseSnapshot,
             _ => return None,
         })
     }
@@ -150,6 +183,12 @@ pub struct ReplicationLimits {
     pub prepares_batches_max: u32,
     /// Batch bytes in one Prepares.
     pub prepares_bytes_max: u32,
+    /// Chunk keys in one RequestChunks (a pull window).
+    pub chunk_keys_max: u32,
+    /// Data bytes of one Chunk.
+    pub chunk_bytes_max: u32,
+    /// The manifest of a SnapshotOffer.
+    pub manifest: ManifestLimits,
 }
 
 /// Room for one largest batch plus a Prepare's own fields.
@@ -163,6 +202,9 @@ impl Default for ReplicationLimits {
             suffix_headers_max: 1024,
             prepares_batches_max: 256,
             prepares_bytes_max: BATCH_BYTES_MAX,
+            chunk_keys_max: 256,
+            chunk_bytes_max: ManifestLimits::default().chunk_size_bytes_max,
+            manifest: ManifestLimits::default(),
         }
     }
 }
@@ -314,6 +356,11 @@ pub enum Body<'a> {
     RequestPrepares(RequestPrepares),
     Prepares(Prepares<'a>),
     RangeEvicted(RangeEvicted),
+    RequestSnapshot(RequestSnapshot),
+    SnapshotOffer(SnapshotOffer),
+    RequestChunks(RequestChunks),
+    Chunk(Chunk<'a>),
+    ReleaseSnapshot(ReleaseSnapshot),
 }
 
 impl Body<'_> {
@@ -329,6 +376,11 @@ impl Body<'_> {
             Body::RequestPrepares(_) => Command::RequestPrepares,
             Body::Prepares(_) => Command::Prepares,
             Body::RangeEvicted(_) => Command::RangeEvicted,
+            Body::RequestSnapshot(_) => Command::RequestSnapshot,
+            Body::SnapshotOffer(_) => Command::SnapshotOffer,
+            Body::RequestChunks(_) => Command::RequestChunks,
+            Body::Chunk(_) => Command::Chunk,
+            Body::ReleaseSnapshot(_) => Command::ReleaseSnapshot,
         }
     }
 }

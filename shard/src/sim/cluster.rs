@@ -286,7 +286,10 @@ impl Cluster {
             let detail = format!("envelope {env:?}");
             return Err(violation("messages decode", detail));
         }
-        let (from, msg) = Message::from_wire(&decoded);
+        let Some((from, msg)) = Message::from_wire(&decoded) else {
+            let detail = format!("{:?} is not a VSR message", decoded.command());
+            return Err(violation("messages decode", detail));
+        };
         if from != p.from {
             let detail = format!("sent by R{}, decoded as from R{from}", p.from);
             return Err(violation("messages decode", detail));

@@ -25,7 +25,7 @@ fn through_wire(from: u8, msg: Message) -> Message {
         .expect("the codec accepts the machine's message");
     let limits = wire::ReplicationLimits::default();
     let decoded = wire::Message::decode(&bytes, &limits).expect("decodes");
-    let (sender, back) = Message::from_wire(&decoded);
+    let (sender, back) = Message::from_wire(&decoded).expect("a VSR message");
     assert_eq!((sender, &back), (from, &msg), "wire round trip");
     back
 }

@@ -50,8 +50,10 @@ impl Message {
     }
 
     /// A decoded message as the machine's input: its sender and the
-    /// message, batches copied out of the receive buffer.
-    pub fn from_wire(msg: &wire::Message<'_>) -> (u8, Message) {
+    /// message, batches copied out of the receive buffer. `None` for the
+    /// state-transfer commands (RequestSnapshot .. ReleaseSnapshot): they
+    /// are not the replica's to step.
+    pub fn from_wire(msg: &wire::Message<'_>) -> Option<(u8, Message)> {
         let own = |b: &BatchView<'_>| -> BatchBytes { b.as_bytes().into() };
         let body = match &msg.body {
             wire::Body::Prepare(p) => Body::Prepare(Prepare {
@@ -71,11 +73,16 @@ impl Message {
                 batches: p.batches.iter().map(own).collect(),
             }),
             wire::Body::RangeEvicted(b) => Body::RangeEvicted(*b),
+            wire::Body::RequestSnapshot(_)
+            | wire::Body::SnapshotOffer(_)
+            | wire::Body::RequestChunks(_)
+            | wire::Body::Chunk(_)
+            | wire::Body::ReleaseSnapshot(_) => return None,
         };
         let message = Message {
             view: msg.envelope.view,
             body,
         };
-        (msg.envelope.replica, message)
+        Some((msg.envelope.replica, message))
     }
 }
