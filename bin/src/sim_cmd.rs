@@ -33,6 +33,9 @@ pub struct SimArgs {
     /// Headroom past a segment's roll point for uncommitted ops.
     #[arg(long, default_value_t = sim::UNCOMMITTED_HEADROOM_BYTES_DEFAULT)]
     headroom_bytes: u64,
+    /// A failing seed prints its whole trace, not only the last lines.
+    #[arg(long)]
+    full_trace: bool,
 }
 
 fn parse_replicas(s: &str) -> Result<u8, String> {
@@ -54,6 +57,7 @@ pub fn run(a: SimArgs) -> i32 {
             wipes: !a.no_wipes,
             segment_bytes: a.segment_bytes,
             uncommitted_headroom_bytes: a.headroom_bytes,
+            full_trace: a.full_trace,
         };
         match sim::run(opts) {
             Ok(summary) => println!("{summary}"),

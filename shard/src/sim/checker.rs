@@ -6,7 +6,7 @@
 //! `node.rs`), which is itself checked against the store at every reboot
 //! and read back byte for byte at the end.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::vsr::{Body, Message, Replica, Status, Token};
 
@@ -47,6 +47,10 @@ pub struct Checker {
     committed: BTreeMap<u64, u64>,
     /// The replica that was the normal primary of each view.
     primaries: BTreeMap<u32, u8>,
+    /// Views whose primary's log was checked against `committed_view`.
+    primaries_checked: BTreeSet<u32>,
+    /// Op -> the lowest view in which a replica had it committed.
+    committed_view: BTreeMap<u64, u32>,
     /// Per replica: commits up to here are recorded.
     seen_commit: Vec<u64>,
     pub acked: Vec<Ack>,
@@ -70,27 +74,58 @@ impl Checker {
     }
 
     /// Guards against: two replicas committing different batches at one op
-    /// (a forked log), and two primaries in one view.
+    /// (a forked log), two primaries in one view, and a new primary whose
+    /// log lacks an op committed in an older view (a view change lost it;
+    /// its old holders would refuse that view forever).
     pub fn after_step(&mut self, r: u8, replica: &Replica) -> Result<(), Violation> {
-        if replica.status() == Status::Normal && replica.is_primary() {
-            let first = *self.primaries.entry(replica.view()).or_insert(r);
-            if first != r {
-                let detail = format!(
-                    "replicas {first} and {r} were both normal primary of view {}",
-                    replica.view()
-                );
-                return Err(violation("one primary per view", detail));
-            }
-        }
+        let view = replica.view();
         let seen = &mut self.seen_commit[usize::from(r)];
         let from = (*seen).min(replica.commit());
         *seen = replica.commit();
         for op in from + 1..=replica.commit() {
             if let Some(checksum) = replica.checksum_at(op) {
                 self.record(op, checksum, r)?;
+                let first = self.committed_view.entry(op).or_insert(view);
+                *first = (*first).min(view);
+            }
+        }
+        if replica.status() == Status::Normal && replica.is_primary() {
+            let first = *self.primaries.entry(view).or_insert(r);
+            if first != r {
+                let detail =
+                    format!("replicas {first} and {r} were both normal primary of view {view}");
+                return Err(violation("one primary per view", detail));
+            }
+            if self.primaries_checked.insert(view) {
+                self.check_new_primary(r, replica)?;
             }
         }
         Ok(())
+    }
+
+    /// A primary's log only grows while it is normal, so this runs once, when
+    /// it becomes normal. An op seen committed by a replica in view w was
+    /// decided in a view at most w: below `view`, every DoViewChange quorum
+    /// of `view` holds it.
+    fn check_new_primary(&self, r: u8, replica: &Replica) -> Result<(), Violation> {
+        let view = replica.view();
+        let older = self
+            .committed_view
+            .iter()
+            .rev()
+            .find(|&(_, &w)| w < view)
+            .map(|(&op, _)| op);
+        match older {
+            Some(op) if replica.op() < op => {
+                let detail = format!(
+                    "replica {r} leads view {view} with its log ending at op {}, below op {op} \
+                     committed in an older view",
+                    replica.op()
+                );
+                Err(violation("a new primary holds every committed op", detail))
+            }
+            _ => Ok(()),
+        }
     }
 
     fn record(&mut self, op: u64, checksum: u64, r: u8) -> Result<(), Violation> {

@@ -104,7 +104,11 @@ impl Cluster {
             net: Network::new(n),
             nodes,
             checker: Checker::new(n),
-            trace: Trace::new(),
+            trace: if opts.full_trace {
+                Trace::keeping(usize::MAX)
+            } else {
+                Trace::new()
+            },
             tick: 0,
             steps: 0,
             counts: Counts::default(),

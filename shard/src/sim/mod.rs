@@ -54,6 +54,9 @@ pub struct SimOptions {
     /// point for ops not yet committed (see `StoreConfig`).
     pub segment_bytes: u64,
     pub uncommitted_headroom_bytes: u64,
+    /// A failure report carries every trace line, not only the last
+    /// [`trace::RECENT_LINES_MAX`] (for reading a replay).
+    pub full_trace: bool,
 }
 
 /// 64 KiB segments rolling at 16 KiB once committed: runs cross rolls,
@@ -72,6 +75,7 @@ impl SimOptions {
             wipes: true,
             segment_bytes: SEGMENT_BYTES_DEFAULT,
             uncommitted_headroom_bytes: UNCOMMITTED_HEADROOM_BYTES_DEFAULT,
+            full_trace: false,
         }
     }
 }

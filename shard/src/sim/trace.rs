@@ -12,6 +12,9 @@ pub const RECENT_LINES_MAX: usize = 48;
 pub struct Trace {
     hash: u64,
     recent: VecDeque<String>,
+    /// Lines kept: [`RECENT_LINES_MAX`], or every line of a replay asked
+    /// for its whole trace (bounded by the run's length).
+    lines_max: usize,
 }
 
 impl Default for Trace {
@@ -22,9 +25,15 @@ impl Default for Trace {
 
 impl Trace {
     pub fn new() -> Self {
+        Self::keeping(RECENT_LINES_MAX)
+    }
+
+    /// A trace that keeps the last `lines_max` lines for the report.
+    pub fn keeping(lines_max: usize) -> Self {
         Self {
             hash: FNV_OFFSET,
-            recent: VecDeque::with_capacity(RECENT_LINES_MAX),
+            recent: VecDeque::with_capacity(lines_max.min(RECENT_LINES_MAX)),
+            lines_max: lines_max.max(1),
         }
     }
 
@@ -38,7 +47,7 @@ impl Trace {
         let mut s = String::new();
         let _ = write!(s, "t{tick} {line}");
         self.bytes(s.as_bytes());
-        if self.recent.len() == RECENT_LINES_MAX {
+        if self.recent.len() == self.lines_max {
             self.recent.pop_front();
         }
         self.recent.push_back(s);

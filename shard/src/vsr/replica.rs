@@ -438,6 +438,7 @@ impl Replica {
         assert!(self.commit >= before.0, "commit went back");
         assert!(self.durable.view >= before.1.view && self.durable.log_view >= before.1.log_view);
         assert!(self.view >= before.2, "view went back");
+        self.leave_wiped_when_whole();
         if self.log.len() <= FULL_CHECK_ENTRIES_MAX {
             self.assert_invariants();
         } else {
@@ -621,6 +622,21 @@ impl Replica {
                 .all(|e| e.durable || e.header.vsr_op > op)
     }
 
+    /// A wiped replica is an ordinary one again once its log is the whole
+    /// log of its view up to the StartView's op, durable, and the
+    /// superblock names that view as log_view. Not on `durable.log_view ==
+    /// view` alone: in view 0 a blank superblock says so from the start,
+    /// and the first commit it writes mid-repair would end the wipe.
+    fn leave_wiped_when_whole(&mut self) {
+        let whole = self.status == Status::Normal
+            && self.durable.log_view == self.view
+            && self.log_view == self.view
+            && self.log_view_ready();
+        if self.wiped && whole {
+            self.wiped = false;
+        }
+    }
+
     /// Persists log_view once the log has caught up with it.
     pub(super) fn persist_log_view_when_ready(&mut self, out: &mut Outbox) {
         if self.log_view > self.durable.log_view && self.log_view_ready() {
@@ -745,10 +761,6 @@ impl Replica {
             self.persist(out);
         }
         self.release_held(out);
-        if self.wiped && self.status == Status::Normal && self.durable.log_view == self.view {
-            // Its log is whole and vouched for: an ordinary replica again.
-            self.wiped = false;
-        }
         let done = self.status == Status::ViewChange
             && self.phase == Phase::Persisting
             && self.durable.log_view == self.view;

@@ -770,6 +770,77 @@ fn wiped_replica_does_not_vote_before_learning_the_view() {
     assert!(first_vote.is_none(), "it never voted");
 }
 
+/// Guards against: a replica wiped while the group is still in view 0
+/// counting as whole at its first superblock write (the commit it writes
+/// while repairing), because a blank superblock's log_view 0 already
+/// equals the view, with its repair unfinished. Rebooted from that disk it
+/// is an intact replica with a short log: with the only other holder of
+/// the committed ops down, it and a lagging replica elect a view without
+/// them (sim seed 21821: the old primary then refuses every StartView).
+#[test]
+fn wiped_replica_in_view_0_stays_wiped_until_its_repair_is_durable() {
+    const OPS: u64 = 40;
+    let mut c = Cluster::new(3);
+    c.append(0, 1, 1);
+    c.settle();
+    c.tick(3);
+    // Ops 2..=OPS commit on R0 and R2 only: R1 lags at op 1.
+    c.drop = Some(Box::new(|from, to, _| from == 1 || to == 1));
+    for token in 2..=OPS {
+        c.append(0, token, token as u8);
+        c.settle();
+    }
+    assert_eq!(c.r(0).commit(), OPS);
+    assert_eq!(c.r(1).op(), 1);
+    // R2 loses its disk, learns view 0 from R0 and repairs; its storage
+    // runs one op at a time, until its first superblock write landed.
+    c.wipe(2);
+    c.node(2).auto_io = false;
+    let mut persisted = false;
+    for _ in 0..200 {
+        if persisted {
+            break;
+        }
+        c.tick(1);
+        while let Some((_, op)) = c.nodes[2].pending_io.front().cloned() {
+            c.complete_io(2);
+            c.settle();
+            if matches!(op, StorageOp::PersistVsr(_)) {
+                persisted = true;
+                break;
+            }
+        }
+    }
+    assert!(persisted, "R2 wrote no superblock while repairing");
+    let synced = c.nodes[2].synced;
+    assert!(c.r(2).view() == 0 && synced < OPS, "R2 synced {synced}");
+    assert!(
+        c.r(2).is_wiped(),
+        "R2 counts as whole with ops 1..={synced} of {OPS} durable"
+    );
+    // R0 goes down; R2 reboots from its disk (wiped again if it still is).
+    c.crash(0);
+    c.crash(2);
+    c.drop = None;
+    c.restart(2);
+    c.node(2).auto_io = true;
+    c.tick(200);
+    for r in [1, 2] {
+        assert!(
+            c.r(r).status() != Status::Normal,
+            "R{r} is normal in view {} at op {}, below committed op {OPS}",
+            c.r(r).view(),
+            c.r(r).op()
+        );
+    }
+    // R0 comes back: the group converges on every op.
+    c.restart(0);
+    c.tick_until(800, |c| {
+        (0..3).all(|r| c.r(r).status() == Status::Normal && c.r(r).commit() >= OPS)
+    });
+    assert_eq!(c.nodes[2].ops, c.nodes[0].ops, "R2 repaired every op");
+}
+
 /// Guards against: a single replica (R = 1) never committing, or a
 /// restarted one with its disk intact going through a view change (a view
 /// bump and two superblock writes per partition per boot, ~1500 ticks
