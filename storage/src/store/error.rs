@@ -93,6 +93,13 @@ pub enum StoreError {
         #[source]
         source: CutError,
     },
+    /// The append would have to flush first (its write buffer is full, or
+    /// it rolls the segment, which flushes) while this partition's flush is
+    /// in flight. Nothing was accepted: complete the flush
+    /// (`PartitionStore::complete_flush`) and append again;
+    /// `PartitionStore::append_waits_for_flush` tells in advance.
+    #[error("partition {partition_id}: append must flush first, but a flush is in flight: complete it and append again")]
+    FlushInFlight { partition_id: u32 },
     /// Seal only committed data: the active segment is full up to its
     /// capacity and a roll would seal ops above the commit. Nothing was
     /// accepted; the append fits once the tail commits

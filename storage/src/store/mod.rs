@@ -14,12 +14,16 @@
 //!
 //! Write path: [`PartitionStore::append`] checks a batch (its offsets were
 //! assigned by the caller: base offset and hash chain must continue the log)
-//! and copies it into an aligned write buffer that starts at the block
-//! holding the durable end, so the partially filled tail block is rewritten
-//! with each flush and small batches waste no disk. A flush is one write and
-//! one fdatasync, linked; [`flush_all`] submits the flushes of many
-//! partitions in one ring submission (group commit). An append is durable,
-//! and may be acknowledged, once a flush that covers it completed.
+//! (verifying its body checksum, once) and copies it into an aligned write
+//! buffer that starts at the block holding the durable end, so the partially
+//! filled tail block is rewritten with each flush and small batches waste no
+//! disk; the segment's transfer checksums are computed from that copy while
+//! it is in cache. A flush is one write and one fdatasync, linked;
+//! [`flush_all`] submits the flushes of many partitions in one ring
+//! submission (group commit). An append is durable, and may be acknowledged,
+//! once a flush that covers it completed. Appends may go on while a flush is
+//! in flight, except one that would have to flush first (see
+//! [`PartitionStore::append_waits_for_flush`]).
 //!
 //! Disk grows with data: a segment file is created empty and grows by
 //! fallocate in steps ahead of the write position (see
@@ -88,6 +92,10 @@ const ALLOCATION_STEP_MIN_BYTES: u64 = 64 * 1024;
 /// clamped to these bounds, so a nearly empty partition reserves little and
 /// a busy one calls fallocate about once per 8 MiB.
 const ALLOCATION_STEP_MAX_BYTES: u64 = 8 * 1024 * 1024;
+/// An append copies a batch into the write buffer and hashes the copy in
+/// pieces this large: small enough to stay in a core's cache between the
+/// two (see [`copy_hashed`]).
+const COPY_PIECE_BYTES: usize = 32 * 1024;
 /// Every this many flushes of the active segment, the flush also writes a
 /// frontier record slot (linked before its fdatasync); the others carry
 /// their record in a trailer inside their data write (see `open.rs`).
@@ -369,6 +377,18 @@ impl PartitionStore {
         self.active.pending.is_some()
     }
 
+    /// Whether an append of `len_bytes` must wait for the flush in flight:
+    /// it would have to flush first (the write buffer, which holds the
+    /// bytes since the in-flight flush's last block, would overflow, or the
+    /// segment rolls), and a partition has one flush at a time. Such an
+    /// append is refused with [`StoreError::FlushInFlight`]; false whenever
+    /// no flush is in flight.
+    pub fn append_waits_for_flush(&self, len_bytes: usize) -> bool {
+        self.flushing.is_some()
+            && (self.append_rolls(len_bytes)
+                || self.active.buffered_len() + len_bytes > self.config.write_buffer_bytes)
+    }
+
     /// Bytes stored: sealed segments plus the active segment's accepted end.
     pub fn size_bytes(&self) -> u64 {
         self.sealed.iter().map(|s| s.meta.length_bytes).sum::<u64>() + self.active.end_position
@@ -417,6 +437,9 @@ impl PartitionStore {
                 actual: h.prev_checksum,
             });
         }
+        if self.append_waits_for_flush(bytes.len()) {
+            return Err(StoreError::FlushInFlight { partition_id: pid });
+        }
         let len = bytes.len() as u64;
         if self.append_rolls(bytes.len()) {
             self.roll(io)?;
@@ -439,7 +462,7 @@ impl PartitionStore {
             buf.extend_from_slice(&active.tail);
             buf
         });
-        pending.extend_from_slice(bytes);
+        copy_hashed(pending, bytes, &mut active.hasher);
         let position = active.end_position;
         debug_assert!(position + len <= active.capacity_bytes);
         let relative = h.base_offset - active.base_offset;
@@ -450,7 +473,6 @@ impl PartitionStore {
             h.max_timestamp_ms,
             self.config.index_interval_bytes,
         );
-        active.hasher.update(bytes);
         active.end_position += len;
         active.max_timestamp_ms = active.max_timestamp_ms.max(h.max_timestamp_ms);
         self.chain = ChainPoint {
@@ -1144,6 +1166,19 @@ impl ActiveSegment {
     /// end), end_position)`.
     fn buffered_len(&self) -> usize {
         self.pending.as_ref().map_or(self.tail.len(), |p| p.len())
+    }
+}
+
+/// Copies `bytes` to the end of `buf` and feeds the copy to `hasher`, piece
+/// by piece: each piece is hashed from the write buffer while it is still in
+/// the L1/L2 cache, so the batch is read from memory once (by the copy)
+/// instead of once more by the hash. The hash covers exactly the bytes the
+/// flush writes.
+fn copy_hashed(buf: &mut AlignedBuf, bytes: &[u8], hasher: &mut SegmentHasher) {
+    for piece in bytes.chunks(COPY_PIECE_BYTES) {
+        let at = buf.len();
+        buf.extend_from_slice(piece);
+        hasher.update(&buf[at..]);
     }
 }
 
