@@ -1033,6 +1033,14 @@ fn run_reps(
             ));
         }
     }
+    notes.push(
+        "ringlog pipelines like the shard's group commit: the next round's batches are \
+         appended (checked, copied, hashed) while the current round's write+fdatasync is in \
+         the kernel, and submitted the moment it completes, so each partition's file sees one \
+         write+fdatasync at a time, as fio's does (qd1), with ringlog's CPU per batch off the \
+         device's critical path"
+            .to_owned(),
+    );
 
     let mut reps = Vec::with_capacity(args.reps as usize);
     let mut laid_out_bytes = 0u64;

@@ -19,7 +19,12 @@ pub const FIO_ACK_NOTE: &str = "fio ack latency = write lat + fdatasync lat, eac
 
 /// How ringlog's ack latency is measured.
 pub const RINGLOG_ACK_NOTE: &str =
-    "ringlog ack latency = append() of a batch to the return of the flush_all (write + fdatasync) that made it durable";
+    "ringlog ack latency = append() of a batch to the completion (reaped) of the group commit (write + fdatasync) that made it durable";
+
+/// What the CPU per MiB figures count, on both sides.
+pub const CPU_PER_MIB_NOTE: &str = "cpu per MiB = user + system CPU time over the timed run / MiB \
+     written; ringlog: the whole process (getrusage, io_uring workers included); fio: its job's \
+     usr_cpu + sys_cpu";
 
 /// One A/B repetition: ringlog first, then (with --vs-fio) fio.
 #[derive(Debug, Clone)]
@@ -45,6 +50,8 @@ pub struct Report {
 pub struct Ratios {
     pub throughput: Spread,
     pub p99_ack_latency: Spread,
+    /// None unless every rep measured CPU on both sides.
+    pub cpu_per_mib: Option<Spread>,
 }
 
 impl Report {
@@ -52,15 +59,24 @@ impl Report {
     pub fn ratios(&self) -> Option<Ratios> {
         let mut throughput = Vec::with_capacity(self.reps.len());
         let mut p99 = Vec::with_capacity(self.reps.len());
+        let mut cpu = Vec::with_capacity(self.reps.len());
         for rep in &self.reps {
             let fio = rep.fio.as_ref()?;
             let ours = &rep.ringlog.summary;
             throughput.push(ratio(ours.bw_bytes, fio.write.bw_bytes));
             p99.push(ratio(ours.lat.p99_ns() as f64, fio.ack_lat.p99_ns() as f64));
+            if let (Some(a), Some(b)) = (ours.cpu_ms_per_mib(), fio.write.cpu_ms_per_mib()) {
+                cpu.push(ratio(a, b));
+            }
         }
         Some(Ratios {
             throughput: Spread::of(&throughput)?,
             p99_ack_latency: Spread::of(&p99)?,
+            cpu_per_mib: if cpu.len() == self.reps.len() {
+                Spread::of(&cpu)
+            } else {
+                None
+            },
         })
     }
 
@@ -106,8 +122,12 @@ impl Report {
             let _ = writeln!(out);
             ratio_line(&mut out, "throughput", &r.throughput);
             ratio_line(&mut out, "p99 ack latency", &r.p99_ack_latency);
+            if let Some(cpu) = &r.cpu_per_mib {
+                ratio_line(&mut out, "cpu per MiB", cpu);
+            }
             let _ = writeln!(out, "note: {RINGLOG_ACK_NOTE}");
             let _ = writeln!(out, "note: {FIO_ACK_NOTE}");
+            let _ = writeln!(out, "note: {CPU_PER_MIB_NOTE}");
         }
         out
     }
@@ -157,8 +177,11 @@ impl Report {
             root["ratios"] = json!({
                 "throughput": spread_json(&r.throughput),
                 "p99_ack_latency": spread_json(&r.p99_ack_latency),
-                "notes": [RINGLOG_ACK_NOTE, FIO_ACK_NOTE],
+                "notes": [RINGLOG_ACK_NOTE, FIO_ACK_NOTE, CPU_PER_MIB_NOTE],
             });
+            if let Some(cpu) = &r.cpu_per_mib {
+                root["ratios"]["cpu_per_mib"] = spread_json(cpu);
+            }
         }
         root
     }
@@ -825,6 +848,9 @@ fn with_cpu(mut job: Value, run: &RunSummary) -> Value {
         job["usr_cpu"] = Value::from(cpu.usr_pct);
         job["sys_cpu"] = Value::from(cpu.sys_pct);
         job["ctx"] = Value::from(cpu.ctx);
+        if let Some(ms) = run.cpu_ms_per_mib() {
+            job["cpu_ms_per_mib"] = Value::from(ms);
+        }
     }
     job
 }
@@ -900,9 +926,12 @@ fn run_line(out: &mut String, name: &str, run: &RunSummary) {
         run.runtime.as_secs_f64()
     );
     if let Some(cpu) = run.cpu {
+        let per_mib = run
+            .cpu_ms_per_mib()
+            .map_or(String::new(), |ms| format!(", {ms:.3} ms cpu per MiB"));
         let _ = writeln!(
             out,
-            "    cpu: usr={:.1}%, sys={:.1}%, ctx={}",
+            "    cpu: usr={:.1}%, sys={:.1}%, ctx={}{per_mib}",
             cpu.usr_pct, cpu.sys_pct, cpu.ctx
         );
     }
@@ -1069,6 +1098,40 @@ mod tests {
                 })
                 .collect(),
         }
+    }
+
+    #[test]
+    fn cpu_per_mib_ratio_needs_cpu_on_both_sides() {
+        let mut r = report(true);
+        assert!(r.ratios().unwrap().cpu_per_mib.is_none());
+        assert!(!r.text().contains("ratio cpu per MiB"));
+        let cpu = |pct: f64| crate::stats::CpuUsage {
+            usr_pct: pct,
+            sys_pct: 0.0,
+            ctx: 0,
+        };
+        for rep in &mut r.reps {
+            rep.ringlog.summary.cpu = Some(cpu(50.0));
+            if let Some(f) = &mut rep.fio {
+                f.write.cpu = Some(cpu(10.0));
+            }
+        }
+        let spread = r.ratios().unwrap().cpu_per_mib.unwrap();
+        let ours = r.reps[1].ringlog.summary.cpu_ms_per_mib().unwrap();
+        let fio = r.reps[1]
+            .fio
+            .as_ref()
+            .unwrap()
+            .write
+            .cpu_ms_per_mib()
+            .unwrap();
+        assert!((spread.median - ours / fio).abs() < 1e-9);
+        let text = r.text();
+        assert!(text.contains("ratio cpu per MiB ringlog/fio = "), "{text}");
+        assert!(text.contains(" ms cpu per MiB"), "{text}");
+        let json = r.json();
+        assert!(json["ratios"]["cpu_per_mib"]["median"].is_number());
+        assert!(json["jobs"][0]["cpu_ms_per_mib"].is_number());
     }
 
     #[test]

@@ -152,6 +152,18 @@ impl RunSummary {
         self.timeline = timeline.buckets;
         self
     }
+
+    /// CPU time (user + system) per MiB of `bytes`, in milliseconds: the
+    /// cost per byte, which other load on the machine shifts less than the
+    /// throughput. None without a CPU measurement or bytes.
+    pub fn cpu_ms_per_mib(&self) -> Option<f64> {
+        let cpu = self.cpu?;
+        if self.bytes == 0 {
+            return None;
+        }
+        let cpu_ms = (cpu.usr_pct + cpu.sys_pct) / 100.0 * self.runtime.as_secs_f64() * 1000.0;
+        Some(cpu_ms / (self.bytes as f64 / (1024.0 * 1024.0)))
+    }
 }
 
 /// User and system CPU time of this process (all threads) over a region,
@@ -354,6 +366,25 @@ mod tests {
         )
         .with_timeline(a);
         assert_eq!(run.timeline, vec![11, 0, 5]);
+    }
+
+    #[test]
+    fn cpu_per_mib_is_cpu_time_over_bytes() {
+        let run = RunSummary::from_counts(
+            512 << 20,
+            512,
+            Duration::from_secs(2),
+            LatencyRecorder::new().summary(),
+        );
+        assert_eq!(run.cpu_ms_per_mib(), None);
+        let run = run.with_cpu(CpuUsage {
+            usr_pct: 30.0,
+            sys_pct: 20.0,
+            ctx: 0,
+        });
+        // 50% of a core for 2 s = 1000 ms over 512 MiB.
+        let got = run.cpu_ms_per_mib().unwrap();
+        assert!((got - 1000.0 / 512.0).abs() < 1e-9, "{got}");
     }
 
     #[test]
