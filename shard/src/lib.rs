@@ -12,6 +12,8 @@
 //!   it and the controller reach their shard through `handle`'s trait,
 //!   never `shard` itself (the layering is checked by tests/layering.rs);
 //!   [`client`] is the matching blocking client library.
+//! * [`transfer`] is state transfer between replicas: a pure receiver
+//!   session and serving side, and their storage executor.
 //! * [`trash`] holds dropped partitions' directories (renamed in on the
 //!   ring) until its sweeper thread, owned by the server, removes them.
 pub mod catalog;
@@ -32,5 +34,6 @@ pub mod replica_io;
 pub mod server;
 pub mod shard;
 pub mod sim;
+pub mod transfer;
 pub mod trash;
 pub mod vsr;

@@ -1,0 +1,51 @@
+//! State transfer between replicas (DESIGN.md section 7, issue 10 items 2
+//! and 3): a pure receiver session and a pure serving side, shaped like the
+//! replica ([`crate::vsr`]).
+//!
+//! ```text
+//! Receiver::step(input: ReceiverInput, out: &mut Outbox)
+//!   Start { trigger, local } | Message { from, msg } | Undecodable { from }
+//!   | Tick | IoDone { id, result } | Cancel
+//! Server::step(input: ServerInput, out: &mut Outbox)
+//!   Message { from, msg, state } | Tick | IoDone { id, result }
+//! Output: Send { to, msg } | Io { id, op: TransferOp } | Event
+//! ```
+//!
+//! No clock, socket, thread, filesystem or hash-map iteration order in
+//! here: time is a `Tick`, storage is a [`TransferOp`] answered by
+//! `IoDone`, nonces and jitter come from a caller-seeded
+//! [`crate::vsr::timeout::Rng`] (the driver seeds each boot differently, so
+//! an offer made before a restart never echoes a nonce asked after it).
+//! [`io`] runs the operations on a `PartitionStore`; the driver runs them
+//! in emission order per partition.
+//!
+//! The receiver takes only the offer echoing its request's nonce, refuses
+//! stale or oversized ones ([`Stale`]), pulls chunks with a window of
+//! requests (never lockstep), matches each chunk to its request and checks
+//! it against the manifest before it goes to storage, and reports the
+//! frontier to repair from: the installed one ([`Event::Installed`]), or
+//! after a failed attempt the one it had ([`Event::AttemptFailed`]), never
+//! a zeroed one. Every retry is bounded by [`Budgets`]: a stall budget then
+//! a peer rotation, exponential backoff over consecutive failures (reset
+//! only by an install), flat retries after transient refusals, charges
+//! per peer with quarantine. The server keeps at most
+//! `snapshots_max` snapshots open per partition (leased in ticks) and
+//! refuses Busy beyond; it offers only what is at or below its commit
+//! (the executor cuts the active tail off the store's manifest).
+
+mod budget;
+pub mod io;
+mod receiver;
+mod server;
+mod types;
+
+#[cfg(test)]
+mod tests;
+
+pub use budget::{Budgets, BudgetsError, Peers};
+pub use receiver::{Receiver, ReceiverConfig, ReceiverInput};
+pub use server::{Server, ServerConfig, ServerInput, ServingState};
+pub use types::{
+    ChunkData, Event, Fault, FaultKind, Frontier, IoId, IoOutcome, Local, Message, Outbox, Output,
+    ReceiverCounters, ServerCounters, Stale, TransferOp, Trigger,
+};

@@ -1,0 +1,354 @@
+//! What goes into and comes out of the transfer machines.
+
+use std::sync::Arc;
+
+use ringlog_protocol::manifest::Manifest;
+use ringlog_protocol::replication as wire;
+use ringlog_protocol::BatchHeader;
+
+/// Names one storage operation; echoed by `IoDone`.
+pub type IoId = u64;
+
+/// A chunk's bytes, shared between the outbox and a retransmission.
+pub type ChunkData = Arc<[u8]>;
+
+/// Why a replica starts a transfer (DESIGN.md section 7).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Trigger {
+    /// A peer answered repair with RangeEvicted: the ops were retired.
+    RangeEvicted,
+    /// A peer's purge generation is ahead of ours.
+    Purged,
+    /// A new or wiped replica: nothing to repair from.
+    NewOrWiped,
+    /// Repair made no progress for its budget of rounds.
+    RepairStuck,
+    /// A sealed segment below the commit failed verification.
+    CorruptSegment,
+}
+
+impl Trigger {
+    /// Whether an offer ending where we end helps: only when our own bytes
+    /// are suspect (a corrupt segment) or absent (wiped; an empty peer
+    /// then still gives us its view of the log's start). Otherwise an
+    /// offer must move us forward.
+    pub fn takes_level_offer(self) -> bool {
+        matches!(self, Trigger::CorruptSegment | Trigger::NewOrWiped)
+    }
+}
+
+/// Where a log ends: the offset, op and checksum the next batch links to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Frontier {
+    pub next_offset: u64,
+    pub last_op: u64,
+    pub last_checksum: u64,
+}
+
+impl Frontier {
+    pub fn of_manifest(m: &Manifest) -> Self {
+        Self {
+            next_offset: m.next_offset,
+            last_op: m.last_op,
+            last_checksum: m.last_checksum,
+        }
+    }
+
+    /// Whether `header` is the batch right after this frontier: the first
+    /// repaired batch after an install must be, or the snapshot and the
+    /// log the replica repairs onto it are not one chain.
+    pub fn closes_chain(&self, header: &BatchHeader) -> bool {
+        header.prev_checksum == self.last_checksum
+            && header.base_offset == self.next_offset
+            && header.vsr_op == self.last_op + 1
+    }
+}
+
+/// The receiver's own state, what an offer must not be below.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Local {
+    pub partition_id: u32,
+    pub view: u32,
+    pub commit: u64,
+    pub purge_generation: u64,
+    pub frontier: Frontier,
+}
+
+/// Why an offer was refused as stale or oversized (each charged to the
+/// offering peer, then the receiver rotates).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stale {
+    PurgeGeneration {
+        offered: u64,
+        ours: u64,
+    },
+    Commit {
+        offered: u64,
+        ours: u64,
+    },
+    Frontier {
+        offered: u64,
+        ours: u64,
+    },
+    View {
+        offered: u32,
+        ours: u32,
+    },
+    /// The manifest's commit is above the server's own commit_max.
+    CommitAboveMax {
+        commit: u64,
+        commit_max: u64,
+    },
+    /// The manifest's last op is above its commit (uncommitted data).
+    UncommittedOps {
+        last_op: u64,
+        commit: u64,
+    },
+    ChunkSize {
+        offered: u32,
+        ours: u32,
+    },
+    TooManyArtifacts {
+        offered: u64,
+        max: u64,
+    },
+    ArtifactTooLarge {
+        offered: u64,
+        max: u64,
+    },
+    TooManyBytes {
+        offered: u64,
+        max: u64,
+    },
+    WrongPartition {
+        offered: u32,
+        ours: u32,
+    },
+    /// The offer ends where we do and the trigger needs us moved forward.
+    NoProgress,
+}
+
+/// Transfer messages, owned (the wire's Chunk borrows its bytes; the
+/// driver converts at the edge, as for [`crate::vsr::Message`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Message {
+    RequestSnapshot(wire::RequestSnapshot),
+    SnapshotOffer(wire::SnapshotOffer),
+    RequestChunks(wire::RequestChunks),
+    Chunk {
+        snapshot_id: u64,
+        key: wire::ChunkKey,
+        data: ChunkData,
+    },
+    ReleaseSnapshot(wire::ReleaseSnapshot),
+}
+
+/// Storage operations, run by [`super::io::execute`] in emission order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TransferOp {
+    /// Serve: open a snapshot of what is at or below `commit`.
+    OpenSnapshot { commit: u64 },
+    /// Serve: read these chunks (answered with their bytes, in order).
+    ReadChunks {
+        snapshot_id: u64,
+        keys: Vec<wire::ChunkKey>,
+    },
+    /// Serve: the snapshot's lease can go.
+    ReleaseSnapshot { snapshot_id: u64 },
+    /// Receive: check the offer and stage it.
+    BeginInstall { manifest: Arc<Manifest> },
+    /// Receive: verified chunks (by the session, against the manifest) to
+    /// stage.
+    AcceptChunks {
+        chunks: Vec<(wire::ChunkKey, ChunkData)>,
+    },
+    /// Receive: the commit point.
+    CommitInstall,
+    /// Receive: drop the staged install.
+    AbortInstall,
+}
+
+impl TransferOp {
+    pub fn name(&self) -> &'static str {
+        match self {
+            TransferOp::OpenSnapshot { .. } => "open_snapshot",
+            TransferOp::ReadChunks { .. } => "read_chunks",
+            TransferOp::ReleaseSnapshot { .. } => "release_snapshot",
+            TransferOp::BeginInstall { .. } => "begin_install",
+            TransferOp::AcceptChunks { .. } => "accept_chunks",
+            TransferOp::CommitInstall => "commit_install",
+            TransferOp::AbortInstall => "abort_install",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IoOutcome {
+    Done,
+    /// For OpenSnapshot: the manifest offered (cut at the commit).
+    Snapshot(Arc<Manifest>),
+    /// For ReadChunks: one buffer per key, in order.
+    Chunks(Vec<ChunkData>),
+}
+
+/// Whose fault a failed operation was; decides what the session does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultKind {
+    /// The offer or a chunk was bad: charged to the peer, attempt failed.
+    Peer,
+    /// Local and passing (busy log, install budget, K installs, S
+    /// snapshots): retried on the flat interval.
+    Transient,
+    /// The snapshot is unknown or gone (serving side).
+    Gone,
+    /// Local and lasting (I/O error, fenced store): the attempt fails and
+    /// backs off.
+    Local,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{kind:?} fault: {reason}")]
+pub struct Fault {
+    pub kind: FaultKind,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// A RequestSnapshot went to `peer` with a fresh nonce.
+    Asked {
+        peer: u8,
+        nonce: u64,
+    },
+    /// An offer was taken and its install begun.
+    OfferTaken {
+        peer: u8,
+        snapshot_id: u64,
+    },
+    OfferRefused {
+        peer: u8,
+        why: Stale,
+    },
+    /// The install committed: repair from `frontier`, and check the first
+    /// repaired batch with [`Frontier::closes_chain`].
+    Installed {
+        peer: u8,
+        frontier: Frontier,
+    },
+    /// An attempt failed; the log is still the one ending at `frontier`.
+    AttemptFailed {
+        peer: u8,
+        reason: &'static str,
+        frontier: Frontier,
+        backoff_ticks: u64,
+    },
+    Rotated {
+        from: u8,
+        to: u8,
+    },
+    Quarantined {
+        peer: u8,
+        until_tick: u64,
+    },
+    /// An input was refused or a fault was charged (trace only).
+    Dropped {
+        what: &'static str,
+        reason: &'static str,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Output {
+    Send { to: u8, msg: Message },
+    Io { id: IoId, op: TransferOp },
+    Event(Event),
+}
+
+/// Outputs of steps; the driver drains it after each step. One step emits
+/// at most a window of chunk messages plus a few others.
+#[derive(Debug, Default)]
+pub struct Outbox {
+    outputs: Vec<Output>,
+}
+
+impl Outbox {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub(super) fn push(&mut self, output: Output) {
+        self.outputs.push(output);
+    }
+
+    pub(super) fn send(&mut self, to: u8, msg: Message) {
+        self.outputs.push(Output::Send { to, msg });
+    }
+
+    pub(super) fn event(&mut self, event: Event) {
+        self.outputs.push(Output::Event(event));
+    }
+
+    pub fn drain(&mut self) -> std::vec::Drain<'_, Output> {
+        self.outputs.drain(..)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.outputs.is_empty()
+    }
+
+    pub fn as_slice(&self) -> &[Output] {
+        &self.outputs
+    }
+}
+
+/// The receiver's counters (metrics and ctl read them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ReceiverCounters {
+    pub starts: u64,
+    pub requests_sent: u64,
+    pub offers_taken: u64,
+    pub offers_stale: u64,
+    /// Offers not echoing the nonce in flight (or from another peer).
+    pub offers_unsolicited: u64,
+    pub refusals_transient: u64,
+    pub refusals_final: u64,
+    pub decode_failures: u64,
+    pub chunk_requests_sent: u64,
+    pub chunks_requested: u64,
+    pub chunks_rerequested: u64,
+    pub chunks_received: u64,
+    pub chunks_unrequested: u64,
+    pub chunks_garbage: u64,
+    /// Chunks of the attempt that ended last (dropped, not charged).
+    pub chunks_late: u64,
+    pub bytes_received: u64,
+    pub stalls: u64,
+    pub rotations: u64,
+    pub charges: u64,
+    pub quarantines: u64,
+    pub attempts_failed: u64,
+    pub aborts: u64,
+    pub installs: u64,
+    /// Consecutive failed attempts now (reset only by an install).
+    pub failures_consecutive: u32,
+    pub backoff_ticks_last: u64,
+}
+
+/// The serving side's counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ServerCounters {
+    pub requests: u64,
+    pub offers: u64,
+    pub refused_busy: u64,
+    pub refused_not_normal: u64,
+    pub refused_not_ahead: u64,
+    pub refused_unavailable: u64,
+    pub unknown_snapshot: u64,
+    pub chunk_requests: u64,
+    pub chunks_served: u64,
+    pub bytes_served: u64,
+    /// Keys refused: outside the manifest, or beyond the reads bound.
+    pub keys_refused: u64,
+    pub released: u64,
+    pub expired: u64,
+}
