@@ -1240,6 +1240,14 @@ fn iggy_undecodable_manifest_re_pull_is_bounded_by_the_budget() {
 /// the peer's fresh pre-purge offer too.
 #[test]
 fn iggy_stale_pre_purge_offer_after_a_restart_is_refused() {
+    for purged in [false, true] {
+        stale_offer_after_restart(purged);
+    }
+}
+
+/// The offer a peer made before the receiver restarted (and, if `purged`,
+/// before the receiver's partition was purged) is never taken.
+fn stale_offer_after_restart(purged: bool) {
     let src = source(180, "/src");
     let mut dst = Disk::new(181, "/dst");
     dst.grow(20, 0, 1);
@@ -1247,19 +1255,40 @@ fn iggy_stale_pre_purge_offer_after_a_restart_is_refused() {
     c.start(Trigger::RepairStuck);
     c.tick(); // the request reaches the peer, its offer goes on the wire
     let held: Vec<_> = c.wire.drain(..).collect();
-    assert!(held.iter().any(|(from, to, _)| (*from, *to) == (1, ME)));
-    // The receiver's partition is purged, then it restarts.
-    c.disk.store.purge(&mut c.disk.io).expect("purge");
+    let old = held
+        .iter()
+        .find(|(from, to, _)| (*from, *to) == (1, ME))
+        .and_then(|(_, _, bytes)| decode(bytes))
+        .expect("the peer's offer");
+    if purged {
+        c.disk.store.purge(&mut c.disk.io).expect("purge");
+    }
     let before = c.disk.local();
-    assert_eq!(before.purge_generation, 1);
     c.receiver = Receiver::new(c.receiver_config(), 183).expect("budgets");
     c.start(Trigger::RepairStuck);
-    c.wire.extend(held);
+    // The old offer arrives first, on its own.
+    c.receiver_step(ReceiverInput::Message {
+        from: old.0,
+        msg: old.1,
+    });
+    let counters = c.receiver.counters();
+    assert_eq!(
+        counters.offers_unsolicited, 1,
+        "purged {purged}: {counters:?}"
+    );
+    assert_eq!(
+        counters.offers_taken, 0,
+        "purged {purged}: the old offer was taken"
+    );
+    assert!(!c.ops.contains(&"begin_install"), "{:?}", c.ops);
+    if !purged {
+        continue_to_install(&mut c);
+        return;
+    }
+    // The peer's fresh offer is still from before the purge: refused.
     for _ in 0..100 {
         c.tick();
     }
-    let counters = c.receiver.counters();
-    assert!(counters.offers_unsolicited >= 1, "{counters:?}");
     assert!(
         c.refusals().contains(&Stale::PurgeGeneration {
             offered: 0,
@@ -1271,6 +1300,12 @@ fn iggy_stale_pre_purge_offer_after_a_restart_is_refused() {
     assert!(!c.ops.contains(&"begin_install"), "{:?}", c.ops);
     assert_eq!(c.disk.local(), before, "the purged log changed");
     assert_eq!(c.receiver.frontier(), before.frontier);
+}
+
+/// Without a purge, the answer to the new request installs.
+fn continue_to_install(c: &mut Cluster) {
+    assert!(c.run(2000), "no install: {:?}", c.receiver.counters());
+    assert_installed_copy(c, 0);
 }
 
 /// Iggy's review: after a failed install a replica re-stamped offsets from
