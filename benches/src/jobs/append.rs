@@ -412,22 +412,41 @@ impl Job {
     }
 }
 
+/// Longest a wait for the flush in flight blocks before it reaps again: a
+/// missed eventfd signal costs this much time, never a hang.
+const WAKE_TIMEOUT_MS: i32 = 100;
+
 /// Blocks until the eventfd was signalled since the last call (and resets
-/// it).
+/// it), or [`WAKE_TIMEOUT_MS`] passed.
 fn wait_readable(fd: &EventFd) -> Result<(), AppendError> {
-    let mut buf = [0u8; 8];
-    loop {
-        // SAFETY: reads at most 8 bytes into a valid 8-byte buffer from a
-        // descriptor `fd` keeps open.
-        let n = unsafe { libc::read(fd.raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
-        if n == 8 {
-            return Ok(());
-        }
+    let mut pollfd = libc::pollfd {
+        fd: fd.raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: polls one valid pollfd for a descriptor `fd` keeps open.
+    let ready = unsafe { libc::poll(&mut pollfd, 1, WAKE_TIMEOUT_MS) };
+    if ready < 0 {
         let e = std::io::Error::last_os_error();
-        if n < 0 && e.kind() == std::io::ErrorKind::Interrupted {
-            continue;
-        }
-        return Err(AppendError::Wait(e));
+        return match e.kind() {
+            std::io::ErrorKind::Interrupted => Ok(()),
+            _ => Err(AppendError::Wait(e)),
+        };
+    }
+    if ready == 0 {
+        return Ok(());
+    }
+    let mut buf = [0u8; 8];
+    // SAFETY: reads at most 8 bytes into a valid 8-byte buffer; the
+    // eventfd is readable, so this does not block.
+    let n = unsafe { libc::read(fd.raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+    if n == 8 {
+        return Ok(());
+    }
+    let e = std::io::Error::last_os_error();
+    match e.kind() {
+        std::io::ErrorKind::Interrupted => Ok(()),
+        _ => Err(AppendError::Wait(e)),
     }
 }
 
