@@ -155,20 +155,25 @@ fn open_bug_flipped_reads_become_corruption() {
 }
 
 /// Seeds that failed with wiped disks (the fresh batch ran without them
-/// then), each with the check it failed and what fixed it; run without
-/// read bit flips, as they were found.
-const PINNED_WIPE_SEEDS: &[(u64, &str)] = &[
-    // 'converges after healing' (since also 'a new primary holds every
-    // committed op'): a replica wiped in view 0 counted as whole at its
-    // first superblock write, mid-repair (vsr: `leave_wiped_when_whole`).
-    (21821, "converges after healing"),
+/// then): (seed, replicas, read bit flips, the check it failed), each as
+/// it was found, with what fixed it.
+const PINNED_WIPE_SEEDS: &[(u64, u8, bool, &str)] = &[
+    // Since also 'a new primary holds every committed op': a replica wiped
+    // in view 0 counted as whole at its first superblock write, mid-repair
+    // (vsr: `leave_wiped_when_whole`).
+    (21821, 3, false, "converges after healing"),
+    // Under a steady stream the primary's pipeline never drained, its store
+    // never rolled, the uncommitted headroom filled and it fenced at every
+    // view change it was needed for (vsr: `Config::drain_every_bytes`).
+    (5007363, 3, true, "converges after healing"),
 ];
 
 #[test]
 fn pinned_regression_seeds_wipes() {
-    for &(seed, found) in PINNED_WIPE_SEEDS {
+    for &(seed, replicas, flips, found) in PINNED_WIPE_SEEDS {
         let mut opts = SimOptions::new(seed);
-        opts.read_bit_flips = false;
+        opts.replicas = Some(replicas);
+        opts.read_bit_flips = flips;
         let summary =
             sim::run(opts).unwrap_or_else(|f| panic!("pinned seed {seed} (once: {found}):\n{f}"));
         assert!(summary.counts.wipes > 0, "seed {seed} no longer wipes");

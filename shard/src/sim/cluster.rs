@@ -29,8 +29,11 @@ const BOOT_COMMITTED_OPS_KEPT: u64 = 8;
 
 /// The replica settings of the simulation: small bounds, so pipelines
 /// fill, journals prune (repair then reads the segments) and timeouts fire.
-pub fn replica_config(n: u8, r: u8) -> Config {
+/// The primary drains its pipeline every third of the stores' uncommitted
+/// headroom, so under a steady stream every store still rolls.
+pub fn replica_config(n: u8, r: u8, uncommitted_headroom_bytes: u64) -> Config {
     let mut c = Config::new(PARTITION_ID, n, r);
+    c.drain_every_bytes = Some(uncommitted_headroom_bytes / 3);
     c.pipeline_ops_max = 4;
     c.client_queue_max = 16;
     c.journal_ops_max = 16;
@@ -73,6 +76,7 @@ pub struct Cluster {
     pub counts: Counts,
     client: Client,
     io_ops_per_tick_max: u64,
+    uncommitted_headroom_bytes: u64,
 }
 
 impl Cluster {
@@ -91,7 +95,8 @@ impl Cluster {
         let mut nodes = Vec::new();
         for r in 0..n {
             let seeds = (rng.next_u64(), rng.next_u64());
-            let mut node = Node::new(r, store.clone(), seeds, replica_config(n, r))?;
+            let cfg = replica_config(n, r, opts.uncommitted_headroom_bytes);
+            let mut node = Node::new(r, store.clone(), seeds, cfg)?;
             node.set_disk_faults(rates.disk.clone());
             nodes.push(node);
         }
@@ -114,6 +119,7 @@ impl Cluster {
             counts: Counts::default(),
             client: Client::default(),
             io_ops_per_tick_max,
+            uncommitted_headroom_bytes: opts.uncommitted_headroom_bytes,
         })
     }
 
@@ -370,7 +376,7 @@ impl Cluster {
             .iter()
             .all(|x| x.index == r || (x.is_up() && !x.wiped));
         let seed = self.rng.next_u64();
-        let cfg = replica_config(self.n, r);
+        let cfg = replica_config(self.n, r, self.uncommitted_headroom_bytes);
         let wipe =
             faults && self.n > 1 && others_whole && self.rng.below(100) < self.rates.wipe_pct;
         let node = &mut self.nodes[usize::from(r)];

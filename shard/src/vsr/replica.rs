@@ -44,6 +44,15 @@ pub struct Config {
     /// with its disk intact joins a view change itself (else a cluster
     /// that restarted whole would wait forever). A wiped one never does.
     pub recovering_attempts_max: u32,
+    /// Bytes of batches a primary sequences at most between two moments
+    /// its pipeline is empty (everything it holds committed). A store with
+    /// an uncommitted headroom rolls a segment only at an append when
+    /// every op in it is committed (`StoreConfig::uncommitted_headroom_bytes`):
+    /// under a steady stream the pipeline never drains, no replica's store
+    /// rolls, the headroom fills and appends are refused. Set it to at
+    /// most the headroom less a pipeline of batches; None: never forced
+    /// (a store without headroom).
+    pub drain_every_bytes: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -96,6 +105,7 @@ impl Config {
             start_view_request_ticks: 10,
             repair_retry_ticks: 10,
             recovering_attempts_max: 8,
+            drain_every_bytes: None,
         }
     }
 
@@ -226,6 +236,9 @@ pub struct Replica {
     /// vouched for them (see `cut_point`); they are not committed until a
     /// linked append proves the chain below it canonical.
     pub(super) unverified_above: Option<u64>,
+    /// Bytes sequenced since the pipeline was last empty (see
+    /// [`Config::drain_every_bytes`]).
+    pub(super) drain_bytes: u64,
 }
 
 impl Replica {
@@ -362,6 +375,7 @@ impl Replica {
             heartbeat_commit: 0,
             log_view_op: 0,
             unverified_above: None,
+            drain_bytes: 0,
         })
     }
 
@@ -833,7 +847,7 @@ impl Replica {
             let result = Err(AppendError::NotPrimary { view, primary });
             return out.push(Output::Reply { token, result });
         }
-        if self.pipeline_full() || !self.queue.is_empty() {
+        if !self.admits() || !self.queue.is_empty() {
             if self.queue.len() < self.cfg.client_queue_max {
                 self.queue.push_back((token, batch));
             } else {
@@ -849,6 +863,17 @@ impl Replica {
 
     pub(super) fn pipeline_full(&self) -> bool {
         self.log.op() - self.commit >= self.cfg.pipeline_ops_max
+    }
+
+    /// Whether the primary sequences a client append now: its pipeline has
+    /// room and it is not letting the pipeline drain.
+    fn admits(&self) -> bool {
+        let draining = self
+            .cfg
+            .drain_every_bytes
+            .is_some_and(|max| self.drain_bytes >= max)
+            && self.commit < self.log.op();
+        !self.pipeline_full() && !draining
     }
 
     /// Primary: stamps op, offset, view and chain link, appends, prepares.
@@ -886,6 +911,7 @@ impl Replica {
             }
         };
         let bytes: BatchBytes = batch.into();
+        self.drain_bytes = self.drain_bytes.saturating_add(bytes.len() as u64);
         let op = header.vsr_op;
         self.append(header, bytes.clone(), out);
         self.acks.insert(
@@ -996,7 +1022,11 @@ impl Replica {
         if self.acks.is_empty() {
             self.timeout(T::PrepareRetry).stop();
         }
-        while !self.pipeline_full() {
+        if self.commit == self.log.op() {
+            // Drained: every store may roll at the next append.
+            self.drain_bytes = 0;
+        }
+        while self.admits() {
             let Some((token, batch)) = self.queue.pop_front() else {
                 break;
             };

@@ -211,27 +211,25 @@ impl Cluster {
 
     /// Delivers messages and auto I/O until nothing moves.
     fn settle(&mut self) {
-        loop {
-            if let Some((from, to, msg)) = self.net.pop_front() {
-                let dropped = self.drop.as_ref().is_some_and(|d| d(from, to, &msg));
-                let up = self.nodes[usize::from(from)].up && self.nodes[usize::from(to)].up;
-                if up && !dropped {
-                    self.step(to, Input::Message { from, msg });
-                }
-                continue;
+        while self.settle_once() {}
+    }
+
+    /// Delivers one message or completes one auto I/O; false if none.
+    fn settle_once(&mut self) -> bool {
+        if let Some((from, to, msg)) = self.net.pop_front() {
+            let dropped = self.drop.as_ref().is_some_and(|d| d(from, to, &msg));
+            let up = self.nodes[usize::from(from)].up && self.nodes[usize::from(to)].up;
+            if up && !dropped {
+                self.step(to, Input::Message { from, msg });
             }
-            let auto = (0..self.nodes.len() as u8).find(|&r| {
-                self.r_up(r)
-                    && self.nodes[usize::from(r)].auto_io
-                    && !self.nodes[usize::from(r)].pending_io.is_empty()
-            });
-            match auto {
-                Some(r) => {
-                    self.complete_io(r);
-                }
-                None => break,
-            }
+            return true;
         }
+        let auto = (0..self.nodes.len() as u8).find(|&r| {
+            self.r_up(r)
+                && self.nodes[usize::from(r)].auto_io
+                && !self.nodes[usize::from(r)].pending_io.is_empty()
+        });
+        auto.is_some_and(|r| self.complete_io(r))
     }
 
     fn r_up(&self, r: u8) -> bool {
@@ -839,6 +837,46 @@ fn wiped_replica_in_view_0_stays_wiped_until_its_repair_is_durable() {
         (0..3).all(|r| c.r(r).status() == Status::Normal && c.r(r).commit() >= OPS)
     });
     assert_eq!(c.nodes[2].ops, c.nodes[0].ops, "R2 repaired every op");
+}
+
+/// Guards against: a primary whose pipeline never drains under a steady
+/// stream (each commit sequences the next queued append): a store with
+/// an uncommitted headroom rolls only at an append with every op in it
+/// committed, so no store rolls, the headroom fills and the append is
+/// refused; the replica fences, and one needed for a quorum fences again
+/// at each view change (sim seed 5007363, R = 3: 'converges after
+/// healing'). With `drain_every_bytes` the primary lets its pipeline
+/// empty after that many bytes.
+#[test]
+fn primary_drains_its_pipeline_every_drain_bytes() {
+    const OPS: u64 = 30;
+    let batch_bytes = batch(0).len() as u64;
+    let nodes = (0..3)
+        .map(|i| {
+            let mut cfg = config(3, i);
+            cfg.drain_every_bytes = Some(3 * batch_bytes);
+            Node::new(Replica::new(cfg, u64::from(i) + 1).expect("config"))
+        })
+        .collect();
+    let mut c = Cluster::with_nodes(nodes);
+    for token in 1..=OPS {
+        c.append(0, token, token as u8);
+    }
+    // Ops sequenced since the pipeline was last empty, at most. A step
+    // that commits the last op may sequence the next ones at once.
+    let mut run_max = c.r(0).op();
+    let mut run = run_max;
+    loop {
+        let op = c.r(0).op();
+        if !c.settle_once() {
+            break;
+        }
+        let p = c.r(0);
+        run = if p.commit() >= op { 0 } else { run } + (p.op() - op);
+        run_max = run_max.max(run);
+    }
+    assert_eq!(c.r(0).commit(), OPS, "every append committed");
+    assert!(run_max <= 3, "{run_max} ops sequenced without a drain");
 }
 
 /// Guards against: a single replica (R = 1) never committing, or a

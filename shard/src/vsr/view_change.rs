@@ -337,6 +337,8 @@ impl Replica {
         self.status = Status::Normal;
         self.phase = Phase::Collecting;
         self.dvcs.clear();
+        // Inherited ops are at most a pipeline: count from the view's start.
+        self.drain_bytes = 0;
         let me = 1u32 << self.cfg.replica;
         self.acks = self
             .log
