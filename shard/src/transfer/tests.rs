@@ -239,6 +239,8 @@ struct Cluster {
     wire: VecDeque<(u8, u8, Vec<u8>)>,
     rng: Rng,
     loss_percent: u64,
+    /// Messages delivered twice (the network replays).
+    duplicate_percent: u64,
     reorder: bool,
     events: Vec<(u64, Event)>,
     ops: Vec<&'static str>,
@@ -334,6 +336,7 @@ impl Cluster {
             wire: VecDeque::new(),
             rng: Rng::new(seed ^ 0x5eed),
             loss_percent: 0,
+            duplicate_percent: 0,
             reorder: false,
             events: Vec::new(),
             ops: Vec::new(),
@@ -433,7 +436,13 @@ impl Cluster {
     }
 
     fn deliver(&mut self) {
-        let mut batch: Vec<_> = self.wire.drain(..).collect();
+        let mut batch: Vec<_> = Vec::new();
+        for m in self.wire.drain(..).collect::<Vec<_>>() {
+            if self.rng.below(100) < self.duplicate_percent {
+                batch.push(m.clone());
+            }
+            batch.push(m);
+        }
         if self.reorder {
             // A seeded Fisher-Yates shuffle.
             for i in (1..batch.len()).rev() {
@@ -564,7 +573,7 @@ fn transfer_copies_a_partition_with_several_sealed_segments_byte_for_byte() {
 }
 
 #[test]
-fn transfer_under_loss_and_reorder_converges() {
+fn transfer_under_loss_duplication_and_reorder_converges_without_charging_the_peer() {
     for seed in 0..4 {
         let src = source(10 + seed, "/src");
         let mut c = Cluster::new(
@@ -573,6 +582,7 @@ fn transfer_under_loss_and_reorder_converges() {
             seed,
         );
         c.loss_percent = 20;
+        c.duplicate_percent = 20;
         c.reorder = true;
         c.start(Trigger::NewOrWiped);
         assert!(
@@ -581,7 +591,12 @@ fn transfer_under_loss_and_reorder_converges() {
             c.receiver.counters()
         );
         assert_installed_copy(&mut c, 0);
-        assert!(c.receiver.counters().chunks_rerequested > 0);
+        let counters = c.receiver.counters();
+        assert!(counters.chunks_rerequested > 0 && counters.chunks_late > 0);
+        assert_eq!(
+            counters.quarantines, 0,
+            "seed {seed}: an honest peer quarantined"
+        );
     }
 }
 
@@ -1148,7 +1163,7 @@ fn garbage_chunks_are_charged_and_the_peer_quarantined() {
 }
 
 #[test]
-fn unrequested_and_duplicate_chunks_are_charged_not_staged() {
+fn unrequested_chunks_are_charged_and_duplicates_dropped_never_staged() {
     let mut c = two_sources(150, Behavior::Honest, Behavior::Honest);
     c.start(Trigger::NewOrWiped);
     while c.receiver.counters().chunks_received < 2 {
@@ -1167,7 +1182,7 @@ fn unrequested_and_duplicate_chunks_are_charged_not_staged() {
     let charges_before = c.receiver.charges(1);
     let key = |artifact, chunk| ChunkKey { artifact, chunk };
     let forged = [
-        (1, key(0, 0)),  // a duplicate of a staged chunk
+        (1, key(0, 0)),  // a duplicate of a staged chunk: dropped
         (1, key(2, 3)),  // far ahead of the window: never requested
         (1, key(99, 0)), // not in the manifest
         (2, key(0, 1)),  // from a peer not serving this pull
@@ -1181,8 +1196,9 @@ fn unrequested_and_duplicate_chunks_are_charged_not_staged() {
         c.receiver_step(ReceiverInput::Message { from, msg });
     }
     assert_eq!(c.ops.len(), ops_before, "a forged chunk reached storage");
-    assert_eq!(c.receiver.counters().chunks_unrequested, 4);
-    assert_eq!(c.receiver.charges(1), charges_before + 3);
+    assert_eq!(c.receiver.counters().chunks_unrequested, 3);
+    assert_eq!(c.receiver.counters().chunks_late, 1);
+    assert_eq!(c.receiver.charges(1), charges_before + 2);
     assert_eq!(c.receiver.charges(2), 1);
     assert!(c.run(2000));
     assert_installed_copy(&mut c, 0);

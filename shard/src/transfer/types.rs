@@ -319,7 +319,8 @@ pub struct ReceiverCounters {
     pub chunks_received: u64,
     pub chunks_unrequested: u64,
     pub chunks_garbage: u64,
-    /// Chunks of the attempt that ended last (dropped, not charged).
+    /// Duplicates of chunks already asked for, and chunks of the attempt
+    /// that ended last (dropped, not charged: the network repeats).
     pub chunks_late: u64,
     pub bytes_received: u64,
     pub stalls: u64,
