@@ -116,6 +116,9 @@ pub struct Receiver {
     /// The snapshot of the attempt that ended last: its chunks still on
     /// the wire are dropped, not charged (a slow peer is not hostile).
     ended: Option<(u8, u64)>,
+    /// The peer and nonce of the last request: a copy of its answer that
+    /// arrives after the answer was handled is the network repeating.
+    asked: Option<(u8, u64)>,
     counters: ReceiverCounters,
 }
 
@@ -137,6 +140,7 @@ impl Receiver {
             phase: Phase::Idle,
             transient_in_row: 0,
             ended: None,
+            asked: None,
             counters: ReceiverCounters::default(),
         })
     }
@@ -268,6 +272,7 @@ impl Receiver {
         out.send(peer, Message::RequestSnapshot(request));
         out.event(Event::Asked { peer, nonce });
         self.counters.requests_sent += 1;
+        self.asked = Some((peer, nonce));
         self.phase = Phase::Asking {
             peer,
             nonce,
@@ -366,6 +371,10 @@ impl Receiver {
             return;
         }
         let Phase::Asking { peer, nonce, .. } = self.phase else {
+            if self.is_repeat(from, &offer) {
+                self.counters.offers_repeated += 1;
+                return;
+            }
             return self.unsolicited(from, &offer, out);
         };
         if from != peer || offer.nonce != nonce {
@@ -391,6 +400,23 @@ impl Receiver {
                 Ok(()) => self.take(peer, m.clone(), out),
                 Err(why) => self.refuse(peer, m.snapshot_id, why, out),
             },
+        }
+    }
+
+    /// A copy of the answer to the last request, already handled: the same
+    /// refusal, or the same snapshot (the one taken or just ended). A copy
+    /// naming another snapshot is no repeat (a server offers one snapshot
+    /// per request).
+    fn is_repeat(&self, from: u8, offer: &SnapshotOffer) -> bool {
+        if self.asked != Some((from, offer.nonce)) {
+            return false;
+        }
+        match &offer.offer {
+            Offer::Refused(_) => true,
+            Offer::Snapshot(m) => {
+                let copy = Some((from, m.snapshot_id));
+                self.taken() == copy || self.ended == copy
+            }
         }
     }
 

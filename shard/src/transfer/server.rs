@@ -63,6 +63,9 @@ pub enum ServerInput {
 #[derive(Debug)]
 struct Served {
     peer: u8,
+    /// The request it answered, and the commit_max it was offered with.
+    nonce: u64,
+    commit_max: u64,
     manifest: Arc<Manifest>,
     used_tick: u64,
     reading_keys: usize,
@@ -184,6 +187,10 @@ impl Server {
         out: &mut Outbox,
     ) {
         self.counters.requests += 1;
+        if let Some(offer) = self.repeat_offer(from, r.nonce) {
+            // A repeated request (the network repeats): the same answer.
+            return out.send(from, Message::SnapshotOffer(offer));
+        }
         // A receiver asks again after a failed attempt: its older
         // snapshot is done with, so one peer holds at most one.
         let held: Vec<u64> = self
@@ -223,6 +230,22 @@ impl Server {
             pending,
             out,
         );
+    }
+
+    /// The offer already made for `peer`'s request `nonce`, if any.
+    fn repeat_offer(&mut self, peer: u8, nonce: u64) -> Option<SnapshotOffer> {
+        let now_tick = self.now_tick;
+        let (&snapshot_id, served) = self
+            .open
+            .iter_mut()
+            .find(|(_, s)| s.peer == peer && s.nonce == nonce)?;
+        served.used_tick = now_tick;
+        Some(SnapshotOffer {
+            nonce,
+            snapshot_id,
+            commit_max: served.commit_max,
+            offer: Offer::Snapshot((*served.manifest).clone()),
+        })
     }
 
     fn unknown(&mut self, to: u8, snapshot_id: u64, commit_max: u64, out: &mut Outbox) {
@@ -346,16 +369,19 @@ impl Server {
         };
         let snapshot_id = manifest.snapshot_id;
         self.counters.offers += 1;
+        let commit_max = commit_max.max(manifest.commit);
         let offer = SnapshotOffer {
             nonce,
             snapshot_id,
-            commit_max: commit_max.max(manifest.commit),
+            commit_max,
             offer: Offer::Snapshot((*manifest).clone()),
         };
         self.open.insert(
             snapshot_id,
             Served {
                 peer,
+                nonce,
+                commit_max,
                 manifest,
                 used_tick: self.now_tick,
                 reading_keys: 0,

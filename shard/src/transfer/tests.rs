@@ -420,7 +420,9 @@ impl Cluster {
                 reseal(&mut bytes);
                 vec![bytes]
             }
-            (Behavior::ReOffers, Message::SnapshotOffer(o)) => {
+            (Behavior::ReOffers, Message::SnapshotOffer(o))
+                if matches!(o.offer, Offer::Snapshot(_)) =>
+            {
                 let mut copies = vec![encode(from, msg), encode(from, msg)];
                 for k in 1..4 {
                     let other = SnapshotOffer {
@@ -597,6 +599,7 @@ fn transfer_under_loss_duplication_and_reorder_converges_without_charging_the_pe
             counters.quarantines, 0,
             "seed {seed}: an honest peer quarantined"
         );
+        assert_eq!(counters.charges, 0, "seed {seed}: an honest peer charged");
     }
 }
 
@@ -1715,4 +1718,63 @@ fn budgets_refuse_a_lockstep_window_and_zero_timeouts() {
     ] {
         assert!(bad.validate().is_err(), "{bad:?}");
     }
+}
+
+/// The network repeats an offer: the copy of the offer being pulled, and a
+/// repeated refusal, are neither charged nor answered with a release (which
+/// would drop the snapshot being pulled).
+#[test]
+fn a_repeated_offer_or_refusal_is_not_charged_and_releases_nothing() {
+    let mut src = source(250, "/src");
+    let m = snapshot_of(&mut src);
+    let (mut r, nonce) = asking(wiped(), Trigger::NewOrWiped, budgets());
+    let offer = SnapshotOffer {
+        nonce,
+        snapshot_id: m.snapshot_id,
+        commit_max: m.commit,
+        offer: Offer::Snapshot(m.clone()),
+    };
+    let outs = offered(&mut r, 1, offer.clone());
+    assert!(outs.iter().any(|o| matches!(o, Output::Io { .. })));
+    let outs = offered(&mut r, 1, offer);
+    assert!(outs.is_empty(), "{outs:?}");
+    assert_eq!(r.charges(1), 0);
+    assert_eq!(r.counters().offers_repeated, 1);
+    // A repeated transient refusal, while waiting out the first.
+    let (mut r, nonce) = asking(wiped(), Trigger::NewOrWiped, budgets());
+    let busy = SnapshotOffer {
+        nonce,
+        snapshot_id: 0,
+        commit_max: 0,
+        offer: Offer::Refused(Refusal::Busy),
+    };
+    offered(&mut r, 1, busy.clone());
+    let outs = offered(&mut r, 1, busy);
+    assert!(outs.is_empty(), "{outs:?}");
+    assert_eq!(r.charges(1), 0);
+}
+
+/// A repeated RequestSnapshot gets the same offer again, not a second
+/// snapshot (which, one per peer, would drop the first one's lease).
+#[test]
+fn a_repeated_snapshot_request_is_answered_with_the_same_offer() {
+    let mut disk = source(260, "/src");
+    let mut server = Server::new(ServerConfig::default());
+    let ask = Message::RequestSnapshot(wire::RequestSnapshot {
+        nonce: 41,
+        commit: 0,
+        purge_generation: 0,
+    });
+    let first = serve(&mut server, &mut disk, 1, ask.clone(), false);
+    let again = serve(&mut server, &mut disk, 1, ask, false);
+    let (a, b) = (
+        offer_in(&first).expect("offer"),
+        offer_in(&again).expect("offer"),
+    );
+    assert_eq!(a, b);
+    assert!(
+        !again.iter().any(|o| matches!(o, Output::Io { .. })),
+        "{again:?}"
+    );
+    assert_eq!(server.snapshots_open(), 1);
 }

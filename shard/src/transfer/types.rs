@@ -310,6 +310,8 @@ pub struct ReceiverCounters {
     pub offers_stale: u64,
     /// Offers not echoing the nonce in flight (or from another peer).
     pub offers_unsolicited: u64,
+    /// Copies of an answer already handled (dropped, not charged).
+    pub offers_repeated: u64,
     pub refusals_transient: u64,
     pub refusals_final: u64,
     pub decode_failures: u64,
