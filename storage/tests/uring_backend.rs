@@ -676,3 +676,113 @@ fn a_linked_write_and_fdatasync_wait_in_the_kernel_once() {
         assert_eq!(backend.kernel_waits() - waits, 1, "round {round}");
     }
 }
+
+/// Many flushes in flight at once, reaped only when the eventfd fires: every
+/// one comes back, round after round, within a bound. A ring that defers
+/// task work (DEFER_TASKRUN) posts completions only while its thread enters
+/// it, runs a bounded number of them per enter, and signals the eventfd only
+/// when its list of deferred work goes from empty to non-empty: a `reap`
+/// that leaves work behind gets no further signal.
+#[test]
+fn many_nowait_flushes_all_come_back_through_the_eventfd() {
+    const FILES: usize = 96;
+    const ROUNDS: u64 = 8;
+    let dir = tempdir();
+    let mut backend = UringBackend::with_default_entries().unwrap();
+    let efd = eventfd();
+    backend.register_eventfd(efd.as_raw_fd()).unwrap();
+    let files: Vec<FileId> = (0..FILES)
+        .map(|i| {
+            backend
+                .open_file(&dir.path().join(format!("f{i}")), OpenMode::Create)
+                .unwrap()
+        })
+        .collect();
+    let data = pattern(4096, 7);
+    for round in 0..ROUNDS {
+        // One write + fdatasync per file (as a group commit queues them),
+        // as separate batches, and one batch of many unlinked writes.
+        let mut ids: Vec<BatchId> = files
+            .iter()
+            .map(|&file| {
+                backend.submit_nowait(vec![
+                    Sqe::linked(write(file, round * 4096, &data)),
+                    Sqe::new(Op::Fdatasync { file }),
+                ])
+            })
+            .collect();
+        let many: Vec<Sqe> = files
+            .iter()
+            .take(48)
+            .map(|&file| Sqe::new(write(file, (ROUNDS + round) * 4096, &data)))
+            .collect();
+        ids.push(backend.submit_nowait(many));
+        let done = reap_all(&mut backend, &efd, &ids);
+        for (_, completions) in &done {
+            for c in completions {
+                assert!(c.result.is_ok(), "round {round}: {} failed", c.op.kind());
+            }
+        }
+    }
+}
+
+/// The kernel's release as (major, minor), e.g. (6, 18).
+fn kernel_release() -> (u32, u32) {
+    // SAFETY: an all-zero utsname is valid; uname only writes into it.
+    let mut uts: libc::utsname = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid pointer to a utsname.
+    assert_eq!(unsafe { libc::uname(&mut uts) }, 0);
+    let release: String = uts
+        .release
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8 as char)
+        .collect();
+    let mut parts = release
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|p| p.parse::<u32>().unwrap_or(0));
+    (parts.next().unwrap_or(0), parts.next().unwrap_or(0))
+}
+
+/// Kernels from 6.1 on get a ring that defers completions (the tests above
+/// then exercise that mode); older ones fall back to a plain ring.
+#[test]
+fn completions_are_deferred_where_the_kernel_allows_it() {
+    let backend = UringBackend::with_default_entries().unwrap();
+    let release = kernel_release();
+    eprintln!(
+        "kernel {release:?}: defers completions: {}",
+        backend.defers_completions()
+    );
+    assert_eq!(backend.defers_completions(), release >= (6, 1));
+}
+
+/// A single-issuer ring is bound to the thread that first uses it, not to
+/// the one that built it: built here, it runs blocking and asynchronous
+/// batches on another thread.
+#[test]
+fn a_ring_built_on_one_thread_runs_on_another() {
+    let dir = tempdir();
+    let mut backend = UringBackend::with_default_entries().unwrap();
+    let path = dir.path().join("f");
+    let worker = std::thread::spawn(move || {
+        let efd = eventfd();
+        backend.register_eventfd(efd.as_raw_fd()).unwrap();
+        let file = backend.open_file(&path, OpenMode::Create).unwrap();
+        let data = pattern(64 << 10, 4);
+        let done = backend.submit(vec![
+            Sqe::linked(write(file, 0, &data)),
+            Sqe::new(Op::Fdatasync { file }),
+        ]);
+        assert_eq!(ok(&done[0]), data.len());
+        assert_eq!(ok(&done[1]), 0);
+        let id = backend.submit_nowait(vec![
+            Sqe::linked(write(file, data.len() as u64, &data)),
+            Sqe::new(Op::Fdatasync { file }),
+        ]);
+        let done = reap_all(&mut backend, &efd, &[id]);
+        assert_eq!(ok(&done[0].1[0]), data.len());
+        assert_eq!(read_back(&mut backend, file, 0, data.len()), data);
+    });
+    worker.join().unwrap();
+}
