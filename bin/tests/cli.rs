@@ -125,3 +125,320 @@ fn server_with_no_arguments_round_trips_lines() {
     let status = wait_bounded(&mut server, Duration::from_secs(30));
     assert_eq!(status.code(), Some(0));
 }
+
+// ---- produce and consume like kcat (issue 13 item 1) ----
+
+/// Runs the binary with `args` (no working-directory dependence) and stdin.
+fn ringlog(args: &[&str], stdin: Option<&str>) -> std::process::Output {
+    let dir = std::env::temp_dir();
+    run(&dir, args, stdin)
+}
+
+fn ok_stdout(out: &std::process::Output) -> String {
+    assert!(
+        out.status.success(),
+        "exit {:?}: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout.clone()).unwrap()
+}
+
+fn sorted_lines(text: &str) -> Vec<String> {
+    let mut v: Vec<String> = text.lines().map(str::to_string).collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn keyed_records_across_partitions_are_all_consumed_and_routing_is_printed() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = common::Server::start(&dir.path().join("d"), &[]);
+    let a = server.addr.as_str();
+    ok_stdout(&ringlog(
+        &["produce", "t", "--addr", a, "--create", "4"],
+        Some(""),
+    ));
+    let mut partitions = std::collections::BTreeSet::new();
+    for i in 0..12 {
+        let key = format!("user-{i}");
+        let out = ringlog(
+            &["produce", "t", "--addr", a, "--key", &key],
+            Some(&format!("v{i}\n")),
+        );
+        ok_stdout(&out);
+        let err = String::from_utf8_lossy(&out.stderr);
+        // "key user-3 -> partition 2"
+        let p: u32 = err
+            .split(&format!("key {key:?} -> partition "))
+            .nth(1)
+            .and_then(|s| s.split_whitespace().next())
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("no routing line in {err:?}"));
+        assert!(err.contains(&format!("t/{p} offsets ")), "{err}");
+        partitions.insert(p);
+    }
+    assert!(partitions.len() > 1, "12 keys all went to {partitions:?}");
+    let text = ok_stdout(&ringlog(&["consume", "t", "--addr", a], None));
+    let want: Vec<String> = sorted_lines(&(0..12).map(|i| format!("v{i}\n")).collect::<String>());
+    assert_eq!(sorted_lines(&text), want);
+    // -p N reads one partition only.
+    let one = *partitions.iter().next().unwrap();
+    let text = ok_stdout(&ringlog(
+        &[
+            "consume",
+            "t",
+            "--addr",
+            a,
+            "-p",
+            &one.to_string(),
+            "-f",
+            "%p\n",
+        ],
+        None,
+    ));
+    assert!(!text.is_empty());
+    assert!(text.lines().all(|l| l == one.to_string()), "{text}");
+}
+
+#[test]
+fn consume_start_positions_and_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = common::Server::start(&dir.path().join("d"), &[]);
+    let a = server.addr.as_str();
+    let first: String = (0..6).map(|i| format!("a{i}\n")).collect();
+    ok_stdout(&ringlog(
+        &["produce", "t", "--addr", a, "--create", "2", "--batch", "3"],
+        Some(&first),
+    ));
+    ok_stdout(&ringlog(
+        &["produce", "t", "--addr", a, "--partition", "1"],
+        Some("b0\nb1\n"),
+    ));
+    std::thread::sleep(Duration::from_millis(30));
+    let since_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+        .to_string();
+    std::thread::sleep(Duration::from_millis(30));
+    ok_stdout(&ringlog(&["produce", "t", "--addr", a], Some("a6\na7\n")));
+    let consume = |extra: &[&str]| {
+        let mut args = vec!["consume", "t", "--addr", a];
+        args.extend_from_slice(extra);
+        ok_stdout(&ringlog(&args, None))
+    };
+    assert_eq!(consume(&["-p", "0", "-o", "3"]), "a3\na4\na5\na6\na7\n");
+    assert_eq!(consume(&["-p", "0", "-o", "-2"]), "a6\na7\n");
+    assert_eq!(
+        consume(&["-p", "0", "--from", "beginning", "-c", "4"]),
+        "a0\na1\na2\na3\n"
+    );
+    assert_eq!(consume(&["-o", "end"]), "");
+    assert_eq!(sorted_lines(&consume(&["-o", "-1"])), ["a7", "b1"]);
+    assert_eq!(consume(&["-o", &format!("@{since_ms}")]), "a6\na7\n");
+    assert_eq!(consume(&["-c", "3"]).lines().count(), 3);
+    let bad = ringlog(&["consume", "t", "--addr", a, "-o", "soon"], None);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("beginning"));
+}
+
+#[test]
+fn consume_follow_waits_for_new_records_until_count() {
+    // From the beginning with -c 3: "old" is there, the other two arrive
+    // while it waits at the end of every partition.
+    let dir = tempfile::tempdir().unwrap();
+    let server = common::Server::start(&dir.path().join("d"), &[]);
+    let a = server.addr.clone();
+    ok_stdout(&ringlog(
+        &["produce", "t", "--addr", &a, "--create", "3"],
+        Some("old\n"),
+    ));
+    let follower = Command::new(BIN)
+        .args(["consume", "t", "--addr", &a, "--follow", "-c", "3"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    ok_stdout(&ringlog(
+        &["produce", "t", "--addr", &a, "--partition", "2"],
+        Some("new1\n"),
+    ));
+    ok_stdout(&ringlog(&["produce", "t", "--addr", &a], Some("new2\n")));
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(follower.wait_with_output());
+    });
+    let out = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("consume --follow -c 3 did not exit")
+        .unwrap();
+    assert_eq!(sorted_lines(&ok_stdout(&out)), ["new1", "new2", "old"]);
+}
+
+#[test]
+fn consume_format_and_json_parse_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = common::Server::start(&dir.path().join("d"), &[]);
+    let a = server.addr.as_str();
+    let before_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    ok_stdout(&ringlog(
+        &[
+            "produce",
+            "t",
+            "--addr",
+            a,
+            "--create",
+            "2",
+            "--partition",
+            "1",
+            "-H",
+            "h1=x",
+            "-H",
+            "h2=y z",
+        ],
+        Some("one\ntwo words\n"),
+    ));
+    let text = ok_stdout(&ringlog(
+        &["consume", "t", "--addr", a, "-f", "%p|%o|%k|%t|%h|%v\\n"],
+        None,
+    ));
+    let lines: Vec<Vec<&str>> = text.lines().map(|l| l.split('|').collect()).collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    for (i, (f, value)) in lines.iter().zip(["one", "two words"]).enumerate() {
+        assert_eq!(f[0], "1");
+        assert_eq!(f[1], i.to_string());
+        assert_eq!(f[2], "");
+        let ts: u64 = f[3].parse().unwrap();
+        assert!(ts >= before_ms, "{ts} < {before_ms}");
+        assert_eq!(f[4], "h1=x,h2=y z");
+        assert_eq!(f[5], value);
+    }
+    ok_stdout(&ringlog(
+        &["produce", "t", "--addr", a, "--key", "k"],
+        Some("keyed\n"),
+    ));
+    let text = ok_stdout(&ringlog(&["consume", "t", "--addr", a, "--json"], None));
+    let docs: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(docs.len(), 3, "{text}");
+    let keyed = docs.iter().find(|d| d["value"] == "keyed").unwrap();
+    assert_eq!(keyed["key"], "k");
+    assert_eq!(keyed["topic"], "t");
+    assert!(keyed["timestamp_ms"].as_u64().unwrap() >= before_ms);
+    let two = docs.iter().find(|d| d["value"] == "two words").unwrap();
+    assert_eq!(two["partition"], 1);
+    assert_eq!(two["offset"], 1);
+    assert_eq!(two["headers"]["h2"], "y z");
+}
+
+// ---- client errors with context (issue 13 item 3) ----
+
+#[test]
+fn connection_refused_names_the_address() {
+    // A port nothing listens on: bind, note, close.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    for cmd in ["produce", "consume"] {
+        let out = ringlog(&[cmd, "t", "--addr", &addr], Some("x\n"));
+        assert_eq!(out.status.code(), Some(1));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(&format!("cannot connect to {addr}")), "{err}");
+        assert!(err.contains("ringlog server"), "{err}");
+    }
+}
+
+#[test]
+fn oversized_record_is_refused_before_sending_naming_the_config_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = common::Server::start(
+        &dir.path().join("d"),
+        &["--set", "write_buffer_bytes=65536"],
+    );
+    let a = server.addr.as_str();
+    let big = "x".repeat(70_000);
+    let out = ringlog(
+        &["produce", "t", "--addr", a, "--create", "1", "--batch", "1"],
+        Some(&format!("a\nb\n{big}\nc\n")),
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("write_buffer_bytes"), "{err}");
+    assert!(err.contains("limit of 61440 bytes"), "{err}");
+    assert!(err.contains("not sent"), "{err}");
+    assert!(err.contains("2 records acknowledged"), "{err}");
+    let text = ok_stdout(&ringlog(&["consume", "t", "--addr", a], None));
+    assert_eq!(text, "a\nb\n");
+}
+
+#[test]
+fn produce_cut_off_says_how_many_records_were_acknowledged() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = common::Server::start(&dir.path().join("d"), &[]);
+    let mut c = server.client();
+    c.create_topic("t", 1).unwrap();
+    let mut producer = Command::new(BIN)
+        .args(["produce", "t", "--addr", &server.addr, "--batch", "1"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = producer.stdin.take().unwrap();
+    input.write_all(b"one\ntwo\nthree\n").unwrap();
+    input.flush().unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while c.fetch("t", 0, 0, 1 << 20, 0).unwrap().high_watermark < 3 {
+        assert!(std::time::Instant::now() < deadline, "3 lines never acked");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    server.kill9();
+    // The next batch meets a dead connection.
+    let _ = input.write_all(b"four\n");
+    drop(input);
+    let out = producer.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("3 records acknowledged"), "{err}");
+    assert!(err.contains("not acknowledged"), "{err}");
+}
+
+#[test]
+fn consume_into_a_closed_pipe_exits_quietly() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = common::Server::start(&dir.path().join("d"), &[]);
+    let a = server.addr.clone();
+    ok_stdout(&ringlog(
+        &[
+            "produce", "t", "--addr", &a, "--create", "1", "--count", "20000", "--size", "64",
+        ],
+        None,
+    ));
+    let mut consumer = Command::new(BIN)
+        .args(["consume", "t", "--addr", &a, "--max-bytes", "4096"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // `| head -1`: read one line, close the pipe.
+    let mut first = String::new();
+    BufReader::new(consumer.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    assert!(first.starts_with("00000000000000000000"), "{first}");
+    let status = wait_bounded(&mut consumer, Duration::from_secs(30));
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut consumer.stderr.take().unwrap(), &mut err).unwrap();
+    assert_eq!(err, "", "consume | head printed an error");
+    assert_eq!(status.code(), Some(0));
+}

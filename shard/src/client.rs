@@ -22,13 +22,31 @@ use ringlog_protocol::wire::{
 use ringlog_protocol::{BatchBuilder, BatchError, BatchView, Record, Stamp};
 use thiserror::Error;
 
+/// What to do about a batch over the server's limit (client- or server-side).
+const BATCH_LIMIT_ADVICE: &str = "send fewer or smaller records per batch, or raise the \
+     server's write_buffer_bytes (the largest batch is write_buffer_bytes less 4 KiB)";
+
 /// Socket read timeout beyond a fetch's own wait.
 const REPLY_SLACK: Duration = Duration::from_secs(30);
 
 #[derive(Debug, Error)]
 pub enum ClientError {
+    #[error("cannot connect to {addr}: {source}")]
+    Connect {
+        addr: String,
+        source: std::io::Error,
+    },
     #[error("I/O: {0}")]
     Io(#[from] std::io::Error),
+    /// Refused by the client before sending: the server would refuse it too.
+    #[error(
+        "batch of {bytes} bytes is over the server's limit of {max} bytes \
+         (write_buffer_bytes less 4 KiB, announced at handshake); not sent"
+    )]
+    BatchTooLarge { bytes: usize, max: u32 },
+    /// A caller's mistake found before anything was sent (bad option).
+    #[error("{0}")]
+    Usage(String),
     #[error("protocol: {0}")]
     Wire(#[from] WireError),
     #[error("server error {code}: {message}")]
@@ -56,7 +74,18 @@ impl ClientError {
     /// What a person should know or do about this error, if anything
     /// beyond its message.
     pub fn advice(&self) -> Option<&'static str> {
+        match self {
+            ClientError::Connect { .. } => {
+                return Some(
+                    "is the server running? start it with `ringlog server`, or point \
+                     --addr (or RINGLOG_ADDR) at it",
+                )
+            }
+            ClientError::BatchTooLarge { .. } => return Some(BATCH_LIMIT_ADVICE),
+            _ => {}
+        }
         match self.code()? {
+            ErrorCode::BatchTooLarge => Some(BATCH_LIMIT_ADVICE),
             ErrorCode::DiskFull => Some(
                 "the server's disk is full: nothing was written and reads keep working; \
                  appends resume once space is freed (retention, purge, or more disk)",
@@ -77,9 +106,12 @@ pub struct Client {
 }
 
 impl Client {
-    /// Connects and performs the handshake.
-    pub fn connect(addr: impl ToSocketAddrs) -> Result<Client, ClientError> {
-        let stream = TcpStream::connect(addr)?;
+    /// Connects and performs the handshake. A failed connect names `addr`.
+    pub fn connect(addr: impl ToSocketAddrs + std::fmt::Display) -> Result<Client, ClientError> {
+        let stream = TcpStream::connect(&addr).map_err(|source| ClientError::Connect {
+            addr: addr.to_string(),
+            source,
+        })?;
         Client::handshake(stream)
     }
 
@@ -213,6 +245,14 @@ impl Client {
         target: ProduceTarget,
         batch: Vec<u8>,
     ) -> Result<ProduceReply, ClientError> {
+        // 0: a server that announced no limit; it still checks its own.
+        let max = self.hello.batch_bytes_max;
+        if max > 0 && batch.len() > max as usize {
+            return Err(ClientError::BatchTooLarge {
+                bytes: batch.len(),
+                max,
+            });
+        }
         match self.call(&Request::Produce {
             topic: topic.into(),
             target,
@@ -293,6 +333,8 @@ pub struct FetchedRecord {
     pub offset: u64,
     pub timestamp_ms: u64,
     pub key: Vec<u8>,
+    /// `(name, value)` pairs in record order.
+    pub headers: Vec<(Vec<u8>, Vec<u8>)>,
     pub value: Vec<u8>,
 }
 
@@ -307,6 +349,7 @@ pub fn records(batches: &[u8]) -> Result<Vec<FetchedRecord>, BatchError> {
                 offset: r.offset,
                 timestamp_ms: r.timestamp_ms,
                 key: r.key.to_vec(),
+                headers: r.headers.map(|(n, v)| (n.to_vec(), v.to_vec())).collect(),
                 value: r.value.to_vec(),
             });
         }
