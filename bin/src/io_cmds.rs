@@ -174,7 +174,10 @@ impl Progress {
     }
 }
 
-fn parse_headers(list: &[String]) -> Result<Vec<(Vec<u8>, Vec<u8>)>, ClientError> {
+/// Record headers as `(name, value)` pairs.
+type Headers = Vec<(Vec<u8>, Vec<u8>)>;
+
+fn parse_headers(list: &[String]) -> Result<Headers, ClientError> {
     list.iter()
         .map(|h| {
             h.split_once('=')
@@ -238,7 +241,6 @@ fn produce_inner(args: &ProduceArgs, progress: &mut Progress) -> Result<(), Clie
             }
         }
     }
-    drop(add);
     sender.send(&mut pending, progress)
 }
 
