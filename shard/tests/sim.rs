@@ -71,11 +71,12 @@ fn pinned_regression_seeds() {
 const FRESH_SEEDS: u64 = 256;
 
 /// Guards against: everything the checker checks (see
-/// `ringlog_shard::sim::checker`), over seeds no run saw before. The base
-/// is printed; `RINGLOG_SIM_SEED_BASE=<base>` replays the batch, and a
+/// `ringlog_shard::sim::checker`), over seeds no run saw before, every
+/// fault on (wiped disks and read bit flips included). The base is
+/// printed; `RINGLOG_SIM_SEED_BASE=<base>` replays the batch, and a
 /// failing seed prints its own replay command. Fails if the batch hit no
-/// view change, no repair or no crash (the faults would have lost their
-/// teeth).
+/// view change, no repair, no crash or no wipe (the faults would have lost
+/// their teeth).
 #[test]
 fn fresh_random_seeds() {
     let base = std::env::var("RINGLOG_SIM_SEED_BASE")
@@ -87,11 +88,7 @@ fn fresh_random_seeds() {
     let mut total = sim::Counts::default();
     let mut ticks = 0;
     for seed in (0..FRESH_SEEDS).map(|i| base.wrapping_add(i)) {
-        // Without wiped disks, whose open liveness bug is pinned below
-        // (ci/vopr runs them).
-        let mut opts = SimOptions::new(seed);
-        opts.wipes = false;
-        let summary = sim::run(opts)
+        let summary = sim::run(SimOptions::new(seed))
             .unwrap_or_else(|f| panic!("fresh seed failed (batch base {base}):\n{f}"));
         ticks += summary.ticks + summary.liveness_ticks;
         total.add(&summary.counts);
@@ -103,6 +100,7 @@ fn fresh_random_seeds() {
     assert!(total.view_changes > 0, "no view change in the batch");
     assert!(total.repairs > 0, "no repair in the batch");
     assert!(total.crashes > 0, "no crash in the batch");
+    assert!(total.wipes > 0, "no wiped disk in the batch");
     assert!(
         total.torn_crashes > 0 && total.fsync_failures > 0 && total.read_faults > 0,
         "{total}"
