@@ -1,6 +1,13 @@
 //! `ringlog ctl`: control socket commands printed as tables (or raw JSON).
+//!
+//! The socket is found without depending on the working directory: `--socket`,
+//! `RINGLOG_CONTROL_SOCKET`, `<--data-dir>/control.sock`,
+//! `<RINGLOG_DATA_DIR>/control.sock`, `./data/control.sock` if it exists,
+//! then the socket the last `ringlog server` started by this user recorded
+//! in the runtime directory (`$XDG_RUNTIME_DIR/ringlog/control-socket`, else
+//! `/tmp/ringlog-<uid>/control-socket`, holding an absolute path).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
@@ -9,11 +16,15 @@ use serde_json::{json, Value};
 
 #[derive(Args)]
 pub struct CtlArgs {
-    /// Control socket [default: $RINGLOG_CONTROL_SOCKET or ./data/control.sock].
-    #[arg(long, short)]
+    /// Control socket [default: $RINGLOG_CONTROL_SOCKET, else found from
+    /// --data-dir, $RINGLOG_DATA_DIR, ./data, or the last started server].
+    #[arg(long, short, global = true)]
     socket: Option<PathBuf>,
+    /// The server's data directory; its control.sock is used.
+    #[arg(long, global = true)]
+    data_dir: Option<PathBuf>,
     /// Print the raw JSON reply.
-    #[arg(long)]
+    #[arg(long, global = true)]
     json: bool,
     #[command(subcommand)]
     command: CtlCommand,
@@ -39,6 +50,9 @@ enum CtlCommand {
     },
     /// Prometheus metrics text.
     Metrics,
+    /// Effective config: every key, its value and where it came from
+    /// (default, file, environment, flag).
+    Config,
     /// Change the log filter (e.g. debug, info, ringlog_shard=trace).
     LogLevel { level: String },
     /// Graceful shutdown.
@@ -47,12 +61,108 @@ enum CtlCommand {
     Raw { line: String },
 }
 
+/// The per-user directory where a server records its socket.
+fn runtime_dir() -> PathBuf {
+    match std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+        Some(d) => PathBuf::from(d).join("ringlog"),
+        // SAFETY: getuid has no preconditions.
+        None => std::env::temp_dir().join(format!("ringlog-{}", unsafe { libc::getuid() })),
+    }
+}
+
+fn pointer_path() -> PathBuf {
+    runtime_dir().join("control-socket")
+}
+
+/// The runtime-dir record of a running server's socket, removed at exit.
+pub struct SocketRecord {
+    path: PathBuf,
+    socket: PathBuf,
+}
+
+impl SocketRecord {
+    /// Removes the record if it still names this server's socket (a later
+    /// server may have replaced it).
+    pub fn remove(self) {
+        if std::fs::read(&self.path).ok().as_deref()
+            == Some(self.socket.as_os_str().as_encoded_bytes())
+        {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// Records `socket` (made absolute) for `ctl` run from anywhere. Failing to
+/// is logged, not fatal: `--socket` and `--data-dir` still work.
+pub fn record_socket(socket: &Path) -> Option<SocketRecord> {
+    let socket = std::path::absolute(socket).ok()?;
+    let dir = runtime_dir();
+    let path = pointer_path();
+    let tmp = dir.join(format!("control-socket.{}", std::process::id()));
+    let written = std::fs::create_dir_all(&dir)
+        .and_then(|()| std::fs::write(&tmp, socket.as_os_str().as_encoded_bytes()))
+        .and_then(|()| std::fs::rename(&tmp, &path));
+    match written {
+        Ok(()) => Some(SocketRecord { path, socket }),
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "cannot record the control socket for ctl");
+            None
+        }
+    }
+}
+
+/// Where to look for the socket, in order, each with where it came from.
+fn socket_candidates(args: &CtlArgs) -> Vec<(PathBuf, String)> {
+    if let Some(s) = &args.socket {
+        return vec![(s.clone(), "--socket".into())];
+    }
+    if let Some(s) = std::env::var_os("RINGLOG_CONTROL_SOCKET").filter(|s| !s.is_empty()) {
+        return vec![(s.into(), "RINGLOG_CONTROL_SOCKET".into())];
+    }
+    if let Some(d) = &args.data_dir {
+        return vec![(d.join("control.sock"), "--data-dir".into())];
+    }
+    if let Some(d) = std::env::var_os("RINGLOG_DATA_DIR").filter(|s| !s.is_empty()) {
+        return vec![(
+            PathBuf::from(d).join("control.sock"),
+            "RINGLOG_DATA_DIR".into(),
+        )];
+    }
+    let mut out = vec![(PathBuf::from("./data/control.sock"), "./data".into())];
+    let pointer = pointer_path();
+    if let Ok(bytes) = std::fs::read(&pointer) {
+        let recorded = PathBuf::from(String::from_utf8_lossy(&bytes).into_owned());
+        out.push((recorded, format!("recorded in {}", pointer.display())));
+    }
+    out
+}
+
+/// The first candidate that exists, or what to do about none.
+fn find_socket(args: &CtlArgs) -> Result<PathBuf, String> {
+    let candidates = socket_candidates(args);
+    if let Some((p, _)) = candidates.iter().find(|(p, _)| p.exists()) {
+        return Ok(p.clone());
+    }
+    let tried: Vec<String> = candidates
+        .iter()
+        .map(|(p, from)| format!("{} ({from})", p.display()))
+        .collect();
+    Err(format!(
+        "no control socket at {}; is the server running? start it with `ringlog server`, \
+         or point ctl at it with --data-dir DIR (or RINGLOG_DATA_DIR), --socket PATH \
+         (or RINGLOG_CONTROL_SOCKET)",
+        tried.join(" or ")
+    ))
+}
+
 pub fn run(args: CtlArgs) -> i32 {
-    let socket = args.socket.clone().unwrap_or_else(|| {
-        std::env::var_os("RINGLOG_CONTROL_SOCKET")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from("./data/control.sock"))
-    });
+    let socket = match find_socket(&args) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("ringlog ctl: {e}");
+            return 1;
+        }
+    };
     let req = match &args.command {
         CtlCommand::Status => json!({"cmd": "status"}),
         CtlCommand::Topics => json!({"cmd": "topics"}),
@@ -65,6 +175,7 @@ pub fn run(args: CtlArgs) -> i32 {
             json!({"cmd": "purge", "topic": topic, "partition": partition})
         }
         CtlCommand::Metrics => json!({"cmd": "metrics"}),
+        CtlCommand::Config => json!({"cmd": "config"}),
         CtlCommand::LogLevel { level } => json!({"cmd": "log_level", "level": level}),
         CtlCommand::Shutdown => json!({"cmd": "shutdown"}),
         CtlCommand::Raw { line } => match serde_json::from_str(line) {
@@ -123,6 +234,10 @@ pub fn run(args: CtlArgs) -> i32 {
             ),
         ),
         CtlCommand::Metrics => print!("{}", result["text"].as_str().unwrap_or("")),
+        CtlCommand::Config => table(
+            &["KEY", "VALUE", "SOURCE"],
+            rows(result, &["key", "value", "source"]),
+        ),
         _ => println!(
             "ok {}",
             if result.is_null() {

@@ -98,7 +98,9 @@ pub fn run(args: ServerArgs) -> i32 {
             return 2;
         }
     };
-    let config = match ServerConfig::load(args.config.as_deref(), std::env::vars(), &overrides) {
+    let loaded =
+        ServerConfig::load_with_origins(args.config.as_deref(), std::env::vars(), &overrides);
+    let (config, config_origins) = match loaded {
         Ok(c) => c,
         Err(e) => {
             eprintln!("ringlog server: {e}");
@@ -128,6 +130,7 @@ pub fn run(args: ServerArgs) -> i32 {
         Hooks {
             set_log_level: Some(set_level),
             rebuild_catalog: args.rebuild_catalog,
+            config_origins,
         },
     ) {
         Ok(r) => r,
@@ -141,6 +144,7 @@ pub fn run(args: ServerArgs) -> i32 {
         running.client_addr,
         running.control_socket.display()
     );
+    let pointer = crate::ctl::record_socket(&running.control_socket);
     let shutdown = running.shutdown_handle();
     let spawned = std::thread::Builder::new()
         .name("ringlog-signals".into())
@@ -157,7 +161,11 @@ pub fn run(args: ServerArgs) -> i32 {
         eprintln!("ringlog server: signal thread: {e}");
         return 1;
     }
-    match running.wait() {
+    let result = running.wait();
+    if let Some(p) = pointer {
+        p.remove();
+    }
+    match result {
         Ok(()) => 0,
         Err(e) => {
             eprintln!("ringlog server: {e}");

@@ -442,3 +442,203 @@ fn consume_into_a_closed_pipe_exits_quietly() {
     assert_eq!(err, "", "consume | head printed an error");
     assert_eq!(status.code(), Some(0));
 }
+
+// ---- ctl (issue 13 item 4) ----
+
+/// Starts `ringlog server` in `cwd` with `args` and `envs` (no
+/// --control-socket: the default `<data_dir>/control.sock`); waits for the
+/// ready line.
+fn start_server(
+    cwd: &std::path::Path,
+    args: &[&str],
+    envs: &[(&str, &str)],
+) -> std::process::Child {
+    let mut child = Command::new(BIN)
+        .current_dir(cwd)
+        .arg("server")
+        .args(["--listen", "127.0.0.1:0", "--shards", "1"])
+        .args(args)
+        .envs(envs.iter().copied())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut lines = BufReader::new(stdout).lines();
+        if let Some(Ok(l)) = lines.next() {
+            let _ = tx.send(l);
+        }
+        for _ in lines {}
+    });
+    if rx.recv_timeout(START_TIMEOUT).is_err() {
+        let _ = child.kill();
+        panic!("server did not start");
+    }
+    child
+}
+
+/// `ringlog ctl ARGS` from `cwd` with exactly `envs` of the ringlog ones.
+fn ctl_in(cwd: &std::path::Path, args: &[&str], envs: &[(&str, &str)]) -> std::process::Output {
+    Command::new(BIN)
+        .current_dir(cwd)
+        .arg("ctl")
+        .args(args)
+        .env_remove("RINGLOG_CONTROL_SOCKET")
+        .env_remove("RINGLOG_DATA_DIR")
+        .envs(envs.iter().copied())
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn ctl_finds_the_socket_from_anywhere_and_says_what_to_do_without_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("srv").join("data");
+    std::fs::create_dir_all(dir.path().join("srv")).unwrap();
+    let runtime = dir.path().join("run");
+    let elsewhere = dir.path().join("elsewhere");
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    let rt = runtime.to_str().unwrap();
+    // Started with a relative data dir from its own directory.
+    let mut server = start_server(&dir.path().join("srv"), &[], &[("XDG_RUNTIME_DIR", rt)]);
+    let d = data.to_str().unwrap();
+    for (args, envs) in [
+        (
+            vec!["--data-dir", d, "status"],
+            vec![("XDG_RUNTIME_DIR", "/nonexistent")],
+        ),
+        (
+            vec!["status"],
+            vec![("RINGLOG_DATA_DIR", d), ("XDG_RUNTIME_DIR", "/nonexistent")],
+        ),
+        // Nothing given: the socket the server recorded.
+        (vec!["status"], vec![("XDG_RUNTIME_DIR", rt)]),
+    ] {
+        let out = ctl_in(&elsewhere, &args, &envs);
+        assert!(
+            out.status.success(),
+            "{args:?} {envs:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(String::from_utf8_lossy(&out.stdout).contains("uptime"));
+    }
+    let empty_rt = dir.path().join("empty-run");
+    let out = ctl_in(
+        &elsewhere,
+        &["status"],
+        &[("XDG_RUNTIME_DIR", empty_rt.to_str().unwrap())],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("no control socket at ./data/control.sock"),
+        "{err}"
+    );
+    assert!(
+        err.contains("--data-dir") && err.contains("ringlog server"),
+        "{err}"
+    );
+    let out = ctl_in(&elsewhere, &["--data-dir", d, "shutdown"], &[]);
+    assert!(out.status.success());
+    assert_eq!(
+        wait_bounded(&mut server, Duration::from_secs(30)).code(),
+        Some(0)
+    );
+    // A clean stop removes the record it wrote.
+    assert!(!runtime.join("ringlog/control-socket").exists());
+}
+
+#[test]
+fn ctl_json_after_the_subcommand_unknown_topic_errors_help_and_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("ringlog.toml");
+    std::fs::write(&conf, "segment_size_bytes = 8388608\n").unwrap();
+    let data = dir.path().join("data");
+    let mut server = start_server(
+        dir.path(),
+        &[
+            "--config",
+            conf.to_str().unwrap(),
+            "--set",
+            "retention_ms=5000",
+        ],
+        &[
+            ("RINGLOG_IDLE_TIMEOUT_MS", "60000"),
+            ("XDG_RUNTIME_DIR", dir.path().to_str().unwrap()),
+        ],
+    );
+    let d = data.to_str().unwrap();
+    let out = ctl_in(dir.path(), &["status", "--json", "--data-dir", d], &[]);
+    let reply: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    assert_eq!(reply["ok"], true);
+
+    ok_stdout(&ctl_in(
+        dir.path(),
+        &["--data-dir", d, "create-topic", "real", "1"],
+        &[],
+    ));
+    for sub in [vec!["partitions", "NOSUCH"], vec!["purge", "NOSUCH"]] {
+        let mut args = vec!["--data-dir", d];
+        args.extend(sub.iter());
+        let out = ctl_in(dir.path(), &args, &[]);
+        assert_eq!(out.status.code(), Some(1), "{sub:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("no topic \"NOSUCH\""),
+            "{sub:?}"
+        );
+    }
+    let text = ok_stdout(&ctl_in(
+        dir.path(),
+        &["--data-dir", d, "partitions", "real"],
+        &[],
+    ));
+    assert_eq!(text.lines().count(), 2, "{text}");
+
+    let help = ok_stdout(&ctl_in(dir.path(), &["help"], &[]));
+    for sub in ["status", "partitions", "purge", "config", "shutdown"] {
+        assert!(help.contains(sub), "{help}");
+    }
+
+    let out = ctl_in(dir.path(), &["config", "--json", "--data-dir", d], &[]);
+    let reply: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let source = |key: &str| {
+        let row = reply["result"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["key"] == key)
+            .unwrap_or_else(|| panic!("no {key} in {reply}"))
+            .clone();
+        (
+            row["value"].clone(),
+            row["source"].as_str().unwrap().to_string(),
+        )
+    };
+    assert_eq!(
+        source("segment_size_bytes"),
+        (8388608.into(), format!("file {}", conf.display()))
+    );
+    assert_eq!(
+        source("retention_ms"),
+        (5000.into(), "flag --retention-ms".into())
+    );
+    assert_eq!(
+        source("idle_timeout_ms"),
+        (60000.into(), "environment RINGLOG_IDLE_TIMEOUT_MS".into())
+    );
+    assert_eq!(source("frame_bytes_max").1, "default");
+    let text = ok_stdout(&ctl_in(dir.path(), &["--data-dir", d, "config"], &[]));
+    assert!(
+        text.starts_with("KEY") && text.contains("flag --retention-ms"),
+        "{text}"
+    );
+
+    ok_stdout(&ctl_in(dir.path(), &["--data-dir", d, "shutdown"], &[]));
+    assert_eq!(
+        wait_bounded(&mut server, Duration::from_secs(30)).code(),
+        Some(0)
+    );
+}

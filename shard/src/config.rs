@@ -120,6 +120,10 @@ pub enum ConfigError {
     },
 }
 
+/// Key -> where its value came from (`file PATH`, `environment RINGLOG_X`,
+/// `flag --x`); a key not in it has its default.
+pub type ConfigOrigins = std::collections::BTreeMap<String, String>;
+
 /// Where a setting came from, for error messages.
 #[derive(Clone, Debug)]
 struct Layered {
@@ -151,6 +155,16 @@ impl ServerConfig {
         env: impl IntoIterator<Item = (String, String)>,
         overrides: &[(String, String)],
     ) -> Result<ServerConfig, ConfigError> {
+        Self::load_with_origins(file, env, overrides).map(|(config, _)| config)
+    }
+
+    /// [`ServerConfig::load`], also returning where each key not left at
+    /// its default came from (`ctl config`).
+    pub fn load_with_origins(
+        file: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+        overrides: &[(String, String)],
+    ) -> Result<(ServerConfig, ConfigOrigins), ConfigError> {
         let mut layered = Layered {
             table: toml::Table::new(),
             origins: Vec::new(),
@@ -209,7 +223,7 @@ impl ServerConfig {
                 origin: layered.origin(key),
                 message,
             })?;
-        Ok(config)
+        Ok((config, layered.origins.into_iter().collect()))
     }
 
     /// Semantic checks; returns the offending key.

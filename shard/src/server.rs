@@ -75,6 +75,8 @@ pub struct Hooks {
     /// Rebuild topics.json from the partitions on disk (`--rebuild-catalog`)
     /// instead of loading it; a present file is kept as `topics.json.replaced`.
     pub rebuild_catalog: bool,
+    /// Where each config key came from, for `ctl config` (empty: defaults).
+    pub config_origins: crate::config::ConfigOrigins,
 }
 
 /// A started node.
@@ -229,6 +231,7 @@ pub fn start(config: ServerConfig, hooks: Hooks) -> Result<Running, ServerError>
         shutdown: shutdown.clone(),
         set_log_level: hooks.set_log_level,
         client_addr,
+        config_origins: hooks.config_origins,
     };
     let control = match ControlServer::start(&control_socket, ctx) {
         Ok(c) => c,

@@ -44,6 +44,9 @@ impl Server {
             .args(["--shards", "2"])
             .args(extra)
             .env("RINGLOG_LOG_LEVEL", "info")
+            // The server records its socket for ctl there: keep test
+            // servers out of the user's runtime directory.
+            .env("XDG_RUNTIME_DIR", data_dir.parent().unwrap_or(data_dir))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(stderr));

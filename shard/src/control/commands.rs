@@ -39,6 +39,7 @@ enum Command {
         partition: Option<u32>,
     },
     Metrics,
+    Config,
     LogLevel {
         level: String,
     },
@@ -112,6 +113,29 @@ fn ask(ctx: &ControlContext, shard: usize, op: Op) -> Outcome {
         .map_err(|_| OpError::new(ErrorCode::Internal, format!("shard {shard} did not answer")))?
 }
 
+/// The effective config, one `{key, value, source}` per key in key order;
+/// source is `default` or where the value was set.
+fn config_with_origins(ctx: &ControlContext) -> Result<Value, String> {
+    let Value::Object(map) =
+        serde_json::to_value(ctx.config.as_ref()).map_err(|e| e.to_string())?
+    else {
+        return Err("config is not an object".into());
+    };
+    let mut keys: Vec<_> = map.into_iter().collect();
+    keys.sort_by(|a, b| a.0.cmp(&b.0));
+    let rows: Vec<Value> = keys
+        .into_iter()
+        .map(|(key, value)| {
+            let source = ctx
+                .config_origins
+                .get(&key)
+                .map_or("default", String::as_str);
+            json!({"key": key, "value": value, "source": source})
+        })
+        .collect();
+    Ok(json!(rows))
+}
+
 fn run(ctx: &ControlContext, cmd: Command) -> Result<Value, String> {
     let shards = ctx.peers.len();
     let err = |e: OpError| e.to_string();
@@ -155,6 +179,14 @@ fn run(ctx: &ControlContext, cmd: Command) -> Result<Value, String> {
             Ok(json!(topics))
         }
         Command::Partitions { topic } => {
+            if let Some(t) = &topic {
+                // Like purge: a name that is not a topic is an error, not an
+                // empty table.
+                let table = ctx.catalog.snapshot();
+                if !table.topics.contains_key(t) {
+                    return Err(format!("no topic {t:?}"));
+                }
+            }
             let mut all = Vec::new();
             for s in 0..shards {
                 match ask(
@@ -213,6 +245,7 @@ fn run(ctx: &ControlContext, cmd: Command) -> Result<Value, String> {
             let text = crate::metrics::render(&pairs, ctx.started.elapsed().as_secs());
             Ok(json!({"text": text}))
         }
+        Command::Config => config_with_origins(ctx),
         Command::LogLevel { level } => match &ctx.set_log_level {
             Some(hook) => {
                 hook(&level)?;

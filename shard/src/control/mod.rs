@@ -46,4 +46,5 @@ pub struct ControlContext {
     pub shutdown: Arc<Shutdown>,
     pub set_log_level: Option<LogLevelHook>,
     pub client_addr: SocketAddr,
+    pub config_origins: crate::config::ConfigOrigins,
 }
