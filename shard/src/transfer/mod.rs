@@ -32,6 +32,19 @@
 //! `snapshots_max` snapshots open per partition (leased in ticks) and
 //! refuses Busy beyond; it offers only what is at or below its commit
 //! (the executor cuts the active tail off the store's manifest).
+//!
+//! Wiring into the replica (not done here): on a trigger, drop the repair
+//! session and step `Receiver` with `Start { trigger, local }` (`local`
+//! from the superblock and durable frontier); route SnapshotOffer and Chunk
+//! to the receiver, RequestSnapshot, RequestChunks and ReleaseSnapshot to
+//! the `Server` (with `ServingState` from the replica's status and
+//! commit), a failed decode of either to `Undecodable { from }`, ticks to
+//! both; run their `TransferOp`s through [`io::execute`] (one shard-wide
+//! [`io::Installs`]) and feed back `IoDone`. On `Event::Installed`, repair
+//! from its frontier, check the first repaired batch with
+//! [`Frontier::closes_chain`], and withhold PrepareOk and primaryship until
+//! the chain reaches the commit; on `AttemptFailed` keep stamping from
+//! [`Receiver::frontier`].
 
 mod budget;
 pub mod io;
@@ -42,7 +55,7 @@ mod types;
 #[cfg(test)]
 mod tests;
 
-pub use budget::{Budgets, BudgetsError, Peers};
+pub use budget::{Budgets, BudgetsError, Peers, BACKOFF_EXPONENT_MAX};
 pub use receiver::{Receiver, ReceiverConfig, ReceiverInput};
 pub use server::{Server, ServerConfig, ServerInput, ServingState};
 pub use types::{

@@ -1778,3 +1778,86 @@ fn a_repeated_snapshot_request_is_answered_with_the_same_offer() {
     );
     assert_eq!(server.snapshots_open(), 1);
 }
+
+/// A receiver that crashes at an I/O of its install (staging, commit or
+/// the cleanup after it), restarts with a new nonce from what its disk
+/// holds, and transfers again: its frontier is never lower than before,
+/// and it ends with the peer's bytes.
+#[test]
+fn a_receiver_crash_during_an_install_restarts_from_its_disk_and_completes() {
+    let prefix = |seed| {
+        let mut d = Disk::new(seed, "/dst");
+        d.grow(20, 0, 1);
+        d
+    };
+    // A clean run counts the install's I/Os.
+    let mut c = Cluster::new(
+        prefix(271),
+        vec![(source(270, "/src"), Behavior::Honest)],
+        272,
+    );
+    let setup_ops = c.disk.io.ops_count();
+    c.start(Trigger::RepairStuck);
+    assert!(c.run(2000));
+    let install_ops = c.disk.io.ops_count() - setup_ops;
+    let installed = assert_installed_copy(&mut c, 0);
+    let (mut points, mut committed) = (0, 0);
+    for (k, tear) in (0..install_ops).flat_map(|k| [(k, false), (k, true)]) {
+        let mut c = Cluster::new(
+            prefix(271),
+            vec![(source(270, "/src"), Behavior::Honest)],
+            272,
+        );
+        let before = c.disk.local().frontier;
+        c.disk.io.set_crash_at(setup_ops + k, tear);
+        c.start(Trigger::RepairStuck);
+        for _ in 0..2000 {
+            c.tick();
+            if c.disk.io.is_crashed() || !c.receiver.is_active() {
+                break;
+            }
+        }
+        let crashed = std::mem::replace(&mut c.disk.io, SimBackend::new(0));
+        let mut io = crashed.reboot();
+        let store = PartitionStore::open(&mut io, Path::new("/dst"), PID, store_config())
+            .unwrap_or_else(|e| panic!("crash at install I/O {k}: recovery: {e}"));
+        c.disk = Disk {
+            io,
+            store,
+            installs: Installs::new(2, InstallBudget::new(1 << 20)),
+        };
+        let after = c.disk.local().frontier;
+        assert!(
+            after == before || after == installed,
+            "crash at install I/O {k}: frontier {after:?}, before {before:?}"
+        );
+        c.receiver = Receiver::new(c.receiver_config(), 300 + k).expect("budgets");
+        c.events.clear();
+        c.wire.clear();
+        c.start(Trigger::RepairStuck);
+        if after == installed {
+            // Installed before the crash: the same offer moves it no
+            // further, and is refused.
+            c.run(200);
+            let counters = c.receiver.counters();
+            assert_eq!(counters.offers_taken, 0, "crash at install I/O {k}");
+            assert!(c.refusals().contains(&Stale::NoProgress), "crash at {k}");
+            committed += 1;
+            continue;
+        }
+        assert!(
+            c.run(3000),
+            "crash at install I/O {k}: no install after restart"
+        );
+        assert_installed_copy(&mut c, 0);
+        points += 1;
+    }
+    println!(
+        "{install_ops} install I/Os: {points} crashes reinstalled, {committed} after the commit"
+    );
+    assert!(
+        points >= install_ops,
+        "only {points} crash points reinstalled"
+    );
+    assert!(committed >= 1, "no crash after the commit point");
+}
