@@ -13,7 +13,7 @@ use clap::{Parser, Subcommand};
 #[command(
     name = "ringlog",
     version,
-    about = "ringlog: a replicated append-only log server"
+    about = "ringlog: a partitioned append-only log server (single node today)"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -28,7 +28,7 @@ enum Command {
     Ctl(ctl::CtlArgs),
     /// Append records: lines from stdin, or generated with --count/--size.
     Produce(io_cmds::ProduceArgs),
-    /// Read records of a partition from an offset.
+    /// Read records of every partition (or one) from a start position.
     Consume(io_cmds::ConsumeArgs),
     /// Replay seeds of the deterministic cluster simulator.
     Sim(sim_cmd::SimArgs),
