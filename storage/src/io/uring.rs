@@ -66,12 +66,13 @@
 //! before and nothing below applies): the kernel turns finished ops into CQEs
 //! only when this thread enters the ring asking for events, instead of
 //! interrupting the thread at each completion. Blocking `submit` does that
-//! while it waits; `reap` does it before taking the CQ. The kernel runs a
-//! bounded number of deferred completions per enter (20 since 6.13) and keeps
-//! the rest, and it signals the eventfd only when its list of deferred work
-//! goes from empty to non-empty or an enter posts CQEs: an enter that leaves
-//! work behind without posting a CQE (it ran only the submissions of linked
-//! ops) gets no further signal. So `reap` enters again while the kernel
+//! while it waits; `reap` does it before taking the CQ. Recent kernels run a
+//! bounded number of deferred items per enter (IO_LOCAL_TW_DEFAULT_MAX, 20)
+//! and keep the rest for the next enter, and they signal the eventfd only
+//! when the list of deferred work goes from empty to non-empty or an enter
+//! posts CQEs: an enter that leaves work behind without posting a CQE (it ran
+//! only the submissions of linked ops) gets no further signal (seen on 6.18:
+//! a reaper that entered once per signal stalled). So `reap` enters again while the kernel
 //! flags work left over (IORING_SQ_TASKRUN), and a blocking `submit` that
 //! finished an asynchronous batch signals the eventfd itself.
 //!
