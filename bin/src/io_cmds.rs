@@ -9,6 +9,8 @@ use ringlog_protocol::{BatchBuilder, Record, Stamp};
 use ringlog_shard::client::{records, with_retry, Client, ClientError, FetchedRecord};
 use serde_json::json;
 
+use crate::groups::{self, Reset};
+
 /// Records per produced batch at most.
 const BATCH_RECORDS_MAX: usize = 1000;
 /// Retries of a produce refused with a retryable error (backpressure).
@@ -100,6 +102,15 @@ pub struct ConsumeArgs {
     /// Bytes per fetch.
     #[arg(long, default_value_t = 1 << 20)]
     max_bytes: u32,
+    /// Consumer group: resume each partition from the group's committed
+    /// offset (-o applies only where it has none) and commit the position
+    /// on the server after every round of output.
+    #[arg(long, short)]
+    group: Option<String>,
+    /// With --group: what a committed offset outside the stored range
+    /// (purged, past the end) becomes.
+    #[arg(long, value_enum, default_value_t = Reset::Earliest, requires = "group")]
+    reset: Reset,
 }
 
 fn addr(a: &Option<String>) -> String {
@@ -371,40 +382,107 @@ impl Start {
 /// One partition being read.
 struct Cursor {
     partition: u32,
+    /// Where the next fetch starts.
     offset: u64,
+    /// The offset after the last record printed or skipped: what a group
+    /// commits.
+    position: u64,
+    /// What the group has committed (commits only move it forward).
+    committed: Option<u64>,
     /// Skip records older than this (a timestamp start) until the first
     /// at or after it; then every record is printed.
     skip_before_ms: Option<u64>,
     done: bool,
 }
 
-fn consume_inner(args: &ConsumeArgs, start: Start) -> Result<(), ClientError> {
-    let mut client = Client::connect(addr(&args.addr))?;
+/// A cursor per partition read, at its start (or the group's position).
+fn cursors(
+    args: &ConsumeArgs,
+    client: &mut Client,
+    start: Start,
+) -> Result<Vec<Cursor>, ClientError> {
     let desc = client.describe_topic(&args.topic)?;
-    let mut cursors: Vec<Cursor> = Vec::new();
+    let committed = match &args.group {
+        Some(g) => groups::load(client, Some(g))?,
+        None => groups::Committed::new(),
+    };
+    let mut out = Vec::new();
     for p in &desc.partitions {
         if args.partition.is_some_and(|want| want != p.partition) {
             continue;
         }
-        cursors.push(Cursor {
+        let group_key = (
+            args.group.clone().unwrap_or_default(),
+            args.topic.clone(),
+            p.partition,
+        );
+        let (offset, skip_before_ms) = match committed.get(&group_key) {
+            Some(&c) => {
+                let what = format!("group {:?} on {}/{}", group_key.0, args.topic, p.partition);
+                let at = args
+                    .reset
+                    .apply(c, p.log_start_offset, p.high_watermark, &what)?;
+                (at, None)
+            }
+            None => (
+                start.resolve(p.log_start_offset, p.high_watermark),
+                match start {
+                    Start::TimestampMs(t) => Some(t),
+                    _ => None,
+                },
+            ),
+        };
+        out.push(Cursor {
             partition: p.partition,
-            offset: start.resolve(p.log_start_offset, p.high_watermark),
-            skip_before_ms: match start {
-                Start::TimestampMs(t) => Some(t),
-                _ => None,
-            },
+            offset,
+            position: offset,
+            committed: committed.get(&group_key).copied(),
+            skip_before_ms,
             done: false,
         });
     }
-    if let (Some(want), true) = (args.partition, cursors.is_empty()) {
+    if let (Some(want), true) = (args.partition, out.is_empty()) {
         // Not in the topic: the fetch gets the server's own refusal.
-        cursors.push(Cursor {
+        out.push(Cursor {
             partition: want,
             offset: 0,
+            position: 0,
+            committed: None,
             skip_before_ms: None,
             done: false,
         });
     }
+    Ok(out)
+}
+
+/// Commits the group's position where it moved (no-op without --group).
+fn commit(
+    args: &ConsumeArgs,
+    client: &mut Client,
+    cursors: &mut [Cursor],
+) -> Result<(), ClientError> {
+    let Some(group) = &args.group else {
+        return Ok(());
+    };
+    let moved: Vec<(u32, u64)> = cursors
+        .iter()
+        .filter(|c| c.committed != Some(c.position))
+        .map(|c| (c.partition, c.position))
+        .collect();
+    if moved.is_empty() {
+        return Ok(());
+    }
+    groups::ensure_topic(client)?;
+    groups::commit(client, group, &args.topic, &moved)?;
+    for c in cursors.iter_mut() {
+        c.committed = Some(c.position);
+    }
+    Ok(())
+}
+
+fn consume_inner(args: &ConsumeArgs, start: Start) -> Result<(), ClientError> {
+    let mut client = Client::connect(addr(&args.addr))?;
+    let mut cursors = cursors(args, &mut client, start)?;
     let format = match (&args.format, args.offsets) {
         (Some(f), _) => f.clone(),
         (None, true) => "%o\t%v\n".into(),
@@ -420,6 +498,7 @@ fn consume_inner(args: &ConsumeArgs, start: Start) -> Result<(), ClientError> {
     let single = cursors.len() == 1;
     loop {
         let mut got = false;
+        let mut full = false;
         for c in cursors.iter_mut().filter(|c| !c.done) {
             let wait_ms = if args.follow && single {
                 FOLLOW_WAIT_MS
@@ -431,23 +510,33 @@ fn consume_inner(args: &ConsumeArgs, start: Start) -> Result<(), ClientError> {
                 if r.offset < c.offset {
                     continue;
                 }
+                if printer.exhausted() {
+                    full = true;
+                    break;
+                }
                 if let Some(t) = c.skip_before_ms {
                     if r.timestamp_ms < t {
+                        c.position = r.offset + 1;
                         continue;
                     }
                     c.skip_before_ms = None;
                 }
                 got = true;
-                if !printer.print(c.partition, &r)? {
-                    printer.out.flush()?;
-                    return Ok(());
-                }
+                printer.print(c.partition, &r)?;
+                c.position = r.offset + 1;
+            }
+            full |= printer.exhausted();
+            if full {
+                break;
             }
             c.offset = page.next_offset;
+            c.position = c.offset;
             c.done = !args.follow && c.offset >= page.high_watermark;
         }
+        // Committed only once the output took it.
         printer.out.flush()?;
-        if cursors.iter().all(|c| c.done) {
+        commit(args, &mut client, &mut cursors)?;
+        if full || cursors.iter().all(|c| c.done) {
             return Ok(());
         }
         if args.follow && !got && !single {
@@ -466,11 +555,13 @@ struct Printer<'a, W: Write> {
 }
 
 impl<W: Write> Printer<'_, W> {
-    /// Prints one record; false once --count records were printed.
-    fn print(&mut self, partition: u32, r: &FetchedRecord) -> Result<bool, ClientError> {
-        if self.left == Some(0) {
-            return Ok(false);
-        }
+    /// Whether --count records were printed.
+    fn exhausted(&self) -> bool {
+        self.left == Some(0)
+    }
+
+    fn print(&mut self, partition: u32, r: &FetchedRecord) -> Result<(), ClientError> {
+        debug_assert!(!self.exhausted());
         if self.json {
             let line = json_record(self.topic, partition, r);
             writeln!(self.out, "{line}")?;
@@ -479,9 +570,8 @@ impl<W: Write> Printer<'_, W> {
         }
         if let Some(n) = &mut self.left {
             *n -= 1;
-            return Ok(*n > 0);
         }
-        Ok(true)
+        Ok(())
     }
 }
 

@@ -3,6 +3,7 @@
 //! simulator seeds.
 
 mod ctl;
+mod groups;
 mod io_cmds;
 mod server_cmd;
 mod sim_cmd;

@@ -642,3 +642,102 @@ fn ctl_json_after_the_subcommand_unknown_topic_errors_help_and_config() {
         Some(0)
     );
 }
+
+// ---- committed consumer offsets (issue 13 item 2) ----
+
+#[test]
+fn consumer_group_commits_resumes_after_a_crash_shows_lag_and_resets() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("d");
+    let mut server = common::Server::start(&data, &[]);
+    let a = server.addr.clone();
+    let produce = |a: &str, p: &str, lines: &str| {
+        ok_stdout(&ringlog(
+            &["produce", "t", "--addr", a, "-p", p, "-q"],
+            Some(lines),
+        ));
+    };
+    ok_stdout(&ringlog(
+        &["produce", "t", "--addr", &a, "--create", "2"],
+        Some(""),
+    ));
+    produce(&a, "0", "a0\na1\na2\na3\na4\n");
+    produce(&a, "1", "b0\nb1\nb2\n");
+    let group = |a: &str, extra: &[&str]| {
+        let mut args = vec!["consume", "t", "--addr", a, "-g", "g1"];
+        args.extend_from_slice(extra);
+        ok_stdout(&ringlog(&args, None))
+    };
+    assert_eq!(group(&a, &["-c", "3"]), "a0\na1\na2\n");
+    assert_eq!(group(&a, &[]), "a3\na4\nb0\nb1\nb2\n");
+    assert_eq!(group(&a, &[]), "");
+    // -o applies only where the group has no commit.
+    assert_eq!(group(&a, &["-o", "beginning"]), "");
+    produce(&a, "1", "b3\nb4\n");
+    let lag = |server: &common::Server| {
+        let reply = server.ctl(&["consumers"]);
+        assert_eq!(reply["ok"], true, "{reply}");
+        reply["result"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                (
+                    r["partition"].as_u64().unwrap(),
+                    r["committed"].as_u64().unwrap(),
+                    r["lag"].as_u64().unwrap(),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(lag(&server), [(0, 5, 0), (1, 3, 2)]);
+    let table = ok_stdout(&ringlog(
+        &[
+            "ctl",
+            "consumers",
+            "--socket",
+            server.control.to_str().unwrap(),
+        ],
+        None,
+    ));
+    assert!(
+        table.starts_with("GROUP") && table.contains("g1"),
+        "{table}"
+    );
+
+    // Commits are acknowledged produces: they survive SIGKILL.
+    server.kill9();
+    let server = common::Server::start(&data, &[]);
+    let a = server.addr.clone();
+    assert_eq!(group(&a, &[]), "b3\nb4\n");
+    assert_eq!(lag(&server), [(0, 5, 0), (1, 5, 0)]);
+
+    // A position below a purge: the reset policy decides.
+    let g2 = |a: &str, extra: &[&str]| {
+        let mut args = vec!["consume", "t", "--addr", a, "-g", "g2", "-p", "0"];
+        args.extend_from_slice(extra);
+        ringlog(&args, None)
+    };
+    assert_eq!(ok_stdout(&g2(&a, &["-c", "2"])), "a0\na1\n");
+    let g3 = ringlog(
+        &[
+            "consume", "t", "--addr", &a, "-g", "g3", "-p", "0", "-c", "1",
+        ],
+        None,
+    );
+    assert_eq!(ok_stdout(&g3), "a0\n");
+    assert_eq!(server.ctl(&["purge", "t"])["ok"], true);
+    produce(&a, "0", "a5\n");
+    let refused = g2(&a, &["--reset", "error"]);
+    assert_eq!(refused.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        err.contains("committed offset 2 is outside the stored range 5..6"),
+        "{err}"
+    );
+    // latest: skip to the end (a5 too); earliest (the default): a5.
+    assert_eq!(ok_stdout(&g2(&a, &["--reset", "latest"])), "");
+    assert_eq!(ok_stdout(&g2(&a, &[])), "");
+    let g3 = ringlog(&["consume", "t", "--addr", &a, "-g", "g3", "-p", "0"], None);
+    assert_eq!(ok_stdout(&g3), "a5\n");
+}
