@@ -51,6 +51,7 @@ pub fn execute(
                 log_view: state.log_view,
                 commit: state.commit,
                 op: store.durable().last_op,
+                wiped: state.wiped,
             };
             store
                 .set_vsr(io, vsr)
@@ -255,6 +256,7 @@ fn recover_above(
         view: sb.view,
         log_view: sb.log_view,
         commit: sb.commit,
+        wiped: sb.wiped,
     };
     let end = store.durable();
     let last_op = end.last_op;

@@ -15,13 +15,14 @@
 //! arbitrary). Copies that are invalid or older are repaired by rewriting
 //! them.
 //!
-//! Layout of a copy (little-endian), version 5. A decoder accepts exactly
+//! Layout of a copy (little-endian), version 6. A decoder accepts exactly
 //! [`VERSION`]; a later version bumps it.
 //! ```text
 //!   0 magic u64            8 version u16        10 copy_index u16
 //!  12 reserved u32        16 checksum u64       24 sequence u64
 //!  32 parent u64          40 cluster_id u128    56 partition_id u32
-//!  60 replica_index u8    61 reserved [u8;3]    64 view u32
+//!  60 replica_index u8    61 vsr_flags u8 (bit 0: wiped, see `VsrState`)
+//!  62 reserved [u8;2]     64 view u32
 //!  68 log_view u32        72 commit u64         80 op u64
 //!  88 next_offset u64     96 last_op u64       104 last_checksum u64
 //! 112 active_base u64    120 active_position u64
@@ -43,7 +44,8 @@
 //! the segments are in the segment table file the `table_*` fields name and
 //! commit (see `store::table`), so a copy is one fixed-size block. Version 3
 //! adds `active_capacity`; version 4 the fields of a tail cut
-//! (`store::truncate`); version 5 `active_nonce`. There is no migration: a
+//! (`store::truncate`); version 5 `active_nonce`; version 6 `vsr_flags`
+//! (a reserved byte before). There is no migration: a
 //! partition written by an older version does not open (its copies are
 //! refused as another version).
 
@@ -60,7 +62,9 @@ pub const COPIES: usize = 4;
 pub const FILE_SIZE_BYTES: usize = COPY_SIZE_BYTES * COPIES;
 /// "RLGSUPER"
 const MAGIC: u64 = u64::from_le_bytes(*b"RLGSUPER");
-pub const VERSION: u16 = 5;
+pub const VERSION: u16 = 6;
+/// `vsr_flags` bit: [`VsrState::wiped`].
+const VSR_FLAG_WIPED: u8 = 1;
 const FIXED_LEN: usize = 232;
 
 /// The two copies that receive the state with this sequence number.
@@ -79,6 +83,11 @@ pub struct VsrState {
     pub log_view: u32,
     pub commit: u64,
     pub op: u64,
+    /// The replica's disk was lost and this store was made anew for it; set
+    /// until its log is repaired. A replica booted from a store with this
+    /// set must not vote or lead, also after a crash mid-repair (its host
+    /// cannot remember the wipe; only this can).
+    pub wiped: bool,
 }
 
 /// The durable frontier checkpoint: everything below it is known to be on
@@ -224,7 +233,8 @@ impl Superblock {
         w.u64(self.parent);
         w.bytes(&self.cluster_id.to_le_bytes());
         w.u32(self.partition_id);
-        w.bytes(&[self.replica_index, 0, 0, 0]);
+        let flags = if self.vsr.wiped { VSR_FLAG_WIPED } else { 0 };
+        w.bytes(&[self.replica_index, flags, 0, 0]);
         w.u32(self.vsr.view);
         w.u32(self.vsr.log_view);
         w.u64(self.vsr.commit);
@@ -291,15 +301,17 @@ impl Superblock {
         let cluster_id = u128::from_le_bytes(r.take(16).try_into().expect("16 bytes"));
         let partition_id = r.u32();
         let replica = r.take(4);
-        if replica[1..] != [0, 0, 0] {
+        if replica[2..] != [0, 0] || replica[1] & !VSR_FLAG_WIPED != 0 {
             return Err(CopyError::NonZeroReserved);
         }
         let replica_index = replica[0];
+        let wiped = replica[1] & VSR_FLAG_WIPED != 0;
         let vsr = VsrState {
             view: r.u32(),
             log_view: r.u32(),
             commit: r.u64(),
             op: r.u64(),
+            wiped,
         };
         let frontier = Frontier {
             next_offset: r.u64(),
@@ -502,6 +514,7 @@ mod tests {
                 log_view: 2,
                 commit: 10,
                 op: 11,
+                wiped: false,
             },
             frontier: Frontier {
                 next_offset: 500,
@@ -551,6 +564,31 @@ mod tests {
         let (decoded, sum, index) = Superblock::decode(&b).unwrap();
         assert_eq!(decoded, sb);
         assert_eq!((sum, index), (sa, 3));
+    }
+
+    /// Guards against: the wiped flag lost on its way through a copy (a
+    /// wiped replica rebooting as intact), and a copy with a VSR flag this
+    /// version does not know read as if it had none.
+    #[test]
+    fn vsr_wiped_flag_round_trips_and_unknown_flags_are_refused() {
+        let mut sb = sample();
+        sb.vsr.wiped = true;
+        let mut copy = vec![0u8; COPY_SIZE_BYTES];
+        sb.encode(0, &mut copy);
+        assert_eq!(copy[61], VSR_FLAG_WIPED);
+        assert!(Superblock::decode(&copy).unwrap().0.vsr.wiped);
+        sample().encode(0, &mut copy);
+        assert!(!Superblock::decode(&copy).unwrap().0.vsr.wiped);
+        // A flag bit this version does not know, with a valid checksum.
+        copy[61] = 2;
+        let mut zeroed = copy.clone();
+        zeroed[16..24].fill(0);
+        let sum = checksum(&zeroed);
+        copy[16..24].copy_from_slice(&sum.to_le_bytes());
+        assert_eq!(
+            Superblock::decode(&copy).unwrap_err(),
+            CopyError::NonZeroReserved
+        );
     }
 
     #[test]
@@ -634,11 +672,12 @@ mod tests {
     #[test]
     fn other_versions_are_refused() {
         // Version 1 listed the segments inside the copy, version 2 had no
-        // active capacity, version 3 no cut fields, version 4 no nonce;
-        // reading any of them as version 5 would lose state.
+        // active capacity, version 3 no cut fields, version 4 no nonce,
+        // version 5 no VSR flags; reading any of them as version 6 would
+        // lose state.
         let mut copy = vec![0u8; COPY_SIZE_BYTES];
         sample().encode(0, &mut copy);
-        for version in [1u16, 2, 3, 4, VERSION + 1] {
+        for version in [1u16, 2, 3, 4, 5, VERSION + 1] {
             let mut bad = copy.clone();
             bad[8..10].copy_from_slice(&version.to_le_bytes());
             assert_eq!(

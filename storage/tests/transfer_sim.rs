@@ -299,6 +299,7 @@ fn stale_offers_are_refused() {
             log_view: 1,
             commit: 50,
             op: 50,
+            wiped: false,
         },
     )
     .unwrap();

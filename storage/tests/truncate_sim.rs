@@ -200,6 +200,7 @@ fn workload(
         log_view: 1,
         commit: 3,
         op: 6,
+        wiped: false,
     };
     model.vsr_asked = Some(vsr);
     store.set_vsr(io, vsr)?;
@@ -437,6 +438,7 @@ fn bad_cuts_are_refused_with_typed_errors_and_change_nothing() {
         log_view: 1,
         commit: 4,
         op: 8,
+        wiped: false,
     };
     store.set_vsr(&mut io, vsr).unwrap();
     // Below the durable commit: op 4 would go.
@@ -667,17 +669,21 @@ fn a_roll_never_seals_uncommitted_ops_and_the_headroom_is_a_hard_bound() {
 /// at any of its I/Os reopens the old state or the new one, never a mix.
 #[test]
 fn vsr_state_survives_a_crash_at_any_io_of_set_vsr() {
+    // The old state has the wiped flag, the new one clears it (a wiped
+    // replica's repair done): a crash leaves one or the other, whole.
     let old = VsrState {
         view: 3,
         log_view: 2,
         commit: 5,
         op: 7,
+        wiped: true,
     };
     let new = VsrState {
         view: 4,
         log_view: 4,
         commit: 6,
         op: 7,
+        wiped: false,
     };
     let prepare = |seed| {
         let mut io = SimBackend::new(seed);

@@ -149,6 +149,7 @@ fn persist_vsr_survives_a_reboot() {
         view: 4,
         log_view: 3,
         commit: 2,
+        wiped: false,
     };
     run(&mut store, &mut io, StorageOp::PersistVsr(state));
     drop(store);
@@ -223,6 +224,7 @@ fn injected_fsync_eio_fails_flush_and_fences() {
         view: 1,
         log_view: 0,
         commit: 0,
+        wiped: false,
     };
     assert!(execute(&mut store, &mut io, &StorageOp::PersistVsr(state)).is_err());
 }
@@ -237,6 +239,7 @@ fn injected_write_eio_fails_persist_vsr() {
         view: 1,
         log_view: 0,
         commit: 0,
+        wiped: false,
     };
     let err = execute(&mut store, &mut io, &StorageOp::PersistVsr(state)).expect_err("EIO");
     assert!(err.reason.starts_with("persist vsr"), "{err}");

@@ -460,6 +460,9 @@ impl Cluster {
             Output::Send { to, msg } => self.send(r, to, msg),
             Output::Io { id, op } => {
                 let node = &mut self.nodes[usize::from(r)];
+                if matches!(op, StorageOp::PersistVsr(s) if !s.wiped) {
+                    node.unwipe_asked = true;
+                }
                 if let StorageOp::TruncateAbove { op } = op {
                     self.checker.on_truncate(r, op, &node.model)?;
                     self.counts.truncations += 1;

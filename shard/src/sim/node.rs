@@ -8,7 +8,9 @@
 //! disk and reopens the store at once, so the checker can see what that
 //! disk holds while the process is down. A boot later builds the replica
 //! from the store ([`replica_io::recover`]) or, for a wiped disk, from
-//! nothing ([`Replica::wiped`]).
+//! nothing ([`Replica::wiped`]) on a new store whose superblock says so; a
+//! wiped replica that crashes before its repair is done boots from its
+//! disk, wiped again by that flag.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::path::Path;
@@ -82,9 +84,12 @@ pub struct Node {
     pub io: SimBackend,
     /// Storage ops and commit notes, in the order the replica emitted them.
     pub pending: VecDeque<Queued>,
-    /// Booted wiped and not yet repaired: the superblock has no such flag,
-    /// so the driver remembers it across crashes (see `vsr` module docs).
+    /// The replica is wiped and not yet repaired (what its superblock's
+    /// wiped flag says; the checker holds the disk to it across crashes).
     pub wiped: bool,
+    /// Since the last wipe, the replica asked for a superblock write that
+    /// clears the wiped flag (its repair done).
+    pub unwipe_asked: bool,
     /// Power fails at one of the next storage ops, or at this tick.
     pub crash_deadline_tick: Option<u64>,
     /// The armed crash may tear unsynced writes.
@@ -122,6 +127,7 @@ impl Node {
             io,
             pending: VecDeque::new(),
             wiped: false,
+            unwipe_asked: false,
             crash_deadline_tick: None,
             crash_tears: false,
             model: BTreeMap::new(),
@@ -252,6 +258,10 @@ impl Node {
             let detail = format!("replica {r}: superblock {sb:?} after reboot, had {m:?} durable");
             return Err(violation("VSR state never regresses", detail));
         }
+        if self.wiped && !sb.wiped && !self.unwipe_asked {
+            let detail = format!("replica {r} was wiped and not repaired; superblock {sb:?}");
+            return Err(violation("a wipe survives a crash", detail));
+        }
         Ok(())
     }
 
@@ -263,9 +273,6 @@ impl Node {
         committed_ops_kept: u64,
     ) -> Result<(), Violation> {
         debug_assert!(!self.is_up());
-        if self.wiped {
-            return self.wipe(cfg, seed);
-        }
         let Some(store) = self.store.as_mut() else {
             return Err(violation("store reopens after a crash", "no store".into()));
         };
@@ -276,6 +283,10 @@ impl Node {
         self.io.set_faults(self.disk_faults.clone());
         let replica = Replica::restart(cfg, seed, rec.durable, rec.base, &rec.headers)
             .map_err(|e| violation("replica config", e.to_string()))?;
+        // The disk may have finished the write clearing the flag that the
+        // process did not live to see (`check_reopened` allows that only if
+        // the replica asked for it).
+        self.wiped = replica.is_wiped();
         self.replica = Some(replica);
         self.boots += 1;
         Ok(())
@@ -289,7 +300,16 @@ impl Node {
         self.lost_disk = model;
         self.store = None;
         self.io = SimBackend::new(seed ^ 0x5749_5045);
-        self.store = Some(create_store(&mut self.io, &self.store_config)?);
+        let mut store = create_store(&mut self.io, &self.store_config)?;
+        // The host's first write for a wiped replica (see `Replica::wiped`).
+        let vsr = superblock::VsrState {
+            wiped: true,
+            ..superblock::VsrState::default()
+        };
+        store
+            .set_vsr(&mut self.io, vsr)
+            .map_err(|e| violation("store creates", e.to_string()))?;
+        self.store = Some(store);
         self.io.set_faults(self.disk_faults.clone());
         self.durable_max = VsrState::default();
         self.pending.clear();
@@ -297,6 +317,7 @@ impl Node {
             Replica::wiped(cfg, seed).map_err(|e| violation("replica config", e.to_string()))?;
         self.replica = Some(replica);
         self.wiped = true;
+        self.unwipe_asked = false;
         self.boots += 1;
         Ok(())
     }

@@ -106,6 +106,7 @@ impl Disk {
             log_view: 0,
             commit: op,
             op: self.store.durable().last_op,
+            wiped: false,
         };
         self.store.set_vsr(&mut self.io, vsr).expect("set vsr");
     }

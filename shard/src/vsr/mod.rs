@@ -22,7 +22,9 @@
 //! repaired and flushed up to the StartView's op), and a DoViewChange
 //! vouches only for the part of the log of views up to the durable
 //! log_view. A wiped replica ([`Replica::wiped`]) never votes or leads
-//! until its log is whole and its log_view durable; a restarted one
+//! until its log is whole and its log_view durable, and the superblock
+//! says so ([`VsrState::wiped`], so a crash mid-repair reboots it wiped);
+//! a restarted one
 //! ([`Replica::restart`]) asks for the view (RequestStartView) and joins a
 //! view change itself only after `recovering_attempts_max` unanswered
 //! rounds, so a cluster that restarted whole still comes back.
@@ -48,9 +50,8 @@
 //! a heartbeat that gets through (no pre-vote); no nack quorum (an op
 //! is never dropped for lack of a body: the view change waits for its
 //! repair); repair has no
-//! per-peer budget and always asks one peer; the superblock has no
-//! "wiped, not yet repaired" flag, so the driver must remember a wipe
-//! across a crash; timestamps are the producer's, not the primary's;
+//! per-peer budget and always asks one peer; timestamps are the
+//! producer's, not the primary's;
 //! RangeEvicted (state transfer) is dropped.
 
 /// Whether planted bug `$plant` is on: always false (and compiled out)

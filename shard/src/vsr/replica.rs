@@ -264,6 +264,9 @@ impl Replica {
     /// committed, without a view change or a superblock write. One that
     /// crashed inside a view change (log_view below view) takes the slow
     /// path; a wiped one ([`Replica::wiped`]) stays refused.
+    ///
+    /// A `durable` state marked wiped (a wiped replica that crashed before
+    /// its repair was done) boots wiped again, with the log it repaired.
     pub fn restart(
         cfg: Config,
         seed: u64,
@@ -271,7 +274,7 @@ impl Replica {
         base: Anchor,
         headers: &[BatchHeader],
     ) -> Result<Self, ConfigError> {
-        let lone = cfg.replica_count == 1 && durable.log_view == durable.view;
+        let lone = cfg.replica_count == 1 && durable.log_view == durable.view && !durable.wiped;
         let mut r = Self::boot(cfg, seed, durable, base, headers)?;
         if lone {
             r.commit = r.log.op();
@@ -285,9 +288,14 @@ impl Replica {
 
     /// A replica whose disk was lost: empty, Recovering, and it stays so
     /// until the current primary's StartView (it never claims view 0).
+    /// The host first writes `VsrState { wiped: true, ..Default::default() }`
+    /// to the new store's superblock: the state this replica starts from.
     pub fn wiped(cfg: Config, seed: u64) -> Result<Self, ConfigError> {
-        let mut r = Self::boot(cfg, seed, VsrState::default(), Anchor::default(), &[])?;
-        r.wiped = true;
+        let durable = VsrState {
+            wiped: true,
+            ..VsrState::default()
+        };
+        let r = Self::boot(cfg, seed, durable, Anchor::default(), &[])?;
         r.assert_invariants();
         Ok(r)
     }
@@ -309,6 +317,7 @@ impl Replica {
             });
         }
         let mut r = Self::blank(cfg, seed, durable, log)?;
+        r.wiped = durable.wiped;
         r.commit = durable.commit.min(r.log.op()).max(base.op);
         r.commit_max = durable.commit.max(r.commit);
         r.status = Status::Recovering;
@@ -403,8 +412,8 @@ impl Replica {
         self.durable
     }
 
-    /// Booted wiped and not yet repaired to a durable log_view (the
-    /// driver must remember this across a crash: the superblock does not).
+    /// Booted wiped and not yet repaired to a durable log_view (durable in
+    /// the superblock: [`VsrState::wiped`]).
     pub fn is_wiped(&self) -> bool {
         self.wiped
     }
@@ -452,7 +461,7 @@ impl Replica {
         assert!(self.commit >= before.0, "commit went back");
         assert!(self.durable.view >= before.1.view && self.durable.log_view >= before.1.log_view);
         assert!(self.view >= before.2, "view went back");
-        self.leave_wiped_when_whole();
+        self.leave_wiped_when_whole(out);
         if self.log.len() <= FULL_CHECK_ENTRIES_MAX {
             self.assert_invariants();
         } else {
@@ -487,6 +496,7 @@ impl Replica {
             "durable ahead of memory"
         );
         assert!(self.commit <= self.commit_max, "commit above commit_max");
+        assert_eq!(self.wiped, d.wiped, "the wipe is what the superblock says");
         assert!(
             self.log.base().op <= self.commit,
             "journal pruned uncommitted ops"
@@ -614,6 +624,7 @@ impl Replica {
             view: self.view,
             log_view,
             commit: self.commit.max(self.durable.commit),
+            wiped: self.wiped && !self.whole_at(log_view),
         };
         if state == self.durable {
             return;
@@ -636,18 +647,24 @@ impl Replica {
                 .all(|e| e.durable || e.header.vsr_op > op)
     }
 
-    /// A wiped replica is an ordinary one again once its log is the whole
-    /// log of its view up to the StartView's op, durable, and the
-    /// superblock names that view as log_view. Not on `durable.log_view ==
-    /// view` alone: in view 0 a blank superblock says so from the start,
-    /// and the first commit it writes mid-repair would end the wipe.
-    fn leave_wiped_when_whole(&mut self) {
-        let whole = self.status == Status::Normal
-            && self.durable.log_view == self.view
+    /// Whether a superblock naming `log_view` would describe a whole log:
+    /// normal in that view, and the log the whole log of the view up to
+    /// the StartView's op, durable. Not `log_view == view` alone: in view 0
+    /// a wiped replica's blank superblock says so from the start, and the
+    /// first commit it writes mid-repair would end the wipe.
+    fn whole_at(&self, log_view: u32) -> bool {
+        self.status == Status::Normal
+            && log_view == self.view
             && self.log_view == self.view
-            && self.log_view_ready();
-        if self.wiped && whole {
-            self.wiped = false;
+            && self.log_view_ready()
+    }
+
+    /// A wiped replica whose log is whole clears the superblock's wiped
+    /// flag; it is an ordinary replica once that write is durable
+    /// (`on_persisted`).
+    fn leave_wiped_when_whole(&mut self, out: &mut Outbox) {
+        if self.wiped && self.status != Status::Fenced && self.whole_at(self.durable.log_view) {
+            self.persist(out);
         }
     }
 
@@ -770,7 +787,10 @@ impl Replica {
             return;
         };
         assert!(state.view >= self.durable.view && state.log_view >= self.durable.log_view);
+        assert!(self.wiped || !state.wiped, "a wipe ends only once");
         self.durable = state;
+        // Its log is whole and the superblock says so: an ordinary replica.
+        self.wiped = state.wiped;
         if std::mem::take(&mut self.persist_again) {
             self.persist(out);
         }

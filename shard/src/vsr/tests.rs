@@ -295,13 +295,10 @@ impl Cluster {
         node.ops.split_off(&(synced + 1));
     }
 
-    /// Reboots `r` from its store (superblock + log), Recovering. A
-    /// replica that was wiped and not yet repaired stays wiped (its
-    /// superblock would say so).
+    /// Reboots `r` from what its disk holds only (superblock + log),
+    /// Recovering: a wiped replica not yet repaired stays wiped by its
+    /// superblock's flag, as a host that cannot remember the wipe needs.
     fn restart(&mut self, r: u8) {
-        if self.r(r).wiped {
-            return self.wipe(r);
-        }
         let n = self.nodes.len() as u8;
         let node = self.node(r);
         let headers = node.headers();
@@ -324,7 +321,11 @@ impl Cluster {
         node.replica = Replica::wiped(config(n, r), 77 + u64::from(r)).expect("config");
         node.ops.clear();
         node.synced = 0;
-        node.vsr = VsrState::default();
+        // What a host writes to a wiped replica's new store first.
+        node.vsr = VsrState {
+            wiped: true,
+            ..VsrState::default()
+        };
         node.pending_io.clear();
         node.up = true;
     }
@@ -736,7 +737,10 @@ fn wiped_replica_does_not_vote_before_learning_the_view() {
     c.crash(0);
     c.node(2).replica = Replica::wiped(config(3, 2), 5).expect("config");
     c.node(2).ops.clear();
-    c.node(2).vsr = VsrState::default();
+    c.node(2).vsr = VsrState {
+        wiped: true,
+        ..VsrState::default()
+    };
     c.node(2).sent.clear();
     c.tick(120);
     let kinds = c.nodes[2].sent_kinds();
@@ -836,6 +840,61 @@ fn wiped_replica_in_view_0_stays_wiped_until_its_repair_is_durable() {
     c.tick_until(800, |c| {
         (0..3).all(|r| c.r(r).status() == Status::Normal && c.r(r).commit() >= OPS)
     });
+    assert_eq!(c.nodes[2].ops, c.nodes[0].ops, "R2 repaired every op");
+}
+
+/// Guards against: a wiped replica that crashes mid-repair coming back
+/// from its disk as an intact one (a host cannot remember the wipe across
+/// its own crash: only the superblock can). It would vote on its short log
+/// and, with the only other holder of the committed ops down, it and a
+/// lagging replica would elect a view without them.
+#[test]
+fn wiped_replica_crashed_mid_repair_reboots_wiped_from_its_disk() {
+    const OPS: u64 = 40;
+    let mut c = Cluster::new(3);
+    c.append(0, 1, 1);
+    c.settle();
+    c.tick(3);
+    // Ops 2..=OPS commit on R0 and R2 only: R1 lags at op 1.
+    c.drop = Some(Box::new(|from, to, _| from == 1 || to == 1));
+    for token in 2..=OPS {
+        c.append(0, token, token as u8);
+        c.settle();
+    }
+    // R2 loses its disk and repairs ops 1..=16 durably, then crashes.
+    c.wipe(2);
+    c.node(2).auto_io = false;
+    for _ in 0..200 {
+        if c.nodes[2].synced >= 16 {
+            break;
+        }
+        c.tick(1);
+        while c.nodes[2].synced < 16 && c.complete_io(2) {
+            c.settle();
+        }
+    }
+    let synced = c.nodes[2].synced;
+    assert!((16..OPS).contains(&synced), "R2 synced {synced}");
+    c.crash(0);
+    c.crash(2);
+    c.drop = None;
+    c.restart(2);
+    c.node(2).auto_io = true;
+    assert!(c.r(2).is_wiped(), "R2 rebooted from its disk as intact");
+    c.tick(800);
+    for r in [1, 2] {
+        assert!(
+            c.r(r).status() != Status::Normal,
+            "R{r} is normal in view {} at op {}, below committed op {OPS}",
+            c.r(r).view(),
+            c.r(r).op()
+        );
+    }
+    c.restart(0);
+    c.tick_until(800, |c| {
+        (0..3).all(|r| c.r(r).status() == Status::Normal && c.r(r).commit() >= OPS)
+    });
+    assert!(!c.r(2).is_wiped() && !c.nodes[2].vsr.wiped, "R2 repaired");
     assert_eq!(c.nodes[2].ops, c.nodes[0].ops, "R2 repaired every op");
 }
 

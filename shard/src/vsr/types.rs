@@ -28,6 +28,11 @@ pub struct VsrState {
     /// The view in which the log was last normal; at most `view`.
     pub log_view: u32,
     pub commit: u64,
+    /// Booted with its disk lost and not yet repaired (see
+    /// [`super::Replica::wiped`]): durable, so a crash mid-repair reboots
+    /// it wiped again. A host making a store for a wiped replica writes
+    /// this first.
+    pub wiped: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
