@@ -163,6 +163,13 @@ fn find_socket(args: &CtlArgs) -> Result<PathBuf, String> {
 }
 
 pub fn run(args: CtlArgs) -> i32 {
+    // `ctl partitions | head`: a closed pipe ends ctl quietly, as it does
+    // cat (Rust ignores SIGPIPE, and println! would panic on EPIPE).
+    // SAFETY: restoring the default disposition of one signal at start,
+    // before any thread is spawned.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let socket = match find_socket(&args) {
         Ok(s) => s,
         Err(e) => {

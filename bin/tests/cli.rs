@@ -741,3 +741,47 @@ fn consumer_group_commits_resumes_after_a_crash_shows_lag_and_resets() {
     let g3 = ringlog(&["consume", "t", "--addr", &a, "-g", "g3", "-p", "0"], None);
     assert_eq!(ok_stdout(&g3), "a5\n");
 }
+
+#[test]
+fn ctl_into_a_closed_pipe_exits_quietly() {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let dir = tempfile::tempdir().unwrap();
+    let server = common::Server::start(&dir.path().join("d"), &["--set", "shards=1"]);
+    assert_eq!(server.ctl(&["create-topic", "wide", "120"])["ok"], true);
+    // A one-page pipe, so the table (about 9 KiB) cannot fit before the
+    // reader closes it.
+    let mut fds = [0; 2];
+    // SAFETY: pipe2(2) fills two descriptors we then own; close-on-exec so
+    // the child holds only the write end it is given.
+    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+    // SAFETY: fds[0] is our open read end.
+    unsafe { libc::fcntl(fds[0], libc::F_SETPIPE_SZ, 4096) };
+    // SAFETY: each descriptor is owned exactly once from here.
+    let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    let mut child = Command::new(BIN)
+        .args([
+            "ctl",
+            "--socket",
+            server.control.to_str().unwrap(),
+            "partitions",
+            "wide",
+        ])
+        .stdout(Stdio::from(write))
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(std::fs::File::from(read))
+        .read_line(&mut first)
+        .unwrap();
+    assert!(first.starts_with("TOPIC"), "{first}");
+    let status = wait_bounded(&mut child, Duration::from_secs(30));
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    assert_eq!(err, "", "ctl | head printed an error");
+    use std::os::unix::process::ExitStatusExt;
+    assert!(
+        status.success() || status.signal() == Some(libc::SIGPIPE),
+        "{status:?}"
+    );
+}

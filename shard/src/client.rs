@@ -396,4 +396,25 @@ mod tests {
         };
         assert!(other.advice().is_none());
     }
+
+    #[test]
+    fn batch_limit_errors_name_the_config_key_client_and_server_side() {
+        let client_side = ClientError::BatchTooLarge {
+            bytes: 70_000,
+            max: 61_440,
+        };
+        assert!(client_side.to_string().contains("write_buffer_bytes"));
+        assert!(client_side.advice().unwrap().contains("write_buffer_bytes"));
+        let server_side = ClientError::Server {
+            code: ErrorCode::BatchTooLarge,
+            message: "batch of 70000 bytes exceeds 61440".into(),
+        };
+        assert!(server_side.advice().unwrap().contains("write_buffer_bytes"));
+        let refused = ClientError::Connect {
+            addr: "10.0.0.1:7420".into(),
+            source: std::io::Error::from(std::io::ErrorKind::ConnectionRefused),
+        };
+        assert!(refused.to_string().contains("10.0.0.1:7420"), "{refused}");
+        assert!(refused.advice().unwrap().contains("--addr"));
+    }
 }
