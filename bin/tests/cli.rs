@@ -20,7 +20,11 @@ fn run(cwd: &std::path::Path, args: &[&str], stdin: Option<&str>) -> std::proces
         .unwrap();
     let mut input = child.stdin.take().unwrap();
     if let Some(text) = stdin {
-        input.write_all(text.as_bytes()).unwrap();
+        // A command that exits without reading stdin (a refused connect)
+        // closes the pipe first; its output says what happened.
+        if let Err(e) = input.write_all(text.as_bytes()) {
+            assert_eq!(e.kind(), std::io::ErrorKind::BrokenPipe, "{e}");
+        }
     }
     drop(input);
     child.wait_with_output().unwrap()
