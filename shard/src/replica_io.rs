@@ -20,6 +20,7 @@
 //! reads, no op index to keep or rebuild. The caller runs operations of
 //! one replica in emission order (see [`StorageOp`]).
 
+use ringlog_protocol::replication as wire;
 use ringlog_protocol::{BatchHeader, BatchView};
 use ringlog_storage::io::IoBackend;
 use ringlog_storage::store::{PartitionStore, StoreError};
@@ -63,6 +64,9 @@ pub fn execute(
             .map(|_| IoOutcome::Done)
             .map_err(|e| failure(&format!("truncate above op {op}"), e)),
         StorageOp::ReadBatches { op_min, op_max } => {
+            if let Some(evicted) = evicted(store, io, *op_min, *op_max)? {
+                return Ok(IoOutcome::Evicted(evicted));
+            }
             read_batches(store, io, *op_min, *op_max).map(IoOutcome::Batches)
         }
     }
@@ -152,6 +156,44 @@ fn read_one(
     BatchHeader::decode(&fetched.bytes).map_err(|e| IoFailure {
         reason: format!("read at offset {offset}: stored batch does not decode: {e}"),
     })
+}
+
+/// Some when `op_min` is below the lowest op the store still holds
+/// (retention or a purge moved the log start past it, or an install
+/// started the log above it): the asker must transfer state.
+fn evicted(
+    store: &mut PartitionStore,
+    io: &mut impl IoBackend,
+    op_min: u64,
+    op_max: u64,
+) -> Result<Option<wire::RangeEvicted>, IoFailure> {
+    let start = store.log_start_offset();
+    if start == 0 {
+        return Ok(None); // the log still begins at its first op
+    }
+    let end = store.durable();
+    let op_held_min = if start < end.next_offset {
+        read_one(store, io, start)?.vsr_op
+    } else {
+        end.last_op + 1
+    };
+    if op_min >= op_held_min {
+        return Ok(None);
+    }
+    let purge_generation = store.superblock().purge_generation;
+    let reason = if purge_generation > 0 {
+        wire::EvictedReason::Purged
+    } else {
+        wire::EvictedReason::Retired
+    };
+    Ok(Some(wire::RangeEvicted {
+        op_min,
+        op_max,
+        op_held_min,
+        log_start_offset: start,
+        purge_generation,
+        reason,
+    }))
 }
 
 /// Durable ops `op_min..=op_max` (or a prefix of them: up to the durable

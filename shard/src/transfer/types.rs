@@ -64,6 +64,17 @@ impl Frontier {
     }
 }
 
+/// The installed frontier is what the replica's log chains on from.
+impl From<Frontier> for crate::vsr::Anchor {
+    fn from(f: Frontier) -> Self {
+        Self {
+            op: f.last_op,
+            checksum: f.last_checksum,
+            next_offset: f.next_offset,
+        }
+    }
+}
+
 /// The receiver's own state, what an offer must not be below.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Local {

@@ -51,8 +51,14 @@
 //! is never dropped for lack of a body: the view change waits for its
 //! repair); repair has no
 //! per-peer budget and always asks one peer; timestamps are the
-//! producer's, not the primary's;
-//! RangeEvicted (state transfer) is dropped.
+//! producer's, not the primary's.
+//!
+//! State transfer's replica side: a repair read of ops the store no longer
+//! holds answers RangeEvicted; the asker emits [`Event::TransferNeeded`],
+//! its driver runs `crate::transfer` beside the replica (transfer messages
+//! never reach [`Replica::step`]: [`Message::from_wire`] returns None for
+//! them) and, once installed, boots it with [`Replica::installed`], held
+//! like a wiped one until its log is whole.
 
 /// Whether planted bug `$plant` is on: always false (and compiled out)
 /// without the test-only `planted-bugs` feature.

@@ -300,6 +300,27 @@ impl Replica {
         Ok(r)
     }
 
+    /// A replica booted from a store whose log starts at a snapshot a
+    /// state transfer installed (`base`: the installed frontier, the ops
+    /// repaired onto it since in `headers`). Its log lacks the committed
+    /// ops between the snapshot and the commit, so it is held like a wiped
+    /// one: Recovering, it learns the view and repairs from `base`, and
+    /// never votes or leads until its log is whole and its log_view
+    /// durable. The driver must keep booting it this way across crashes
+    /// until [`Replica::is_wiped`] turns false.
+    pub fn installed(
+        cfg: Config,
+        seed: u64,
+        durable: VsrState,
+        base: Anchor,
+        headers: &[BatchHeader],
+    ) -> Result<Self, ConfigError> {
+        let mut r = Self::boot(cfg, seed, durable, base, headers)?;
+        r.wiped = true;
+        r.assert_invariants();
+        Ok(r)
+    }
+
     /// Booted from `durable` and the journal, Recovering.
     fn boot(
         cfg: Config,
@@ -1146,10 +1167,7 @@ impl Replica {
             Body::Prepares(Prepares { commit, batches }) => {
                 self.on_prepares(from, view, commit, batches, out)
             }
-            Body::RangeEvicted(_) => out.event(Event::Dropped {
-                what: "range_evicted",
-                reason: "state transfer is not part of this machine yet",
-            }),
+            Body::RangeEvicted(evicted) => self.on_range_evicted(from, view, evicted, out),
         }
     }
 

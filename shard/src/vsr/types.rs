@@ -55,7 +55,8 @@ pub enum Body {
     RequestStartView(wire::RequestStartView),
     RequestPrepares(wire::RequestPrepares),
     Prepares(Prepares),
-    /// State transfer's trigger: not acted on by this machine yet.
+    /// A repair answer: the ops asked for are no longer held (the asker
+    /// must transfer state; see [`Event::TransferNeeded`]).
     RangeEvicted(wire::RangeEvicted),
 }
 
@@ -115,6 +116,9 @@ pub enum IoOutcome {
     Done,
     /// For [`StorageOp::ReadBatches`]: consecutive batches from `op_min`.
     Batches(Vec<BatchBytes>),
+    /// For [`StorageOp::ReadBatches`]: `op_min` is below what the store
+    /// still holds (retired or purged); answered with RangeEvicted.
+    Evicted(wire::RangeEvicted),
 }
 
 /// A storage operation failed. Appends, flushes, truncations and VSR
@@ -199,6 +203,15 @@ pub enum Event {
     Dropped {
         what: &'static str,
         reason: &'static str,
+    },
+    /// The peer we repair from no longer holds the ops after our log:
+    /// the driver starts a state transfer (`crate::transfer::Receiver`,
+    /// trigger RangeEvicted) and, once it installs, reboots the replica
+    /// with [`super::Replica::installed`]. Emitted once per answer; the
+    /// repair keeps retrying meanwhile (another peer may still hold them).
+    TransferNeeded {
+        from: u8,
+        evicted: wire::RangeEvicted,
     },
 }
 

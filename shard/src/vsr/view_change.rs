@@ -591,6 +591,10 @@ impl Replica {
                 let commit = self.commit;
                 self.send(out, to, Body::Prepares(Prepares { commit, batches }));
             }
+            // The asker cannot repair from us: tell it, so it transfers.
+            Ok(IoOutcome::Evicted(evicted)) if view == self.view => {
+                self.send(out, to, Body::RangeEvicted(evicted));
+            }
             _ => out.event(Event::Dropped {
                 what: "repair read",
                 reason: "failed or stale",
@@ -648,6 +652,27 @@ impl Replica {
             self.timeout(T::RepairRetry).stop();
         }
         self.try_finish_view(out);
+    }
+
+    /// The peer we repair from retired the ops right after our log: only
+    /// a state transfer catches us up (the driver's, see
+    /// [`Event::TransferNeeded`]). An answer for another range (our log
+    /// moved since we asked) or from a peer we did not ask is stale.
+    pub(super) fn on_range_evicted(
+        &mut self,
+        from: u8,
+        view: u32,
+        evicted: wire::RangeEvicted,
+        out: &mut Outbox,
+    ) {
+        let ours = evicted.op_min == self.log.op() + 1 && evicted.op_held_min > evicted.op_min;
+        if view != self.view || self.repair_from != Some(from) || !ours {
+            return out.event(Event::Dropped {
+                what: "range_evicted",
+                reason: "not an answer to our repair",
+            });
+        }
+        out.event(Event::TransferNeeded { from, evicted });
     }
 
     /// The canonical next op does not link to our last op: that op is not
