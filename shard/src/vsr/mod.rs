@@ -55,7 +55,7 @@
 //!
 //! State transfer's replica side: a repair read of ops the store no longer
 //! holds answers RangeEvicted; the asker emits [`Event::TransferNeeded`],
-//! its driver runs `crate::transfer` beside the replica (transfer messages
+//! its driver runs the transfer module beside the replica (transfer messages
 //! never reach [`Replica::step`]: [`Message::from_wire`] returns None for
 //! them) and, once installed, boots it with [`Replica::installed`], held
 //! like a wiped one until its log is whole.

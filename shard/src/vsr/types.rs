@@ -205,7 +205,7 @@ pub enum Event {
         reason: &'static str,
     },
     /// The peer we repair from no longer holds the ops after our log:
-    /// the driver starts a state transfer (`crate::transfer::Receiver`,
+    /// the driver starts a state transfer (the transfer module's Receiver,
     /// trigger RangeEvicted) and, once it installs, reboots the replica
     /// with [`super::Replica::installed`]. Emitted once per answer; the
     /// repair keeps retrying meanwhile (another peer may still hold them).
