@@ -363,3 +363,49 @@ fn lone_recover_reads_only_the_kept_journal() {
     let err = recover_lone(&mut store, &mut io, 3).expect_err("read failed");
     assert!(err.reason.contains("read"), "{err}");
 }
+
+/// Guards against: a repair read of ops retention removed answering an
+/// empty read (the asker then retried forever, dropped as "failed or
+/// stale") instead of Evicted, which the replica turns into RangeEvicted
+/// so the asker transfers state.
+#[test]
+fn read_of_retired_ops_answers_evicted_with_the_lowest_held_op() {
+    let config = StoreConfig {
+        retention_bytes: Some(20 * 1024),
+        ..small_config()
+    };
+    let mut io = SimBackend::new(12);
+    let mut store = PartitionStore::create(&mut io, Path::new(DIR), PID, config).expect("store");
+    let batches = chain(80, 900);
+    append_all(&mut store, &mut io, &batches);
+    store.note_commit(80);
+    store.apply_retention(&mut io, 0).expect("retention");
+    let start = store.log_start_offset();
+    assert!(start > 0, "retention removed no segment");
+    let held_min = batches
+        .iter()
+        .map(|b| BatchHeader::decode(b).expect("decodes"))
+        .find(|h| h.base_offset == start)
+        .expect("the log starts at a batch")
+        .vsr_op;
+    let op = StorageOp::ReadBatches {
+        op_min: 1,
+        op_max: 4,
+    };
+    match run(&mut store, &mut io, op) {
+        IoOutcome::Evicted(e) => {
+            assert_eq!((e.op_min, e.op_max, e.op_held_min), (1, 4, held_min));
+            assert_eq!(e.log_start_offset, start);
+            assert_eq!(e.reason, wire::EvictedReason::Retired);
+        }
+        other => panic!("read of retired op 1: {other:?}"),
+    }
+    let held = StorageOp::ReadBatches {
+        op_min: held_min,
+        op_max: held_min,
+    };
+    match run(&mut store, &mut io, held) {
+        IoOutcome::Batches(b) => assert_eq!(b, vec![batches[held_min as usize - 1].clone()]),
+        other => panic!("read of held op {held_min}: {other:?}"),
+    }
+}

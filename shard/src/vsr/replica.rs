@@ -267,6 +267,11 @@ impl Replica {
     ///
     /// A `durable` state marked wiped (a wiped replica that crashed before
     /// its repair was done) boots wiped again, with the log it repaired.
+    /// So does one whose store installed a snapshot (state transfer): the
+    /// host marks the superblock wiped before the install begins, and
+    /// boots it with `base` = the installed frontier; its log lacks the
+    /// committed ops between the snapshot and the commit, so it repairs
+    /// from `base` and never votes or leads until its log is whole.
     pub fn restart(
         cfg: Config,
         seed: u64,
@@ -296,27 +301,6 @@ impl Replica {
             ..VsrState::default()
         };
         let r = Self::boot(cfg, seed, durable, Anchor::default(), &[])?;
-        r.assert_invariants();
-        Ok(r)
-    }
-
-    /// A replica booted from a store whose log starts at a snapshot a
-    /// state transfer installed (`base`: the installed frontier, the ops
-    /// repaired onto it since in `headers`). Its log lacks the committed
-    /// ops between the snapshot and the commit, so it is held like a wiped
-    /// one: Recovering, it learns the view and repairs from `base`, and
-    /// never votes or leads until its log is whole and its log_view
-    /// durable. The driver must keep booting it this way across crashes
-    /// until [`Replica::is_wiped`] turns false.
-    pub fn installed(
-        cfg: Config,
-        seed: u64,
-        durable: VsrState,
-        base: Anchor,
-        headers: &[BatchHeader],
-    ) -> Result<Self, ConfigError> {
-        let mut r = Self::boot(cfg, seed, durable, base, headers)?;
-        r.wiped = true;
         r.assert_invariants();
         Ok(r)
     }

@@ -2,8 +2,8 @@
 //! section 7): a repair answered with RangeEvicted, and the boot onto an
 //! installed snapshot. The install itself is the transfer module's
 //! (vsr may not use it); here the driver's part is played by hand: the
-//! store's log is cut to the snapshot and the replica rebooted with
-//! [`Replica::installed`].
+//! superblock marked wiped, the store's log cut to the snapshot and the
+//! replica rebooted on it with [`Replica::restart`].
 
 use super::*;
 
@@ -72,10 +72,11 @@ fn transfer_needed(node: &Node) -> Option<wire::RangeEvicted> {
     })
 }
 
-/// What the driver does once a transfer installed ops `..=SNAPSHOT_OP`
-/// taken from R0: the store holds only the snapshot (its own ops are
-/// gone), the superblock the snapshot's commit, and the replica boots on
-/// the installed frontier.
+/// What the driver does around a transfer of ops `..=SNAPSHOT_OP` from
+/// R0: it marks the superblock wiped before the install; after it the
+/// store holds only the snapshot (its own ops are gone), the superblock
+/// the snapshot's commit, and the replica boots on the installed
+/// frontier.
 fn install_snapshot(c: &mut Cluster) -> Anchor {
     let snapshot: BTreeMap<u64, BatchBytes> = c.nodes[0]
         .ops
@@ -93,8 +94,9 @@ fn install_snapshot(c: &mut Cluster) -> Anchor {
     node.ops = snapshot;
     node.synced = SNAPSHOT_OP;
     node.vsr.commit = SNAPSHOT_OP;
+    node.vsr.wiped = true;
     node.pending_io.clear();
-    node.replica = Replica::installed(config(3, 2), 55, node.vsr, base, &[]).expect("config");
+    node.replica = Replica::restart(config(3, 2), 55, node.vsr, base, &[]).expect("config");
     node.sent.clear();
     base
 }

@@ -206,9 +206,11 @@ pub enum Event {
     },
     /// The peer we repair from no longer holds the ops after our log:
     /// the driver starts a state transfer (the transfer module's Receiver,
-    /// trigger RangeEvicted) and, once it installs, reboots the replica
-    /// with [`super::Replica::installed`]. Emitted once per answer; the
-    /// repair keeps retrying meanwhile (another peer may still hold them).
+    /// trigger RangeEvicted). It first persists the superblock wiped (a
+    /// crash from there on reboots the replica wiped), and once installed
+    /// reboots it with [`super::Replica::restart`] on the installed
+    /// frontier. Emitted once per answer; the repair keeps retrying
+    /// meanwhile (another peer may still hold the ops).
     TransferNeeded {
         from: u8,
         evicted: wire::RangeEvicted,
