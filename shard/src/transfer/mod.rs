@@ -33,17 +33,22 @@
 //! refuses Busy beyond; it offers only what is at or below its commit
 //! (the executor cuts the active tail off the store's manifest).
 //!
-//! Wiring into the replica (not done here): on a trigger, drop the repair
-//! session and step `Receiver` with `Start { trigger, local }` (`local`
-//! from the superblock and durable frontier); route SnapshotOffer and Chunk
+//! Wiring into the replica (the replica's side is done: a repair read of
+//! retired ops answers RangeEvicted and the asker emits
+//! `vsr::Event::TransferNeeded`; [`route`] splits decoded frames between
+//! the replica and these machines; no driver runs them yet, neither the
+//! simulator nor the shard): on a trigger, mark the superblock wiped, stop
+//! stepping the replica and step `Receiver` with `Start { trigger, local }`
+//! (`local` from the superblock and durable frontier); route SnapshotOffer and Chunk
 //! to the receiver, RequestSnapshot, RequestChunks and ReleaseSnapshot to
 //! the `Server` (with `ServingState` from the replica's status and
 //! commit), a failed decode of either to `Undecodable { from }`, ticks to
 //! both; run their `TransferOp`s through [`io::execute`] (one shard-wide
-//! [`io::Installs`]) and feed back `IoDone`. On `Event::Installed`, repair
-//! from its frontier, check the first repaired batch with
-//! [`Frontier::closes_chain`], and withhold PrepareOk and primaryship until
-//! the chain reaches the commit; on `AttemptFailed` keep stamping from
+//! [`io::Installs`]) and feed back `IoDone`. On `Event::Installed`, reboot
+//! the replica with `Replica::restart` on its frontier (converted with
+//! `Anchor::from`): wiped, it repairs from there (its log's link check is
+//! [`Frontier::closes_chain`]) and withholds PrepareOk and primaryship until
+//! its log is whole; on `AttemptFailed` keep stamping from
 //! [`Receiver::frontier`].
 
 mod budget;
@@ -51,6 +56,7 @@ pub mod io;
 mod receiver;
 mod server;
 mod types;
+pub mod wire;
 
 #[cfg(test)]
 mod tests;
@@ -62,3 +68,4 @@ pub use types::{
     ChunkData, Event, Fault, FaultKind, Frontier, IoId, IoOutcome, Local, Message, Outbox, Output,
     ReceiverCounters, ServerCounters, Stale, TransferOp, Trigger,
 };
+pub use wire::{route, Routed};
