@@ -158,6 +158,24 @@ fn read_one(
     })
 }
 
+/// The lowest op the store still holds, once retention, a purge or an
+/// install moved its log start past op 1 (None before: every op is held);
+/// one above the durable end when nothing is held.
+fn op_held_min(
+    store: &mut PartitionStore,
+    io: &mut impl IoBackend,
+) -> Result<Option<u64>, IoFailure> {
+    let start = store.log_start_offset();
+    if start == 0 {
+        return Ok(None);
+    }
+    let end = store.durable();
+    if start < end.next_offset {
+        return Ok(Some(read_one(store, io, start)?.vsr_op));
+    }
+    Ok(Some(end.last_op + 1))
+}
+
 /// Some when `op_min` is below the lowest op the store still holds
 /// (retention or a purge moved the log start past it, or an install
 /// started the log above it): the asker must transfer state.
@@ -167,19 +185,13 @@ fn evicted(
     op_min: u64,
     op_max: u64,
 ) -> Result<Option<wire::RangeEvicted>, IoFailure> {
-    let start = store.log_start_offset();
-    if start == 0 {
-        return Ok(None); // the log still begins at its first op
-    }
-    let end = store.durable();
-    let op_held_min = if start < end.next_offset {
-        read_one(store, io, start)?.vsr_op
-    } else {
-        end.last_op + 1
+    let Some(op_held_min) = op_held_min(store, io)? else {
+        return Ok(None);
     };
     if op_min >= op_held_min {
         return Ok(None);
     }
+    let start = store.log_start_offset();
     let purge_generation = store.superblock().purge_generation;
     let reason = if purge_generation > 0 {
         wire::EvictedReason::Purged
@@ -302,7 +314,12 @@ fn recover_above(
     };
     let end = store.durable();
     let last_op = end.last_op;
-    let base_op = commit.min(last_op).saturating_sub(committed_ops_kept);
+    let mut base_op = commit.min(last_op).saturating_sub(committed_ops_kept);
+    if let Some(held_min) = op_held_min(store, io)? {
+        // The journal cannot reach below what retention left: anchor it
+        // on the lowest op held (or the durable end, if none is).
+        base_op = base_op.max(held_min.min(last_op));
+    }
     let mut headers = Vec::new();
     let mut base = Anchor::default();
     if base_op > 0 && base_op == last_op {

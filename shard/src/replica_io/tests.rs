@@ -370,24 +370,8 @@ fn lone_recover_reads_only_the_kept_journal() {
 /// so the asker transfers state.
 #[test]
 fn read_of_retired_ops_answers_evicted_with_the_lowest_held_op() {
-    let config = StoreConfig {
-        retention_bytes: Some(20 * 1024),
-        ..small_config()
-    };
-    let mut io = SimBackend::new(12);
-    let mut store = PartitionStore::create(&mut io, Path::new(DIR), PID, config).expect("store");
-    let batches = chain(80, 900);
-    append_all(&mut store, &mut io, &batches);
-    store.note_commit(80);
-    store.apply_retention(&mut io, 0).expect("retention");
+    let (mut io, mut store, batches, held_min) = retired_store();
     let start = store.log_start_offset();
-    assert!(start > 0, "retention removed no segment");
-    let held_min = batches
-        .iter()
-        .map(|b| BatchHeader::decode(b).expect("decodes"))
-        .find(|h| h.base_offset == start)
-        .expect("the log starts at a batch")
-        .vsr_op;
     let op = StorageOp::ReadBatches {
         op_min: 1,
         op_max: 4,
@@ -408,4 +392,57 @@ fn read_of_retired_ops_answers_evicted_with_the_lowest_held_op() {
         IoOutcome::Batches(b) => assert_eq!(b, vec![batches[held_min as usize - 1].clone()]),
         other => panic!("read of held op {held_min}: {other:?}"),
     }
+}
+
+/// A store holding ops 1..=80 (committed and flushed) whose retention
+/// removed its oldest segments; and the lowest op it still holds.
+fn retired_store() -> (SimBackend, PartitionStore, Vec<BatchBytes>, u64) {
+    let config = StoreConfig {
+        retention_bytes: Some(20 * 1024),
+        ..small_config()
+    };
+    let mut io = SimBackend::new(12);
+    let mut store = PartitionStore::create(&mut io, Path::new(DIR), PID, config).expect("store");
+    let batches = chain(80, 900);
+    append_all(&mut store, &mut io, &batches);
+    store.note_commit(80);
+    run(
+        &mut store,
+        &mut io,
+        StorageOp::PersistVsr(VsrState {
+            commit: 80,
+            ..VsrState::default()
+        }),
+    );
+    store.apply_retention(&mut io, 0).expect("retention");
+    let start = store.log_start_offset();
+    assert!(start > 0, "retention removed no segment");
+    let held_min = batches
+        .iter()
+        .map(|b| BatchHeader::decode(b).expect("decodes"))
+        .find(|h| h.base_offset == start)
+        .expect("the log starts at a batch")
+        .vsr_op;
+    (io, store, batches, held_min)
+}
+
+/// Guards against: a replica whose store retired old segments failing
+/// to boot because the journal it keeps reaches below the log start
+/// ("recover: op N is not in the store"): the journal starts at the
+/// lowest op still held instead.
+#[test]
+fn recover_keeps_no_journal_below_the_retired_log_start() {
+    let (mut io, mut store, batches, held_min) = retired_store();
+    let r = recover(&mut store, &mut io, 1_000).expect("recovers above the log start");
+    let first = BatchHeader::decode(&batches[held_min as usize - 1]).expect("decodes");
+    assert_eq!(r.base.op, held_min, "anchored on the lowest op held");
+    assert_eq!(r.base.checksum, first.header_checksum);
+    assert_eq!(r.base.next_offset, first.next_offset());
+    let ops: Vec<u64> = r.headers.iter().map(|h| h.vsr_op).collect();
+    let want: Vec<u64> = (held_min + 1..=80).collect();
+    assert_eq!(ops, want);
+    assert_eq!(r.durable.commit, 80);
+    // A journal that fits above the log start is kept as asked.
+    let r = recover(&mut store, &mut io, 5).expect("recovers");
+    assert_eq!(r.base.op, 75);
 }
