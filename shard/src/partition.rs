@@ -1,12 +1,17 @@
-//! One partition on its owning shard: the store plus the sequencing logic.
+//! One partition on its owning shard: its store and its replica.
 //!
-//! This is the per-partition hook replication drops into. Today the node is
-//! the only replica and the primary of view 0: [`Partition::produce`] stamps
-//! offsets, the op number and the hash chain, and appends. With replication,
-//! a VSR state machine takes over here (input: message, tick or completion;
-//! output: messages and I/O for the shard to execute); the shard's turn
-//! loop already treats "append now, acknowledge after the group commit's
-//! fdatasync" as separate steps, which is where PrepareOk quorums slot in.
+//! The replica ([`crate::vsr::Replica`], a cluster of one here, booted by
+//! [`replica_io::recover_lone`]) sequences: [`Partition::produce`] checks
+//! what it can from the header, stamps the partition id and hands the
+//! batch to the replica, which stamps offset, op, view and chain link and
+//! emits an append and a flush. This host runs them: appends (and any other
+//! storage op) through the executor shared with the simulator
+//! ([`replica_io`]); a flush does not run on its own but waits for the
+//! partition's next group commit, whose completion
+//! ([`Partition::complete_flush`]) answers every flush it made durable, so
+//! many appends in one turn share one fdatasync. The replica's replies
+//! come back from [`Partition::take_replies`], keyed by the token
+//! `produce` returned.
 //!
 //! Flushes run asynchronously on the shard's storage ring: at most one per
 //! partition is in flight ([`Partition::prepare_flush`] until
@@ -18,17 +23,45 @@
 
 use std::path::{Path, PathBuf};
 
+use std::collections::VecDeque;
+
 use ringlog_protocol::wire::{ErrorCode, FetchReply};
-use ringlog_protocol::{encode_header, BatchView, HEADER_LEN};
+use ringlog_protocol::{encode_header, BatchHeader, HEADER_LEN};
 use ringlog_storage::io::{align_down, Completion, IoBackend, Op, Sqe};
-use ringlog_storage::store::{Appended, PartitionStore, StoreConfig, StoreError, StorePool};
+use ringlog_storage::store::{PartitionStore, StoreConfig, StoreError, StorePool};
 
 use crate::ops::{OpError, PartitionStatus};
+use crate::replica_io::{self, AppendFailure};
+use crate::vsr::{
+    AppendError, Appended, Config as ReplicaConfig, Input, IoFailure, IoId, IoOutcome, Outbox,
+    Output, Replica, Status as ReplicaStatus, StorageOp, Token,
+};
 
 enum State {
-    Open(Box<PartitionStore>),
+    Open(Box<Hosted>),
     /// Could not be opened or created; every request gets an error.
     Unavailable(String),
+}
+
+/// A produce's outcome, for the token [`Partition::produce`] returned.
+pub type Reply = (Token, Result<Appended, OpError>);
+
+/// An open partition: its store and the replica that sequences into it.
+struct Hosted {
+    store: PartitionStore,
+    replica: Replica,
+    /// Reused by every step (no allocation per append).
+    outbox: Outbox,
+    /// Inputs produced while running outputs (storage completions), fed
+    /// back in order.
+    inputs: VecDeque<Input>,
+    /// The replica's flushes waiting for a group commit: (id, the last op
+    /// appended when it was emitted), ops ascending. At most one per
+    /// uncommitted op, so bounded by the replica's pipeline.
+    flushes: VecDeque<(IoId, u64)>,
+    /// Replies not yet taken by the shard; at most one per token given out.
+    replies: Vec<Reply>,
+    next_token: Token,
 }
 
 pub struct Partition {
@@ -61,8 +94,10 @@ impl Partition {
         config: StoreConfig,
         create: bool,
     ) -> Partition {
-        let state = match open_or_create(io, pool, dir, id, config, create) {
-            Ok(store) => State::Open(Box::new(store)),
+        let opened = open_or_create(io, pool, dir, id, config, create)
+            .and_then(|store| Hosted::boot(io, store, id));
+        let state = match opened {
+            Ok(hosted) => State::Open(Box::new(hosted)),
             Err(message) => {
                 tracing::error!(topic, index, partition_id = id, %message, "partition unavailable");
                 State::Unavailable(message)
@@ -87,20 +122,28 @@ impl Partition {
     /// Queues this partition's flush (one write, one fdatasync) onto `sqes`
     /// unless one is in flight already or nothing awaits flushing. Returns
     /// how many entries it queued; their completions go to
-    /// [`Partition::complete_flush`], in order. Fails only when fenced.
-    pub fn prepare_flush(&mut self, sqes: &mut Vec<Sqe>) -> Result<usize, StoreError> {
+    /// [`Partition::complete_flush`], in order. Fails only when fenced (the
+    /// replica's flushes waiting for it then fail too: see `take_replies`).
+    pub fn prepare_flush(
+        &mut self,
+        io: &mut impl IoBackend,
+        sqes: &mut Vec<Sqe>,
+    ) -> Result<usize, StoreError> {
         if self.flush_end.is_some() {
             return Ok(0);
         }
-        let State::Open(store) = &mut self.state else {
+        let State::Open(h) = &mut self.state else {
             return Ok(0);
         };
-        let end = active_end(store);
-        let n = store.prepare_flush(sqes)?;
-        if n > 0 {
-            self.flush_end = Some(end);
+        let end = active_end(&h.store);
+        let prepared = h.store.prepare_flush(sqes);
+        match prepared {
+            Ok(n) if n > 0 => self.flush_end = Some(end),
+            // Nothing to write: whatever the replica waits for is durable
+            // (a synchronous flush inside an append, say); or fenced.
+            _ => h.answer_flushes(io),
         }
-        Ok(n)
+        prepared
     }
 
     /// Queues a frontier checkpoint (record write plus fdatasync) if the
@@ -113,9 +156,10 @@ impl Partition {
         if self.flush_end.is_some() {
             return Ok(0);
         }
-        let State::Open(store) = &mut self.state else {
+        let State::Open(h) = &mut self.state else {
             return Ok(0);
         };
+        let store = &mut h.store;
         if store.fenced().is_some() || store.frontier_lag_bytes() == 0 {
             return Ok(0);
         }
@@ -133,16 +177,24 @@ impl Partition {
         Ok(n)
     }
 
-    /// Takes back the completions of the flush in flight. A failure fences
-    /// the store (fail-stop) and is returned.
+    /// Takes back the completions of the flush in flight and answers the
+    /// replica's flushes it made durable (a group commit answers every
+    /// flush of the appends it covered). A failure fences the store
+    /// (fail-stop), fails the replica's waiting flushes, which fences the
+    /// replica, and is returned.
     pub fn complete_flush(
         &mut self,
+        io: &mut impl IoBackend,
         completions: impl IntoIterator<Item = Completion>,
     ) -> Result<(), StoreError> {
         let was = self.flush_end.take();
         debug_assert!(was.is_some(), "complete_flush without a flush in flight");
         match &mut self.state {
-            State::Open(store) => store.complete_flush(completions),
+            State::Open(h) => {
+                let done = h.store.complete_flush(completions);
+                h.answer_flushes(io);
+                done
+            }
             State::Unavailable(_) => Ok(()),
         }
     }
@@ -153,9 +205,10 @@ impl Partition {
     /// completion. The buffer holds `[align_down(flush end), end)` plus the
     /// batch and flushes when that exceeds `write_buffer_bytes`.
     pub fn append_must_wait(&self, len: usize) -> bool {
-        let (Some(flush_end), State::Open(store)) = (self.flush_end, &self.state) else {
+        let (Some(flush_end), State::Open(h)) = (self.flush_end, &self.state) else {
             return false;
         };
+        let store = &h.store;
         let config = store.config();
         let end = active_end(store);
         let len = len as u64;
@@ -170,40 +223,43 @@ impl Partition {
 
     pub fn store(&self) -> Result<&PartitionStore, OpError> {
         match &self.state {
-            State::Open(s) => Ok(s),
+            State::Open(h) => Ok(&h.store),
             State::Unavailable(m) => Err(OpError::new(ErrorCode::PartitionUnavailable, m.clone())),
         }
     }
 
     fn store_or_err(&mut self) -> Result<&mut PartitionStore, OpError> {
+        Ok(&mut self.hosted()?.store)
+    }
+
+    fn hosted(&mut self) -> Result<&mut Hosted, OpError> {
         match &mut self.state {
-            State::Open(s) => Ok(s),
+            State::Open(h) => Ok(h),
             State::Unavailable(m) => Err(OpError::new(ErrorCode::PartitionUnavailable, m.clone())),
         }
     }
 
-    /// The primary's sequencing step: validates the producer's batch (header,
-    /// body checksum, record structure), stamps partition id, base offset,
-    /// op, view and chain link into its header, and appends it. Not durable
-    /// until the shard's group commit completes.
+    /// Hands a producer's batch to the replica, which sequences it (offset,
+    /// op, view, chain link) and appends it; returns the token its outcome
+    /// comes back with from [`Partition::take_replies`], once the group
+    /// commit made it durable. Checked here, from the header alone: one
+    /// batch exactly, within the size limit; the partition id is stamped
+    /// here. The replica verifies the body (checksum, records) once.
     pub fn produce(
         &mut self,
         io: &mut impl IoBackend,
         mut batch: Vec<u8>,
-    ) -> Result<Appended, OpError> {
+    ) -> Result<Token, OpError> {
         let id = self.id;
-        let store = self.store_or_err()?;
-        let max = store.config().batch_bytes_max();
-        let view = BatchView::parse(&batch)
-            .map_err(|e| OpError::new(ErrorCode::InvalidBatch, e.to_string()))?;
-        if view.as_bytes().len() != batch.len() {
-            return Err(OpError::new(
-                ErrorCode::InvalidBatch,
-                format!(
-                    "{} bytes after the batch (one batch per produce)",
-                    batch.len() - view.as_bytes().len()
-                ),
-            ));
+        let h = self.hosted()?;
+        let max = h.store.config().batch_bytes_max();
+        let invalid = |e: String| OpError::new(ErrorCode::InvalidBatch, e);
+        let mut header = BatchHeader::decode(&batch).map_err(|e| invalid(e.to_string()))?;
+        if header.total_len() < batch.len() {
+            let extra = batch.len() - header.total_len();
+            return Err(invalid(format!(
+                "{extra} bytes after the batch (one batch per produce)"
+            )));
         }
         if batch.len() > max {
             return Err(OpError::new(
@@ -211,27 +267,54 @@ impl Partition {
                 format!("batch of {} bytes exceeds {max}", batch.len()),
             ));
         }
-        let mut header = *view.header();
-        let chain = store.chain();
-        header.partition_id = id;
-        header.base_offset = chain.next_offset;
-        header.vsr_op = chain.last_op + 1;
-        header.vsr_view = 0;
-        header.prev_checksum = chain.last_checksum;
-        if header
-            .base_offset
-            .checked_add(u64::from(header.record_count))
-            .is_none()
-        {
-            return Err(OpError::new(ErrorCode::Internal, "offset space exhausted"));
+        if header.partition_id != id {
+            header.partition_id = id;
+            let head = batch
+                .first_chunk_mut::<HEADER_LEN>()
+                .ok_or_else(|| invalid("truncated batch".into()))?;
+            encode_header(&header, head);
         }
-        let head = batch
-            .first_chunk_mut::<HEADER_LEN>()
-            .ok_or_else(|| OpError::new(ErrorCode::InvalidBatch, "truncated batch"))?;
-        encode_header(&header, head);
-        store.append(io, &batch).map_err(store_error)
+        let token = h.next_token;
+        h.next_token += 1;
+        h.run(io, Input::ClientAppend { token, batch });
+        h.answer_flushes(io);
+        // Refused at once (invalid body, busy, fenced): the caller answers.
+        let at_once = h.replies.iter().rposition(|(t, _)| *t == token);
+        match at_once.map(|i| h.replies.swap_remove(i)) {
+            Some((_, Err(e))) => Err(e),
+            Some(ok) => {
+                h.replies.push(ok);
+                Ok(token)
+            }
+            None => Ok(token),
+        }
     }
 
+    /// The outcomes of produces since the last call, by token.
+    pub fn take_replies(&mut self) -> impl Iterator<Item = Reply> + '_ {
+        let replies = match &mut self.state {
+            State::Open(h) => Some(h.replies.drain(..)),
+            State::Unavailable(_) => None,
+        };
+        replies.into_iter().flatten()
+    }
+
+    /// Whether the replica has a timeout armed ([`Partition::tick`] can do
+    /// something). A cluster of one that is Normal never has.
+    pub fn needs_tick(&self) -> bool {
+        match &self.state {
+            State::Open(h) => h.replica.needs_tick(),
+            State::Unavailable(_) => false,
+        }
+    }
+
+    /// One tick of the replica's clock.
+    pub fn tick(&mut self, io: &mut impl IoBackend) {
+        if let State::Open(h) = &mut self.state {
+            h.run(io, Input::Tick);
+            h.answer_flushes(io);
+        }
+    }
     /// Durable batches from `offset`.
     pub fn fetch(
         &mut self,
@@ -256,7 +339,7 @@ impl Partition {
     /// An empty fetch result at the current end (long-poll timeout).
     pub fn empty_fetch(&self, offset: u64) -> FetchReply {
         let (start, hwm) = match &self.state {
-            State::Open(s) => (s.log_start_offset(), s.durable().next_offset),
+            State::Open(h) => (h.store.log_start_offset(), h.store.durable().next_offset),
             State::Unavailable(_) => (0, 0),
         };
         FetchReply {
@@ -271,7 +354,7 @@ impl Partition {
     /// The durable end, if open.
     pub fn high_watermark(&self) -> Option<u64> {
         match &self.state {
-            State::Open(s) => Some(s.durable().next_offset),
+            State::Open(h) => Some(h.store.durable().next_offset),
             State::Unavailable(_) => None,
         }
     }
@@ -280,7 +363,11 @@ impl Partition {
     /// flight complete first.
     pub fn purge(&mut self, io: &mut impl IoBackend) -> Result<(), OpError> {
         debug_assert!(self.flush_end.is_none(), "purge with a flush in flight");
-        self.store_or_err()?.purge(io).map_err(store_error)
+        let h = self.hosted()?;
+        let purged = h.store.purge(io).map_err(store_error);
+        // It flushed first: the replica's waiting flushes are answered.
+        h.answer_flushes(io);
+        purged
     }
 
     /// Maintenance; skipped while a flush is in flight (next tick).
@@ -288,7 +375,8 @@ impl Partition {
         if self.flush_end.is_some() {
             return;
         }
-        if let State::Open(s) = &mut self.state {
+        if let State::Open(h) = &mut self.state {
+            let s = &mut h.store;
             if s.fenced().is_some() {
                 return;
             }
@@ -324,7 +412,8 @@ impl Partition {
             fault: None,
         };
         match &self.state {
-            State::Open(s) => {
+            State::Open(h) => {
+                let s = &h.store;
                 st.log_start_offset = s.log_start_offset();
                 st.frontier = s.chain().next_offset;
                 st.commit = s.durable().next_offset;
@@ -332,6 +421,9 @@ impl Partition {
                 st.size_bytes = s.size_bytes();
                 st.purge_generation = s.superblock().purge_generation;
                 st.fault = s.fenced().map(str::to_string);
+                if st.fault.is_none() && h.replica.status() == ReplicaStatus::Fenced {
+                    st.fault = Some("replica fenced after a storage failure".into());
+                }
             }
             State::Unavailable(m) => {
                 st.role = "unavailable";
@@ -346,7 +438,8 @@ impl Partition {
     pub fn close(self, io: &mut impl IoBackend) -> Result<(), StoreError> {
         debug_assert!(self.flush_end.is_none(), "close with a flush in flight");
         match self.state {
-            State::Open(s) => {
+            State::Open(h) => {
+                let s = h.store;
                 // A fenced store is fail-stop: it writes nothing more (its
                 // close only releases the files) and recovers from durable
                 // state on restart.
@@ -360,6 +453,158 @@ impl Partition {
             }
             State::Unavailable(_) => Ok(()),
         }
+    }
+}
+
+impl Hosted {
+    /// The replica of a cluster of one over `store`: Normal at once in its
+    /// persisted view, its durable end committed, nothing read.
+    fn boot(io: &mut impl IoBackend, mut store: PartitionStore, id: u32) -> Result<Self, String> {
+        let rec = replica_io::recover_lone(&mut store, io, 0)
+            .map_err(|e| format!("replica of partition {id}: {e}"))?;
+        let cfg = ReplicaConfig::new(id, 1, 0);
+        let replica = Replica::restart(cfg, u64::from(id), rec.durable, rec.base, &rec.headers)
+            .map_err(|e| format!("replica of partition {id}: {e}"))?;
+        Ok(Hosted {
+            store,
+            replica,
+            outbox: Outbox::new(),
+            inputs: VecDeque::new(),
+            flushes: VecDeque::new(),
+            replies: Vec::new(),
+            next_token: 1,
+        })
+    }
+
+    /// Steps the replica with `input` and runs what it emits, feeding the
+    /// completions of storage ops back in, until it is quiet. Flushes wait
+    /// for the group commit ([`Hosted::answer_flushes`]).
+    fn run(&mut self, io: &mut impl IoBackend, input: Input) {
+        self.inputs.push_back(input);
+        self.drive(io);
+    }
+
+    fn drive(&mut self, io: &mut impl IoBackend) {
+        // Appends the store refused in the last step, in op order.
+        let mut refused: Vec<(IoId, u64, OpError)> = Vec::new();
+        loop {
+            for output in self.outbox.drain() {
+                match output {
+                    Output::Io {
+                        id,
+                        op: StorageOp::Flush,
+                    } => self.flushes.push_back((id, self.store.chain().last_op)),
+                    Output::Io {
+                        id,
+                        op: StorageOp::Append { op, batch },
+                    } => {
+                        if let Some((.., first)) = refused.first() {
+                            // Behind a refused op: cannot link; refused too.
+                            let again = first.clone();
+                            refused.push((id, op, again));
+                            continue;
+                        }
+                        let result = replica_io::append(&mut self.store, io, op, &batch);
+                        match result {
+                            Ok(()) => self.inputs.push_back(Input::IoDone {
+                                id,
+                                result: Ok(IoOutcome::Done),
+                            }),
+                            Err(AppendFailure::Store { source, .. })
+                                if self.store.fenced().is_none() =>
+                            {
+                                refused.push((id, op, store_error(source)));
+                            }
+                            Err(e) => self.inputs.push_back(Input::IoDone {
+                                id,
+                                result: Err(IoFailure {
+                                    reason: e.to_string(),
+                                }),
+                            }),
+                        }
+                    }
+                    Output::Io { id, op } => {
+                        let result = replica_io::execute(&mut self.store, io, &op);
+                        self.inputs.push_back(Input::IoDone { id, result });
+                    }
+                    Output::Reply { token, result } => {
+                        let result = result.map_err(|e| client_error(&self.store, e));
+                        self.replies.push((token, result));
+                    }
+                    Output::Event(event) => {
+                        replica_io::note_event(&mut self.store, &event);
+                        tracing::trace!(
+                            partition_id = self.store.partition_id(),
+                            ?event,
+                            "replica"
+                        );
+                    }
+                    Output::Send { to, msg } => {
+                        // A cluster of one has no peer to send to.
+                        let what = msg.body.name();
+                        tracing::error!(
+                            partition_id = self.store.partition_id(),
+                            to,
+                            what,
+                            "a lone replica sent a message"
+                        );
+                        debug_assert!(false, "a lone replica sent {what} to {to}");
+                    }
+                }
+            }
+            // The store accepted nothing of these (disk full): the replica
+            // takes them back, last op first, and their producers get the
+            // store's error, retryable as before replication.
+            if let Some((id, op, error)) = refused.pop() {
+                if let Some(token) = self.replica.refuse_append(id, op, &mut self.outbox) {
+                    self.replies.push((token, Err(error)));
+                }
+                continue;
+            }
+            let Some(input) = self.inputs.pop_front() else {
+                break;
+            };
+            self.replica.step(input, &mut self.outbox);
+        }
+    }
+
+    /// Answers the replica's waiting flushes the store made durable; if the
+    /// store is fenced, fails the rest (which fences the replica and fails
+    /// its clients).
+    fn answer_flushes(&mut self, io: &mut impl IoBackend) {
+        let fenced = self.store.fenced().map(str::to_string);
+        let durable_op = self.store.durable().last_op;
+        while let Some(&(id, op)) = self.flushes.front() {
+            let result = match &fenced {
+                _ if op <= durable_op => Ok(IoOutcome::Done),
+                Some(cause) => Err(IoFailure {
+                    reason: format!("flush: {cause}"),
+                }),
+                None => break,
+            };
+            self.flushes.pop_front();
+            self.inputs.push_back(Input::IoDone { id, result });
+        }
+        self.drive(io);
+    }
+}
+
+/// What a producer sees for a replica's refusal.
+fn client_error(store: &PartitionStore, e: AppendError) -> OpError {
+    match e {
+        // The pipeline and client queue are full: retry later.
+        AppendError::Busy { .. } => OpError::new(ErrorCode::Backpressure, e.to_string()),
+        AppendError::InvalidBatch(_) => OpError::new(ErrorCode::InvalidBatch, e.to_string()),
+        // At R = 1 only a fence loses the view.
+        AppendError::Fenced | AppendError::OutcomeUnknown { .. } => {
+            let cause = store.fenced().map_or_else(|| e.to_string(), str::to_string);
+            OpError::new(ErrorCode::PartitionFenced, cause)
+        }
+        AppendError::NotPrimary { .. } => {
+            OpError::new(ErrorCode::PartitionUnavailable, e.to_string())
+        }
+        // The partition id is stamped here: a mismatch is a bug.
+        AppendError::WrongPartition { .. } => OpError::new(ErrorCode::Internal, e.to_string()),
     }
 }
 
@@ -519,7 +764,7 @@ mod tests {
         loop {
             if let Some((got, completions)) = io.reap().pop() {
                 assert_eq!(got, id);
-                p.complete_flush(completions).unwrap();
+                p.complete_flush(io, completions).unwrap();
                 return;
             }
             std::thread::sleep(std::time::Duration::from_micros(100));
@@ -543,6 +788,9 @@ mod tests {
             rng % n
         };
         let (mut waited, mut behind, mut records_in) = (0, 0, 0u64);
+        // Token -> records, in order; acknowledged offsets must follow on.
+        let mut sent: Vec<(Token, u64)> = Vec::new();
+        let mut acked = std::collections::BTreeMap::new();
         for i in 0..1500 {
             let n = 1 + next(8) as usize;
             let b = batch(n, 16 + next(400) as usize, i);
@@ -554,13 +802,16 @@ mod tests {
             } else if flight.is_some() {
                 behind += 1;
             }
-            let app = p.produce(&mut io, b).unwrap();
-            assert_eq!(app.base_offset, records_in);
+            let token = p.produce(&mut io, b).unwrap();
+            sent.push((token, n as u64));
             records_in += n as u64;
+            for (token, result) in p.take_replies() {
+                assert!(acked.insert(token, result.unwrap()).is_none());
+            }
             match flight {
                 None if next(3) == 0 => {
                     let mut sqes = Vec::new();
-                    if p.prepare_flush(&mut sqes).unwrap() > 0 {
+                    if p.prepare_flush(&mut io, &mut sqes).unwrap() > 0 {
                         assert!(p.flush_in_flight());
                         flight = Some(io.submit_nowait(sqes));
                     }
@@ -573,7 +824,7 @@ mod tests {
                     // A second flush is never queued while one is in flight.
                     let mut sqes = Vec::new();
                     if flight.is_some() {
-                        assert_eq!(p.prepare_flush(&mut sqes).unwrap(), 0);
+                        assert_eq!(p.prepare_flush(&mut io, &mut sqes).unwrap(), 0);
                         assert!(sqes.is_empty());
                     }
                 }
@@ -583,9 +834,20 @@ mod tests {
             complete(&mut io, &mut p, id);
         }
         let mut sqes = Vec::new();
-        if p.prepare_flush(&mut sqes).unwrap() > 0 {
+        if p.prepare_flush(&mut io, &mut sqes).unwrap() > 0 {
             let id = io.submit_nowait(sqes);
             complete(&mut io, &mut p, id);
+        }
+        for (token, result) in p.take_replies() {
+            assert!(acked.insert(token, result.unwrap()).is_none());
+        }
+        // Every produce acknowledged once durable, at consecutive offsets.
+        assert_eq!(acked.len(), sent.len());
+        let mut next = 0;
+        for (token, n) in sent {
+            let app = acked[&token];
+            assert_eq!((app.base_offset, app.next_offset), (next, next + n));
+            next += n;
         }
         assert!(waited > 0 && behind > 0, "waited {waited}, behind {behind}");
         assert_eq!(p.high_watermark(), Some(records_in));
@@ -614,7 +876,7 @@ mod tests {
         let mut p = open(dir.path(), &mut io);
         let flush = |io: &mut UringBackend, p: &mut Partition| {
             let mut sqes = Vec::new();
-            assert!(p.prepare_flush(&mut sqes).unwrap() > 0);
+            assert!(p.prepare_flush(io, &mut sqes).unwrap() > 0);
             let id = io.submit_nowait(sqes);
             complete(io, p, id);
         };
@@ -649,22 +911,33 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut io = UringBackend::new(64).unwrap();
         let mut p = open(dir.path(), &mut io);
-        p.produce(&mut io, batch(3, 100, 1)).unwrap();
+        let first = p.produce(&mut io, batch(3, 100, 1)).unwrap();
         let mut sqes = Vec::new();
-        assert_eq!(p.prepare_flush(&mut sqes).unwrap(), 2);
+        assert_eq!(p.prepare_flush(&mut io, &mut sqes).unwrap(), 2);
         // Appends behind the flush go on...
-        p.produce(&mut io, batch(2, 100, 2)).unwrap();
+        let second = p.produce(&mut io, batch(2, 100, 2)).unwrap();
         let mut completions = io.submit(sqes);
         completions[1].result = Err(std::io::Error::from_raw_os_error(libc::EIO));
-        let err = p.complete_flush(completions).unwrap_err();
+        let err = p.complete_flush(&mut io, completions).unwrap_err();
         assert!(matches!(err, StoreError::Fenced { .. }), "{err}");
         assert!(!p.flush_in_flight());
         // ...but nothing became durable, and the partition is fail-stop.
         assert_eq!(p.high_watermark(), Some(0));
         let fault = p.status(0).fault.expect("fenced");
         assert!(fault.contains("fdatasync"), "{fault}");
+        // Both producers, the flushed one and the one behind it, are told
+        // the partition is fenced, with the cause.
+        let mut failed: Vec<(Token, OpError)> =
+            p.take_replies().map(|(t, r)| (t, r.unwrap_err())).collect();
+        failed.sort_by_key(|(t, _)| *t);
+        let tokens: Vec<Token> = failed.iter().map(|(t, _)| *t).collect();
+        assert_eq!(tokens, [first, second]);
+        for (_, e) in &failed {
+            assert_eq!(e.code, ErrorCode::PartitionFenced, "{e}");
+            assert!(e.message.contains("fdatasync"), "{e}");
+        }
         let e = p.produce(&mut io, batch(1, 10, 3)).unwrap_err();
         assert_eq!(e.code, ErrorCode::PartitionFenced);
-        assert!(p.prepare_flush(&mut Vec::new()).is_err());
+        assert!(p.prepare_flush(&mut io, &mut Vec::new()).is_err());
     }
 }

@@ -20,6 +20,7 @@
 //! reads, no op index to keep or rebuild. The caller runs operations of
 //! one replica in emission order (see [`StorageOp`]).
 
+use ringlog_protocol::batch::BatchError;
 use ringlog_protocol::replication as wire;
 use ringlog_protocol::{BatchHeader, BatchView};
 use ringlog_storage::io::IoBackend;
@@ -41,7 +42,11 @@ pub fn execute(
     op: &StorageOp,
 ) -> Result<IoOutcome, IoFailure> {
     match op {
-        StorageOp::Append { op, batch } => append(store, io, *op, batch),
+        StorageOp::Append { op, batch } => append(store, io, *op, batch)
+            .map(|()| IoOutcome::Done)
+            .map_err(|e| IoFailure {
+                reason: e.to_string(),
+            }),
         StorageOp::Flush => store
             .flush(io)
             .map(|()| IoOutcome::Done)
@@ -90,34 +95,40 @@ fn failure(what: &str, e: StoreError) -> IoFailure {
     }
 }
 
-fn append(
+/// Why [`append`] failed.
+#[derive(Debug, thiserror::Error)]
+pub enum AppendFailure {
+    #[error("append of op {op}: batch holds op {held}, store ends at op {last_op}")]
+    OpMismatch { op: u64, held: u64, last_op: u64 },
+    #[error("append of op {op}: invalid batch: {source}")]
+    Header { op: u64, source: BatchError },
+    /// The store's own error: it fenced itself, or (disk full) it accepted
+    /// nothing and changed nothing; `PartitionStore::fenced` tells which.
+    #[error("append of op {op}: {source}")]
+    Store { op: u64, source: StoreError },
+}
+
+/// Runs `StorageOp::Append { op, batch }`: `batch` must hold op `op`, the
+/// one after the store's last. Only the header is decoded here: the store
+/// verifies the whole batch (body checksum and records) as it accepts it,
+/// so a second full pass here would only repeat that.
+pub fn append(
     store: &mut PartitionStore,
     io: &mut impl IoBackend,
     op: u64,
     batch: &[u8],
-) -> Result<IoOutcome, IoFailure> {
+) -> Result<(), AppendFailure> {
     let last_op = store.chain().last_op;
-    let header = BatchView::parse(batch).map(|v| *v.header());
-    match header {
-        Ok(h) if h.vsr_op == op && op == last_op + 1 => {}
-        Ok(h) => {
-            return Err(IoFailure {
-                reason: format!(
-                    "append of op {op}: batch holds op {}, store ends at op {last_op}",
-                    h.vsr_op
-                ),
-            })
-        }
-        Err(e) => {
-            return Err(IoFailure {
-                reason: format!("append of op {op}: invalid batch: {e}"),
-            })
-        }
+    let held = BatchHeader::decode(batch)
+        .map_err(|source| AppendFailure::Header { op, source })?
+        .vsr_op;
+    if held != op || op != last_op + 1 {
+        return Err(AppendFailure::OpMismatch { op, held, last_op });
     }
     store
         .append(io, batch)
-        .map(|_| IoOutcome::Done)
-        .map_err(|e| failure(&format!("append of op {op}"), e))
+        .map(drop)
+        .map_err(|source| AppendFailure::Store { op, source })
 }
 
 /// The durable batch holding `op` or, if none does, the first one above

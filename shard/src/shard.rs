@@ -12,7 +12,7 @@
 //! * storage: awaits the storage ring's eventfd, reaps finished group
 //!   commits and acknowledges what they made durable
 //!   (`Shard::on_storage_completions`, turn.rs);
-//! * tick: long-poll fetch deadlines and retention;
+//! * tick: long-poll fetch deadlines, retention and replica timeouts;
 //! * meta (shard 0 only): the controller, creating and deleting topics one at
 //!   a time (see `controller`).
 //!
@@ -29,12 +29,18 @@
 //! for that partition, until the flush in flight completed. Reads, opening
 //! partitions and the maintenance ops stay synchronous on the same ring.
 //!
+//! Each partition hosts its replica, a cluster of one (see `partition`):
+//! the replica sequences produces; its flushes are answered by the
+//! partition's group commit, and its replies acknowledge the producers.
+//! A tick steps only the replicas with a timeout armed (none, at R = 1
+//! while Normal).
+//!
 //! This file is the runtime: the thread, the monoio tasks, the clock.
 //! What a turn does to the partitions is in `shard/turn.rs`, which gets the
 //! time from these tasks and touches files only through the ring.
 
 use std::cell::{Cell, RefCell};
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
@@ -47,7 +53,7 @@ use std::time::{Duration, Instant};
 use ringlog_protocol::wire::{ErrorCode, ProduceReply};
 use ringlog_storage::io::uring::UringBackend;
 use ringlog_storage::io::{BatchId, IoBackend};
-use ringlog_storage::store::{Appended, PoolConfig, StorePool};
+use ringlog_storage::store::{PoolConfig, StorePool};
 
 use crate::catalog::{Catalog, CatalogView, TopicState, TopicTable};
 use crate::config::ServerConfig;
@@ -62,6 +68,7 @@ use crate::ops::{
 use crate::partition::Partition;
 use crate::placement::shard_for;
 use crate::trash::{self, Poker};
+use crate::vsr::Token;
 
 /// Ring entries of each shard's storage ring.
 const STORAGE_RING_ENTRIES: u32 = 256;
@@ -171,6 +178,10 @@ struct Core<B: IoBackend> {
     /// Per partition: appends waiting for durability and work parked
     /// behind its flush in flight (absent when both are empty).
     lanes: HashMap<u32, Lane>,
+    /// Partitions whose replica has a timeout armed: the only ones a tick
+    /// steps, so a tick costs O(these), not O(partitions). A cluster of one
+    /// that is Normal is never in it.
+    ticking: BTreeSet<u32>,
 }
 
 /// One group commit in flight: the partitions it flushes, with how many
@@ -182,16 +193,11 @@ struct Flight {
 
 #[derive(Default)]
 struct Lane {
-    /// Appended, acknowledged once durable; in offset order.
-    acks: VecDeque<Ack>,
+    /// Produces the replica holds, by the token it answers them with; at
+    /// most one per append the partition's pipeline and client queue hold.
+    acks: HashMap<Token, Responder>,
     /// Work that must wait for the flush in flight, in arrival order.
     parked: VecDeque<Work>,
-}
-
-struct Ack {
-    appended: Appended,
-    index: u32,
-    reply: Responder,
 }
 
 /// What applying work produced.
@@ -467,6 +473,7 @@ impl<B: IoBackend> Shard<B> {
                 partitions: HashMap::new(),
                 flights: HashMap::new(),
                 lanes: HashMap::new(),
+                ticking: BTreeSet::new(),
             }),
             queue: RefCell::new(VecDeque::new()),
             turn: Notify::default(),
@@ -493,6 +500,7 @@ impl<B: IoBackend> Shard<B> {
             io,
             pool,
             partitions,
+            ticking,
             ..
         } = &mut *core;
         // The server made the recycle root and cleared foreign shards' dirs.
@@ -524,6 +532,9 @@ impl<B: IoBackend> Shard<B> {
             for (&(topic, index, id, creating), dir) in batch.iter().zip(&dirs) {
                 let config = self.config.store_config();
                 let p = Partition::open(io, pool, dir, topic, index, id, config, creating);
+                if p.needs_tick() {
+                    ticking.insert(id);
+                }
                 partitions.insert(id, p);
             }
             pool.clear_prefetched();
@@ -609,6 +620,7 @@ impl<B: IoBackend> Shard<B> {
                     p.apply_retention(io, t);
                 }
             }
+            self.tick_replicas(now);
             if !self.is_stopping() {
                 self.checkpoint_idle(now);
             }
@@ -648,7 +660,7 @@ impl<B: IoBackend> Shard<B> {
         for (_, lane) in self.core.borrow_mut().lanes.drain() {
             // Not expected: with no flush in flight every append was
             // settled and nothing stays parked.
-            replies.extend(lane.acks.into_iter().map(|a| a.reply));
+            replies.extend(lane.acks.into_values());
             replies.extend(lane.parked.into_iter().map(|w| w.reply));
         }
         for r in replies {
@@ -716,5 +728,7 @@ mod turn;
 
 #[cfg(test)]
 mod crash_sim;
+#[cfg(test)]
+mod host_tests;
 #[cfg(test)]
 mod turn_tests;

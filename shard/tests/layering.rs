@@ -26,7 +26,10 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("ops", &[]),
     ("mailbox", &["eventfd", "ops"]),
     ("metrics", &["mailbox"]),
-    ("partition", &["client", "config", "ops"]),
+    (
+        "partition",
+        &["client", "config", "ops", "replica_io", "vsr"],
+    ),
     ("trash", &[]),
     (
         "handle",
@@ -53,6 +56,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "partition",
             "placement",
             "trash",
+            "vsr",
         ],
     ),
     (

@@ -27,7 +27,10 @@ pub enum ErrorCode {
     InvalidBatch = 11,
     BatchTooLarge = 12,
     OffsetOutOfRange = 13,
-    /// A queue on the way is full: retry later. Nothing was written.
+    /// A queue on the way is full: retry later. Nothing was written. The
+    /// queues: a shard's mailbox and connection budgets, and a partition's
+    /// replica (its pipeline of uncommitted appends and the client queue
+    /// behind it, `vsr::AppendError::Busy`).
     Backpressure = 14,
     /// The partition stopped after an I/O failure (fail-stop); it recovers
     /// on restart.

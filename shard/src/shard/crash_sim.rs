@@ -46,15 +46,25 @@ fn config() -> ServerConfig {
 
 /// A shard over `io` owning every partition of the topic.
 fn shard(io: SimBackend, state: TopicState) -> Shard<SimBackend> {
+    shard_with(io, state, PARTITIONS, config())
+}
+
+/// A shard over `io` owning `partitions` partitions of the topic.
+pub(super) fn shard_with(
+    io: SimBackend,
+    state: TopicState,
+    partitions: u32,
+    config: ServerConfig,
+) -> Shard<SimBackend> {
     let mut table = TopicTable {
         format: 1,
-        next_partition_id: FIRST_ID + PARTITIONS,
+        next_partition_id: FIRST_ID + partitions,
         ..TopicTable::default()
     };
     table.topics.insert(
         TOPIC.into(),
         TopicMeta {
-            partitions: PARTITIONS,
+            partitions,
             first_partition_id: FIRST_ID,
             state,
         },
@@ -62,7 +72,7 @@ fn shard(io: SimBackend, state: TopicState) -> Shard<SimBackend> {
     let (tx, rx) = mailbox(16, 1 << 20, 16).expect("mailbox");
     let setup = ShardSetup {
         id: 0,
-        config: Arc::new(config()),
+        config: Arc::new(config),
         catalog: Arc::new(Catalog::new(table)),
         peers: Arc::new(vec![tx]),
         rx,
@@ -112,15 +122,20 @@ struct Acked {
 
 /// Creates the data dir and the partitions (nothing acknowledged yet).
 pub(super) fn setup(seed: u64) -> Shard<SimBackend> {
+    let s = shard(data_dir(seed), TopicState::Creating);
+    assert_eq!(s.open_owned_partitions(), PARTITIONS as usize);
+    s
+}
+
+/// A sim disk holding an empty, durable `/data`.
+pub(super) fn data_dir(seed: u64) -> SimBackend {
     let mut io = SimBackend::new(seed);
     io.create_dir(Path::new("/data")).expect("mkdir");
     let root = io.open_dir(Path::new("/")).expect("open /");
     let done = io.submit(vec![Sqe::new(IoOp::Fsync { file: root })]);
     assert!(done.iter().all(|c| c.result.is_ok()));
     io.close(root);
-    let s = shard(io, TopicState::Creating);
-    assert_eq!(s.open_owned_partitions(), PARTITIONS as usize);
-    s
+    io
 }
 
 /// Drives the workload: rounds of produces from several producers to

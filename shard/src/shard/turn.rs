@@ -90,6 +90,7 @@ impl<B: IoBackend> Shard<B> {
             pool,
             partitions,
             lanes,
+            ticking,
             ..
         } = core;
         let Applied {
@@ -108,14 +109,11 @@ impl<B: IoBackend> Shard<B> {
                     return;
                 };
                 match p.produce(io, batch) {
-                    Ok(app) => {
+                    Ok(token) => {
                         metrics::add(&self.metrics.append_bytes_total, len);
                         touch(touched, partition_id);
-                        lanes.entry(partition_id).or_default().acks.push_back(Ack {
-                            appended: app,
-                            index: p.index,
-                            reply,
-                        });
+                        let lane = lanes.entry(partition_id).or_default();
+                        lane.acks.insert(token, reply);
                     }
                     Err(e) => {
                         metrics::inc(&self.metrics.append_errors_total);
@@ -196,6 +194,9 @@ impl<B: IoBackend> Shard<B> {
                             create,
                         );
                         let fault = p.status(self.id).fault;
+                        if p.needs_tick() {
+                            ticking.insert(partition_id);
+                        }
                         slot.insert(p);
                         match fault {
                             None => Ok(OpReply::Empty),
@@ -206,7 +207,13 @@ impl<B: IoBackend> Shard<B> {
                 replies.push((reply, outcome));
             }
             Op::DropPartition { partition_id } => {
-                if let Some(p) = partitions.remove(&partition_id) {
+                if let Some(mut p) = partitions.remove(&partition_id) {
+                    // Produces the replica answered already (made durable
+                    // by the flush this drop waited for) are answered so;
+                    // `settle` fails the rest with UnknownPartition.
+                    if let Some(lane) = lanes.get_mut(&partition_id) {
+                        self.answer(lane, &mut p, replies);
+                    }
                     let dir = p.dir().to_path_buf();
                     if let Err(e) = p.close(io) {
                         tracing::warn!(partition_id, error = %e, "close before delete failed");
@@ -284,7 +291,10 @@ impl<B: IoBackend> Shard<B> {
             let Some(p) = core.partitions.get_mut(&pid) else {
                 continue;
             };
-            match p.prepare_flush(&mut sqes) {
+            if p.needs_tick() {
+                core.ticking.insert(pid);
+            }
+            match p.prepare_flush(&mut core.io, &mut sqes) {
                 Ok(0) => {}
                 Ok(n) => parts.push((pid, n)),
                 // Fenced: `settle` answers its appends with the cause.
@@ -309,10 +319,10 @@ impl<B: IoBackend> Shard<B> {
         self.serve_waiters(core, &out.touched, &mut out.replies);
     }
 
-    /// Acknowledges the pending appends of `pids` that are durable now
-    /// (`durable().next_offset` reached their next offset); a fenced
-    /// partition fails the rest with its cause, a removed one with
-    /// UnknownPartition. Returns how many it acknowledged.
+    /// Answers the pending produces of `pids` the replicas replied to
+    /// (acknowledged once the group commit made them durable, or refused);
+    /// a removed partition fails the rest with UnknownPartition. Returns how
+    /// many it acknowledged.
     pub(super) fn settle(
         &self,
         core: &mut Core<B>,
@@ -324,63 +334,66 @@ impl<B: IoBackend> Shard<B> {
             let Some(lane) = core.lanes.get_mut(pid) else {
                 continue;
             };
-            let Some(p) = core.partitions.get(pid) else {
+            let Some(p) = core.partitions.get_mut(pid) else {
                 let lane = core.lanes.remove(pid).unwrap_or_default();
-                for a in lane.acks {
+                for reply in lane.acks.into_values() {
                     metrics::inc(&self.metrics.append_errors_total);
-                    replies.push((a.reply, Err(unknown_partition(*pid))));
+                    replies.push((reply, Err(unknown_partition(*pid))));
                 }
                 for w in lane.parked {
                     replies.push((w.reply, Err(unknown_partition(*pid))));
                 }
                 continue;
             };
-            let (durable, fenced) = match p.store() {
-                Ok(s) => (
-                    s.durable().next_offset,
-                    s.fenced()
-                        .map(|cause| OpError::new(ErrorCode::PartitionFenced, cause)),
-                ),
-                Err(e) => (0, Some(e)),
-            };
-            while lane
-                .acks
-                .front()
-                .is_some_and(|a| a.appended.next_offset <= durable)
-            {
-                let Some(a) = lane.acks.pop_front() else {
-                    break;
-                };
-                metrics::inc(&self.metrics.appends_total);
-                acked += 1;
-                replies.push((
-                    a.reply,
-                    Ok(OpReply::Produced(ProduceReply {
-                        partition: a.index,
-                        base_offset: a.appended.base_offset,
-                        next_offset: a.appended.next_offset,
-                    })),
-                ));
-            }
-            let failure = match fenced {
-                Some(e) => Some(e),
-                // Nothing in flight will cover them (cannot happen: every
-                // append is followed by a flush attempt); never leave a
-                // producer hanging.
-                None if !lane.acks.is_empty() && !p.flush_in_flight() => {
-                    Some(OpError::new(ErrorCode::Storage, "append not durable"))
-                }
-                None => None,
-            };
-            if let Some(e) = failure {
-                for a in lane.acks.drain(..) {
+            acked += self.answer(lane, p, replies);
+            // Nothing in flight will answer them (cannot happen: every
+            // append is followed by a flush, answered by the next group
+            // commit); never leave a producer hanging.
+            if !lane.acks.is_empty() && !p.flush_in_flight() {
+                let e = OpError::new(ErrorCode::Storage, "append not durable");
+                for (_, reply) in lane.acks.drain() {
                     metrics::inc(&self.metrics.append_errors_total);
-                    replies.push((a.reply, Err(e.clone())));
+                    replies.push((reply, Err(e.clone())));
                 }
             }
             if lane.acks.is_empty() && lane.parked.is_empty() {
                 core.lanes.remove(pid);
             }
+        }
+        acked
+    }
+
+    /// Answers the produces of `lane` that `p`'s replica replied to.
+    /// Returns how many it acknowledged.
+    fn answer(
+        &self,
+        lane: &mut Lane,
+        p: &mut Partition,
+        replies: &mut Vec<(Responder, Outcome)>,
+    ) -> usize {
+        let (index, pid) = (p.index, p.id);
+        let mut acked = 0;
+        for (token, result) in p.take_replies() {
+            let Some(reply) = lane.acks.remove(&token) else {
+                tracing::warn!(partition_id = pid, token, "reply to an unknown produce");
+                continue;
+            };
+            let outcome = match result {
+                Ok(app) => {
+                    metrics::inc(&self.metrics.appends_total);
+                    acked += 1;
+                    Ok(OpReply::Produced(ProduceReply {
+                        partition: index,
+                        base_offset: app.base_offset,
+                        next_offset: app.next_offset,
+                    }))
+                }
+                Err(e) => {
+                    metrics::inc(&self.metrics.append_errors_total);
+                    Err(e)
+                }
+            };
+            replies.push((reply, outcome));
         }
         acked
     }
@@ -393,6 +406,7 @@ impl<B: IoBackend> Shard<B> {
         let mut out = Applied::new(0, now);
         {
             let mut core = self.core.borrow_mut();
+            let core = &mut *core;
             let reaped = core.io.reap();
             if reaped.is_empty() {
                 return;
@@ -410,7 +424,7 @@ impl<B: IoBackend> Shard<B> {
                     let mine = completions.by_ref().take(n);
                     match core.partitions.get_mut(&pid) {
                         Some(p) => {
-                            if let Err(e) = p.complete_flush(mine) {
+                            if let Err(e) = p.complete_flush(&mut core.io, mine) {
                                 tracing::error!(shard = self.id, partition_id = pid, error = %e, "flush failed");
                             }
                         }
@@ -431,10 +445,10 @@ impl<B: IoBackend> Shard<B> {
                     .map(|l| std::mem::take(&mut l.parked))
                     .unwrap_or_default();
                 for work in parked {
-                    self.apply(&mut core, work, &mut out);
+                    self.apply(core, work, &mut out);
                 }
             }
-            self.commit(&mut core, &mut out);
+            self.commit(core, &mut out);
         }
         for (reply, outcome) in out.replies {
             self.respond(reply, outcome);
@@ -494,6 +508,36 @@ impl<B: IoBackend> Shard<B> {
         for (reply, outcome) in replies {
             self.respond(reply, outcome);
         }
+    }
+
+    /// Steps the replicas that have a timeout armed with one tick, then
+    /// flushes and answers what that produced. Returns how many it ticked:
+    /// O(partitions in `ticking`), none for idle clusters of one.
+    pub(super) fn tick_replicas(&self, now: Instant) -> usize {
+        let mut out = Applied::new(0, now);
+        let mut ticked = 0;
+        {
+            let mut core = self.core.borrow_mut();
+            let core = &mut *core;
+            let due: Vec<u32> = core.ticking.iter().copied().collect();
+            for pid in due {
+                let Some(p) = core.partitions.get_mut(&pid) else {
+                    core.ticking.remove(&pid);
+                    continue;
+                };
+                p.tick(&mut core.io);
+                ticked += 1;
+                if !p.needs_tick() {
+                    core.ticking.remove(&pid);
+                }
+                out.touch(pid);
+            }
+            self.commit(core, &mut out);
+        }
+        for (reply, outcome) in out.replies {
+            self.respond(reply, outcome);
+        }
+        ticked
     }
 
     /// Brings the durable frontier record of partitions idle since the last

@@ -11,7 +11,7 @@ use ringlog_storage::io::{IoBackend, Op as IoOp, Sqe};
 use super::crash_sim::{batch, setup, FIRST_ID};
 use super::*;
 
-fn queue(s: &Shard<SimBackend>, op: Op) -> crossbeam_channel::Receiver<Outcome> {
+pub(super) fn queue(s: &Shard<SimBackend>, op: Op) -> crossbeam_channel::Receiver<Outcome> {
     let (tx, rx) = crossbeam_channel::bounded(1);
     s.queue.borrow_mut().push_back(Work {
         op,

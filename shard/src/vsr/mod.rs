@@ -75,6 +75,7 @@ macro_rules! planted {
 mod log;
 #[cfg(feature = "planted-bugs")]
 pub mod planted;
+mod refuse;
 mod replica;
 pub mod timeout;
 mod types;

@@ -12,7 +12,41 @@ use ringlog_protocol::replication as wire;
 
 /// One record batch exactly as the primary stamped it (header + body).
 /// Shared, so a Prepare to several backups and the journal hold one copy.
-pub type BatchBytes = Arc<[u8]>;
+/// Built from a producer's `Vec` without copying its body (an `Arc<[u8]>`
+/// would copy it: the shard's produce path moves the bytes in).
+#[derive(Clone, PartialEq, Eq)]
+pub struct BatchBytes(Arc<Vec<u8>>);
+
+impl From<Vec<u8>> for BatchBytes {
+    fn from(bytes: Vec<u8>) -> Self {
+        BatchBytes(Arc::new(bytes))
+    }
+}
+
+impl From<&[u8]> for BatchBytes {
+    fn from(bytes: &[u8]) -> Self {
+        BatchBytes(Arc::new(bytes.to_vec()))
+    }
+}
+
+impl std::ops::Deref for BatchBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl AsRef<[u8]> for BatchBytes {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for BatchBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.as_slice().fmt(f)
+    }
+}
 
 /// Names one storage operation; echoed by [`Input::IoDone`].
 pub type IoId = u64;

@@ -1,0 +1,221 @@
+//! The shard hosting each partition's replica (a cluster of one) over the
+//! sim backend: group commit through the replica, pending produces of a
+//! dropped, fenced or full partition, and ticks only where needed.
+
+use std::time::Instant;
+
+use ringlog_storage::io::sim::{Fault, FaultOp, Faults, SimBackend};
+
+use super::crash_sim::{batch, data_dir, shard_with, FIRST_ID};
+use super::turn_tests::queue;
+use super::*;
+use crate::catalog::TopicState;
+
+/// Bounds the drain loop: far more wake-ups than any test needs.
+const DRAIN_ROUNDS_MAX: usize = 10_000;
+
+/// Small segments and write buffers: a sim disk holds every byte in memory.
+fn config() -> ServerConfig {
+    ServerConfig {
+        data_dir: "/data".into(),
+        group_commit_appends_max: 256,
+        segment_size_bytes: 256 * 1024,
+        write_buffer_bytes: 64 * 1024,
+        ..ServerConfig::default()
+    }
+}
+
+fn open(partitions: u32, seed: u64) -> Shard<SimBackend> {
+    let s = shard_with(data_dir(seed), TopicState::Creating, partitions, config());
+    assert_eq!(s.open_owned_partitions(), partitions as usize);
+    s
+}
+
+/// Runs turns and storage completions until no flush is in flight.
+fn settle_all(s: &Shard<SimBackend>) {
+    for _ in 0..DRAIN_ROUNDS_MAX {
+        while s.run_turn(Instant::now()) > 0 {}
+        if s.core.borrow().flights.is_empty() {
+            return;
+        }
+        s.on_storage_completions(Instant::now());
+    }
+    panic!("flushes never finish");
+}
+
+fn produce(s: &Shard<SimBackend>, pid: u32, tag: u64) -> crossbeam_channel::Receiver<Outcome> {
+    queue(
+        s,
+        Op::Produce {
+            partition_id: pid,
+            batch: batch(tag, 2, 100),
+        },
+    )
+}
+
+fn produced(rx: &crossbeam_channel::Receiver<Outcome>) -> ProduceReply {
+    match rx.try_recv() {
+        Ok(Ok(OpReply::Produced(r))) => r,
+        other => panic!("expected an acknowledgement, got {other:?}"),
+    }
+}
+
+fn refused(rx: &crossbeam_channel::Receiver<Outcome>) -> OpError {
+    match rx.try_recv() {
+        Ok(Err(e)) => e,
+        other => panic!("expected an error, got {other:?}"),
+    }
+}
+
+fn syncs(s: &Shard<SimBackend>) -> u64 {
+    s.core.borrow().io.op_count(FaultOp::Sync)
+}
+
+/// 100 produces to two partitions in one turn: one group commit, one
+/// fdatasync per partition (not one per append, which the replica's one
+/// Flush per append would be if each ran on its own), every produce
+/// acknowledged at consecutive offsets.
+#[test]
+fn the_appends_of_one_turn_share_one_fdatasync_per_partition() {
+    let s = open(2, 1);
+    // The first flush of a fresh store also writes its first frontier
+    // record: count from the second on.
+    let warm = [produce(&s, FIRST_ID, 0), produce(&s, FIRST_ID + 1, 0)];
+    settle_all(&s);
+    let mut next = [
+        produced(&warm[0]).next_offset,
+        produced(&warm[1]).next_offset,
+    ];
+    let before = syncs(&s);
+    let rxs: Vec<_> = (0..100u32)
+        .map(|i| {
+            (
+                i as usize % 2,
+                produce(&s, FIRST_ID + i % 2, u64::from(i) + 1),
+            )
+        })
+        .collect();
+    assert_eq!(s.run_turn(Instant::now()), 100, "one turn takes them all");
+    assert_eq!(s.core.borrow().flights.len(), 1, "one group commit");
+    settle_all(&s);
+    assert_eq!(syncs(&s) - before, 2, "one fdatasync per partition");
+    for (p, rx) in rxs {
+        let r = produced(&rx);
+        assert_eq!(r.base_offset, next[p]);
+        assert_eq!(r.next_offset, next[p] + 2);
+        next[p] = r.next_offset;
+    }
+}
+
+/// A produce the replica holds when its partition is dropped gets
+/// UnknownPartition: here one appended behind a flush in flight, with the
+/// drop parked behind that flush. The one the flush covered is
+/// acknowledged.
+#[test]
+fn a_produce_pending_when_its_partition_is_dropped_gets_unknown_partition() {
+    let s = open(1, 2);
+    let first = produce(&s, FIRST_ID, 1);
+    assert_eq!(s.run_turn(Instant::now()), 1);
+    assert!(s.core.borrow().partitions[&FIRST_ID].flush_in_flight());
+    let behind = produce(&s, FIRST_ID, 2);
+    let dropped = queue(
+        &s,
+        Op::DropPartition {
+            partition_id: FIRST_ID,
+        },
+    );
+    assert_eq!(s.run_turn(Instant::now()), 2);
+    assert!(behind.try_recv().is_err(), "answered before durable");
+    settle_all(&s);
+    assert_eq!(produced(&first).base_offset, 0);
+    assert_eq!(refused(&behind).code, ErrorCode::UnknownPartition);
+    assert!(matches!(dropped.try_recv(), Ok(Ok(OpReply::Empty))));
+    assert!(s.core.borrow().lanes.is_empty(), "nothing left pending");
+}
+
+/// A failed group-commit fdatasync fences that partition: every produce
+/// its replica held gets PartitionFenced with the cause, and so do later
+/// ones; the other partition of the same group commit is acknowledged.
+#[test]
+fn a_failed_group_commit_fails_every_pending_produce_of_that_partition() {
+    let s = open(2, 3);
+    let at = syncs(&s);
+    s.core
+        .borrow_mut()
+        .io
+        .inject(FaultOp::Sync, at, Fault::Errno(libc::EIO));
+    let pids = [FIRST_ID, FIRST_ID + 1];
+    let rxs: Vec<Vec<_>> = pids
+        .iter()
+        .map(|&pid| (0..3).map(|i| produce(&s, pid, i)).collect())
+        .collect();
+    settle_all(&s);
+    // The sim runs the two flushes in a seeded order: either may fail.
+    let fenced: Vec<bool> = {
+        let core = s.core.borrow();
+        pids.iter()
+            .map(|pid| core.partitions[pid].status(0).fault.is_some())
+            .collect()
+    };
+    assert_eq!(fenced.iter().filter(|f| **f).count(), 1, "{fenced:?}");
+    for (i, list) in rxs.iter().enumerate() {
+        for (n, rx) in list.iter().enumerate() {
+            if fenced[i] {
+                let e = refused(rx);
+                assert_eq!(e.code, ErrorCode::PartitionFenced, "{e}");
+                assert!(e.message.contains("fdatasync"), "{e}");
+            } else {
+                assert_eq!(produced(rx).base_offset, 2 * n as u64);
+            }
+        }
+    }
+    let bad = pids[usize::from(fenced[1])];
+    let later = produce(&s, bad, 10);
+    settle_all(&s);
+    assert_eq!(refused(&later).code, ErrorCode::PartitionFenced);
+}
+
+/// A full disk refuses the append (retryable DiskFull, nothing written);
+/// the replica takes the op back, so once space is free the partition
+/// goes on at the same offset, not fenced.
+#[test]
+fn a_full_disk_refuses_the_append_and_the_partition_goes_on() {
+    let s = open(1, 4);
+    let used = s.core.borrow().io.space_used_bytes();
+    s.core.borrow_mut().io.set_faults(Faults {
+        space_bytes_max: Some(used),
+        ..Faults::default()
+    });
+    let full = produce(&s, FIRST_ID, 1);
+    settle_all(&s);
+    let e = refused(&full);
+    assert_eq!(e.code, ErrorCode::DiskFull, "{e}");
+    s.core.borrow_mut().io.set_faults(Faults::default());
+    let rxs: Vec<_> = (2..5).map(|i| produce(&s, FIRST_ID, i)).collect();
+    settle_all(&s);
+    let offsets: Vec<u64> = rxs.iter().map(|rx| produced(rx).base_offset).collect();
+    assert_eq!(offsets, [0, 2, 4]);
+    let core = s.core.borrow();
+    assert!(core.partitions[&FIRST_ID].status(0).fault.is_none());
+}
+
+/// 10,000 idle partitions (and busy ones: a Normal cluster of one arms no
+/// timeout) cost a tick nothing: no replica is stepped. A partition in the
+/// ticking set is stepped once and leaves it when it needs no more.
+#[test]
+fn ten_thousand_idle_partitions_cost_no_ticks() {
+    let s = open(10_000, 5);
+    assert!(s.core.borrow().ticking.is_empty());
+    assert_eq!(s.tick_replicas(Instant::now()), 0);
+    let rxs: Vec<_> = (0..200)
+        .map(|i| produce(&s, FIRST_ID + i * 50, 1))
+        .collect();
+    settle_all(&s);
+    for rx in &rxs {
+        produced(rx);
+    }
+    assert_eq!(s.tick_replicas(Instant::now()), 0);
+    s.core.borrow_mut().ticking.insert(FIRST_ID);
+    assert_eq!(s.tick_replicas(Instant::now()), 1);
+    assert_eq!(s.tick_replicas(Instant::now()), 0);
+}
