@@ -36,6 +36,11 @@ pub struct SimArgs {
     /// A failing seed prints its whole trace, not only the last lines.
     #[arg(long)]
     full_trace: bool,
+    /// Retention retires committed segments; replicas catch up by state
+    /// transfer (the counts line then shows transfers, installs, install
+    /// crashes, rotations and refusals).
+    #[arg(long)]
+    transfers: bool,
 }
 
 fn parse_replicas(s: &str) -> Result<u8, String> {
@@ -58,6 +63,7 @@ pub fn run(a: SimArgs) -> i32 {
             segment_bytes: a.segment_bytes,
             uncommitted_headroom_bytes: a.headroom_bytes,
             full_trace: a.full_trace,
+            transfers: a.transfers,
         };
         match sim::run(opts) {
             Ok(summary) => println!("{summary}"),

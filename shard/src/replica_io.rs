@@ -326,14 +326,29 @@ fn recover_above(
     let end = store.durable();
     let last_op = end.last_op;
     let mut base_op = commit.min(last_op).saturating_sub(committed_ops_kept);
-    if let Some(held_min) = op_held_min(store, io)? {
-        // The journal cannot reach below what retention left: anchor it
-        // on the lowest op held (or the durable end, if none is).
-        base_op = base_op.max(held_min.min(last_op));
-    }
     let mut headers = Vec::new();
     let mut base = Anchor::default();
-    if base_op > 0 && base_op == last_op {
+    let held_min = op_held_min(store, io)?;
+    let f = store.superblock().frontier;
+    let start = store.log_start_offset();
+    if held_min.is_some_and(|h| base_op < h) && f.active_base == start {
+        // Every sealed segment was retired (or installed over): the
+        // journal starts at the active segment, on the op before it.
+        base_op = f.active_prev_op;
+        base = Anchor {
+            op: f.active_prev_op,
+            checksum: f.active_prev_checksum,
+            next_offset: start,
+        };
+    } else if let Some(h) = held_min.filter(|h| base_op < *h) {
+        // The journal cannot reach below what retention left: anchor it
+        // on the first op of the oldest sealed segment (committed: a
+        // segment seals only committed ops).
+        base_op = h;
+    }
+    if base.op > 0 {
+        // Anchored on the active segment's predecessor above.
+    } else if base_op > 0 && base_op == last_op {
         // The durable end is the anchor: the store tracks it, no read.
         base = Anchor {
             op: last_op,

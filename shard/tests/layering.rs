@@ -21,7 +21,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("placement", &[]),
     ("vsr", &[]),
     ("replica_io", &["vsr"]),
-    ("sim", &["replica_io", "vsr"]),
+    ("sim", &["replica_io", "transfer", "vsr"]),
     ("transfer", &["vsr"]),
     ("ops", &[]),
     ("mailbox", &["eventfd", "ops"]),

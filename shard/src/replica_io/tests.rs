@@ -428,18 +428,20 @@ fn retired_store() -> (SimBackend, PartitionStore, Vec<BatchBytes>, u64) {
 
 /// Guards against: a replica whose store retired old segments failing
 /// to boot because the journal it keeps reaches below the log start
-/// ("recover: op N is not in the store"): the journal starts at the
-/// lowest op still held instead.
+/// ("recover: op N is not in the store"): here every sealed segment was
+/// retired, so the journal is anchored on the op just below the active
+/// segment (from the superblock's frontier; never on an op of the active
+/// segment, which may be uncommitted).
 #[test]
 fn recover_keeps_no_journal_below_the_retired_log_start() {
     let (mut io, mut store, batches, held_min) = retired_store();
     let r = recover(&mut store, &mut io, 1_000).expect("recovers above the log start");
-    let first = BatchHeader::decode(&batches[held_min as usize - 1]).expect("decodes");
-    assert_eq!(r.base.op, held_min, "anchored on the lowest op held");
-    assert_eq!(r.base.checksum, first.header_checksum);
-    assert_eq!(r.base.next_offset, first.next_offset());
+    let below = BatchHeader::decode(&batches[held_min as usize - 2]).expect("decodes");
+    assert_eq!(r.base.op, held_min - 1, "anchored below the lowest op held");
+    assert_eq!(r.base.checksum, below.header_checksum);
+    assert_eq!(r.base.next_offset, store.log_start_offset());
     let ops: Vec<u64> = r.headers.iter().map(|h| h.vsr_op).collect();
-    let want: Vec<u64> = (held_min + 1..=80).collect();
+    let want: Vec<u64> = (held_min..=80).collect();
     assert_eq!(ops, want);
     assert_eq!(r.durable.commit, 80);
     // A journal that fits above the log start is kept as asked.

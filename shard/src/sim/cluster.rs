@@ -19,6 +19,10 @@ use super::node::{store_config, Node, Queued, RunIo, PARTITION_ID, PENDING_IO_MA
 use super::trace::Trace;
 use super::{Counts, SimOptions};
 
+#[path = "transfer.rs"]
+mod transfer;
+pub use transfer::NodeXfer;
+
 pub const CLUSTER_ID: u128 = 0x5eed_c1a5;
 /// Deliveries and storage completions per tick at most (the rest wait).
 const EVENTS_PER_TICK_MAX: u32 = 4096;
@@ -77,6 +81,8 @@ pub struct Cluster {
     client: Client,
     io_ops_per_tick_max: u64,
     uncommitted_headroom_bytes: u64,
+    /// Retention and state transfer on ([`SimOptions::transfers`]).
+    transfers: bool,
 }
 
 impl Cluster {
@@ -91,7 +97,12 @@ impl Cluster {
             rates.wipe_pct = 0;
         }
         let io_ops_per_tick_max = 1 + rng.below(12);
-        let store = store_config(opts.segment_bytes, opts.uncommitted_headroom_bytes);
+        let mut store = store_config(opts.segment_bytes, opts.uncommitted_headroom_bytes);
+        if opts.transfers {
+            // Little kept past the active segment: a replica lagging past it, or
+            // wiped, must transfer.
+            store.retention_bytes = Some(opts.segment_bytes / 4);
+        }
         let mut nodes = Vec::new();
         for r in 0..n {
             let seeds = (rng.next_u64(), rng.next_u64());
@@ -120,6 +131,7 @@ impl Cluster {
             client: Client::default(),
             io_ops_per_tick_max,
             uncommitted_headroom_bytes: opts.uncommitted_headroom_bytes,
+            transfers: opts.transfers,
         })
     }
 
@@ -243,6 +255,12 @@ impl Cluster {
                 self.nodes[usize::from(r)].arm_crash(ahead, tear, now + 30);
             }
             self.step(r, Input::Tick)?;
+            if self.transfers && self.nodes[usize::from(r)].is_up() {
+                self.transfer_tick(r, faults)?;
+                if chance(&mut self.rng, transfer::RETENTION_PER_MILLE) {
+                    self.retain(r)?;
+                }
+            }
         }
         if chance(&mut self.rng, self.rates.append_per_mille) {
             self.client_append()?;
@@ -262,7 +280,8 @@ impl Cluster {
             let ready: Vec<u8> = (0..self.n)
                 .filter(|&r| {
                     let x = &self.nodes[usize::from(r)];
-                    io_left[usize::from(r)] > 0 && x.is_up() && !x.pending.is_empty()
+                    let queued = !x.pending.is_empty() || !x.xfer.pending.is_empty();
+                    io_left[usize::from(r)] > 0 && x.is_up() && queued
                 })
                 .collect();
             if due.is_empty() && ready.is_empty() {
@@ -279,7 +298,13 @@ impl Cluster {
             } else {
                 let r = ready[self.rng.below(ready.len() as u64) as usize];
                 io_left[usize::from(r)] -= 1;
-                self.run_io(r)?;
+                let x = &self.nodes[usize::from(r)];
+                let xfer_first = x.pending.is_empty() || self.rng.below(2) == 0;
+                if x.xfer.pending.is_empty() || !xfer_first {
+                    self.run_io(r)?;
+                } else {
+                    self.run_transfer_io(r)?;
+                }
             }
         }
         Ok(())
@@ -296,9 +321,18 @@ impl Cluster {
             let detail = format!("envelope {env:?}");
             return Err(violation("messages decode", detail));
         }
-        let Some((from, msg)) = Message::from_wire(&decoded) else {
-            let detail = format!("{:?} is not a VSR message", decoded.command());
-            return Err(violation("messages decode", detail));
+        let (from, msg) = match crate::transfer::route(&decoded) {
+            Some(crate::transfer::Routed::Vsr { from, msg }) => (from, msg),
+            Some(crate::transfer::Routed::Transfer { from, msg }) => {
+                if from != p.from || !self.nodes[usize::from(p.to)].is_up() {
+                    return Ok(());
+                }
+                return self.deliver_transfer(from, p.to, msg);
+            }
+            None => {
+                let detail = format!("{:?} is neither VSR nor transfer", decoded.command());
+                return Err(violation("messages decode", detail));
+            }
         };
         if from != p.from {
             let detail = format!("sent by R{}, decoded as from R{from}", p.from);
@@ -401,7 +435,8 @@ impl Cluster {
         if !self.nodes[usize::from(to)].is_up() {
             to = self.rng.below(u64::from(self.n)) as u8;
         }
-        if !self.nodes[usize::from(to)].is_up() {
+        let x = &self.nodes[usize::from(to)];
+        if !x.is_up() || x.xfer.freezes() {
             return Ok(());
         }
         self.client.next_token += 1;
@@ -419,6 +454,9 @@ impl Cluster {
     /// Steps replica `r` with `input`, then handles and checks its outputs.
     fn step(&mut self, r: u8, input: Input) -> Result<(), Violation> {
         self.steps += 1;
+        if self.nodes[usize::from(r)].xfer.freezes() {
+            return Ok(()); // a transfer replaces this replica
+        }
         let Some(replica) = self.nodes[usize::from(r)].replica.as_mut() else {
             return Ok(());
         };
@@ -486,6 +524,7 @@ impl Cluster {
                         ..
                     } => self.counts.view_changes += 1,
                     Event::Committed { .. } => self.counts.commits += 1,
+                    Event::TransferNeeded { .. } if self.transfers => self.transfer_wanted(r),
                     _ => {}
                 }
                 if !matches!(e, Event::Committed { .. }) {
@@ -590,16 +629,24 @@ impl Cluster {
             })
             .min()
             .unwrap_or(0);
+        // Ops below some store's log start were retired there (and may
+        // be on no store any more): compare what every store holds.
+        let mut lo = 1;
+        for i in 0..self.nodes.len() {
+            if self.nodes[i].is_up() {
+                lo = lo.max(self.nodes[i].op_held_min());
+            }
+        }
         let mut first: Option<Vec<Vec<u8>>> = None;
         for i in 0..self.nodes.len() {
             if !self.nodes[i].is_up() {
                 continue;
             }
-            let ops = self.nodes[i].read_ops(prefix)?;
+            let ops = self.nodes[i].read_ops(lo, prefix)?;
             match &first {
                 None => first = Some(ops),
                 Some(f) if *f != ops => {
-                    let at = f.iter().zip(&ops).position(|(a, b)| a != b).unwrap_or(0) + 1;
+                    let at = f.iter().zip(&ops).position(|(a, b)| a != b).unwrap_or(0) as u64 + lo;
                     let detail =
                         format!("replica {i} differs from the first up replica at op {at}");
                     return Err(violation("committed prefixes byte-identical", detail));
@@ -608,8 +655,13 @@ impl Cluster {
             }
         }
         let ops = first.unwrap_or_default();
+        let mut retired = 0;
         for ack in &self.checker.acked {
-            let Some(bytes) = ops.get(ack.op as usize - 1) else {
+            if ack.op < lo {
+                retired += 1;
+                continue;
+            }
+            let Some(bytes) = ops.get((ack.op - lo) as usize) else {
                 let detail = format!("acked op {} beyond the committed prefix", ack.op);
                 return Err(violation("acked ops readable everywhere", detail));
             };
@@ -623,6 +675,7 @@ impl Cluster {
             }
         }
         self.counts.ops_read_back += ops.len() as u64;
+        self.counts.acks_retired += retired;
         Ok(())
     }
 }

@@ -57,6 +57,9 @@ pub struct SimOptions {
     /// A failure report carries every trace line, not only the last
     /// [`trace::RECENT_LINES_MAX`] (for reading a replay).
     pub full_trace: bool,
+    /// Retention retires committed segments and replicas catch up by
+    /// state transfer (`sim/transfer.rs`).
+    pub transfers: bool,
 }
 
 /// 64 KiB segments rolling at 16 KiB once committed: runs cross rolls,
@@ -76,6 +79,7 @@ impl SimOptions {
             segment_bytes: SEGMENT_BYTES_DEFAULT,
             uncommitted_headroom_bytes: UNCOMMITTED_HEADROOM_BYTES_DEFAULT,
             full_trace: false,
+            transfers: false,
         }
     }
 }
@@ -109,6 +113,19 @@ pub struct Counts {
     pub partitions: u64,
     pub asymmetric_partitions: u64,
     pub clogs: u64,
+    pub segments_retired: u64,
+    pub transfers_started: u64,
+    pub transfer_offers_taken: u64,
+    pub transfer_installs: u64,
+    /// Crashes during an install's storage ops.
+    pub transfer_install_crashes: u64,
+    pub transfer_rotations: u64,
+    /// Offers the receiver refused (stale, oversized, no progress).
+    pub transfer_refusals: u64,
+    pub transfer_attempts_failed: u64,
+    pub transfer_messages: u64,
+    /// Acked ops below every store's log start (retired: not read back).
+    pub acks_retired: u64,
 }
 
 impl Counts {
@@ -137,6 +154,22 @@ impl Counts {
             (&mut self.partitions, o.partitions),
             (&mut self.asymmetric_partitions, o.asymmetric_partitions),
             (&mut self.clogs, o.clogs),
+            (&mut self.segments_retired, o.segments_retired),
+            (&mut self.transfers_started, o.transfers_started),
+            (&mut self.transfer_offers_taken, o.transfer_offers_taken),
+            (&mut self.transfer_installs, o.transfer_installs),
+            (
+                &mut self.transfer_install_crashes,
+                o.transfer_install_crashes,
+            ),
+            (&mut self.transfer_rotations, o.transfer_rotations),
+            (&mut self.transfer_refusals, o.transfer_refusals),
+            (
+                &mut self.transfer_attempts_failed,
+                o.transfer_attempts_failed,
+            ),
+            (&mut self.transfer_messages, o.transfer_messages),
+            (&mut self.acks_retired, o.acks_retired),
         ];
         for (sum, x) in pairs {
             *sum += x;
@@ -151,7 +184,9 @@ impl fmt::Display for Counts {
             "appends {} acks {} view_changes {} repairs {} crashes {} torn_writes {} \
              restarts {} wipes {} fenced {} fsync_failures {} write_failures {} \
              read_faults {} truncations {} uncommitted_tail_full {} messages {} lost {} dup {} \
-             partitions {} (asymmetric {}) clogs {} ops_read_back {}",
+             partitions {} (asymmetric {}) clogs {} ops_read_back {} retired_segments {} \
+             transfers {} offers_taken {} installs {} install_crashes {} rotations {} \
+             refusals {} attempts_failed {} transfer_messages {} acks_retired {}",
             self.appends,
             self.acks,
             self.view_changes,
@@ -173,6 +208,16 @@ impl fmt::Display for Counts {
             self.asymmetric_partitions,
             self.clogs,
             self.ops_read_back,
+            self.segments_retired,
+            self.transfers_started,
+            self.transfer_offers_taken,
+            self.transfer_installs,
+            self.transfer_install_crashes,
+            self.transfer_rotations,
+            self.transfer_refusals,
+            self.transfer_attempts_failed,
+            self.transfer_messages,
+            self.acks_retired,
         )
     }
 }

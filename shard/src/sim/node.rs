@@ -24,6 +24,7 @@ use crate::replica_io::{self, Recovered};
 use crate::vsr::{Config, Event, IoFailure, IoId, IoOutcome, Replica, StorageOp, VsrState};
 
 use super::checker::{violation, DurableView, Violation};
+use super::cluster::NodeXfer;
 
 /// The partition every simulated replica holds.
 pub const PARTITION_ID: u32 = 1;
@@ -105,6 +106,11 @@ pub struct Node {
     pub durable_max: VsrState,
     pub disk_faults: DiskFaults,
     pub boots: u64,
+    /// State transfer's machines (see `sim/transfer.rs`).
+    pub xfer: NodeXfer,
+    /// While an install may be on disk: the committed ops (op -> checksum)
+    /// a reopened store may show besides `model`.
+    pub accept_committed: BTreeMap<u64, u64>,
 }
 
 impl Node {
@@ -135,6 +141,8 @@ impl Node {
             durable_max: VsrState::default(),
             disk_faults: DiskFaults::default(),
             boots: 0,
+            xfer: NodeXfer::new(),
+            accept_committed: BTreeMap::new(),
         })
     }
 
@@ -214,6 +222,7 @@ impl Node {
     pub fn power_off(&mut self) -> Result<(), Violation> {
         self.replica = None;
         self.pending.clear();
+        self.xfer = NodeXfer::new();
         self.crash_deadline_tick = None;
         self.store = None;
         let io = std::mem::replace(&mut self.io, SimBackend::new(0));
@@ -227,6 +236,7 @@ impl Node {
         let all = replica_io::recover(&mut store, &mut self.io, u64::MAX)
             .map_err(|e| violation("store reopens after a crash", e.reason))?;
         self.check_reopened(&all, store.superblock().vsr)?;
+        self.accept_committed.clear();
         self.model = all
             .headers
             .iter()
@@ -243,7 +253,8 @@ impl Node {
     fn check_reopened(&self, all: &Recovered, sb: superblock::VsrState) -> Result<(), Violation> {
         let r = self.index;
         for h in &all.headers {
-            if self.model.get(&h.vsr_op) != Some(&h.header_checksum) {
+            let installed = self.accept_committed.get(&h.vsr_op) == Some(&h.header_checksum);
+            if self.model.get(&h.vsr_op) != Some(&h.header_checksum) && !installed {
                 let detail = format!(
                     "replica {r}'s store shows op {} ({:#x}) after a crash; it was given {:?}",
                     h.vsr_op,
@@ -313,6 +324,7 @@ impl Node {
         self.io.set_faults(self.disk_faults.clone());
         self.durable_max = VsrState::default();
         self.pending.clear();
+        self.xfer = NodeXfer::new();
         let replica =
             Replica::wiped(cfg, seed).map_err(|e| violation("replica config", e.to_string()))?;
         self.replica = Some(replica);
@@ -322,16 +334,38 @@ impl Node {
         Ok(())
     }
 
-    /// Reads every durable op `1..=op_max` back from the store (faults off).
-    pub fn read_ops(&mut self, op_max: u64) -> Result<Vec<Vec<u8>>, Violation> {
+    /// The lowest op the store still holds (1 unless retention or an
+    /// install moved its log start), faults off.
+    pub fn op_held_min(&mut self) -> u64 {
+        let Some(store) = self.store.as_mut() else {
+            return 1;
+        };
+        self.io.set_faults(DiskFaults::default());
+        let probe = StorageOp::ReadBatches {
+            op_min: 1,
+            op_max: 1,
+        };
+        let held = match replica_io::execute(store, &mut self.io, &probe) {
+            Ok(IoOutcome::Evicted(e)) => e.op_held_min,
+            _ => 1,
+        };
+        let faults = self.disk_faults.clone();
+        self.io.set_faults(faults);
+        held
+    }
+
+    /// Reads every durable op `op_min..=op_max` back from the store
+    /// (faults off).
+    pub fn read_ops(&mut self, op_min: u64, op_max: u64) -> Result<Vec<Vec<u8>>, Violation> {
         let r = self.index;
         let Some(store) = self.store.as_mut() else {
             return Err(violation("read back", format!("replica {r} has no store")));
         };
         self.io.set_faults(DiskFaults::default());
         let mut out: Vec<Vec<u8>> = Vec::new();
-        while (out.len() as u64) < op_max {
-            let op_min = out.len() as u64 + 1;
+        let first = op_min;
+        while first + (out.len() as u64) <= op_max {
+            let op_min = first + out.len() as u64;
             let read = StorageOp::ReadBatches { op_min, op_max };
             match replica_io::execute(store, &mut self.io, &read) {
                 Ok(IoOutcome::Batches(b)) if !b.is_empty() => {

@@ -1,0 +1,379 @@
+//! State transfer in the simulator (DESIGN.md section 7): retention
+//! retires committed segments, a replica whose repair peer answers
+//! RangeEvicted stops being stepped, marks its superblock wiped, and runs
+//! the transfer `Receiver` against its peers' `Server`s over the sim
+//! network; their storage operations run through `transfer::io` on the
+//! node's disk (crashes hit them like any other); once installed the
+//! replica reboots from its disk on the installed frontier, wiped until
+//! its log is whole. On with [`super::SimOptions::transfers`].
+
+use std::collections::VecDeque;
+
+use crate::replica_io;
+use crate::transfer::{
+    self, io::Installs, Budgets, Event as XEvent, Frontier, IoId as XIoId, Local, Message as XMsg,
+    Outbox as XOutbox, Output as XOutput, Receiver, ReceiverConfig, ReceiverInput, Server,
+    ServerConfig, ServerInput, ServingState, TransferOp, Trigger,
+};
+use crate::vsr::{Replica, VsrState};
+use ringlog_storage::store::InstallBudget;
+
+use super::*;
+
+/// Installs a node runs at once, and the disk bytes they may reserve.
+const INSTALLS_MAX: usize = 1;
+const INSTALL_BUDGET_BYTES: u64 = 64 << 20;
+/// A tick of an install in progress arms a crash with this chance.
+const INSTALL_CRASH_PER_MILLE: u64 = 150;
+/// Retention runs on an up node with this chance per tick.
+pub const RETENTION_PER_MILLE: u64 = 30;
+
+/// One node's transfer machines and their queued storage operations.
+pub struct NodeXfer {
+    /// Some while a transfer runs: the replica is not stepped meanwhile.
+    pub receiver: Option<Receiver>,
+    /// A transfer is wanted: the replica's queued storage ops drain first.
+    pub wanted: bool,
+    pub server: Server,
+    pub installs: Installs,
+    /// (for the receiver, id, op), in emission order.
+    pub pending: VecDeque<(bool, XIoId, TransferOp)>,
+    /// An install was begun and neither committed nor aborted.
+    pub installing: bool,
+}
+
+impl NodeXfer {
+    pub fn new() -> Self {
+        Self {
+            receiver: None,
+            wanted: false,
+            server: Server::new(ServerConfig::default()),
+            installs: Installs::new(INSTALLS_MAX, InstallBudget::new(INSTALL_BUDGET_BYTES)),
+            pending: VecDeque::new(),
+            installing: false,
+        }
+    }
+
+    /// The replica is not stepped: a transfer replaces its log.
+    pub fn freezes(&self) -> bool {
+        self.wanted || self.receiver.is_some()
+    }
+}
+
+impl Default for NodeXfer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn budgets() -> Budgets {
+    Budgets {
+        chunk_size_bytes: 4096,
+        ..Budgets::default()
+    }
+}
+
+impl Cluster {
+    /// The replica asked for a transfer: freeze it (clients go elsewhere).
+    pub(super) fn transfer_wanted(&mut self, r: u8) {
+        let node = &mut self.nodes[usize::from(r)];
+        if node.xfer.freezes() {
+            return;
+        }
+        node.xfer.wanted = true;
+        self.client.in_flight.retain(|_, (to, _)| *to != r);
+    }
+
+    /// Starts a wanted transfer once the replica's storage ops drained:
+    /// the superblock is marked wiped first (a crash from here reboots
+    /// the replica wiped), then the receiver asks a peer.
+    pub(super) fn transfer_start(&mut self, r: u8) -> Result<(), Violation> {
+        let n = self.n;
+        let seed = self.rng.next_u64();
+        let node = &mut self.nodes[usize::from(r)];
+        if !node.xfer.wanted || !node.pending.is_empty() {
+            return Ok(());
+        }
+        let (Some(replica), Some(store)) = (node.replica.as_ref(), node.store.as_mut()) else {
+            return Ok(());
+        };
+        let durable = replica.durable();
+        let mark = StorageOp::PersistVsr(VsrState {
+            wiped: true,
+            ..durable
+        });
+        let result = replica_io::execute(store, &mut node.io, &mark);
+        if node.io.is_crashed() {
+            return self.crash(r, Some(&mark));
+        }
+        if let Err(e) = result {
+            self.counts.write_failures += 1;
+            self.trace.line(
+                self.tick,
+                format_args!("R{r} transfer mark failed: {}", e.reason),
+            );
+            return self.power_off(r);
+        }
+        node.wiped = true;
+        node.unwipe_asked = false;
+        let sb = store.superblock();
+        let end = store.durable();
+        let local = Local {
+            partition_id: PARTITION_ID,
+            view: sb.vsr.view,
+            commit: sb.vsr.commit,
+            purge_generation: sb.purge_generation,
+            frontier: Frontier {
+                next_offset: end.next_offset,
+                last_op: end.last_op,
+                last_checksum: end.last_checksum,
+            },
+        };
+        let cfg = ReceiverConfig {
+            replica_count: n,
+            replica: r,
+            budgets: budgets(),
+        };
+        let receiver =
+            Receiver::new(cfg, seed).map_err(|e| violation("transfer budgets", e.0.to_string()))?;
+        node.xfer.wanted = false;
+        node.xfer.receiver = Some(receiver);
+        self.counts.transfers_started += 1;
+        self.trace
+            .line(self.tick, format_args!("R{r} transfer start"));
+        let trigger = Trigger::RangeEvicted;
+        self.step_receiver(r, ReceiverInput::Start { trigger, local })
+    }
+
+    pub(super) fn transfer_tick(&mut self, r: u8, faults: bool) -> Result<(), Violation> {
+        self.transfer_start(r)?;
+        let x = &self.nodes[usize::from(r)];
+        let may_crash = faults
+            && x.xfer.installing
+            && x.crash_deadline_tick.is_none()
+            && self.down_count() < self.down_max();
+        if may_crash && chance(&mut self.rng, INSTALL_CRASH_PER_MILLE) {
+            // Aim crashes at installs: their I/O is a small part of a run.
+            let ahead = self.rng.below(4);
+            let tear = self.rng.below(100) < self.rates.tear_pct;
+            let deadline = self.tick + 30;
+            self.nodes[usize::from(r)].arm_crash(ahead, tear, deadline);
+        }
+        if !self.nodes[usize::from(r)].is_up() {
+            return Ok(());
+        }
+        self.step_server(r, ServerInput::Tick)?;
+        self.step_receiver(r, ReceiverInput::Tick)
+    }
+
+    /// A decoded transfer message for `to`.
+    pub(super) fn deliver_transfer(
+        &mut self,
+        from: u8,
+        to: u8,
+        msg: XMsg,
+    ) -> Result<(), Violation> {
+        if msg.for_receiver() {
+            return self.step_receiver(to, ReceiverInput::Message { from, msg });
+        }
+        let node = &self.nodes[usize::from(to)];
+        let state = match node.replica.as_ref() {
+            Some(rep) if !node.xfer.freezes() => ServingState {
+                available: rep.status() != Status::Fenced,
+                normal: rep.status() == Status::Normal && !rep.is_wiped(),
+                commit: rep.commit(),
+                commit_max: rep.commit(),
+            },
+            _ => ServingState {
+                available: false,
+                normal: false,
+                commit: 0,
+                commit_max: 0,
+            },
+        };
+        self.step_server(to, ServerInput::Message { from, msg, state })
+    }
+
+    fn step_server(&mut self, r: u8, input: ServerInput) -> Result<(), Violation> {
+        let mut out = XOutbox::new();
+        self.nodes[usize::from(r)].xfer.server.step(input, &mut out);
+        self.transfer_outputs(r, false, out)
+    }
+
+    fn step_receiver(&mut self, r: u8, input: ReceiverInput) -> Result<(), Violation> {
+        let mut out = XOutbox::new();
+        let Some(rx) = self.nodes[usize::from(r)].xfer.receiver.as_mut() else {
+            return Ok(());
+        };
+        rx.step(input, &mut out);
+        self.transfer_outputs(r, true, out)
+    }
+
+    fn transfer_outputs(&mut self, r: u8, rx: bool, mut out: XOutbox) -> Result<(), Violation> {
+        let outputs: Vec<XOutput> = out.drain().collect();
+        for o in outputs {
+            match o {
+                XOutput::Send { to, msg } => self.send_transfer(r, to, &msg)?,
+                XOutput::Io { id, op } => {
+                    let node = &mut self.nodes[usize::from(r)];
+                    node.xfer.pending.push_back((rx, id, op));
+                    if node.xfer.pending.len() > PENDING_IO_MAX {
+                        let detail =
+                            format!("replica {r}: {} transfer ops", node.xfer.pending.len());
+                        return Err(violation("bounded storage queue", detail));
+                    }
+                }
+                XOutput::Event(e) => self.transfer_event(r, e)?,
+            }
+        }
+        Ok(())
+    }
+
+    fn send_transfer(&mut self, r: u8, to: u8, msg: &XMsg) -> Result<(), Violation> {
+        let view = self.nodes[usize::from(r)]
+            .store
+            .as_ref()
+            .map_or(0, |s| s.superblock().vsr.view);
+        let mut bytes = Vec::new();
+        msg.to_wire(CLUSTER_ID, PARTITION_ID, r, view)
+            .encode(&mut bytes)
+            .map_err(|e| violation("messages encode", format!("R{r} transfer: {e}")))?;
+        self.counts.transfer_messages += 1;
+        let now = self.tick;
+        self.net
+            .send(&mut self.rng, &self.rates, now, (r, to, bytes));
+        Ok(())
+    }
+
+    fn transfer_event(&mut self, r: u8, e: XEvent) -> Result<(), Violation> {
+        match &e {
+            XEvent::OfferTaken { .. } => self.counts.transfer_offers_taken += 1,
+            XEvent::OfferRefused { .. } => self.counts.transfer_refusals += 1,
+            XEvent::Rotated { .. } => self.counts.transfer_rotations += 1,
+            XEvent::AttemptFailed { .. } => self.counts.transfer_attempts_failed += 1,
+            _ => {}
+        }
+        if !matches!(e, XEvent::Dropped { .. }) {
+            self.trace
+                .line(self.tick, format_args!("R{r} transfer {e:?}"));
+        }
+        if let XEvent::Installed { .. } = e {
+            return self.installed(r);
+        }
+        Ok(())
+    }
+
+    /// The install committed: the installed ops must be committed ones;
+    /// the replica reboots from its disk (wiped: it repairs onto them).
+    fn installed(&mut self, r: u8) -> Result<(), Violation> {
+        self.counts.transfer_installs += 1;
+        let seed = self.rng.next_u64();
+        let cfg = replica_config(self.n, r, self.uncommitted_headroom_bytes);
+        let node = &mut self.nodes[usize::from(r)];
+        node.xfer.receiver = None;
+        node.xfer.installing = false;
+        let Some(store) = node.store.as_mut() else {
+            return Err(violation("store after an install", "no store".into()));
+        };
+        // Booting reads the store like recovery does: with faults off.
+        node.io
+            .set_faults(ringlog_storage::io::sim::Faults::default());
+        let all = replica_io::recover(store, &mut node.io, u64::MAX)
+            .map_err(|e| violation("store after an install", e.reason))?;
+        let committed = self.checker.committed();
+        let mut model: BTreeMap<u64, u64> = BTreeMap::new();
+        if all.base.op > 0 {
+            model.insert(all.base.op, all.base.checksum);
+        }
+        model.extend(all.headers.iter().map(|h| (h.vsr_op, h.header_checksum)));
+        for (op, c) in &model {
+            if committed.get(op).is_some_and(|k| k != c) {
+                let detail = format!(
+                    "replica {r} installed op {op} ({c:#x}), committed {:?}",
+                    committed.get(op)
+                );
+                return Err(violation(
+                    "committed prefixes identical after an install",
+                    detail,
+                ));
+            }
+        }
+        if !all.durable.wiped {
+            let detail = format!(
+                "replica {r}: superblock {:?} after the install",
+                all.durable
+            );
+            return Err(violation("a wipe survives a crash", detail));
+        }
+        node.model = model;
+        let rec = replica_io::recover(store, &mut node.io, BOOT_COMMITTED_OPS_KEPT)
+            .map_err(|e| violation("replica boots from its store", e.reason))?;
+        node.io.set_faults(node.disk_faults.clone());
+        let replica = Replica::restart(cfg, seed, rec.durable, rec.base, &rec.headers)
+            .map_err(|e| violation("replica config", e.to_string()))?;
+        node.replica = Some(replica);
+        self.checker.booted(r, 0);
+        Ok(())
+    }
+
+    /// Runs `r`'s oldest queued transfer op; true if there was one.
+    pub(super) fn run_transfer_io(&mut self, r: u8) -> Result<bool, Violation> {
+        let now_ms = self.tick;
+        let node = &mut self.nodes[usize::from(r)];
+        let Some(store) = node.store.as_mut() else {
+            return Ok(false);
+        };
+        let Some((rx, id, op)) = node.xfer.pending.pop_front() else {
+            return Ok(false);
+        };
+        if matches!(op, TransferOp::BeginInstall { .. }) {
+            node.accept_committed = self.checker.committed().clone();
+        }
+        let result =
+            transfer::io::execute(store, &mut node.io, &mut node.xfer.installs, &op, now_ms);
+        if node.io.is_crashed() {
+            if node.xfer.installing || matches!(op, TransferOp::BeginInstall { .. }) {
+                self.counts.transfer_install_crashes += 1;
+            }
+            self.trace
+                .line(self.tick, format_args!("R{r} crash in {}", op.name()));
+            return self.crash(r, None).map(|()| true);
+        }
+        match (&op, &result) {
+            (TransferOp::BeginInstall { .. }, Ok(_)) => node.xfer.installing = true,
+            (TransferOp::CommitInstall | TransferOp::AbortInstall, _) => {
+                node.xfer.installing = false
+            }
+            _ => {}
+        }
+        if rx {
+            self.step_receiver(r, ReceiverInput::IoDone { id, result })?;
+        } else {
+            self.step_server(r, ServerInput::IoDone { id, result })?;
+        }
+        Ok(true)
+    }
+
+    /// Retention on `r`'s store (committed, sealed segments only).
+    pub(super) fn retain(&mut self, r: u8) -> Result<(), Violation> {
+        let now_ms = self.tick;
+        let node = &mut self.nodes[usize::from(r)];
+        if node.crash_deadline_tick.is_some() {
+            // A crash inside retention's table compaction can leave a store
+            // that does not reopen (open bug, see tests/sim.rs): kept out.
+            return Ok(());
+        }
+        let Some(store) = node.store.as_mut() else {
+            return Ok(());
+        };
+        let result = store.apply_retention(&mut node.io, now_ms);
+        if node.io.is_crashed() {
+            return self.crash(r, None);
+        }
+        match result {
+            Ok(o) => self.counts.segments_retired += o.segments_removed as u64,
+            Err(_) => self.counts.write_failures += 1,
+        }
+        Ok(())
+    }
+}
