@@ -242,6 +242,11 @@ impl Node {
             .iter()
             .map(|h| (h.vsr_op, h.header_checksum))
             .collect();
+        if all.base.op > 0 {
+            // Retention left only the active segment: its predecessor is
+            // the anchor (the superblock's frontier), still this disk's.
+            self.model.insert(all.base.op, all.base.checksum);
+        }
         self.store = Some(store);
         let faults = self.disk_faults.clone();
         self.io.set_faults(faults);
