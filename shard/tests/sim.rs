@@ -231,3 +231,15 @@ fn open_bug_reinstall_after_interrupted_install_loses_its_table() {
         }
     }
 }
+
+/// Open bug (design): a replica told RangeEvicted marks itself wiped and
+/// stops voting for the whole transfer; at R = 3 with another replica
+/// wiped, the third cannot finish a view change and no server is Normal
+/// to offer a snapshot: 'converges after healing' fails. A replica whose
+/// log is an intact prefix could keep voting (refusing only primaryship
+/// and PrepareOk) while it transfers. Fails today.
+#[test]
+#[ignore]
+fn open_bug_transfer_freezes_a_needed_voter() {
+    sim::run(transfer_opts(8_000_652)).unwrap_or_else(|f| panic!("{f}"));
+}

@@ -339,6 +339,15 @@ impl Cluster {
                 .line(self.tick, format_args!("R{r} crash in {}", op.name()));
             return self.crash(r, None).map(|()| true);
         }
+        if store.fenced().is_some() {
+            // A failed write fenced the store; the frozen replica never
+            // sees it, so the process stops here (fail-stop, as a fenced
+            // replica does) and reboots from its disk, wiped.
+            self.counts.fenced += 1;
+            self.trace
+                .line(self.tick, format_args!("R{r} fenced in {}", op.name()));
+            return self.power_off(r).map(|()| true);
+        }
         match (&op, &result) {
             (TransferOp::BeginInstall { .. }, Ok(_)) => node.xfer.installing = true,
             (TransferOp::CommitInstall | TransferOp::AbortInstall, _) => {
