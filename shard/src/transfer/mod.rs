@@ -36,8 +36,8 @@
 //! Wiring into the replica (the replica's side is done: a repair read of
 //! retired ops answers RangeEvicted and the asker emits
 //! `vsr::Event::TransferNeeded`; [`route`] splits decoded frames between
-//! the replica and these machines; no driver runs them yet, neither the
-//! simulator nor the shard): on a trigger, mark the superblock wiped, stop
+//! the replica and these machines; the simulator drives them,
+//! `sim/transfer.rs`; the shard does not yet): on a trigger, mark the superblock wiped, stop
 //! stepping the replica and step `Receiver` with `Start { trigger, local }`
 //! (`local` from the superblock and durable frontier); route SnapshotOffer and Chunk
 //! to the receiver, RequestSnapshot, RequestChunks and ReleaseSnapshot to
