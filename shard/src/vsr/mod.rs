@@ -57,8 +57,9 @@
 //! holds answers RangeEvicted; the asker emits [`Event::TransferNeeded`],
 //! its driver runs the transfer module beside the replica (transfer messages
 //! never reach [`Replica::step`]: [`Message::from_wire`] returns None for
-//! them) and, once installed, boots it with [`Replica::installed`], held
-//! like a wiped one until its log is whole.
+//! them), marks the superblock wiped before the install and, once
+//! installed, reboots it ([`Replica::restart`]) on the installed frontier:
+//! wiped until its log is whole.
 
 /// Whether planted bug `$plant` is on: always false (and compiled out)
 /// without the test-only `planted-bugs` feature.
