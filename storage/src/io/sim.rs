@@ -339,8 +339,11 @@ impl SimBackend {
             Op::Unlink { path } => {
                 fail_if(self.tick()?)?;
                 match self.ns.get(path) {
-                    Some(Node::File(_)) => {
-                        self.ns.change(NameChange::Remove { path: path.clone() });
+                    Some(node @ Node::File(_)) => {
+                        self.ns.change(NameChange::Remove {
+                            path: path.clone(),
+                            node,
+                        });
                         Ok(0)
                     }
                     Some(Node::Dir) => Err(errno(libc::EISDIR)),
@@ -491,6 +494,7 @@ impl SimBackend {
                 }
                 self.ns.change(NameChange::Remove {
                     path: path.to_path_buf(),
+                    node: Node::Dir,
                 });
                 Ok(0)
             }

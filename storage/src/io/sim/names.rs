@@ -16,16 +16,28 @@ pub(super) enum Node {
 
 #[derive(Clone, Debug)]
 pub(super) enum NameChange {
-    Insert { path: PathBuf, node: Node },
-    Remove { path: PathBuf },
-    Rename { from: PathBuf, to: PathBuf },
+    Insert {
+        path: PathBuf,
+        node: Node,
+    },
+    /// `node` is what the name held when it was removed: a later replay
+    /// removes only that (the name may hold another node by then, moved
+    /// in with a renamed directory).
+    Remove {
+        path: PathBuf,
+        node: Node,
+    },
+    Rename {
+        from: PathBuf,
+        to: PathBuf,
+    },
 }
 
 impl NameChange {
     fn touches_dir(&self, dir: &Path) -> bool {
         let parent_is = |p: &Path| p.parent() == Some(dir);
         match self {
-            NameChange::Insert { path, .. } | NameChange::Remove { path } => parent_is(path),
+            NameChange::Insert { path, .. } | NameChange::Remove { path, .. } => parent_is(path),
             NameChange::Rename { from, to } => parent_is(from) || parent_is(to),
         }
     }
@@ -44,8 +56,10 @@ impl NameChange {
             NameChange::Insert { path, node } => {
                 names.insert(path.clone(), *node);
             }
-            NameChange::Remove { path } => {
-                names.remove(path);
+            NameChange::Remove { path, node } => {
+                if names.get(path) == Some(node) {
+                    names.remove(path);
+                }
             }
             NameChange::Rename { from, to } => {
                 if let Some(node) = names.remove(from) {
@@ -101,9 +115,10 @@ impl Namespace {
     }
 
     /// A directory fsync: its pending name changes become durable, with the
-    /// earlier changes they depend on (what created a renamed source, or the
-    /// parent directory of a new name), in their original order, as a
-    /// journaling filesystem commits them. Unrelated changes stay pending.
+    /// earlier changes they depend on (what created a renamed source, the
+    /// parent directory of a new name, the removals that emptied a removed
+    /// directory), in their original order, as a journaling filesystem
+    /// commits them. Unrelated changes stay pending.
     pub fn commit(&mut self, dir: &Path) {
         let pending = std::mem::take(&mut self.pending);
         let mut commit = vec![false; pending.len()];
@@ -124,7 +139,15 @@ impl Namespace {
                 NameChange::Insert { path, .. } => {
                     vec![path.parent().map(Path::to_path_buf).unwrap_or_default()]
                 }
-                NameChange::Remove { .. } => Vec::new(),
+                NameChange::Remove { path, .. } => {
+                    // A directory is removed only once empty: its durable
+                    // removal carries the changes that emptied it (else a
+                    // crash could replay them onto a new directory that
+                    // took its name).
+                    let emptied = (0..i).filter(|&j| pending[j].touches_dir(path));
+                    stack.extend(emptied);
+                    Vec::new()
+                }
             };
             for need in needs {
                 if let Some(j) = (0..i).rev().find(|&j| pending[j].creates(&need)) {
@@ -204,5 +227,66 @@ impl Namespace {
                 .all(|a| a.as_os_str().is_empty() || dirs.contains(a))
         });
         Namespace::durable(names)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(s: &str) -> PathBuf {
+        PathBuf::from(s)
+    }
+
+    /// Guards against a crash resurrecting, under a reused name, the
+    /// unlinks of the directory that name used to hold: a stale `/d`
+    /// emptied and removed, then `/s` renamed to `/d`, then `/` fsynced.
+    /// The unlink of the old `/d/f` ran in the removed directory; it must
+    /// not remove the new `/d/f` when the next boot replays the journal.
+    #[test]
+    fn a_reused_directory_name_keeps_the_new_directorys_entries() {
+        let mut ns = Namespace::new();
+        for (path, node) in [("/d", Node::Dir), ("/d/f", Node::File(1))] {
+            ns.change(NameChange::Insert {
+                path: p(path),
+                node,
+            });
+        }
+        for (path, node) in [("/s", Node::Dir), ("/s/f", Node::File(2))] {
+            ns.change(NameChange::Insert {
+                path: p(path),
+                node,
+            });
+        }
+        ns.commit(Path::new("/"));
+        ns.commit(Path::new("/d"));
+        ns.commit(Path::new("/s"));
+        assert!(ns.pending.is_empty(), "everything durable so far");
+
+        ns.change(NameChange::Remove {
+            path: p("/d/f"),
+            node: Node::File(1),
+        });
+        ns.change(NameChange::Remove {
+            path: p("/d"),
+            node: Node::Dir,
+        });
+        ns.change(NameChange::Rename {
+            from: p("/s"),
+            to: p("/d"),
+        });
+        ns.move_children(Path::new("/s"), Path::new("/d"));
+        ns.commit(Path::new("/"));
+        // Removing `/d` durably implies it was durably empty first.
+        assert!(ns.pending.is_empty(), "pending: {:?}", ns.pending);
+        for seed in 0..16 {
+            let after = ns.after_crash(&mut SimRng::new(seed));
+            assert_eq!(
+                after.get(Path::new("/d/f")),
+                Some(Node::File(2)),
+                "seed {seed}"
+            );
+            assert_eq!(after.get(Path::new("/s")), None, "seed {seed}");
+        }
     }
 }
