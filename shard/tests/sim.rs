@@ -178,13 +178,13 @@ fn pinned_regression_seeds_wipes() {
     }
 }
 
-/// Seeds of the transfer batch that fail today on a storage bug (not in
-/// the transfer machines): a crash during `commit_install`, a reboot, a
-/// second install that commits, then a later crash: the store no longer
-/// reopens ('store reopens after a crash': "open segment table
-/// /partition/gen-2/segments-2.tbl: entity not found"). Pinned in
-/// `open_bug_reinstall_after_interrupted_install_loses_its_table`.
-const TRANSFER_OPEN_BUG_SEEDS: &[u64] = &[7_000_012, 7_000_112, 7_000_118, 7_000_123];
+/// Seeds that found a bug in the sim backend's namespace model (a crash
+/// replayed the removal of a leftover staging or generation directory onto
+/// the new directory created or renamed under its name, so a reinstall
+/// after an interrupted install lost its segment table: 'store reopens
+/// after a crash' failed). Fixed in storage/src/io/sim/names.rs; pinned in
+/// `pinned_transfer_seeds_reinstall_after_interrupted_install`.
+const TRANSFER_REINSTALL_SEEDS: &[u64] = &[7_000_012, 7_000_112, 7_000_118, 7_000_123];
 
 fn transfer_opts(seed: u64) -> SimOptions {
     let mut opts = SimOptions::new(seed);
@@ -202,8 +202,7 @@ fn transfer_opts(seed: u64) -> SimOptions {
 #[test]
 fn transfer_seeds_converge_under_retention() {
     let mut total = sim::Counts::default();
-    let seeds = (7_000_000..7_000_000 + 256).filter(|s| !TRANSFER_OPEN_BUG_SEEDS.contains(s));
-    for seed in seeds {
+    for seed in 7_000_000..7_000_000 + 256 {
         let summary = sim::run(transfer_opts(seed)).unwrap_or_else(|f| panic!("{f}"));
         total.add(&summary.counts);
     }
@@ -221,11 +220,11 @@ fn transfer_seeds_converge_under_retention() {
     }
 }
 
-/// Open bug (storage), see [`TRANSFER_OPEN_BUG_SEEDS`]; fails today.
+/// Guards against a reinstall after an interrupted install losing its
+/// segment table at a later crash; see [`TRANSFER_REINSTALL_SEEDS`].
 #[test]
-#[ignore]
-fn open_bug_reinstall_after_interrupted_install_loses_its_table() {
-    for &seed in TRANSFER_OPEN_BUG_SEEDS {
+fn pinned_transfer_seeds_reinstall_after_interrupted_install() {
+    for &seed in TRANSFER_REINSTALL_SEEDS {
         if let Err(f) = sim::run(transfer_opts(seed)) {
             panic!("{f}");
         }

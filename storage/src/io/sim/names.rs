@@ -42,6 +42,15 @@ impl NameChange {
         }
     }
 
+    /// Whether this change makes `path` stop existing.
+    fn frees(&self, path: &Path) -> bool {
+        match self {
+            NameChange::Remove { path: p, .. } => p == path,
+            NameChange::Rename { from, .. } => from == path,
+            NameChange::Insert { .. } => false,
+        }
+    }
+
     /// Whether this change makes `path` exist.
     fn creates(&self, path: &Path) -> bool {
         match self {
@@ -116,8 +125,8 @@ impl Namespace {
 
     /// A directory fsync: its pending name changes become durable, with the
     /// earlier changes they depend on (what created a renamed source, the
-    /// parent directory of a new name, the removals that emptied a removed
-    /// directory), in their original order, as a journaling filesystem
+    /// parent directory of a new name, the removal that freed a new name,
+    /// the removals that emptied a removed directory), in their original order, as a journaling filesystem
     /// commits them. Unrelated changes stay pending.
     pub fn commit(&mut self, dir: &Path) {
         let pending = std::mem::take(&mut self.pending);
@@ -151,6 +160,20 @@ impl Namespace {
             };
             for need in needs {
                 if let Some(j) = (0..i).rev().find(|&j| pending[j].creates(&need)) {
+                    stack.push(j);
+                }
+            }
+            // A name is created only once free: its durable creation
+            // carries the removal that freed it (else a crash could replay
+            // the old removal onto the new node, which a `Dir` cannot tell
+            // apart).
+            let created = match &pending[i] {
+                NameChange::Insert { path, .. } => Some(path),
+                NameChange::Rename { to, .. } => Some(to),
+                NameChange::Remove { .. } => None,
+            };
+            if let Some(path) = created {
+                if let Some(j) = (0..i).rev().find(|&j| pending[j].frees(path)) {
                     stack.push(j);
                 }
             }
@@ -287,6 +310,56 @@ mod tests {
                 "seed {seed}"
             );
             assert_eq!(after.get(Path::new("/s")), None, "seed {seed}");
+        }
+    }
+
+    /// Guards against a crash replaying the removal of a directory onto the
+    /// new directory created under its name: a leftover `/s` emptied and
+    /// removed, a new `/s` made with `/s/g` and fsynced, renamed to `/d`,
+    /// then `/` fsynced. The new directory and its entry must survive.
+    #[test]
+    fn a_recreated_directory_is_not_removed_by_the_old_ones_removal() {
+        let mut ns = Namespace::new();
+        for (path, node) in [("/s", Node::Dir), ("/s/f", Node::File(1))] {
+            ns.change(NameChange::Insert {
+                path: p(path),
+                node,
+            });
+        }
+        ns.commit(Path::new("/"));
+        ns.commit(Path::new("/s"));
+        ns.change(NameChange::Remove {
+            path: p("/s/f"),
+            node: Node::File(1),
+        });
+        ns.change(NameChange::Remove {
+            path: p("/s"),
+            node: Node::Dir,
+        });
+        for (path, node) in [("/s", Node::Dir), ("/s/g", Node::File(2))] {
+            ns.change(NameChange::Insert {
+                path: p(path),
+                node,
+            });
+        }
+        ns.commit(Path::new("/s"));
+        ns.change(NameChange::Rename {
+            from: p("/s"),
+            to: p("/d"),
+        });
+        ns.move_children(Path::new("/s"), Path::new("/d"));
+        ns.commit(Path::new("/"));
+        assert!(ns.pending.is_empty(), "pending: {:?}", ns.pending);
+        for seed in 0..16 {
+            let after = ns.after_crash(&mut SimRng::new(seed));
+            assert_eq!(after.get(Path::new("/d")), Some(Node::Dir), "seed {seed}");
+            assert_eq!(
+                after.get(Path::new("/d/g")),
+                Some(Node::File(2)),
+                "seed {seed}"
+            );
+            assert_eq!(after.get(Path::new("/s")), None, "seed {seed}");
+            assert_eq!(after.get(Path::new("/s/f")), None, "seed {seed}");
         }
     }
 }
