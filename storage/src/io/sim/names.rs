@@ -261,6 +261,33 @@ mod tests {
         PathBuf::from(s)
     }
 
+    fn insert(ns: &mut Namespace, names: &[(&str, Node)]) {
+        for &(path, node) in names {
+            ns.change(NameChange::Insert {
+                path: p(path),
+                node,
+            });
+        }
+    }
+
+    fn remove(ns: &mut Namespace, names: &[(&str, Node)]) {
+        for &(path, node) in names {
+            ns.change(NameChange::Remove {
+                path: p(path),
+                node,
+            });
+        }
+    }
+
+    /// A directory rename as the sim backend makes it.
+    fn rename_dir(ns: &mut Namespace, from: &str, to: &str) {
+        ns.change(NameChange::Rename {
+            from: p(from),
+            to: p(to),
+        });
+        ns.move_children(Path::new(from), Path::new(to));
+    }
+
     /// Guards against a crash resurrecting, under a reused name, the
     /// unlinks of the directory that name used to hold: a stale `/d`
     /// emptied and removed, then `/s` renamed to `/d`, then `/` fsynced.
@@ -269,36 +296,15 @@ mod tests {
     #[test]
     fn a_reused_directory_name_keeps_the_new_directorys_entries() {
         let mut ns = Namespace::new();
-        for (path, node) in [("/d", Node::Dir), ("/d/f", Node::File(1))] {
-            ns.change(NameChange::Insert {
-                path: p(path),
-                node,
-            });
-        }
-        for (path, node) in [("/s", Node::Dir), ("/s/f", Node::File(2))] {
-            ns.change(NameChange::Insert {
-                path: p(path),
-                node,
-            });
-        }
+        insert(&mut ns, &[("/d", Node::Dir), ("/d/f", Node::File(1))]);
+        insert(&mut ns, &[("/s", Node::Dir), ("/s/f", Node::File(2))]);
         ns.commit(Path::new("/"));
         ns.commit(Path::new("/d"));
         ns.commit(Path::new("/s"));
         assert!(ns.pending.is_empty(), "everything durable so far");
 
-        ns.change(NameChange::Remove {
-            path: p("/d/f"),
-            node: Node::File(1),
-        });
-        ns.change(NameChange::Remove {
-            path: p("/d"),
-            node: Node::Dir,
-        });
-        ns.change(NameChange::Rename {
-            from: p("/s"),
-            to: p("/d"),
-        });
-        ns.move_children(Path::new("/s"), Path::new("/d"));
+        remove(&mut ns, &[("/d/f", Node::File(1)), ("/d", Node::Dir)]);
+        rename_dir(&mut ns, "/s", "/d");
         ns.commit(Path::new("/"));
         // Removing `/d` durably implies it was durably empty first.
         assert!(ns.pending.is_empty(), "pending: {:?}", ns.pending);
@@ -320,34 +326,13 @@ mod tests {
     #[test]
     fn a_recreated_directory_is_not_removed_by_the_old_ones_removal() {
         let mut ns = Namespace::new();
-        for (path, node) in [("/s", Node::Dir), ("/s/f", Node::File(1))] {
-            ns.change(NameChange::Insert {
-                path: p(path),
-                node,
-            });
-        }
+        insert(&mut ns, &[("/s", Node::Dir), ("/s/f", Node::File(1))]);
         ns.commit(Path::new("/"));
         ns.commit(Path::new("/s"));
-        ns.change(NameChange::Remove {
-            path: p("/s/f"),
-            node: Node::File(1),
-        });
-        ns.change(NameChange::Remove {
-            path: p("/s"),
-            node: Node::Dir,
-        });
-        for (path, node) in [("/s", Node::Dir), ("/s/g", Node::File(2))] {
-            ns.change(NameChange::Insert {
-                path: p(path),
-                node,
-            });
-        }
+        remove(&mut ns, &[("/s/f", Node::File(1)), ("/s", Node::Dir)]);
+        insert(&mut ns, &[("/s", Node::Dir), ("/s/g", Node::File(2))]);
         ns.commit(Path::new("/s"));
-        ns.change(NameChange::Rename {
-            from: p("/s"),
-            to: p("/d"),
-        });
-        ns.move_children(Path::new("/s"), Path::new("/d"));
+        rename_dir(&mut ns, "/s", "/d");
         ns.commit(Path::new("/"));
         assert!(ns.pending.is_empty(), "pending: {:?}", ns.pending);
         for seed in 0..16 {
