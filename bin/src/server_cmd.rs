@@ -1,11 +1,14 @@
-//! `ringlog server`: config layering, logging, signals, run until stopped.
+//! `ringlog server`: config layering, logging, signals (SIGINT/SIGTERM stop,
+//! SIGHUP reloads `log_level`), run until stopped.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use clap::Args;
-use ringlog_shard::config::ServerConfig;
+use ringlog_shard::config::{LogFormat, ServerConfig};
+use ringlog_shard::control::LogLevelHook;
 use ringlog_shard::server::{self, Hooks};
+use serde_json::Value;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{reload, EnvFilter};
@@ -90,6 +93,124 @@ impl ServerArgs {
     }
 }
 
+/// Levels a `log_level` directive may name.
+const LEVELS: &str = "off, error, warn, info, debug, trace";
+
+/// Parses a `log_level` filter. Stricter than tracing's own syntax: every
+/// comma-separated directive must end in a level (`info`,
+/// `ringlog_shard=debug`), since a bare word like `loud` would otherwise be
+/// taken for a target name and silently log nothing else.
+pub fn log_filter(filter: &str) -> Result<EnvFilter, String> {
+    let bad = |why: String| {
+        format!(
+            "{filter:?} is not a log filter ({why}): levels are {LEVELS}, \
+             optionally per target as in \"warn,ringlog_shard=debug\""
+        )
+    };
+    let directives: Vec<&str> = filter
+        .split(',')
+        .map(str::trim)
+        .filter(|d| !d.is_empty())
+        .collect();
+    if directives.is_empty() {
+        return Err(bad("empty".into()));
+    }
+    for d in directives {
+        let level = d.rsplit_once('=').map_or(d, |(_, l)| l);
+        if !LEVELS.split(", ").any(|l| l.eq_ignore_ascii_case(level)) {
+            return Err(bad(format!("{level:?} is not a level")));
+        }
+    }
+    EnvFilter::try_new(filter).map_err(|e| bad(e.to_string()))
+}
+
+type FilterHandle = reload::Handle<EnvFilter, tracing_subscriber::Registry>;
+
+/// Installs the stderr logger in `format` under `filter`; the handle swaps
+/// the filter at run time (`ctl log-level`, SIGHUP).
+fn init_logging(filter: EnvFilter, format: LogFormat) -> FilterHandle {
+    let (filter, handle) = reload::Layer::new(filter);
+    let json = format == LogFormat::Json;
+    let text_layer = (!json).then(|| {
+        tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+    });
+    let json_layer = json.then(|| {
+        tracing_subscriber::fmt::layer()
+            .json()
+            .with_writer(std::io::stderr)
+    });
+    let _ = tracing_subscriber::registry()
+        .with(filter)
+        .with(text_layer)
+        .with(json_layer)
+        .try_init();
+    handle
+}
+
+/// What SIGHUP re-reads: the same file, environment and flags as at start.
+struct Reload {
+    file: Option<PathBuf>,
+    overrides: Vec<(String, String)>,
+    running: ServerConfig,
+    set_level: LogLevelHook,
+}
+
+impl Reload {
+    /// Loads the config again and applies `log_level`, the one key that can
+    /// change while running; other changed keys are named as needing a
+    /// restart. A config that does not load changes nothing.
+    fn reload(&self) {
+        let loaded = ServerConfig::load_with_origins(
+            self.file.as_deref(),
+            std::env::vars(),
+            &self.overrides,
+        )
+        .map_err(|e| e.to_string())
+        .and_then(|(c, origins)| {
+            log_filter(&c.log_level)
+                .map(|_| c)
+                .map_err(|e| format!("config key `log_level` ({}): {e}", origin(&origins)))
+        });
+        let config = match loaded {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(error = %e, "SIGHUP: config reload refused; nothing changed");
+                return;
+            }
+        };
+        let result = match (self.set_level)(&config.log_level) {
+            Ok(()) => "ok".to_string(),
+            Err(e) => format!("error: {e}"),
+        };
+        tracing::info!(target: "audit", who = "signal SIGHUP", cmd = "log_level",
+            what = %format!("level={}", config.log_level), result = %result, "operator action");
+        let restart = changed_keys(&self.running, &config);
+        if !restart.is_empty() {
+            tracing::warn!(keys = %restart.join(", "), "SIGHUP: changed keys take effect only at restart");
+        }
+        tracing::info!(log_level = %config.log_level, "SIGHUP: config reloaded");
+    }
+}
+
+fn origin(origins: &ringlog_shard::config::ConfigOrigins) -> &str {
+    origins.get("log_level").map_or("default", String::as_str)
+}
+
+/// Keys other than `log_level` whose values differ between `a` and `b`.
+fn changed_keys(a: &ServerConfig, b: &ServerConfig) -> Vec<String> {
+    let (Ok(Value::Object(a)), Ok(Value::Object(b))) =
+        (serde_json::to_value(a), serde_json::to_value(b))
+    else {
+        return vec!["(config not comparable)".into()];
+    };
+    a.iter()
+        .filter(|(k, v)| k.as_str() != "log_level" && b.get(k.as_str()) != Some(v))
+        .map(|(k, _)| k.clone())
+        .collect()
+}
+
 pub fn run(args: ServerArgs) -> i32 {
     let overrides = match args.overrides() {
         Ok(o) => o,
@@ -107,20 +228,27 @@ pub fn run(args: ServerArgs) -> i32 {
             return 2;
         }
     };
-    let filter = EnvFilter::try_new(&config.log_level).unwrap_or_else(|_| EnvFilter::new("info"));
-    let (filter, handle) = reload::Layer::new(filter);
-    let _ = tracing_subscriber::registry()
-        .with(filter)
-        .with(
-            tracing_subscriber::fmt::layer()
-                .with_writer(std::io::stderr)
-                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())),
-        )
-        .try_init();
-    let set_level: ringlog_shard::control::LogLevelHook = Arc::new(move |level: &str| {
-        let f = EnvFilter::try_new(level).map_err(|e| format!("bad log filter {level:?}: {e}"))?;
-        handle.reload(f).map_err(|e| e.to_string())
-    });
+    // A bad filter stops the server like any bad key (it used to fall back
+    // to "info" without a word).
+    let filter = match log_filter(&config.log_level) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!(
+                "ringlog server: config key `log_level` ({}): {e}",
+                origin(&config_origins)
+            );
+            return 2;
+        }
+    };
+    let handle = init_logging(filter, config.log_format);
+    let set_level: LogLevelHook =
+        Arc::new(move |level: &str| handle.reload(log_filter(level)?).map_err(|e| e.to_string()));
+    let reload = Reload {
+        file: args.config.clone(),
+        overrides,
+        running: config.clone(),
+        set_level: set_level.clone(),
+    };
 
     // Signals are taken by one thread with sigwait; every other thread
     // (shards included) inherits the blocked mask.
@@ -152,10 +280,18 @@ pub fn run(args: ServerArgs) -> i32 {
             let mut sig: libc::c_int = 0;
             // SAFETY: set is an initialised sigset; sig is a valid out pointer.
             let rc = unsafe { libc::sigwait(&set, &mut sig) };
-            if rc == 0 {
-                tracing::info!(signal = sig, "signal received; shutting down");
-                shutdown.trigger();
+            if rc != 0 {
+                continue;
             }
+            if sig == libc::SIGHUP {
+                reload.reload();
+                continue;
+            }
+            let who = format!("signal {}", signal_name(sig));
+            tracing::info!(target: "audit", who = %who, cmd = "shutdown", what = "",
+                result = "ok", "operator action");
+            tracing::info!(signal = sig, "signal received; shutting down");
+            shutdown.trigger();
         });
     if let Err(e) = spawned {
         eprintln!("ringlog server: signal thread: {e}");
@@ -174,6 +310,17 @@ pub fn run(args: ServerArgs) -> i32 {
     }
 }
 
+fn signal_name(sig: libc::c_int) -> &'static str {
+    match sig {
+        libc::SIGINT => "SIGINT",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGHUP => "SIGHUP",
+        _ => "other",
+    }
+}
+
+/// SIGINT and SIGTERM stop the server; SIGHUP reloads `log_level` (its
+/// default action would kill the process).
 fn block_signals() -> libc::sigset_t {
     // SAFETY: sigset manipulation on a zeroed, then emptied, set.
     unsafe {
@@ -181,6 +328,7 @@ fn block_signals() -> libc::sigset_t {
         libc::sigemptyset(&mut set);
         libc::sigaddset(&mut set, libc::SIGINT);
         libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGHUP);
         libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
         set
     }

@@ -71,6 +71,17 @@ pub struct ServerConfig {
     pub fetch_wait_ms_max: u32,
     /// tracing filter (e.g. "info", "ringlog_shard=debug").
     pub log_level: String,
+    /// Log line format on stderr.
+    pub log_format: LogFormat,
+}
+
+/// `log_format`: human-readable lines, or one JSON object per line.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
 }
 
 impl Default for ServerConfig {
@@ -99,6 +110,7 @@ impl Default for ServerConfig {
             fetch_waiters_max: 256,
             fetch_wait_ms_max: 60_000,
             log_level: "info".into(),
+            log_format: LogFormat::Text,
         }
     }
 }
@@ -425,6 +437,7 @@ mod tests {
             ),
             ("mailbox_bytes_max = 100\n", "mailbox_bytes_max"),
             ("idle_timeout_ms = 0\n", "idle_timeout_ms"),
+            ("log_format = \"xml\"\n", "log_format"),
         ] {
             std::fs::write(&path, text).unwrap();
             let err = ServerConfig::load(Some(&path), Vec::new(), &[]).unwrap_err();

@@ -46,7 +46,36 @@ enum Command {
     Shutdown,
 }
 
-pub(super) fn execute(ctx: &ControlContext, line: &[u8]) -> Value {
+impl Command {
+    /// What an audit line records of a command that changes the server:
+    /// its name and arguments. None for read-only commands.
+    fn audit(&self) -> Option<(&'static str, String)> {
+        match self {
+            Command::CreateTopic { topic, partitions } => Some((
+                "create_topic",
+                format!("topic={topic} partitions={partitions}"),
+            )),
+            Command::DeleteTopic { topic } => Some(("delete_topic", format!("topic={topic}"))),
+            Command::Purge { topic, partition } => Some((
+                "purge",
+                match partition {
+                    Some(p) => format!("topic={topic} partition={p}"),
+                    None => format!("topic={topic}"),
+                },
+            )),
+            Command::LogLevel { level } => Some(("log_level", format!("level={level}"))),
+            Command::Shutdown => Some(("shutdown", String::new())),
+            Command::Status
+            | Command::Topics
+            | Command::Partitions { .. }
+            | Command::Metrics
+            | Command::Config => None,
+        }
+    }
+}
+
+/// Runs one request line from the control peer `who` (its credentials).
+pub(super) fn execute(ctx: &ControlContext, line: &[u8], who: &str) -> Value {
     let value: Value = match serde_json::from_slice(line) {
         Ok(v) => v,
         Err(e) => return fail(format!("malformed JSON: {e}")),
@@ -65,7 +94,16 @@ pub(super) fn execute(ctx: &ControlContext, line: &[u8]) -> Value {
             };
         }
     };
-    match run(ctx, cmd) {
+    let audit = cmd.audit();
+    let outcome = run(ctx, cmd);
+    if let Some((cmd, what)) = audit {
+        let result = match &outcome {
+            Ok(_) => "ok".to_string(),
+            Err(e) => format!("error: {e}"),
+        };
+        tracing::info!(target: "audit", who = %who, cmd = %cmd, what = %what, result = %result, "operator action");
+    }
+    match outcome {
         Ok(result) => json!({"ok": true, "result": result}),
         Err(e) => fail(e),
     }

@@ -171,7 +171,34 @@ fn read_line(
     }
 }
 
+/// The connected peer's credentials, for audit lines.
+fn peer(stream: &UnixStream) -> String {
+    use std::os::fd::AsRawFd;
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: SO_PEERCRED fills a ucred of `len` bytes on a live socket.
+    let rc = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if rc == 0 {
+        format!("uid={} pid={}", cred.uid, cred.pid)
+    } else {
+        format!("unknown ({})", std::io::Error::last_os_error())
+    }
+}
+
 fn serve(stream: UnixStream, ctx: &ControlContext, stop: &AtomicBool) {
+    let who = peer(&stream);
     let _ = stream.set_read_timeout(Some(IDLE_TIMEOUT));
     let Ok(mut writer) = stream.try_clone() else {
         return;
@@ -189,7 +216,7 @@ fn serve(stream: UnixStream, ctx: &ControlContext, stop: &AtomicBool) {
                 if line.iter().all(|b| b.is_ascii_whitespace()) {
                     continue;
                 }
-                commands::execute(ctx, &line)
+                commands::execute(ctx, &line, &who)
             }
         };
         let mut text = reply.to_string();
