@@ -19,11 +19,15 @@
 //! by offset (`PartitionStore::read`), sequential or random, optionally
 //! against fio reading a pre-written file with the same block size.
 //!
+//! Every job has the one shape of [`harness::Job`] and prints the one
+//! [`report::Report`].
+//!
 //! `ringlog-bench --job-file FILE` runs the jobs of an fio-style ini file
 //! ([`jobfile`]) in order; `--plot FILE.svg` draws throughput over time and
 //! latency percentiles of every run ([`plot`]).
 
 mod fio;
+mod harness;
 mod jobfile;
 mod jobs;
 mod plot;
@@ -40,14 +44,15 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
-use crate::fio::FioError;
-use crate::jobs::append::{AppendConfig, AppendError};
-use crate::jobs::fetch::{FetchConfig, FetchJobError, Pattern};
+use crate::fio::{FioError, FioFetchResult, FioResult, FioTransferResult};
+use crate::harness::{remove_if_exists, FioFile, Header, Job, RepNo, Workspace};
+use crate::jobs::append::{AppendConfig, AppendError, AppendResult};
+use crate::jobs::fetch::{FetchConfig, FetchJobError, FetchResult, Pattern};
 use crate::jobs::produce::ClientJobError;
 use crate::jobs::server::ServerError;
-use crate::jobs::transfer::{Source, TransferConfig, TransferJobError};
-use crate::report::{FetchRep, FetchReport, JobReport, Rep, Report, TransferRep, TransferReport};
-use crate::server_bench::{consume_report, produce_report};
+use crate::jobs::transfer::{Source, TransferConfig, TransferJobError, TransferResult};
+use crate::report::{Comparison, JobReport, Report, APPEND_VS_FIO, FETCH_VS_FIO, TRANSFER_VS_FIO};
+use crate::server_bench::{consume_report, partitions_report, produce_report};
 use crate::size::{parse_size, Bytes};
 
 #[derive(Debug, Parser)]
@@ -101,21 +106,63 @@ enum Command {
     Partitions(PartitionsArgs),
 }
 
+/// Where a job's data goes, and whether it stays.
+#[derive(Debug, clap::Args)]
+pub(crate) struct DataArgs {
+    /// Directory for the data (created; removed at the end unless --keep).
+    /// Put it on the filesystem you want to measure.
+    #[arg(long, default_value = "./bench-data")]
+    dir: PathBuf,
+    /// Keep the data directory: what the last rep wrote, fio's files (and,
+    /// against a server, the topics).
+    #[arg(long)]
+    keep: bool,
+}
+
+/// How many times a job runs, and how it reports.
+#[derive(Debug, clap::Args)]
+pub(crate) struct RepArgs {
+    /// Repetitions; with a comparison (--vs-fio, --vs-append) they
+    /// alternate ours, theirs, ours, ...
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
+    reps: u32,
+    #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+    output_format: OutputFormat,
+}
+
+/// The batches a job writes.
+#[derive(Debug, clap::Args)]
+pub(crate) struct BatchArgs {
+    /// Encoded bytes of each batch (header included): 4096, 64k, 1m.
+    #[arg(long, default_value = "64k", value_parser = parse_size)]
+    batch_size: u64,
+    /// Value bytes of each record in a batch.
+    #[arg(long, default_value = "1k", value_parser = parse_size)]
+    record_size: u64,
+}
+
+/// The comparison with fio of a job that writes.
+#[derive(Debug, clap::Args)]
+struct FioArgs {
+    /// Also run the equivalent fio job and report ringlog/fio ratios.
+    #[arg(long)]
+    vs_fio: bool,
+    /// With --vs-fio, how the file fio writes is prepared (a file it reads
+    /// is always written beforehand).
+    #[arg(long, value_enum, default_value_t = FioLayout::Prewritten)]
+    fio_layout: FioLayout,
+}
+
 #[derive(Debug, clap::Args)]
 pub(crate) struct PartitionsArgs {
+    #[command(flatten)]
+    data: DataArgs,
     /// The `ringlog` binary to start [default: next to ringlog-bench].
     #[arg(long)]
     server_bin: Option<PathBuf>,
     /// Shards of the server (0: one per core).
     #[arg(long, default_value_t = 0)]
     shards: u32,
-    /// Directory for the server's data (created; removed at the end unless
-    /// --keep). Put it on the filesystem you want to measure.
-    #[arg(long, default_value = "./bench-data")]
-    dir: PathBuf,
-    /// Keep the data directory.
-    #[arg(long)]
-    keep: bool,
     /// Partitions created (all on this one node).
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     partitions: u32,
@@ -164,23 +211,16 @@ enum ReadPattern {
 
 #[derive(Debug, clap::Args)]
 struct FetchArgs {
-    /// Directory for the data (created; removed at the end unless --keep).
-    /// Put it on the filesystem you want to measure.
-    #[arg(long, default_value = "./bench-data")]
-    dir: PathBuf,
-    /// Keep the data directory (the store and fio's file).
-    #[arg(long)]
-    keep: bool,
+    #[command(flatten)]
+    data: DataArgs,
+    #[command(flatten)]
+    rep: RepArgs,
+    #[command(flatten)]
+    batch: BatchArgs,
     /// Bytes of log appended (un-timed, rounded up to whole batches) before
     /// reading; fio reads a file of this size.
     #[arg(long, default_value = "256m", value_parser = parse_size)]
     size: u64,
-    /// Encoded bytes of each batch in the log.
-    #[arg(long, default_value = "64k", value_parser = parse_size)]
-    batch_size: u64,
-    /// Value bytes of each record in a batch.
-    #[arg(long, default_value = "1k", value_parser = parse_size)]
-    record_size: u64,
     /// Segment size of the store.
     #[arg(long, default_value = "256m", value_parser = parse_size)]
     segment_size: u64,
@@ -203,11 +243,6 @@ struct FetchArgs {
     /// Also run the equivalent fio job and report ringlog/fio ratios.
     #[arg(long)]
     vs_fio: bool,
-    /// Repetitions; with --vs-fio they alternate ringlog, fio, ringlog, ...
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
-    reps: u32,
-    #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
-    output_format: OutputFormat,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -229,22 +264,17 @@ enum FioLayout {
 
 #[derive(Debug, clap::Args)]
 struct AppendArgs {
-    /// Directory for the data (created; removed at the end unless --keep).
-    /// Put it on the filesystem you want to measure.
-    #[arg(long, default_value = "./bench-data")]
-    dir: PathBuf,
-    /// Keep the data directory (ringlog's last rep and fio's file).
-    #[arg(long)]
-    keep: bool,
+    #[command(flatten)]
+    data: DataArgs,
+    #[command(flatten)]
+    rep: RepArgs,
+    #[command(flatten)]
+    batch: BatchArgs,
+    #[command(flatten)]
+    fio: FioArgs,
     /// Partitions appended to in each group commit.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=4096))]
     partitions: u32,
-    /// Encoded bytes of each batch (header included): 4096, 64k, 1m.
-    #[arg(long, default_value = "64k", value_parser = parse_size)]
-    batch_size: u64,
-    /// Value bytes of each record in a batch.
-    #[arg(long, default_value = "1k", value_parser = parse_size)]
-    record_size: u64,
     /// Seconds per run (ringlog and fio each).
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
     duration: u64,
@@ -269,28 +299,16 @@ struct AppendArgs {
     /// file and runs without one).
     #[arg(long, default_value_t = 0)]
     ramp_time: u64,
-    /// Also run the equivalent fio job and report ringlog/fio ratios.
-    #[arg(long)]
-    vs_fio: bool,
-    /// With --vs-fio, how the fio file is prepared.
-    #[arg(long, value_enum, default_value_t = FioLayout::Prewritten)]
-    fio_layout: FioLayout,
-    /// Repetitions; with --vs-fio they alternate ringlog, fio, ringlog, ...
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
-    reps: u32,
-    #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
-    output_format: OutputFormat,
 }
 
 #[derive(Debug, clap::Args)]
 struct TransferArgs {
-    /// Directory for the data (created; removed at the end unless --keep).
-    /// Put it on the filesystem you want to measure.
-    #[arg(long, default_value = "./bench-data")]
-    dir: PathBuf,
-    /// Keep the data directory (both stores and fio's files).
-    #[arg(long)]
-    keep: bool,
+    #[command(flatten)]
+    data: DataArgs,
+    #[command(flatten)]
+    rep: RepArgs,
+    #[command(flatten)]
+    fio: FioArgs,
     /// Bytes of log to transfer (appended to the source un-timed, rounded up
     /// to whole batches).
     #[arg(long, default_value = "512m", value_parser = parse_size)]
@@ -312,23 +330,17 @@ struct TransferArgs {
     /// Value bytes of each record in a batch.
     #[arg(long, default_value = "1k", value_parser = parse_size)]
     record_size: u64,
-    /// Also run the equivalent fio jobs and report ringlog/fio ratios.
-    #[arg(long)]
-    vs_fio: bool,
-    /// With --vs-fio, how fio's write file is prepared (its read file is
-    /// always written beforehand).
-    #[arg(long, value_enum, default_value_t = FioLayout::Prewritten)]
-    fio_layout: FioLayout,
-    /// Repetitions; with --vs-fio they alternate ringlog, fio, ringlog, ...
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
-    reps: u32,
-    #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
-    output_format: OutputFormat,
 }
 
 /// The server and client settings shared by `produce` and `consume`.
 #[derive(Debug, clap::Args)]
 struct ServerClientArgs {
+    #[command(flatten)]
+    data: DataArgs,
+    #[command(flatten)]
+    rep: RepArgs,
+    #[command(flatten)]
+    batch: BatchArgs,
     /// Use the server at HOST:PORT instead of starting one.
     #[arg(long)]
     addr: Option<String>,
@@ -338,13 +350,6 @@ struct ServerClientArgs {
     /// Shards of the started server (0: one per core).
     #[arg(long, default_value_t = 0, conflicts_with = "addr")]
     shards: u32,
-    /// Directory for the started server's data (created; removed at the end
-    /// unless --keep). Put it on the filesystem you want to measure.
-    #[arg(long, default_value = "./bench-data")]
-    dir: PathBuf,
-    /// Keep the data directory and the topics.
-    #[arg(long)]
-    keep: bool,
     /// Segment size of the started server's partitions.
     #[arg(long, default_value = "256m", value_parser = parse_size)]
     segment_size: u64,
@@ -357,17 +362,6 @@ struct ServerClientArgs {
     /// Client connections, one thread each, one request in flight each.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
     connections: u32,
-    /// Encoded bytes of each produced batch (header included).
-    #[arg(long, default_value = "64k", value_parser = parse_size)]
-    batch_size: u64,
-    /// Value bytes of each record in a batch.
-    #[arg(long, default_value = "1k", value_parser = parse_size)]
-    record_size: u64,
-    /// Repetitions.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
-    reps: u32,
-    #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
-    output_format: OutputFormat,
 }
 
 impl ServerClientArgs {
@@ -376,7 +370,7 @@ impl ServerClientArgs {
     }
 
     fn server_dir(&self) -> PathBuf {
-        self.dir.join("server")
+        self.data.dir.join("server")
     }
 }
 
@@ -487,15 +481,12 @@ fn main() -> ExitCode {
 /// for.
 fn run_command(command: Command) -> Result<(OutputFormat, Box<dyn JobReport>), BenchError> {
     Ok(match command {
-        Command::Append(args) => (args.output_format, Box::new(append_report(&args)?)),
-        Command::Transfer(args) => (args.output_format, Box::new(transfer_report(&args)?)),
-        Command::Produce(args) => (args.common.output_format, Box::new(produce_report(&args)?)),
-        Command::Consume(args) => (args.common.output_format, Box::new(consume_report(&args)?)),
-        Command::Fetch(args) => (args.output_format, Box::new(fetch_report(&args)?)),
-        Command::Partitions(args) => (
-            args.output_format,
-            Box::new(server_bench::partitions_report(&args)?),
-        ),
+        Command::Append(a) => (a.rep.output_format, Box::new(append_report(&a)?)),
+        Command::Transfer(a) => (a.rep.output_format, Box::new(transfer_report(&a)?)),
+        Command::Produce(a) => (a.common.rep.output_format, Box::new(produce_report(&a)?)),
+        Command::Consume(a) => (a.common.rep.output_format, Box::new(consume_report(&a)?)),
+        Command::Fetch(a) => (a.rep.output_format, Box::new(fetch_report(&a)?)),
+        Command::Partitions(a) => (a.output_format, Box::new(partitions_report(&a)?)),
     })
 }
 
@@ -523,81 +514,15 @@ fn output(runs: &[jobfile::Run], plot_file: Option<&Path>) -> Result<(), BenchEr
             .collect();
         fs::write(file, plot::svg(&series)).map_err(fs_err("write", file))?;
     }
-    if let [run] = runs {
-        if run.section.is_none() {
-            return print_report(format, || run.report.text(), || run.report.json());
-        }
-    }
-    print_report(format, || jobfile::text(runs), || jobfile::json(runs))
-}
-
-fn to_usize(what: &str, v: u64) -> Result<usize, BenchError> {
-    usize::try_from(v).map_err(|_| BenchError::Usage(format!("{what} {v} is too large")))
-}
-
-/// Runs the append job (and fio) and cleans up; the report is not printed.
-fn append_report(args: &AppendArgs) -> Result<Report, BenchError> {
-    if args.segment_size < args.batch_size {
-        return Err(BenchError::Usage(format!(
-            "--segment-size {} is smaller than --batch-size {}",
-            Bytes(args.segment_size),
-            Bytes(args.batch_size)
-        )));
-    }
-    // Fail before any work when fio is needed and missing.
-    let fio_version = if args.vs_fio {
-        Some(fio::version()?)
-    } else {
-        None
+    let (text, json) = match runs {
+        [run] if run.section.is_none() => (run.report.text(), run.report.json()),
+        _ => (jobfile::text(runs), jobfile::json(runs)),
     };
-
-    let dir = &args.dir;
-    let created_dir = !dir.exists();
-    fs::create_dir_all(dir).map_err(fs_err("create", dir))?;
-    let cfg = AppendConfig {
-        dir: dir.clone(),
-        partitions: args.partitions,
-        batch_size: to_usize("--batch-size", args.batch_size)?,
-        record_size: to_usize("--record-size", args.record_size)?,
-        duration: Duration::from_secs(args.duration),
-        total_bytes: args.size,
-        segment_size: args.segment_size,
-        retention_bytes: args.retention,
-        warmup_bytes: args.warmup,
-        ramp: Duration::from_secs(args.ramp_time),
-    };
-    for p in 0..cfg.partitions {
-        let pdir = cfg.partition_dir(p);
-        if pdir.exists() {
-            return Err(BenchError::Usage(format!(
-                "{} already exists (left by an earlier --keep run?); remove it or pick another --dir",
-                pdir.display()
-            )));
-        }
-    }
-    let fio_file = dir.join("fio.dat");
-
-    let result = run_reps(args, &cfg, &fio_file, fio_version);
-    let cleanup = if args.keep {
-        Ok(())
-    } else {
-        cleanup(&cfg, &fio_file, created_dir)
-    };
-    let report = result?;
-    cleanup?;
-    Ok(report)
-}
-
-fn print_report(
-    format: OutputFormat,
-    text: impl FnOnce() -> String,
-    json: impl FnOnce() -> serde_json::Value,
-) -> Result<(), BenchError> {
     let out = match format {
-        OutputFormat::Text => text(),
+        OutputFormat::Text => text,
         OutputFormat::Json => {
             let mut s =
-                serde_json::to_string_pretty(&json()).expect("serde_json::Value always serialises");
+                serde_json::to_string_pretty(&json).expect("serde_json::Value always serialises");
             s.push('\n');
             s
         }
@@ -608,8 +533,172 @@ fn print_report(
         .map_err(BenchError::Output)
 }
 
+fn to_usize(what: &str, v: u64) -> Result<usize, BenchError> {
+    usize::try_from(v).map_err(|_| BenchError::Usage(format!("{what} {v} is too large")))
+}
+
+/// A store's segments must hold a whole batch.
+fn check_segment_size(segment_size: u64, batch_size: u64) -> Result<(), BenchError> {
+    if segment_size < batch_size {
+        return Err(BenchError::Usage(format!(
+            "--segment-size {} is smaller than --batch-size {}",
+            Bytes(segment_size),
+            Bytes(batch_size)
+        )));
+    }
+    Ok(())
+}
+
+/// fio's version when the comparison is asked for: fails before any work
+/// when fio is missing.
+fn fio_version(vs_fio: bool) -> Result<Option<String>, BenchError> {
+    Ok(if vs_fio { Some(fio::version()?) } else { None })
+}
+
+/// Why a job's setup state is there in a rep: [`harness::run`] calls
+/// `start` first and runs no rep when it fails.
+const STARTED: &str = "Job::start ran before the reps";
+
+fn layout_name(layout: FioLayout) -> String {
+    format!("{layout:?}").to_lowercase()
+}
+
+/// Runs the append job (and fio) and cleans up; the report is not printed.
+fn append_report(args: &AppendArgs) -> Result<Report<AppendResult, FioResult>, BenchError> {
+    check_segment_size(args.segment_size, args.batch.batch_size)?;
+    let fio_version = fio_version(args.fio.vs_fio)?;
+    let dir = &args.data.dir;
+    let cfg = AppendConfig {
+        dir: dir.clone(),
+        partitions: args.partitions,
+        batch_size: to_usize("--batch-size", args.batch.batch_size)?,
+        record_size: to_usize("--record-size", args.batch.record_size)?,
+        duration: Duration::from_secs(args.duration),
+        total_bytes: args.size,
+        segment_size: args.segment_size,
+        retention_bytes: args.retention,
+        warmup_bytes: args.warmup,
+        ramp: Duration::from_secs(args.ramp_time),
+    };
+    let fio_file = FioFile::new(dir.join("fio.dat"));
+    let mut paths: Vec<PathBuf> = (0..cfg.partitions).map(|p| cfg.partition_dir(p)).collect();
+    paths.push(fio_file.path.clone());
+    let ws = Workspace::create(dir, args.data.keep, paths)?;
+    let job = AppendJob {
+        args,
+        cfg,
+        fio_version,
+        fio_file,
+    };
+    harness::run(job, ws, args.rep.reps, args.fio.vs_fio)
+}
+
+struct AppendJob<'a> {
+    args: &'a AppendArgs,
+    cfg: AppendConfig,
+    fio_version: Option<String>,
+    fio_file: FioFile,
+}
+
+impl Job for AppendJob<'_> {
+    type Ours = AppendResult;
+    type Theirs = FioResult;
+    const NAME: &'static str = "append";
+    const LABELS: [&'static str; 2] = ["ringlog append", "fio append"];
+    const COMPARISON: Option<Comparison> = Some(APPEND_VS_FIO);
+
+    fn ours(&mut self, rep: RepNo) -> Result<AppendResult, BenchError> {
+        let result = jobs::append::run(&self.cfg)?;
+        if !(rep.last() && self.args.data.keep) {
+            for p in 0..self.cfg.partitions {
+                remove_if_exists(&self.cfg.partition_dir(p))?;
+            }
+        }
+        Ok(result)
+    }
+
+    fn theirs(&mut self, _: RepNo, ours: &AppendResult) -> Result<FioResult, BenchError> {
+        let file = self.fio_file.path.clone();
+        let job = fio::AppendJob {
+            file: &file,
+            block_size_bytes: self.args.batch.batch_size,
+            size_bytes: self.args.size.unwrap_or(ours.summary.bytes),
+            runtime: self.cfg.duration,
+        };
+        self.fio_file
+            .prepare(self.args.fio.fio_layout, job.effective_size_bytes())?;
+        Ok(job.run()?)
+    }
+
+    fn header(&self) -> Header {
+        let (args, cfg) = (self.args, &self.cfg);
+        let mut settings = vec![
+            ("dir", cfg.dir.display().to_string()),
+            ("partitions", cfg.partitions.to_string()),
+            ("batch_size", Bytes(args.batch.batch_size).to_string()),
+            ("record_size", Bytes(args.batch.record_size).to_string()),
+            ("segment_size", Bytes(args.segment_size).to_string()),
+            ("duration", format!("{}s", args.duration)),
+        ];
+        if let Some(size) = args.size {
+            settings.push(("size", Bytes(size).to_string()));
+        }
+        if let Some(r) = args.retention {
+            settings.push(("retention", Bytes(r).to_string()));
+        }
+        if args.warmup > 0 {
+            settings.push(("warmup", Bytes(args.warmup).to_string()));
+        }
+        if args.ramp_time > 0 {
+            settings.push(("ramp_time", format!("{}s", args.ramp_time)));
+        }
+        settings.push(("reps", args.rep.reps.to_string()));
+        let mut notes = Vec::new();
+        if args.fio.vs_fio {
+            settings.push(("fio_layout", layout_name(args.fio.fio_layout)));
+            notes.push(match args.fio.fio_layout {
+                FioLayout::Prewritten if args.retention.is_some() && args.warmup > 0 => {
+                    "fio overwrites a pre-written file (laid out un-timed); ringlog writes recycled \
+                     segment files once the warm-up has filled its recycle pool through retention"
+                        .to_owned()
+                }
+                FioLayout::Prewritten => "fio overwrites a pre-written file (laid out un-timed), but \
+                    ringlog writes into newly created segment files (no --retention/--warmup): \
+                    overwrites run up to ~2x faster than fresh writes here, so the throughput ratio \
+                    understates ringlog"
+                    .to_owned(),
+                FioLayout::Fresh => "fio writes into a freshly created file each rep; \
+                    ringlog writes into segment files it creates"
+                    .to_owned(),
+            });
+            if cfg.partitions > 1 {
+                notes.push(format!(
+                    "fio runs one file with one write+fdatasync per I/O; ringlog groups {} \
+                     partitions per commit (one write+fdatasync each, one submission)",
+                    cfg.partitions
+                ));
+            }
+        }
+        notes.push(
+            "ringlog pipelines like the shard's group commit: the next round's batches are \
+             appended (checked, copied, hashed) while the current round's write+fdatasync is in \
+             the kernel, and submitted the moment it completes, so each partition's file sees one \
+             write+fdatasync at a time, as fio's does (qd1), with ringlog's CPU per batch off the \
+             device's critical path"
+                .to_owned(),
+        );
+        Header {
+            settings,
+            fio_version: self.fio_version.clone(),
+            notes,
+        }
+    }
+}
+
 /// Runs the transfer job (and fio) and cleans up; the report is not printed.
-fn transfer_report(args: &TransferArgs) -> Result<TransferReport, BenchError> {
+fn transfer_report(
+    args: &TransferArgs,
+) -> Result<Report<TransferResult, FioTransferResult>, BenchError> {
     let chunk_size = u32::try_from(args.chunk_size)
         .ok()
         .filter(|c| *c > 0 && c % 4096 == 0 && *c <= 16 << 20)
@@ -619,23 +708,12 @@ fn transfer_report(args: &TransferArgs) -> Result<TransferReport, BenchError> {
                 Bytes(args.chunk_size)
             ))
         })?;
-    if args.segment_size < args.batch_size {
-        return Err(BenchError::Usage(format!(
-            "--segment-size {} is smaller than --batch-size {}",
-            Bytes(args.segment_size),
-            Bytes(args.batch_size)
-        )));
-    }
+    check_segment_size(args.segment_size, args.batch_size)?;
     if args.size == 0 {
         return Err(BenchError::Usage("--size must be positive".into()));
     }
-    let fio_version = if args.vs_fio {
-        Some(fio::version()?)
-    } else {
-        None
-    };
-
-    let dir = &args.dir;
+    let fio_version = fio_version(args.fio.vs_fio)?;
+    let dir = &args.data.dir;
     let cfg = TransferConfig {
         dir: dir.clone(),
         total_bytes: args.size,
@@ -645,183 +723,147 @@ fn transfer_report(args: &TransferArgs) -> Result<TransferReport, BenchError> {
         batch_size: to_usize("--batch-size", args.batch_size)?,
         record_size: to_usize("--record-size", args.record_size)?,
     };
-    let fio_files = TransferFioFiles {
-        read: dir.join("fio-read.dat"),
-        write: dir.join("fio-write.dat"),
-    };
-    for path in [cfg.source_dir(), cfg.receiver_dir()] {
-        if path.exists() {
-            return Err(BenchError::Usage(format!(
-                "{} already exists (left by an earlier --keep run?); remove it or pick another --dir",
-                path.display()
-            )));
-        }
-    }
-    let created_dir = !dir.exists();
-    fs::create_dir_all(dir).map_err(fs_err("create", dir))?;
-
-    let result = run_transfer_reps(args, &cfg, &fio_files, fio_version);
-    let cleanup = if args.keep {
-        Ok(())
-    } else {
-        cleanup_transfer(&cfg, &fio_files, created_dir)
-    };
-    let report = result?;
-    cleanup?;
-    Ok(report)
-}
-
-struct TransferFioFiles {
-    read: PathBuf,
-    write: PathBuf,
-}
-
-fn run_transfer_reps(
-    args: &TransferArgs,
-    cfg: &TransferConfig,
-    fio_files: &TransferFioFiles,
-    fio_version: Option<String>,
-) -> Result<TransferReport, BenchError> {
-    let mut settings = vec![
-        ("dir", cfg.dir.display().to_string()),
-        ("size", Bytes(args.size).to_string()),
-        ("segment_size", Bytes(args.segment_size).to_string()),
-        ("chunk_size", Bytes(args.chunk_size).to_string()),
-        ("window", args.window.to_string()),
-        ("batch_size", Bytes(args.batch_size).to_string()),
-        ("record_size", Bytes(args.record_size).to_string()),
-        ("reps", args.reps.to_string()),
+    let read = FioFile::new(dir.join("fio-read.dat"));
+    let write = FioFile::new(dir.join("fio-write.dat"));
+    let paths = vec![
+        cfg.source_dir(),
+        cfg.receiver_dir(),
+        read.path.clone(),
+        write.path.clone(),
     ];
-    let mut notes = vec![
-        "the source is filled once, un-timed, and its active segment sealed; each rep transfers \
-         into a freshly created receiver (creation and close un-timed)"
-            .to_owned(),
-        format!(
-            "ringlog reads a window of --window {} chunks in one submission, then verifies and \
-             writes them in one submission; reads and writes do not overlap",
-            args.window
-        ),
-    ];
-    if args.vs_fio {
-        settings.push((
-            "fio_layout",
-            format!("{:?}", args.fio_layout).to_lowercase(),
-        ));
-        notes.push(format!(
-            "fio keeps iodepth={} I/Os in flight; ringlog also hashes every chunk on both sides \
-             and parses every batch on the receiver",
-            args.window
-        ));
-        notes.push(match args.fio_layout {
-            FioLayout::Prewritten => "fio's write job overwrites a pre-written file (laid out \
-                un-timed), while ringlog's receiver writes newly created staging files: overwrites \
-                run up to ~2x faster than fresh writes here, so the throughput ratio understates \
-                ringlog"
-                .to_owned(),
-            FioLayout::Fresh => "fio's write file is deleted before each rep, so both sides \
-                write into fresh space"
-                .to_owned(),
-        });
-    }
-
-    eprintln!(
-        "ringlog-bench: filling the source with {} (un-timed)",
-        Bytes(args.size)
-    );
-    let mut source = Source::fill(cfg)?;
-    let result = transfer_reps(args, cfg, fio_files, &mut source);
-    // Close the source even when a rep failed; the rep's error wins.
-    let closed = source.close();
-    let reps = result?;
-    closed?;
-    Ok(TransferReport {
-        settings,
+    let ws = Workspace::create(dir, args.data.keep, paths)?;
+    let job = TransferJob {
+        args,
+        cfg,
         fio_version,
-        notes,
-        reps,
-    })
+        read,
+        write,
+        source: None,
+    };
+    harness::run(job, ws, args.rep.reps, args.fio.vs_fio)
 }
 
-fn transfer_reps(
-    args: &TransferArgs,
-    cfg: &TransferConfig,
-    fio_files: &TransferFioFiles,
-    source: &mut Source,
-) -> Result<Vec<TransferRep>, BenchError> {
-    let job = fio::TransferJob {
-        read_file: &fio_files.read,
-        write_file: &fio_files.write,
-        block_size_bytes: args.chunk_size,
-        size_bytes: source.bytes(),
-        iodepth: args.window,
-    };
-    let mut reps = Vec::with_capacity(args.reps as usize);
-    for rep in 1..=args.reps {
-        eprintln!("ringlog-bench: rep {rep}/{}: ringlog transfer", args.reps);
-        let ringlog = source.transfer(cfg)?;
-        let last = rep == args.reps;
-        if !(last && args.keep) {
-            remove_dir_if_exists(&cfg.receiver_dir())?;
-        }
+struct TransferJob<'a> {
+    args: &'a TransferArgs,
+    cfg: TransferConfig,
+    fio_version: Option<String>,
+    read: FioFile,
+    write: FioFile,
+    /// Filled by `start`.
+    source: Option<Source>,
+}
 
-        let fio = if args.vs_fio {
-            let need = job.effective_size_bytes();
-            if rep == 1 {
-                eprintln!(
-                    "ringlog-bench: laying out {} for fio to read (un-timed)",
-                    Bytes(fio::layout_size_bytes(need))
-                );
-                fio::layout(&fio_files.read, need)?;
-            }
-            match args.fio_layout {
-                FioLayout::Prewritten if rep == 1 => {
-                    eprintln!(
-                        "ringlog-bench: laying out {} for fio to overwrite (un-timed)",
-                        Bytes(fio::layout_size_bytes(need))
-                    );
-                    fio::layout(&fio_files.write, need)?;
-                }
-                FioLayout::Prewritten => {}
-                FioLayout::Fresh => remove_file_if_exists(&fio_files.write)?,
-            }
-            eprintln!(
-                "ringlog-bench: rep {rep}/{}: fio read, then write",
-                args.reps
-            );
-            Some(job.run()?)
-        } else {
-            None
-        };
-        reps.push(TransferRep { ringlog, fio });
+impl Job for TransferJob<'_> {
+    type Ours = TransferResult;
+    type Theirs = FioTransferResult;
+    const NAME: &'static str = "transfer";
+    const LABELS: [&'static str; 2] = ["ringlog transfer", "fio transfer"];
+    const COMPARISON: Option<Comparison> = Some(TRANSFER_VS_FIO);
+
+    fn start(&mut self) -> Result<(), BenchError> {
+        eprintln!(
+            "ringlog-bench: filling the source with {} (un-timed)",
+            Bytes(self.args.size)
+        );
+        self.source = Some(Source::fill(&self.cfg)?);
+        Ok(())
     }
-    Ok(reps)
+
+    fn ours(&mut self, rep: RepNo) -> Result<TransferResult, BenchError> {
+        let source = self.source.as_mut().expect(STARTED);
+        let result = source.transfer(&self.cfg)?;
+        if !(rep.last() && self.args.data.keep) {
+            remove_if_exists(&self.cfg.receiver_dir())?;
+        }
+        Ok(result)
+    }
+
+    fn theirs(&mut self, _: RepNo, _: &TransferResult) -> Result<FioTransferResult, BenchError> {
+        let size_bytes = self.source.as_ref().expect(STARTED).bytes();
+        let (read_file, write_file) = (self.read.path.clone(), self.write.path.clone());
+        let job = fio::TransferJob {
+            read_file: &read_file,
+            write_file: &write_file,
+            block_size_bytes: self.args.chunk_size,
+            size_bytes,
+            iodepth: self.args.window,
+        };
+        let need = job.effective_size_bytes();
+        self.read.prepare(FioLayout::Prewritten, need)?;
+        self.write.prepare(self.args.fio.fio_layout, need)?;
+        Ok(job.run()?)
+    }
+
+    fn stop(&mut self) -> Result<(), BenchError> {
+        match self.source.take() {
+            Some(source) => Ok(source.close()?),
+            None => Ok(()),
+        }
+    }
+
+    fn header(&self) -> Header {
+        let args = self.args;
+        let mut settings = vec![
+            ("dir", self.cfg.dir.display().to_string()),
+            ("size", Bytes(args.size).to_string()),
+            ("segment_size", Bytes(args.segment_size).to_string()),
+            ("chunk_size", Bytes(args.chunk_size).to_string()),
+            ("window", args.window.to_string()),
+            ("batch_size", Bytes(args.batch_size).to_string()),
+            ("record_size", Bytes(args.record_size).to_string()),
+            ("reps", args.rep.reps.to_string()),
+        ];
+        let mut notes = vec![
+            "the source is filled once, un-timed, and its active segment sealed; each rep \
+             transfers into a freshly created receiver (creation and close un-timed)"
+                .to_owned(),
+            format!(
+                "ringlog reads a window of --window {} chunks in one submission, then verifies \
+                 and writes them in one submission; reads and writes do not overlap",
+                args.window
+            ),
+        ];
+        if args.fio.vs_fio {
+            settings.push(("fio_layout", layout_name(args.fio.fio_layout)));
+            notes.push(format!(
+                "fio keeps iodepth={} I/Os in flight; ringlog also hashes every chunk on both \
+                 sides and parses every batch on the receiver",
+                args.window
+            ));
+            notes.push(match args.fio.fio_layout {
+                FioLayout::Prewritten => "fio's write job overwrites a pre-written file (laid out \
+                    un-timed), while ringlog's receiver writes newly created staging files: \
+                    overwrites run up to ~2x faster than fresh writes here, so the throughput \
+                    ratio understates ringlog"
+                    .to_owned(),
+                FioLayout::Fresh => "fio's write file is deleted before each rep, so both sides \
+                    write into fresh space"
+                    .to_owned(),
+            });
+        }
+        Header {
+            settings,
+            fio_version: self.fio_version.clone(),
+            notes,
+        }
+    }
 }
 
 /// Runs the fetch job (and fio) and cleans up; the report is not printed.
-fn fetch_report(args: &FetchArgs) -> Result<FetchReport, BenchError> {
-    if args.segment_size < args.batch_size {
-        return Err(BenchError::Usage(format!(
-            "--segment-size {} is smaller than --batch-size {}",
-            Bytes(args.segment_size),
-            Bytes(args.batch_size)
-        )));
-    }
+fn fetch_report(args: &FetchArgs) -> Result<Report<FetchResult, FioFetchResult>, BenchError> {
+    check_segment_size(args.segment_size, args.batch.batch_size)?;
     if args.size == 0 || args.read_size == 0 {
         return Err(BenchError::Usage(
             "--size and --read-size must be positive".into(),
         ));
     }
-    let fio_version = if args.vs_fio {
-        Some(fio::version()?)
-    } else {
-        None
-    };
-    let dir = &args.dir;
+    let fio_version = fio_version(args.vs_fio)?;
+    let dir = &args.data.dir;
     let cfg = FetchConfig {
         dir: dir.clone(),
         total_bytes: args.size,
-        batch_size: to_usize("--batch-size", args.batch_size)?,
-        record_size: to_usize("--record-size", args.record_size)?,
+        batch_size: to_usize("--batch-size", args.batch.batch_size)?,
+        record_size: to_usize("--record-size", args.batch.record_size)?,
         segment_size: args.segment_size,
         read_bytes: to_usize("--read-size", args.read_size)?,
         pattern: match args.pattern {
@@ -833,299 +875,119 @@ fn fetch_report(args: &FetchArgs) -> Result<FetchReport, BenchError> {
         ramp: Duration::from_secs(args.ramp_time),
         seed: 0x5EED,
     };
-    if cfg.store_dir().exists() {
-        return Err(BenchError::Usage(format!(
-            "{} already exists (left by an earlier --keep run?); remove it or pick another --dir",
-            cfg.store_dir().display()
-        )));
-    }
-    let fio_file = dir.join("fio-fetch.dat");
-    let created_dir = !dir.exists();
-    fs::create_dir_all(dir).map_err(fs_err("create", dir))?;
-
-    let result = run_fetch_reps(args, &cfg, &fio_file, fio_version);
-    let cleanup = if args.keep {
-        Ok(())
-    } else {
-        remove_dir_if_exists(&cfg.store_dir())
-            .and_then(|()| remove_file_if_exists(&fio_file))
-            .and_then(|()| {
-                if created_dir {
-                    match fs::remove_dir(dir) {
-                        Err(e) if e.kind() != io::ErrorKind::NotFound => {
-                            return Err(fs_err("remove", dir)(e));
-                        }
-                        _ => {}
-                    }
-                }
-                Ok(())
-            })
+    let fio_file = FioFile::new(dir.join("fio-fetch.dat"));
+    let paths = vec![cfg.store_dir(), fio_file.path.clone()];
+    let ws = Workspace::create(dir, args.data.keep, paths)?;
+    let job = FetchJob {
+        args,
+        cfg,
+        fio_version,
+        fio_file,
+        store: None,
     };
-    let report = result?;
-    cleanup?;
-    Ok(report)
+    harness::run(job, ws, args.rep.reps, args.vs_fio)
 }
 
-fn run_fetch_reps(
-    args: &FetchArgs,
-    cfg: &FetchConfig,
-    fio_file: &Path,
+struct FetchJob<'a> {
+    args: &'a FetchArgs,
+    cfg: FetchConfig,
     fio_version: Option<String>,
-) -> Result<FetchReport, BenchError> {
-    let mut settings = vec![
-        ("dir", cfg.dir.display().to_string()),
-        ("size", Bytes(args.size).to_string()),
-        ("batch_size", Bytes(args.batch_size).to_string()),
-        ("record_size", Bytes(args.record_size).to_string()),
-        ("segment_size", Bytes(args.segment_size).to_string()),
-        ("read_size", Bytes(args.read_size).to_string()),
-        ("pattern", format!("{:?}", args.pattern).to_lowercase()),
-        ("duration", format!("{}s", args.duration)),
-    ];
-    if let Some(n) = args.io_size {
-        settings.push(("io_size", Bytes(n).to_string()));
-    }
-    if args.ramp_time > 0 {
-        settings.push(("ramp_time", format!("{}s", args.ramp_time)));
-    }
-    settings.push(("reps", args.reps.to_string()));
-    let mut notes = vec![
-        "the store is filled once, un-timed, and flushed; every rep reads it (O_DIRECT, no page \
-         cache on either side)"
-            .to_owned(),
-    ];
-    if args.vs_fio {
-        notes.push(
-            "fio reads a file laid out once (un-timed) with bs = --read-size rounded up to 4KiB, \
-             iodepth=1; ringlog returns whole batches up to --read-size, verifying each"
-                .to_owned(),
+    fio_file: FioFile,
+    /// Filled by `start`.
+    store: Option<jobs::fetch::Store>,
+}
+
+impl Job for FetchJob<'_> {
+    type Ours = FetchResult;
+    type Theirs = FioFetchResult;
+    const NAME: &'static str = "fetch";
+    const LABELS: [&'static str; 2] = ["ringlog fetch", "fio fetch"];
+    const COMPARISON: Option<Comparison> = Some(FETCH_VS_FIO);
+
+    fn start(&mut self) -> Result<(), BenchError> {
+        eprintln!(
+            "ringlog-bench: filling the store with {} (un-timed)",
+            Bytes(self.args.size)
         );
+        self.store = Some(jobs::fetch::Store::fill(&self.cfg)?);
+        Ok(())
     }
-    eprintln!(
-        "ringlog-bench: filling the store with {} (un-timed)",
-        Bytes(args.size)
-    );
-    let mut store = jobs::fetch::Store::fill(cfg)?;
-    let result = (|| {
+
+    fn ours(&mut self, _: RepNo) -> Result<FetchResult, BenchError> {
+        let store = self.store.as_mut().expect(STARTED);
+        Ok(store.run(&self.cfg)?)
+    }
+
+    fn theirs(&mut self, _: RepNo, _: &FetchResult) -> Result<FioFetchResult, BenchError> {
+        let size_bytes = self.store.as_ref().expect(STARTED).log_bytes();
+        let file = self.fio_file.path.clone();
         let job = fio::FetchJob {
-            file: fio_file,
-            block_size_bytes: args.read_size,
-            size_bytes: store.log_bytes(),
-            random: args.pattern == ReadPattern::Rand,
-            runtime: cfg.duration,
-            io_bytes: args.io_size,
-            ramp: cfg.ramp,
+            file: &file,
+            block_size_bytes: self.args.read_size,
+            size_bytes,
+            random: self.args.pattern == ReadPattern::Rand,
+            runtime: self.cfg.duration,
+            io_bytes: self.args.io_size,
+            ramp: self.cfg.ramp,
         };
-        let mut reps = Vec::with_capacity(args.reps as usize);
-        for rep in 1..=args.reps {
-            eprintln!("ringlog-bench: rep {rep}/{}: ringlog fetch", args.reps);
-            let ringlog = store.run(cfg)?;
-            let fio = if args.vs_fio {
-                if rep == 1 {
-                    eprintln!(
-                        "ringlog-bench: laying out {} for fio to read (un-timed)",
-                        Bytes(fio::layout_size_bytes(job.effective_size_bytes()))
-                    );
-                    fio::layout(fio_file, job.effective_size_bytes())?;
-                }
-                eprintln!("ringlog-bench: rep {rep}/{}: fio fetch", args.reps);
-                Some(job.run()?)
-            } else {
-                None
-            };
-            reps.push(FetchRep { ringlog, fio });
-        }
-        Ok::<_, BenchError>(reps)
-    })();
-    let closed = store.close();
-    let reps = result?;
-    closed?;
-    Ok(FetchReport {
-        settings,
-        fio_version,
-        notes,
-        reps,
-    })
-}
-
-fn remove_dir_if_exists(path: &Path) -> Result<(), BenchError> {
-    match fs::remove_dir_all(path) {
-        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(fs_err("remove", path)(e)),
-        _ => Ok(()),
+        self.fio_file
+            .prepare(FioLayout::Prewritten, job.effective_size_bytes())?;
+        Ok(job.run()?)
     }
-}
 
-/// Removes what a transfer run created: both stores, fio's files, and the
-/// data directory itself if this run created it (and it is now empty).
-fn cleanup_transfer(
-    cfg: &TransferConfig,
-    fio_files: &TransferFioFiles,
-    created_dir: bool,
-) -> Result<(), BenchError> {
-    remove_dir_if_exists(&cfg.source_dir())?;
-    remove_dir_if_exists(&cfg.receiver_dir())?;
-    remove_file_if_exists(&fio_files.read)?;
-    remove_file_if_exists(&fio_files.write)?;
-    if created_dir {
-        match fs::remove_dir(&cfg.dir) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => {
-                return Err(fs_err("remove", &cfg.dir)(e));
-            }
-            _ => {}
+    fn stop(&mut self) -> Result<(), BenchError> {
+        match self.store.take() {
+            Some(store) => Ok(store.close()?),
+            None => Ok(()),
         }
     }
-    Ok(())
-}
 
-fn run_reps(
-    args: &AppendArgs,
-    cfg: &AppendConfig,
-    fio_file: &Path,
-    fio_version: Option<String>,
-) -> Result<Report, BenchError> {
-    let mut settings = vec![
-        ("dir", cfg.dir.display().to_string()),
-        ("partitions", cfg.partitions.to_string()),
-        ("batch_size", Bytes(args.batch_size).to_string()),
-        ("record_size", Bytes(args.record_size).to_string()),
-        ("segment_size", Bytes(args.segment_size).to_string()),
-        ("duration", format!("{}s", args.duration)),
-    ];
-    if let Some(size) = args.size {
-        settings.push(("size", Bytes(size).to_string()));
-    }
-    if let Some(r) = args.retention {
-        settings.push(("retention", Bytes(r).to_string()));
-    }
-    if args.warmup > 0 {
-        settings.push(("warmup", Bytes(args.warmup).to_string()));
-    }
-    if args.ramp_time > 0 {
-        settings.push(("ramp_time", format!("{}s", args.ramp_time)));
-    }
-    settings.push(("reps", args.reps.to_string()));
-    let mut notes = Vec::new();
-    if args.vs_fio {
-        settings.push((
-            "fio_layout",
-            format!("{:?}", args.fio_layout).to_lowercase(),
-        ));
-        notes.push(match args.fio_layout {
-            FioLayout::Prewritten if args.retention.is_some() && args.warmup > 0 => {
-                "fio overwrites a pre-written file (laid out un-timed); ringlog writes recycled \
-                 segment files once the warm-up has filled its recycle pool through retention"
-                    .to_owned()
-            }
-            FioLayout::Prewritten => "fio overwrites a pre-written file (laid out un-timed), but \
-                ringlog writes into newly created segment files (no --retention/--warmup): \
-                overwrites run up to ~2x faster than fresh writes here, so the throughput ratio \
-                understates ringlog"
+    fn header(&self) -> Header {
+        let args = self.args;
+        let mut settings = vec![
+            ("dir", self.cfg.dir.display().to_string()),
+            ("size", Bytes(args.size).to_string()),
+            ("batch_size", Bytes(args.batch.batch_size).to_string()),
+            ("record_size", Bytes(args.batch.record_size).to_string()),
+            ("segment_size", Bytes(args.segment_size).to_string()),
+            ("read_size", Bytes(args.read_size).to_string()),
+            ("pattern", format!("{:?}", args.pattern).to_lowercase()),
+            ("duration", format!("{}s", args.duration)),
+        ];
+        if let Some(n) = args.io_size {
+            settings.push(("io_size", Bytes(n).to_string()));
+        }
+        if args.ramp_time > 0 {
+            settings.push(("ramp_time", format!("{}s", args.ramp_time)));
+        }
+        settings.push(("reps", args.rep.reps.to_string()));
+        let mut notes = vec![
+            "the store is filled once, un-timed, and flushed; every rep reads it \
+             (O_DIRECT, no page cache on either side)"
                 .to_owned(),
-            FioLayout::Fresh => "fio writes into a freshly created file each rep; \
-                ringlog writes into segment files it creates"
-                .to_owned(),
-        });
-        if cfg.partitions > 1 {
-            notes.push(format!(
-                "fio runs one file with one write+fdatasync per I/O; ringlog groups {} partitions \
-                 per commit (one write+fdatasync each, one submission)",
-                cfg.partitions
-            ));
+        ];
+        if args.vs_fio {
+            notes.push(
+                "fio reads a file laid out once (un-timed) with bs = --read-size rounded up to \
+                 4KiB, iodepth=1; ringlog returns whole batches up to --read-size, verifying each"
+                    .to_owned(),
+            );
         }
-    }
-    notes.push(
-        "ringlog pipelines like the shard's group commit: the next round's batches are \
-         appended (checked, copied, hashed) while the current round's write+fdatasync is in \
-         the kernel, and submitted the moment it completes, so each partition's file sees one \
-         write+fdatasync at a time, as fio's does (qd1), with ringlog's CPU per batch off the \
-         device's critical path"
-            .to_owned(),
-    );
-
-    let mut reps = Vec::with_capacity(args.reps as usize);
-    let mut laid_out_bytes = 0u64;
-    for rep in 1..=args.reps {
-        eprintln!("ringlog-bench: rep {rep}/{}: ringlog append", args.reps);
-        let ringlog = jobs::append::run(cfg)?;
-        let last = rep == args.reps;
-        if !(last && args.keep) {
-            remove_partitions(cfg)?;
+        Header {
+            settings,
+            fio_version: self.fio_version.clone(),
+            notes,
         }
-
-        let fio = if args.vs_fio {
-            let job = fio::AppendJob {
-                file: fio_file,
-                block_size_bytes: args.batch_size,
-                size_bytes: args.size.unwrap_or(ringlog.summary.bytes),
-                runtime: cfg.duration,
-            };
-            let need = job.effective_size_bytes();
-            match args.fio_layout {
-                FioLayout::Prewritten if laid_out_bytes < need => {
-                    eprintln!(
-                        "ringlog-bench: rep {rep}/{}: laying out {} for fio (un-timed)",
-                        args.reps,
-                        Bytes(fio::layout_size_bytes(need))
-                    );
-                    laid_out_bytes = fio::layout(fio_file, need)?;
-                }
-                FioLayout::Prewritten => {}
-                FioLayout::Fresh => remove_file_if_exists(fio_file)?,
-            }
-            eprintln!("ringlog-bench: rep {rep}/{}: fio append", args.reps);
-            Some(job.run()?)
-        } else {
-            None
-        };
-        reps.push(Rep { ringlog, fio });
-    }
-    Ok(Report {
-        settings,
-        fio_version,
-        notes,
-        reps,
-    })
-}
-
-fn remove_partitions(cfg: &AppendConfig) -> Result<(), BenchError> {
-    for p in 0..cfg.partitions {
-        let pdir = cfg.partition_dir(p);
-        match fs::remove_dir_all(&pdir) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => {
-                return Err(fs_err("remove", &pdir)(e));
-            }
-            _ => {}
-        }
-    }
-    Ok(())
-}
-
-fn remove_file_if_exists(path: &Path) -> Result<(), BenchError> {
-    match fs::remove_file(path) {
-        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(fs_err("remove", path)(e)),
-        _ => Ok(()),
     }
 }
 
-/// Removes what this run created: partition directories, fio's file, and
-/// the data directory itself if this run created it (and it is now empty).
-fn cleanup(cfg: &AppendConfig, fio_file: &Path, created_dir: bool) -> Result<(), BenchError> {
-    remove_partitions(cfg)?;
-    remove_file_if_exists(fio_file)?;
-    if created_dir {
-        match fs::remove_dir(&cfg.dir) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => {
-                return Err(fs_err("remove", &cfg.dir)(e));
-            }
-            _ => {}
-        }
-    }
-    Ok(())
-}
+#[cfg(test)]
+mod testutil;
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testutil::{append, assert_has, data_dir, fetch, transfer};
     use clap::CommandFactory;
 
     #[test]
@@ -1135,43 +997,24 @@ mod tests {
 
     #[test]
     fn append_defaults_and_sizes() {
-        let cli = Cli::try_parse_from(["ringlog-bench", "append"]).unwrap();
-        let Some(Command::Append(a)) = cli.command else {
-            panic!("not append")
-        };
-        assert_eq!(a.dir, PathBuf::from("./bench-data"));
+        let a = append("append");
+        assert_eq!(a.data.dir, PathBuf::from("./bench-data"));
         assert_eq!(a.partitions, 1);
-        assert_eq!(a.batch_size, 64 << 10);
-        assert_eq!(a.record_size, 1 << 10);
+        assert_eq!(a.batch.batch_size, 64 << 10);
+        assert_eq!(a.batch.record_size, 1 << 10);
         assert_eq!(a.duration, 10);
         assert_eq!(a.size, None);
         assert_eq!(a.segment_size, 256 << 20);
-        assert!(!a.vs_fio && !a.keep);
-        assert_eq!(a.reps, 1);
-        assert_eq!(a.output_format, OutputFormat::Text);
+        assert!(!a.fio.vs_fio && !a.data.keep);
+        assert_eq!(a.rep.reps, 1);
+        assert_eq!(a.rep.output_format, OutputFormat::Text);
 
-        let cli = Cli::try_parse_from([
-            "ringlog-bench",
-            "append",
-            "--batch-size",
-            "1m",
-            "--size",
-            "1g",
-            "--vs-fio",
-            "--reps",
-            "3",
-            "--output-format",
-            "json",
-        ])
-        .unwrap();
-        let Some(Command::Append(a)) = cli.command else {
-            panic!("not append")
-        };
-        assert_eq!(a.batch_size, 1 << 20);
+        let a = append("append --batch-size 1m --size 1g --vs-fio --reps 3 --output-format json");
+        assert_eq!(a.batch.batch_size, 1 << 20);
         assert_eq!(a.size, Some(1 << 30));
-        assert!(a.vs_fio);
-        assert_eq!(a.reps, 3);
-        assert_eq!(a.output_format, OutputFormat::Json);
+        assert!(a.fio.vs_fio);
+        assert_eq!(a.rep.reps, 3);
+        assert_eq!(a.rep.output_format, OutputFormat::Json);
     }
 
     #[test]
@@ -1187,33 +1030,12 @@ mod tests {
     /// report in both formats. Needs fio (ci/install-deps).
     #[test]
     fn append_vs_fio_smoke() {
-        // In the crate directory: on the repo's filesystem, which supports
-        // O_DIRECT (a tmpfs /tmp would not).
-        let tmp = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).unwrap();
-        let dir = tmp.path().join("data");
-        let cli = Cli::try_parse_from([
-            "ringlog-bench",
-            "append",
-            "--dir",
-            dir.to_str().unwrap(),
-            "--duration",
-            "1",
-            "--size",
-            "4m",
-            "--segment-size",
-            "1m",
-            "--retention",
-            "2m",
-            "--warmup",
-            "4m",
-            "--vs-fio",
-            "--reps",
-            "2",
-        ])
-        .unwrap();
-        let Some(Command::Append(args)) = cli.command else {
-            panic!("not append")
-        };
+        let (_tmp, dir) = data_dir();
+        let args = append(&format!(
+            "append --dir {} --duration 1 --size 4m --segment-size 1m --retention 2m \
+             --warmup 4m --vs-fio --reps 2",
+            dir.display()
+        ));
         let report = append_report(&args).unwrap();
         assert!(!dir.exists(), "data dir is removed without --keep");
         let v = report.json();
@@ -1224,155 +1046,103 @@ mod tests {
         assert!(cpu("usr_cpu") >= 0.0 && cpu("sys_cpu") >= 0.0);
         assert!(cpu("usr_cpu") + cpu("sys_cpu") > 0.0);
         assert!(v["jobs"][0]["write"]["io_bytes"].as_u64().unwrap() > 0);
-        let text = report.text();
-        assert!(text.contains("    cpu: usr="), "{text}");
+        assert_eq!(v["jobs"][1]["engine"], "fio");
+        assert!(v["jobs"][1]["sync"]["lat_ns"]["N"].as_u64().unwrap() > 0);
+        assert_has(
+            &report.text(),
+            &["    cpu: usr=", "rep 2/2", "fio append: bw="],
+        );
     }
 
     #[test]
     fn transfer_defaults_and_sizes() {
-        let cli = Cli::try_parse_from(["ringlog-bench", "transfer"]).unwrap();
-        let Some(Command::Transfer(t)) = cli.command else {
-            panic!("not transfer")
-        };
-        assert_eq!(t.dir, PathBuf::from("./bench-data"));
+        let t = transfer("transfer");
+        assert_eq!(t.data.dir, PathBuf::from("./bench-data"));
         assert_eq!(t.size, 512 << 20);
         assert_eq!(t.segment_size, 256 << 20);
         assert_eq!(t.chunk_size, 1 << 20);
         assert_eq!(t.window, 4);
         assert_eq!(t.batch_size, 1 << 20);
-        assert_eq!(t.reps, 1);
-        assert!(!t.vs_fio && !t.keep);
-        assert_eq!(t.fio_layout, FioLayout::Prewritten);
-        assert_eq!(t.output_format, OutputFormat::Text);
+        assert_eq!(t.rep.reps, 1);
+        assert!(!t.fio.vs_fio && !t.data.keep);
+        assert_eq!(t.fio.fio_layout, FioLayout::Prewritten);
+        assert_eq!(t.rep.output_format, OutputFormat::Text);
 
-        let cli = Cli::try_parse_from([
-            "ringlog-bench",
-            "transfer",
-            "--size",
-            "1g",
-            "--chunk-size",
-            "256k",
-            "--window",
-            "8",
-            "--vs-fio",
-            "--output-format",
-            "json",
-        ])
-        .unwrap();
-        let Some(Command::Transfer(t)) = cli.command else {
-            panic!("not transfer")
-        };
+        let t = transfer(
+            "transfer --size 1g --chunk-size 256k --window 8 --vs-fio --output-format json",
+        );
         assert_eq!(t.size, 1 << 30);
         assert_eq!(t.chunk_size, 256 << 10);
         assert_eq!(t.window, 8);
-        assert!(t.vs_fio);
-        assert_eq!(t.output_format, OutputFormat::Json);
+        assert!(t.fio.vs_fio);
+        assert_eq!(t.rep.output_format, OutputFormat::Json);
         assert!(Cli::try_parse_from(["ringlog-bench", "transfer", "--window", "0"]).is_err());
     }
 
     #[test]
     fn bad_transfer_settings_are_usage_errors() {
-        let tmp = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).unwrap();
-        let dir = tmp.path().join("data");
-        let dir = dir.to_str().unwrap();
+        let (_tmp, dir) = data_dir();
         for bad in [
-            &["--chunk-size", "5000"][..],
-            &["--chunk-size", "32m"][..],
-            &["--segment-size", "4m", "--batch-size", "8m"][..],
+            "--chunk-size 5000",
+            "--chunk-size 32m",
+            "--segment-size 4m --batch-size 8m",
         ] {
-            let mut argv = vec!["ringlog-bench", "transfer", "--dir", dir];
-            argv.extend_from_slice(bad);
-            let Some(Command::Transfer(t)) = Cli::try_parse_from(argv).unwrap().command else {
-                panic!("not transfer")
-            };
-            assert!(
-                matches!(transfer_report(&t), Err(BenchError::Usage(_))),
-                "{bad:?}"
-            );
+            let t = transfer(&format!("transfer --dir {} {bad}", dir.display()));
+            let got = transfer_report(&t);
+            assert!(matches!(got, Err(BenchError::Usage(_))), "{bad}");
         }
-        assert!(
-            !Path::new(dir).exists(),
-            "nothing is created for a usage error"
-        );
+        assert!(!dir.exists(), "nothing is created for a usage error");
     }
 
     /// End to end on the real disk: a small transfer against fio, text and
     /// JSON reports with the ratios. Needs fio (ci/install-deps).
     #[test]
     fn transfer_vs_fio_smoke() {
-        let tmp = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).unwrap();
-        let dir = tmp.path().join("data");
-        let cli = Cli::try_parse_from([
-            "ringlog-bench",
-            "transfer",
-            "--dir",
-            dir.to_str().unwrap(),
-            "--size",
-            "16m",
-            "--segment-size",
-            "4m",
-            "--chunk-size",
-            "256k",
-            "--batch-size",
-            "64k",
-            "--vs-fio",
-            "--reps",
-            "2",
-        ])
-        .unwrap();
-        let Some(Command::Transfer(args)) = cli.command else {
-            panic!("not transfer")
-        };
+        let (_tmp, dir) = data_dir();
+        let args = transfer(&format!(
+            "transfer --dir {} --size 16m --segment-size 4m --chunk-size 256k --batch-size 64k \
+             --vs-fio --reps 2",
+            dir.display()
+        ));
         let report = transfer_report(&args).unwrap();
         assert!(!dir.exists(), "data dir is removed without --keep");
 
         assert_eq!(report.reps.len(), 2);
         for rep in &report.reps {
-            assert_eq!(rep.ringlog.summary.bytes, 16 << 20);
-            assert_eq!(rep.ringlog.artifacts, 4);
-            assert_eq!(rep.ringlog.summary.ios, 64);
-            let fio = rep.fio.as_ref().unwrap();
+            assert_eq!(rep.ours.summary.bytes, 16 << 20);
+            assert_eq!(rep.ours.artifacts, 4);
+            assert_eq!(rep.ours.summary.ios, 64);
+            let fio = rep.theirs.as_ref().unwrap();
             assert_eq!(fio.read.bytes, 16 << 20);
             assert_eq!(fio.write.bytes, 16 << 20);
         }
-        let text = report.text();
-        assert!(text.contains("ringlog transfer: bw="), "{text}");
-        assert!(text.contains("fio transfer: bw="), "{text}");
-        assert!(text.contains("ratio throughput ringlog/fio = "), "{text}");
-        assert!(text.contains("(median of 2 reps, min "), "{text}");
-        assert!(
-            text.contains("ratio p99 chunk latency ringlog/fio = "),
-            "{text}"
+        assert_has(
+            &report.text(),
+            &[
+                "ringlog transfer: bw=",
+                "fio transfer: bw=",
+                "ratio throughput ringlog/fio = ",
+                "(median of 2 reps, min ",
+                "ratio p99 chunk latency ringlog/fio = ",
+            ],
         );
         let v = report.json();
         assert_eq!(v["ratios"]["throughput"]["reps"], 2);
-        for key in ["median", "min", "max"] {
-            assert!(v["ratios"]["throughput"][key].is_f64(), "{key}");
-        }
         assert_eq!(v["jobs"][0]["transfer"]["io_bytes"], 16u64 << 20);
         assert_eq!(v["jobs"][1]["engine"], "fio");
         report::assert_fio_shape(&v, true, &["throughput", "p99_chunk_latency"]);
     }
 
-    fn fetch_args(argv: &[&str]) -> FetchArgs {
-        let mut full = vec!["ringlog-bench", "fetch"];
-        full.extend_from_slice(argv);
-        let Some(Command::Fetch(f)) = Cli::try_parse_from(full).unwrap().command else {
-            panic!("not fetch")
-        };
-        f
-    }
-
     #[test]
     fn fetch_defaults() {
-        let f = fetch_args(&[]);
+        let f = fetch("fetch");
         assert_eq!(f.size, 256 << 20);
-        assert_eq!(f.batch_size, 64 << 10);
+        assert_eq!(f.batch.batch_size, 64 << 10);
         assert_eq!(f.read_size, 1 << 20);
         assert_eq!(f.pattern, ReadPattern::Seq);
         assert_eq!(f.ramp_time, 0);
         assert!(!f.vs_fio);
-        let f = fetch_args(&["--pattern", "rand", "--ramp-time", "2", "--io-size", "1g"]);
+        let f = fetch("fetch --pattern rand --ramp-time 2 --io-size 1g");
         assert_eq!(f.pattern, ReadPattern::Rand);
         assert_eq!(f.ramp_time, 2);
         assert_eq!(f.io_size, Some(1 << 30));
@@ -1382,31 +1152,17 @@ mod tests {
     /// sequential reads, then random reads with a ramp. Needs fio.
     #[test]
     fn fetch_vs_fio_smoke() {
-        let tmp = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).unwrap();
-        let dir = tmp.path().join("data");
-        let d = dir.to_str().unwrap();
-        let args = fetch_args(&[
-            "--dir",
-            d,
-            "--size",
-            "8m",
-            "--segment-size",
-            "4m",
-            "--read-size",
-            "256k",
-            "--duration",
-            "1",
-            "--io-size",
-            "32m",
-            "--vs-fio",
-            "--reps",
-            "2",
-        ]);
+        let (_tmp, dir) = data_dir();
+        let args = fetch(&format!(
+            "fetch --dir {} --size 8m --segment-size 4m --read-size 256k --duration 1 \
+             --io-size 32m --vs-fio --reps 2",
+            dir.display()
+        ));
         let report = fetch_report(&args).unwrap_or_else(|e| panic!("{e}"));
         assert!(!dir.exists(), "data dir is removed without --keep");
         assert_eq!(report.reps.len(), 2);
         for rep in &report.reps {
-            let r = &rep.ringlog;
+            let r = &rep.ours;
             assert!(r.summary.bytes >= 32 << 20 || r.summary.runtime.as_secs() >= 1);
             assert_eq!(r.empty_reads, 0);
             // Whole 64 KiB batches, up to 256 KiB per read.
@@ -1414,48 +1170,35 @@ mod tests {
             assert!(r.summary.bytes <= r.summary.ios * (256 << 10));
             assert!(r.records > 0);
             assert!(!r.summary.timeline.is_empty());
-            let f = rep.fio.as_ref().unwrap();
+            let f = rep.theirs.as_ref().unwrap();
             assert!(f.read.bytes > 0 && f.read.cpu.is_some());
         }
-        let text = report.text();
-        for want in [
-            "ringlog-bench fetch: dir=",
-            "ringlog fetch: bw=",
-            "reads/s=",
-            "read lat percentiles (usec): 50=",
-            "fio fetch: bw=",
-            "--rw=read",
-            "ratio throughput ringlog/fio = ",
-            "ratio p99 read latency ringlog/fio = ",
-            "    cpu: usr=",
-        ] {
-            assert!(text.contains(want), "{want:?} missing from:\n{text}");
-        }
+        assert_has(
+            &report.text(),
+            &[
+                "ringlog-bench fetch: dir=",
+                "ringlog fetch: bw=",
+                "reads/s=",
+                "read lat percentiles (usec): 50=",
+                "fio fetch: bw=",
+                "--rw=read",
+                "ratio throughput ringlog/fio = ",
+                "ratio p99 read latency ringlog/fio = ",
+                "    cpu: usr=",
+            ],
+        );
         let v = report.json();
         assert_eq!(v["jobs"][0]["jobname"], "fetch");
         assert_eq!(v["jobs"][1]["engine"], "fio");
         report::assert_fio_shape(&v, true, &["throughput", "p99_read_latency"]);
 
-        let args = fetch_args(&[
-            "--dir",
-            d,
-            "--size",
-            "4m",
-            "--segment-size",
-            "1m",
-            "--batch-size",
-            "16k",
-            "--read-size",
-            "64k",
-            "--pattern",
-            "rand",
-            "--duration",
-            "1",
-            "--ramp-time",
-            "1",
-        ]);
+        let args = fetch(&format!(
+            "fetch --dir {} --size 4m --segment-size 1m --batch-size 16k --read-size 64k \
+             --pattern rand --duration 1 --ramp-time 1",
+            dir.display()
+        ));
         let report = fetch_report(&args).unwrap_or_else(|e| panic!("{e}"));
-        let r = &report.reps[0].ringlog;
+        let r = &report.reps[0].ours;
         assert!(r.summary.ios > 0 && r.empty_reads == 0);
         assert!(report.text().contains("pattern=rand"));
         assert!(report.ratios().is_none());
@@ -1466,8 +1209,7 @@ mod tests {
     /// one JSON document holds both jobs' results; --plot draws them.
     #[test]
     fn job_file_runs_every_job_and_plots() {
-        let tmp = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).unwrap();
-        let dir = tmp.path().join("data");
+        let (tmp, dir) = data_dir();
         let file = tmp.path().join("jobs.ini");
         fs::write(
             &file,
@@ -1497,18 +1239,17 @@ mod tests {
             text.starts_with("[append]\nringlog-bench append: "),
             "{text}"
         );
-        assert!(
-            text.contains("\n[fetch-seq]\nringlog-bench fetch: "),
-            "{text}"
-        );
+        assert_has(&text, &["\n[fetch-seq]\nringlog-bench fetch: "]);
 
         let svg = tmp.path().join("plot.svg");
         output(&runs, Some(&svg)).unwrap();
         let svg = fs::read_to_string(&svg).unwrap();
         assert!(svg.starts_with("<svg "), "{svg}");
         assert!(svg.trim_end().ends_with("</svg>"));
-        assert!(svg.contains("[append] ringlog append"));
-        assert!(svg.contains("[fetch-seq] ringlog fetch"));
+        assert_has(
+            &svg,
+            &["[append] ringlog append", "[fetch-seq] ringlog fetch"],
+        );
         assert!(!dir.exists(), "data dir is removed without --keep");
 
         // The CLI takes --job-file and --plot (before or after a job).
@@ -1523,27 +1264,12 @@ mod tests {
 
     #[test]
     fn transfer_keep_leaves_the_stores_and_fio_files() {
-        let tmp = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).unwrap();
-        let dir = tmp.path().join("data");
-        let cli = Cli::try_parse_from([
-            "ringlog-bench",
-            "transfer",
-            "--dir",
-            dir.to_str().unwrap(),
-            "--size",
-            "2m",
-            "--segment-size",
-            "1m",
-            "--batch-size",
-            "64k",
-            "--chunk-size",
-            "64k",
-            "--keep",
-        ])
-        .unwrap();
-        let Some(Command::Transfer(args)) = cli.command else {
-            panic!("not transfer")
-        };
+        let (_tmp, dir) = data_dir();
+        let args = transfer(&format!(
+            "transfer --dir {} --size 2m --segment-size 1m --batch-size 64k --chunk-size 64k \
+             --keep",
+            dir.display()
+        ));
         let report = transfer_report(&args).unwrap();
         assert!(report.ratios().is_none());
         assert!(dir.join("src").is_dir() && dir.join("dst").is_dir());

@@ -1,4 +1,7 @@
-//! Text and JSON output of a run, and the ringlog/fio ratio lines.
+//! One report for every job: settings and notes, the repetitions (our run
+//! and, with a comparison, theirs), the ratios over the reps; as text and
+//! fio-style JSON. Each job's result type says only what is its own
+//! ([`Measured`]: its detail lines and JSON fields).
 
 use std::fmt::Write as _;
 
@@ -8,6 +11,7 @@ use crate::fio::{FioFetchResult, FioResult, FioTransferResult};
 use crate::jobs::append::AppendResult;
 use crate::jobs::consume::ConsumeResult;
 use crate::jobs::fetch::FetchResult;
+use crate::jobs::partitions::PartitionsOutcome;
 use crate::jobs::produce::ProduceResult;
 use crate::jobs::transfer::TransferResult;
 use crate::size::Bytes;
@@ -26,167 +30,6 @@ pub const CPU_PER_MIB_NOTE: &str = "cpu per MiB = user + system CPU time over th
      written; ringlog: the whole process (getrusage, io_uring workers included); fio: its job's \
      usr_cpu + sys_cpu";
 
-/// One A/B repetition: ringlog first, then (with --vs-fio) fio.
-#[derive(Debug, Clone)]
-pub struct Rep {
-    pub ringlog: AppendResult,
-    pub fio: Option<FioResult>,
-}
-
-/// Everything a report prints.
-#[derive(Debug, Clone)]
-pub struct Report {
-    /// `name=value` settings of the run, in print order.
-    pub settings: Vec<(&'static str, String)>,
-    /// fio's version, when it ran.
-    pub fio_version: Option<String>,
-    /// Notes on the run's setup, printed after the settings.
-    pub notes: Vec<String>,
-    pub reps: Vec<Rep>,
-}
-
-/// Median/min/max over reps of ringlog/fio throughput and p99 ack latency.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Ratios {
-    pub throughput: Spread,
-    pub p99_ack_latency: Spread,
-    /// None unless every rep measured CPU on both sides.
-    pub cpu_per_mib: Option<Spread>,
-}
-
-impl Report {
-    /// `None` unless every rep has a fio run.
-    pub fn ratios(&self) -> Option<Ratios> {
-        let mut throughput = Vec::with_capacity(self.reps.len());
-        let mut p99 = Vec::with_capacity(self.reps.len());
-        let mut cpu = Vec::with_capacity(self.reps.len());
-        for rep in &self.reps {
-            let fio = rep.fio.as_ref()?;
-            let ours = &rep.ringlog.summary;
-            throughput.push(ratio(ours.bw_bytes, fio.write.bw_bytes));
-            p99.push(ratio(ours.lat.p99_ns() as f64, fio.ack_lat.p99_ns() as f64));
-            if let (Some(a), Some(b)) = (ours.cpu_ms_per_mib(), fio.write.cpu_ms_per_mib()) {
-                cpu.push(ratio(a, b));
-            }
-        }
-        Some(Ratios {
-            throughput: Spread::of(&throughput)?,
-            p99_ack_latency: Spread::of(&p99)?,
-            cpu_per_mib: if cpu.len() == self.reps.len() {
-                Spread::of(&cpu)
-            } else {
-                None
-            },
-        })
-    }
-
-    pub fn text(&self) -> String {
-        let mut out = String::new();
-        header(
-            &mut out,
-            "append",
-            &self.settings,
-            self.fio_version.as_deref(),
-            &self.notes,
-        );
-        let n = self.reps.len();
-        for (i, rep) in self.reps.iter().enumerate() {
-            let _ = writeln!(out);
-            if n > 1 {
-                let _ = writeln!(out, "rep {}/{n}", i + 1);
-            }
-            let r = &rep.ringlog;
-            run_line(&mut out, "ringlog append", &r.summary);
-            let _ = writeln!(
-                out,
-                "    {} records in {} batches of {} ({} records each)",
-                r.records,
-                r.summary.ios,
-                Bytes(batch_bytes(&r.summary)),
-                r.records_per_batch
-            );
-            lat_lines(&mut out, "ack lat", &r.summary.lat);
-            if let Some(f) = &rep.fio {
-                run_line(&mut out, "fio append", &f.write);
-                lat_lines(
-                    &mut out,
-                    &format!("write lat ({})", f.write_lat_field),
-                    &f.write.lat,
-                );
-                lat_lines(&mut out, "sync lat", &f.sync_lat);
-                lat_lines(&mut out, "ack lat ~ write+sync", &f.ack_lat);
-                let _ = writeln!(out, "    command: {}", f.command);
-            }
-        }
-        if let Some(r) = self.ratios() {
-            let _ = writeln!(out);
-            ratio_line(&mut out, "throughput", &r.throughput);
-            ratio_line(&mut out, "p99 ack latency", &r.p99_ack_latency);
-            if let Some(cpu) = &r.cpu_per_mib {
-                ratio_line(&mut out, "cpu per MiB", cpu);
-            }
-            let _ = writeln!(out, "note: {RINGLOG_ACK_NOTE}");
-            let _ = writeln!(out, "note: {FIO_ACK_NOTE}");
-            let _ = writeln!(out, "note: {CPU_PER_MIB_NOTE}");
-        }
-        out
-    }
-
-    /// fio-compatible JSON: `jobs[].write.{bw_bytes,iops,lat_ns}` as fio
-    /// names them, plus `ratios`.
-    pub fn json(&self) -> Value {
-        let mut jobs = Vec::new();
-        for (i, rep) in self.reps.iter().enumerate() {
-            let r = &rep.ringlog;
-            jobs.push(with_cpu(
-                json!({
-                    "jobname": "append",
-                    "engine": "ringlog",
-                    "rep": i + 1,
-                    "error": 0,
-                    "records": r.records,
-                    "records_per_batch": r.records_per_batch,
-                    "write": write_json(&r.summary),
-                }),
-                &r.summary,
-            ));
-            if let Some(f) = &rep.fio {
-                jobs.push(with_cpu(
-                    json!({
-                        "jobname": "append",
-                        "engine": "fio",
-                        "rep": i + 1,
-                        "error": 0,
-                        "command": f.command,
-                        "write_lat_field": f.write_lat_field,
-                        "write": write_json(&f.write),
-                        "sync": { "lat_ns": lat_json(&f.sync_lat) },
-                        "ack_lat_ns": lat_json(&f.ack_lat),
-                    }),
-                    &f.write,
-                ));
-            }
-        }
-        let mut root = root_json(
-            &self.settings,
-            self.fio_version.as_deref(),
-            &self.notes,
-            jobs,
-        );
-        if let Some(r) = self.ratios() {
-            root["ratios"] = json!({
-                "throughput": spread_json(&r.throughput),
-                "p99_ack_latency": spread_json(&r.p99_ack_latency),
-                "notes": [RINGLOG_ACK_NOTE, FIO_ACK_NOTE, CPU_PER_MIB_NOTE],
-            });
-            if let Some(cpu) = &r.cpu_per_mib {
-                root["ratios"]["cpu_per_mib"] = spread_json(cpu);
-            }
-        }
-        root
-    }
-}
-
 /// How the transfer job's chunk latencies are measured, on both sides.
 pub const TRANSFER_LAT_NOTE: &str =
     "ringlog chunk latency = read_chunks + accept_chunks of the chunk's window \
@@ -197,164 +40,6 @@ pub const TRANSFER_LAT_NOTE: &str =
 /// How the transfer job's throughput is computed, on both sides.
 pub const TRANSFER_BW_NOTE: &str = "throughput = log bytes / time; ringlog: open_snapshot through \
      commit_install; fio: read job runtime + write job runtime (the write job's includes its end fsync)";
-
-/// One A/B repetition of the transfer job.
-#[derive(Debug, Clone)]
-pub struct TransferRep {
-    pub ringlog: TransferResult,
-    pub fio: Option<FioTransferResult>,
-}
-
-/// Everything the transfer job's report prints.
-#[derive(Debug, Clone)]
-pub struct TransferReport {
-    pub settings: Vec<(&'static str, String)>,
-    pub fio_version: Option<String>,
-    pub notes: Vec<String>,
-    pub reps: Vec<TransferRep>,
-}
-
-/// Median/min/max over reps of ringlog/fio transfer throughput and p99
-/// chunk latency.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct TransferRatios {
-    pub throughput: Spread,
-    pub p99_chunk_latency: Spread,
-}
-
-impl TransferReport {
-    /// `None` unless every rep has a fio run.
-    pub fn ratios(&self) -> Option<TransferRatios> {
-        let mut throughput = Vec::with_capacity(self.reps.len());
-        let mut p99 = Vec::with_capacity(self.reps.len());
-        for rep in &self.reps {
-            let fio = &rep.fio.as_ref()?.transfer;
-            let ours = &rep.ringlog.summary;
-            throughput.push(ratio(ours.bw_bytes, fio.bw_bytes));
-            p99.push(ratio(ours.lat.p99_ns() as f64, fio.lat.p99_ns() as f64));
-        }
-        Some(TransferRatios {
-            throughput: Spread::of(&throughput)?,
-            p99_chunk_latency: Spread::of(&p99)?,
-        })
-    }
-
-    pub fn text(&self) -> String {
-        let mut out = String::new();
-        header(
-            &mut out,
-            "transfer",
-            &self.settings,
-            self.fio_version.as_deref(),
-            &self.notes,
-        );
-        let n = self.reps.len();
-        for (i, rep) in self.reps.iter().enumerate() {
-            let _ = writeln!(out);
-            if n > 1 {
-                let _ = writeln!(out, "rep {}/{n}", i + 1);
-            }
-            let r = &rep.ringlog;
-            run_line(&mut out, "ringlog transfer", &r.summary);
-            let _ = writeln!(
-                out,
-                "    {} artifacts in {} chunks; open {:.1} ms, chunks {:.3} s, commit {:.3} s",
-                r.artifacts,
-                r.summary.ios,
-                r.phases.open.as_secs_f64() * 1000.0,
-                r.phases.chunks.as_secs_f64(),
-                r.phases.commit.as_secs_f64()
-            );
-            lat_lines(&mut out, "chunk lat (read+write)", &r.summary.lat);
-            lat_lines(&mut out, "read_chunk lat", &r.read_lat);
-            lat_lines(&mut out, "accept_chunk lat", &r.write_lat);
-            if let Some(f) = &rep.fio {
-                run_line(&mut out, "fio transfer", &f.transfer);
-                run_line(&mut out, "    fio read", &f.read);
-                lat_lines(
-                    &mut out,
-                    &format!("read lat ({})", f.lat_field),
-                    &f.read.lat,
-                );
-                run_line(&mut out, "    fio write+end_fsync", &f.write);
-                lat_lines(
-                    &mut out,
-                    &format!("write lat ({})", f.lat_field),
-                    &f.write.lat,
-                );
-                lat_lines(&mut out, "chunk lat ~ read+write", &f.transfer.lat);
-                let _ = writeln!(out, "    command: {}", f.command);
-            }
-        }
-        if let Some(r) = self.ratios() {
-            let _ = writeln!(out);
-            ratio_line(&mut out, "throughput", &r.throughput);
-            ratio_line(&mut out, "p99 chunk latency", &r.p99_chunk_latency);
-            let _ = writeln!(out, "note: {TRANSFER_BW_NOTE}");
-            let _ = writeln!(out, "note: {TRANSFER_LAT_NOTE}");
-        }
-        out
-    }
-
-    /// fio-style JSON: per job a `transfer` section shaped like fio's
-    /// `read`/`write` sections (`io_bytes`, `bw_bytes`, `iops`, `runtime`,
-    /// `total_ios`, `lat_ns`), fio's own `read` and `write` sections for fio
-    /// runs, plus `ratios`.
-    pub fn json(&self) -> Value {
-        let mut jobs = Vec::new();
-        for (i, rep) in self.reps.iter().enumerate() {
-            let r = &rep.ringlog;
-            jobs.push(with_cpu(
-                json!({
-                    "jobname": "transfer",
-                    "engine": "ringlog",
-                    "rep": i + 1,
-                    "error": 0,
-                    "artifacts": r.artifacts,
-                    "phases_ms": {
-                        "open": r.phases.open.as_secs_f64() * 1000.0,
-                        "chunks": r.phases.chunks.as_secs_f64() * 1000.0,
-                        "commit": r.phases.commit.as_secs_f64() * 1000.0,
-                    },
-                    "transfer": write_json(&r.summary),
-                    "read_chunk": { "lat_ns": lat_json(&r.read_lat) },
-                    "accept_chunk": { "lat_ns": lat_json(&r.write_lat) },
-                }),
-                &r.summary,
-            ));
-            if let Some(f) = &rep.fio {
-                jobs.push(with_cpu(
-                    json!({
-                        "jobname": "transfer",
-                        "engine": "fio",
-                        "rep": i + 1,
-                        "error": 0,
-                        "command": f.command,
-                        "lat_field": f.lat_field,
-                        "transfer": write_json(&f.transfer),
-                        "read": write_json(&f.read),
-                        "write": write_json(&f.write),
-                    }),
-                    &f.read,
-                ));
-            }
-        }
-        let mut root = root_json(
-            &self.settings,
-            self.fio_version.as_deref(),
-            &self.notes,
-            jobs,
-        );
-        if let Some(r) = self.ratios() {
-            root["ratios"] = json!({
-                "throughput": spread_json(&r.throughput),
-                "p99_chunk_latency": spread_json(&r.p99_chunk_latency),
-                "notes": [TRANSFER_BW_NOTE, TRANSFER_LAT_NOTE],
-            });
-        }
-        root
-    }
-}
 
 /// How the produce job's ack latency is measured.
 pub const PRODUCE_ACK_NOTE: &str =
@@ -367,384 +52,237 @@ pub const PRODUCE_VS_APPEND_NOTE: &str = "append = the storage-level job in this
      partition per connection, one batch each per group commit (write + fdatasync), no network, \
      no server";
 
-/// One repetition of the produce job: produce first, then (with
-/// --vs-append) the storage-level append job.
-#[derive(Debug, Clone)]
-pub struct ProduceRep {
-    pub produce: ProduceResult,
-    pub append: Option<AppendResult>,
-}
-
-/// Everything the produce job's report prints.
-#[derive(Debug, Clone)]
-pub struct ProduceReport {
-    pub settings: Vec<(&'static str, String)>,
-    pub notes: Vec<String>,
-    pub reps: Vec<ProduceRep>,
-}
-
-/// Median/min/max over reps of produce/append throughput and p99 ack
-/// latency.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct ProduceRatios {
-    pub throughput: Spread,
-    pub p99_ack_latency: Spread,
-}
-
-fn per_sec(count: u64, run: &RunSummary) -> f64 {
-    let secs = run.runtime.as_secs_f64();
-    if secs > 0.0 {
-        count as f64 / secs
-    } else {
-        0.0
-    }
-}
-
-impl ProduceReport {
-    /// `None` unless every rep has an append run.
-    pub fn ratios(&self) -> Option<ProduceRatios> {
-        let mut throughput = Vec::with_capacity(self.reps.len());
-        let mut p99 = Vec::with_capacity(self.reps.len());
-        for rep in &self.reps {
-            let append = &rep.append.as_ref()?.summary;
-            let ours = &rep.produce.summary;
-            throughput.push(ratio(ours.bw_bytes, append.bw_bytes));
-            p99.push(ratio(ours.lat.p99_ns() as f64, append.lat.p99_ns() as f64));
-        }
-        Some(ProduceRatios {
-            throughput: Spread::of(&throughput)?,
-            p99_ack_latency: Spread::of(&p99)?,
-        })
-    }
-
-    pub fn text(&self) -> String {
-        let mut out = String::new();
-        header(&mut out, "produce", &self.settings, None, &self.notes);
-        let n = self.reps.len();
-        for (i, rep) in self.reps.iter().enumerate() {
-            let _ = writeln!(out);
-            if n > 1 {
-                let _ = writeln!(out, "rep {}/{n}", i + 1);
-            }
-            let p = &rep.produce;
-            run_line(&mut out, "produce", &p.summary);
-            let _ = writeln!(
-                out,
-                "    records/s={:.0}: {} records in {} batches of {} ({} records each), {} retries",
-                per_sec(p.records, &p.summary),
-                p.records,
-                p.summary.ios,
-                Bytes(batch_bytes(&p.summary)),
-                p.records_per_batch,
-                p.retries
-            );
-            lat_lines(&mut out, "ack lat", &p.summary.lat);
-            if let Some(a) = &rep.append {
-                run_line(&mut out, "append", &a.summary);
-                let _ = writeln!(
-                    out,
-                    "    records/s={:.0}: {} records in {} batches of {} ({} records each)",
-                    per_sec(a.records, &a.summary),
-                    a.records,
-                    a.summary.ios,
-                    Bytes(batch_bytes(&a.summary)),
-                    a.records_per_batch
-                );
-                lat_lines(&mut out, "ack lat", &a.summary.lat);
-            }
-        }
-        if let Some(r) = self.ratios() {
-            let _ = writeln!(out);
-            pair_ratio_line(&mut out, "throughput", "produce/append", &r.throughput);
-            pair_ratio_line(
-                &mut out,
-                "p99 ack latency",
-                "produce/append",
-                &r.p99_ack_latency,
-            );
-            let _ = writeln!(out, "note: {PRODUCE_ACK_NOTE}");
-            let _ = writeln!(out, "note: {RINGLOG_ACK_NOTE}");
-            let _ = writeln!(out, "note: {PRODUCE_VS_APPEND_NOTE}");
-        }
-        out
-    }
-
-    /// fio-style JSON: per job a `write` section (`io_bytes`, `bw_bytes`,
-    /// `iops`, `runtime`, `total_ios`, `lat_ns`), plus `ratios`.
-    pub fn json(&self) -> Value {
-        let mut jobs = Vec::new();
-        for (i, rep) in self.reps.iter().enumerate() {
-            let p = &rep.produce;
-            jobs.push(with_cpu(
-                json!({
-                    "jobname": "produce",
-                    "engine": "ringlog-server",
-                    "rep": i + 1,
-                    "error": 0,
-                    "records": p.records,
-                    "records_per_sec": per_sec(p.records, &p.summary),
-                    "records_per_batch": p.records_per_batch,
-                    "retries": p.retries,
-                    "write": write_json(&p.summary),
-                }),
-                &p.summary,
-            ));
-            if let Some(a) = &rep.append {
-                jobs.push(with_cpu(
-                    json!({
-                        "jobname": "append",
-                        "engine": "ringlog",
-                        "rep": i + 1,
-                        "error": 0,
-                        "records": a.records,
-                        "records_per_sec": per_sec(a.records, &a.summary),
-                        "records_per_batch": a.records_per_batch,
-                        "write": write_json(&a.summary),
-                    }),
-                    &a.summary,
-                ));
-            }
-        }
-        let mut root = root_json(&self.settings, None, &self.notes, jobs);
-        if let Some(r) = self.ratios() {
-            root["ratios"] = json!({
-                "throughput": spread_json(&r.throughput),
-                "p99_ack_latency": spread_json(&r.p99_ack_latency),
-                "notes": [PRODUCE_ACK_NOTE, RINGLOG_ACK_NOTE, PRODUCE_VS_APPEND_NOTE],
-            });
-        }
-        root
-    }
-}
-
 /// How the consume job's fetch latency is measured.
 pub const FETCH_LAT_NOTE: &str = "fetch latency = sending a fetch request to reading its reply \
      (no long-poll wait); throughput = fetched bytes / time for all connections to reach the \
      high watermark of every partition";
-
-/// Everything the consume job's report prints.
-#[derive(Debug, Clone)]
-pub struct ConsumeReport {
-    pub settings: Vec<(&'static str, String)>,
-    pub notes: Vec<String>,
-    pub reps: Vec<ConsumeResult>,
-}
-
-impl ConsumeReport {
-    pub fn text(&self) -> String {
-        let mut out = String::new();
-        header(&mut out, "consume", &self.settings, None, &self.notes);
-        let n = self.reps.len();
-        for (i, c) in self.reps.iter().enumerate() {
-            let _ = writeln!(out);
-            if n > 1 {
-                let _ = writeln!(out, "rep {}/{n}", i + 1);
-            }
-            run_line(&mut out, "consume", &c.summary);
-            let _ = writeln!(
-                out,
-                "    records/s={:.0}: {} records in {} batches, {} fetches",
-                per_sec(c.records, &c.summary),
-                c.records,
-                c.batches,
-                c.summary.ios
-            );
-            lat_lines(&mut out, "fetch lat", &c.summary.lat);
-        }
-        let _ = writeln!(out);
-        let _ = writeln!(out, "note: {FETCH_LAT_NOTE}");
-        out
-    }
-
-    /// fio-style JSON: per rep a `read` section (`io_bytes`, `bw_bytes`,
-    /// `iops`, `runtime`, `total_ios`, `lat_ns`).
-    pub fn json(&self) -> Value {
-        let jobs = self
-            .reps
-            .iter()
-            .enumerate()
-            .map(|(i, c)| {
-                with_cpu(
-                    json!({
-                        "jobname": "consume",
-                        "engine": "ringlog-server",
-                        "rep": i + 1,
-                        "error": 0,
-                        "records": c.records,
-                        "records_per_sec": per_sec(c.records, &c.summary),
-                        "batches": c.batches,
-                        "read": write_json(&c.summary),
-                    }),
-                    &c.summary,
-                )
-            })
-            .collect();
-        let mut notes = self.notes.clone();
-        notes.push(FETCH_LAT_NOTE.to_owned());
-        root_json(&self.settings, None, &notes, jobs)
-    }
-}
 
 /// How the fetch job's read latency is measured, on both sides.
 pub const FETCH_READ_LAT_NOTE: &str = "ringlog read latency = one PartitionStore::read(offset, \
      max_bytes) call (I/O, batch verification, copy out); fio read latency = one bs-sized \
      O_DIRECT read at iodepth=1 (lat_ns: submit to completion)";
 
-/// One A/B repetition of the fetch job.
-#[derive(Debug, Clone)]
-pub struct FetchRep {
-    pub ringlog: FetchResult,
-    pub fio: Option<FioFetchResult>,
+/// One side of a repetition: what a job's run adds to the generic report.
+pub trait Measured {
+    /// fio's `jobname` of the run.
+    const JOBNAME: &'static str;
+    /// The JSON section holding [`Measured::summary`] (fio's `write`/`read`).
+    const SECTION: &'static str;
+    /// `engine` in the JSON.
+    const ENGINE: &'static str;
+    /// The timed run that throughput, the plot and the ratios use; None for
+    /// a run that is not one timed stream of I/O.
+    fn summary(&self) -> Option<&RunSummary>;
+    /// The latency the p99 ratio compares.
+    fn ratio_lat(&self) -> Option<&LatencySummary> {
+        self.summary().map(|s| &s.lat)
+    }
+    /// The run whose CPU use the JSON job carries.
+    fn cpu_run(&self) -> Option<&RunSummary> {
+        self.summary()
+    }
+    /// Text lines after the `label: bw=...` line.
+    fn details(&self, out: &mut String);
+    /// JSON fields beside jobname, engine, rep, error, the section and CPU.
+    fn fields(&self) -> Value;
 }
 
-/// Everything the fetch job's report prints.
+/// The side of a job without a comparison run.
 #[derive(Debug, Clone)]
-pub struct FetchReport {
-    pub settings: Vec<(&'static str, String)>,
-    pub fio_version: Option<String>,
-    pub notes: Vec<String>,
-    pub reps: Vec<FetchRep>,
+pub enum Never {}
+
+impl Measured for Never {
+    const JOBNAME: &'static str = "";
+    const SECTION: &'static str = "";
+    const ENGINE: &'static str = "";
+    fn summary(&self) -> Option<&RunSummary> {
+        match *self {}
+    }
+    fn details(&self, _: &mut String) {
+        match *self {}
+    }
+    fn fields(&self) -> Value {
+        match *self {}
+    }
 }
 
-/// Median/min/max over reps of ringlog/fio read throughput and p99 read
-/// latency.
+/// What a job compares with what: the ratio lines' names and notes.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct FetchRatios {
-    pub throughput: Spread,
-    pub p99_read_latency: Spread,
+pub struct Comparison {
+    /// `ringlog/fio`, `produce/append`.
+    pub pair: &'static str,
+    /// The latency the p99 ratio names: `ack`, `chunk`, `read`.
+    pub latency: &'static str,
+    /// Whether a CPU per MiB ratio is reported (both sides measured).
+    pub cpu: bool,
+    /// Printed after the ratios.
+    pub notes: &'static [&'static str],
 }
 
-impl FetchReport {
-    /// `None` unless every rep has a fio run.
-    pub fn ratios(&self) -> Option<FetchRatios> {
-        let mut throughput = Vec::with_capacity(self.reps.len());
-        let mut p99 = Vec::with_capacity(self.reps.len());
+/// One A/B repetition: ours first, then (with a comparison) theirs.
+#[derive(Debug, Clone)]
+pub struct Rep<A, B> {
+    pub ours: A,
+    pub theirs: Option<B>,
+}
+
+/// Everything a report prints.
+#[derive(Debug, Clone)]
+pub struct Report<A, B = Never> {
+    /// The job's name: `ringlog-bench <job>: settings`.
+    pub job: &'static str,
+    /// `name=value` settings of the run, in print order.
+    pub settings: Vec<(&'static str, String)>,
+    /// fio's version, when it ran.
+    pub fio_version: Option<String>,
+    /// Notes on the run's setup, printed after the settings.
+    pub notes: Vec<String>,
+    /// Text labels of our run and theirs.
+    pub labels: [&'static str; 2],
+    pub comparison: Option<Comparison>,
+    pub reps: Vec<Rep<A, B>>,
+}
+
+/// Median/min/max over reps of ours/theirs throughput, p99 latency and
+/// (when both sides measured it) CPU per MiB.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Ratios {
+    pub throughput: Spread,
+    pub p99_latency: Spread,
+    pub cpu_per_mib: Option<Spread>,
+}
+
+impl<A: Measured, B: Measured> Report<A, B> {
+    /// `None` without a comparison or unless every rep has theirs.
+    pub fn ratios(&self) -> Option<Ratios> {
+        let cmp = self.comparison?;
+        let (mut bw, mut p99, mut cpu) = (Vec::new(), Vec::new(), Vec::new());
         for rep in &self.reps {
-            let fio = &rep.fio.as_ref()?.read;
-            let ours = &rep.ringlog.summary;
-            throughput.push(ratio(ours.bw_bytes, fio.bw_bytes));
-            p99.push(ratio(ours.lat.p99_ns() as f64, fio.lat.p99_ns() as f64));
+            let (ours, theirs) = (rep.ours.summary()?, rep.theirs.as_ref()?.summary()?);
+            bw.push(ratio(ours.bw_bytes, theirs.bw_bytes));
+            let (a, b) = (rep.ours.ratio_lat()?, rep.theirs.as_ref()?.ratio_lat()?);
+            p99.push(ratio(a.p99_ns() as f64, b.p99_ns() as f64));
+            if let (Some(a), Some(b)) = (ours.cpu_ms_per_mib(), theirs.cpu_ms_per_mib()) {
+                cpu.push(ratio(a, b));
+            }
         }
-        Some(FetchRatios {
-            throughput: Spread::of(&throughput)?,
-            p99_read_latency: Spread::of(&p99)?,
+        Some(Ratios {
+            throughput: Spread::of(&bw)?,
+            p99_latency: Spread::of(&p99)?,
+            cpu_per_mib: (cmp.cpu && cpu.len() == self.reps.len())
+                .then(|| Spread::of(&cpu))
+                .flatten(),
         })
     }
 
     pub fn text(&self) -> String {
         let mut out = String::new();
-        header(
-            &mut out,
-            "fetch",
-            &self.settings,
-            self.fio_version.as_deref(),
-            &self.notes,
-        );
+        let settings: Vec<String> = self
+            .settings
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        let _ = writeln!(out, "ringlog-bench {}: {}", self.job, settings.join(" "));
+        if let Some(v) = &self.fio_version {
+            let _ = writeln!(out, "fio: {v}");
+        }
+        for note in &self.notes {
+            let _ = writeln!(out, "note: {note}");
+        }
         let n = self.reps.len();
         for (i, rep) in self.reps.iter().enumerate() {
             let _ = writeln!(out);
             if n > 1 {
                 let _ = writeln!(out, "rep {}/{n}", i + 1);
             }
-            let r = &rep.ringlog;
-            run_line(&mut out, "ringlog fetch", &r.summary);
-            let _ = writeln!(
-                out,
-                "    reads/s={:.1}, records/s={:.0}: {} records in {} reads of {} on average",
-                r.summary.iops,
-                per_sec(r.records, &r.summary),
-                r.records,
-                r.summary.ios,
-                Bytes(batch_bytes(&r.summary))
-            );
-            lat_lines(&mut out, "read lat", &r.summary.lat);
-            if let Some(f) = &rep.fio {
-                run_line(&mut out, "fio fetch", &f.read);
-                lat_lines(
-                    &mut out,
-                    &format!("read lat ({})", f.lat_field),
-                    &f.read.lat,
-                );
-                let _ = writeln!(out, "    command: {}", f.command);
+            run_text(&mut out, self.labels[0], &rep.ours);
+            if let Some(theirs) = &rep.theirs {
+                run_text(&mut out, self.labels[1], theirs);
             }
         }
-        if let Some(r) = self.ratios() {
+        if let (Some(r), Some(cmp)) = (self.ratios(), self.comparison) {
             let _ = writeln!(out);
-            ratio_line(&mut out, "throughput", &r.throughput);
-            ratio_line(&mut out, "p99 read latency", &r.p99_read_latency);
-            let _ = writeln!(out, "note: {FETCH_READ_LAT_NOTE}");
+            ratio_line(&mut out, "throughput", cmp.pair, &r.throughput);
+            let lat = format!("p99 {} latency", cmp.latency);
+            ratio_line(&mut out, &lat, cmp.pair, &r.p99_latency);
+            if let Some(cpu) = &r.cpu_per_mib {
+                ratio_line(&mut out, "cpu per MiB", cmp.pair, cpu);
+            }
+            for note in cmp.notes {
+                let _ = writeln!(out, "note: {note}");
+            }
         }
         out
     }
 
-    /// fio-style JSON: per job a `read` section (`io_bytes`, `bw_bytes`,
-    /// `iops`, `runtime`, `total_ios`, `lat_ns`), plus `ratios`.
+    /// fio-compatible JSON: `jobs[]` with fio's `jobname`, a `write`/`read`
+    /// section (`io_bytes`, `bw_bytes`, `iops`, `runtime`, `total_ios`,
+    /// `lat_ns`), `usr_cpu`/`sys_cpu`, plus `ratios`.
     pub fn json(&self) -> Value {
         let mut jobs = Vec::new();
         for (i, rep) in self.reps.iter().enumerate() {
-            let r = &rep.ringlog;
-            jobs.push(with_cpu(
-                json!({
-                    "jobname": "fetch",
-                    "engine": "ringlog",
-                    "rep": i + 1,
-                    "error": 0,
-                    "records": r.records,
-                    "records_per_sec": per_sec(r.records, &r.summary),
-                    "empty_reads": r.empty_reads,
-                    "read": write_json(&r.summary),
-                }),
-                &r.summary,
-            ));
-            if let Some(f) = &rep.fio {
-                jobs.push(with_cpu(
-                    json!({
-                        "jobname": "fetch",
-                        "engine": "fio",
-                        "rep": i + 1,
-                        "error": 0,
-                        "command": f.command,
-                        "lat_field": f.lat_field,
-                        "read": write_json(&f.read),
-                    }),
-                    &f.read,
-                ));
+            jobs.push(run_json(&rep.ours, i + 1));
+            if let Some(theirs) = &rep.theirs {
+                jobs.push(run_json(theirs, i + 1));
             }
         }
-        let mut root = root_json(
-            &self.settings,
-            self.fio_version.as_deref(),
-            &self.notes,
-            jobs,
-        );
-        if let Some(r) = self.ratios() {
+        let settings: Map<String, Value> = self
+            .settings
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), Value::from(v.as_str())))
+            .collect();
+        let mut root = json!({
+            "ringlog-bench version": env!("CARGO_PKG_VERSION"),
+            "global options": settings,
+            "notes": self.notes,
+            "jobs": jobs,
+        });
+        if let Some(v) = &self.fio_version {
+            root["fio version"] = Value::from(v.as_str());
+        }
+        if let (Some(r), Some(cmp)) = (self.ratios(), self.comparison) {
             root["ratios"] = json!({
                 "throughput": spread_json(&r.throughput),
-                "p99_read_latency": spread_json(&r.p99_read_latency),
-                "notes": [FETCH_READ_LAT_NOTE],
+                format!("p99_{}_latency", cmp.latency): spread_json(&r.p99_latency),
+                "notes": cmp.notes,
             });
+            if let Some(cpu) = &r.cpu_per_mib {
+                root["ratios"]["cpu_per_mib"] = spread_json(cpu);
+            }
         }
         root
     }
+
+    /// The runs to plot: label (with the rep when there are several) and
+    /// summary.
+    pub fn series(&self) -> Vec<(String, &RunSummary)> {
+        let n = self.reps.len();
+        let label = |name: &str, i: usize| match n {
+            1 => name.to_owned(),
+            _ => format!("{name} rep {}", i + 1),
+        };
+        let mut out = Vec::new();
+        for (i, rep) in self.reps.iter().enumerate() {
+            if let Some(s) = rep.ours.summary() {
+                out.push((label(self.labels[0], i), s));
+            }
+            if let Some(s) = rep.theirs.as_ref().and_then(Measured::summary) {
+                out.push((label(self.labels[1], i), s));
+            }
+        }
+        out
+    }
 }
 
-/// What every job's report offers: text, fio-style JSON, and the runs to
-/// plot (label and summary).
+/// What the output needs of any job's report: text, fio-style JSON, and
+/// the runs to plot.
 pub trait JobReport {
     fn text(&self) -> String;
     fn json(&self) -> Value;
     fn series(&self) -> Vec<(String, &RunSummary)>;
 }
 
-fn rep_label(name: &str, i: usize, n: usize) -> String {
-    if n > 1 {
-        format!("{name} rep {}", i + 1)
-    } else {
-        name.to_owned()
-    }
-}
-
-impl JobReport for Report {
+impl<A: Measured, B: Measured> JobReport for Report<A, B> {
     fn text(&self) -> String {
         Report::text(self)
     }
@@ -752,149 +290,330 @@ impl JobReport for Report {
         Report::json(self)
     }
     fn series(&self) -> Vec<(String, &RunSummary)> {
-        let n = self.reps.len();
-        let mut out = Vec::new();
-        for (i, rep) in self.reps.iter().enumerate() {
-            out.push((rep_label("ringlog append", i, n), &rep.ringlog.summary));
-            if let Some(f) = &rep.fio {
-                out.push((rep_label("fio append", i, n), &f.write));
+        Report::series(self)
+    }
+}
+
+fn run_text<M: Measured>(out: &mut String, label: &str, run: &M) {
+    if let Some(s) = run.summary() {
+        run_line(out, label, s);
+    }
+    run.details(out);
+}
+
+fn run_json<M: Measured>(run: &M, rep: usize) -> Value {
+    let mut job = run.fields();
+    job["jobname"] = Value::from(M::JOBNAME);
+    job["engine"] = Value::from(M::ENGINE);
+    job["rep"] = Value::from(rep);
+    job["error"] = Value::from(0);
+    if let Some(s) = run.summary() {
+        job[M::SECTION] = write_json(s);
+    }
+    if let Some(run) = run.cpu_run() {
+        if let Some(cpu) = run.cpu {
+            job["usr_cpu"] = Value::from(cpu.usr_pct);
+            job["sys_cpu"] = Value::from(cpu.sys_pct);
+            job["ctx"] = Value::from(cpu.ctx);
+            if let Some(ms) = run.cpu_ms_per_mib() {
+                job["cpu_ms_per_mib"] = Value::from(ms);
             }
-        }
-        out
-    }
-}
-
-impl JobReport for TransferReport {
-    fn text(&self) -> String {
-        TransferReport::text(self)
-    }
-    fn json(&self) -> Value {
-        TransferReport::json(self)
-    }
-    fn series(&self) -> Vec<(String, &RunSummary)> {
-        let n = self.reps.len();
-        let mut out = Vec::new();
-        for (i, rep) in self.reps.iter().enumerate() {
-            out.push((rep_label("ringlog transfer", i, n), &rep.ringlog.summary));
-            if let Some(f) = &rep.fio {
-                out.push((rep_label("fio transfer", i, n), &f.transfer));
-            }
-        }
-        out
-    }
-}
-
-impl JobReport for ProduceReport {
-    fn text(&self) -> String {
-        ProduceReport::text(self)
-    }
-    fn json(&self) -> Value {
-        ProduceReport::json(self)
-    }
-    fn series(&self) -> Vec<(String, &RunSummary)> {
-        let n = self.reps.len();
-        let mut out = Vec::new();
-        for (i, rep) in self.reps.iter().enumerate() {
-            out.push((rep_label("produce", i, n), &rep.produce.summary));
-            if let Some(a) = &rep.append {
-                out.push((rep_label("append", i, n), &a.summary));
-            }
-        }
-        out
-    }
-}
-
-impl JobReport for ConsumeReport {
-    fn text(&self) -> String {
-        ConsumeReport::text(self)
-    }
-    fn json(&self) -> Value {
-        ConsumeReport::json(self)
-    }
-    fn series(&self) -> Vec<(String, &RunSummary)> {
-        let n = self.reps.len();
-        self.reps
-            .iter()
-            .enumerate()
-            .map(|(i, c)| (rep_label("consume", i, n), &c.summary))
-            .collect()
-    }
-}
-
-impl JobReport for FetchReport {
-    fn text(&self) -> String {
-        FetchReport::text(self)
-    }
-    fn json(&self) -> Value {
-        FetchReport::json(self)
-    }
-    fn series(&self) -> Vec<(String, &RunSummary)> {
-        let n = self.reps.len();
-        let mut out = Vec::new();
-        for (i, rep) in self.reps.iter().enumerate() {
-            out.push((rep_label("ringlog fetch", i, n), &rep.ringlog.summary));
-            if let Some(f) = &rep.fio {
-                out.push((rep_label("fio fetch", i, n), &f.read));
-            }
-        }
-        out
-    }
-}
-
-/// Adds fio's job-level `usr_cpu`, `sys_cpu` (percent of one core over the
-/// timed region) and `ctx` to a job object, when the run measured them.
-fn with_cpu(mut job: Value, run: &RunSummary) -> Value {
-    if let Some(cpu) = run.cpu {
-        job["usr_cpu"] = Value::from(cpu.usr_pct);
-        job["sys_cpu"] = Value::from(cpu.sys_pct);
-        job["ctx"] = Value::from(cpu.ctx);
-        if let Some(ms) = run.cpu_ms_per_mib() {
-            job["cpu_ms_per_mib"] = Value::from(ms);
         }
     }
     job
 }
 
-/// The text report's first lines: job and settings, fio version, notes.
-fn header(
-    out: &mut String,
-    job: &str,
-    settings: &[(&'static str, String)],
-    fio_version: Option<&str>,
-    notes: &[String],
-) {
-    let settings: Vec<String> = settings.iter().map(|(k, v)| format!("{k}={v}")).collect();
-    let _ = writeln!(out, "ringlog-bench {job}: {}", settings.join(" "));
-    if let Some(v) = fio_version {
-        let _ = writeln!(out, "fio: {v}");
-    }
-    for note in notes {
-        let _ = writeln!(out, "note: {note}");
+/// `records/s=N: ` of a run.
+fn records_per_sec(records: u64, run: &RunSummary) -> f64 {
+    let secs = run.runtime.as_secs_f64();
+    if secs > 0.0 {
+        records as f64 / secs
+    } else {
+        0.0
     }
 }
 
-/// The JSON report's root, without ratios.
-fn root_json(
-    settings: &[(&'static str, String)],
-    fio_version: Option<&str>,
-    notes: &[String],
-    jobs: Vec<Value>,
-) -> Value {
-    let settings: Map<String, Value> = settings
-        .iter()
-        .map(|(k, v)| ((*k).to_owned(), Value::from(v.as_str())))
-        .collect();
-    let mut root = json!({
-        "ringlog-bench version": env!("CARGO_PKG_VERSION"),
-        "global options": settings,
-        "notes": notes,
-        "jobs": jobs,
-    });
-    if let Some(v) = fio_version {
-        root["fio version"] = Value::from(v);
+impl Measured for AppendResult {
+    const JOBNAME: &'static str = "append";
+    const SECTION: &'static str = "write";
+    const ENGINE: &'static str = "ringlog";
+    fn summary(&self) -> Option<&RunSummary> {
+        Some(&self.summary)
     }
-    root
+    fn details(&self, out: &mut String) {
+        let s = &self.summary;
+        let _ = writeln!(
+            out,
+            "    records/s={:.0}: {} records in {} batches of {} ({} records each)",
+            records_per_sec(self.records, s),
+            self.records,
+            s.ios,
+            Bytes(batch_bytes(s)),
+            self.records_per_batch
+        );
+        lat_lines(out, "ack lat", &s.lat);
+    }
+    fn fields(&self) -> Value {
+        json!({
+            "records": self.records,
+            "records_per_sec": records_per_sec(self.records, &self.summary),
+            "records_per_batch": self.records_per_batch,
+        })
+    }
 }
+
+impl Measured for FioResult {
+    const JOBNAME: &'static str = "append";
+    const SECTION: &'static str = "write";
+    const ENGINE: &'static str = "fio";
+    fn summary(&self) -> Option<&RunSummary> {
+        Some(&self.write)
+    }
+    fn ratio_lat(&self) -> Option<&LatencySummary> {
+        Some(&self.ack_lat)
+    }
+    fn details(&self, out: &mut String) {
+        let field = format!("write lat ({})", self.write_lat_field);
+        lat_lines(out, &field, &self.write.lat);
+        lat_lines(out, "sync lat", &self.sync_lat);
+        lat_lines(out, "ack lat ~ write+sync", &self.ack_lat);
+        let _ = writeln!(out, "    command: {}", self.command);
+    }
+    fn fields(&self) -> Value {
+        json!({
+            "command": self.command,
+            "write_lat_field": self.write_lat_field,
+            "sync": { "lat_ns": lat_json(&self.sync_lat) },
+            "ack_lat_ns": lat_json(&self.ack_lat),
+        })
+    }
+}
+
+impl Measured for TransferResult {
+    const JOBNAME: &'static str = "transfer";
+    const SECTION: &'static str = "transfer";
+    const ENGINE: &'static str = "ringlog";
+    fn summary(&self) -> Option<&RunSummary> {
+        Some(&self.summary)
+    }
+    fn details(&self, out: &mut String) {
+        let _ = writeln!(
+            out,
+            "    {} artifacts in {} chunks; open {:.1} ms, chunks {:.3} s, commit {:.3} s",
+            self.artifacts,
+            self.summary.ios,
+            self.phases.open.as_secs_f64() * 1000.0,
+            self.phases.chunks.as_secs_f64(),
+            self.phases.commit.as_secs_f64()
+        );
+        lat_lines(out, "chunk lat (read+write)", &self.summary.lat);
+        lat_lines(out, "read_chunk lat", &self.read_lat);
+        lat_lines(out, "accept_chunk lat", &self.write_lat);
+    }
+    fn fields(&self) -> Value {
+        let ms = |d: std::time::Duration| d.as_secs_f64() * 1000.0;
+        json!({
+            "artifacts": self.artifacts,
+            "phases_ms": {
+                "open": ms(self.phases.open),
+                "chunks": ms(self.phases.chunks),
+                "commit": ms(self.phases.commit),
+            },
+            "read_chunk": { "lat_ns": lat_json(&self.read_lat) },
+            "accept_chunk": { "lat_ns": lat_json(&self.write_lat) },
+        })
+    }
+}
+
+impl Measured for FioTransferResult {
+    const JOBNAME: &'static str = "transfer";
+    const SECTION: &'static str = "transfer";
+    const ENGINE: &'static str = "fio";
+    fn summary(&self) -> Option<&RunSummary> {
+        Some(&self.transfer)
+    }
+    fn cpu_run(&self) -> Option<&RunSummary> {
+        Some(&self.read)
+    }
+    fn details(&self, out: &mut String) {
+        run_line(out, "    fio read", &self.read);
+        lat_lines(
+            out,
+            &format!("read lat ({})", self.lat_field),
+            &self.read.lat,
+        );
+        run_line(out, "    fio write+end_fsync", &self.write);
+        lat_lines(
+            out,
+            &format!("write lat ({})", self.lat_field),
+            &self.write.lat,
+        );
+        lat_lines(out, "chunk lat ~ read+write", &self.transfer.lat);
+        let _ = writeln!(out, "    command: {}", self.command);
+    }
+    fn fields(&self) -> Value {
+        json!({
+            "command": self.command,
+            "lat_field": self.lat_field,
+            "read": write_json(&self.read),
+            "write": write_json(&self.write),
+        })
+    }
+}
+
+impl Measured for ProduceResult {
+    const JOBNAME: &'static str = "produce";
+    const SECTION: &'static str = "write";
+    const ENGINE: &'static str = "ringlog-server";
+    fn summary(&self) -> Option<&RunSummary> {
+        Some(&self.summary)
+    }
+    fn details(&self, out: &mut String) {
+        let s = &self.summary;
+        let _ = writeln!(
+            out,
+            "    records/s={:.0}: {} records in {} batches of {} ({} records each), {} retries",
+            records_per_sec(self.records, s),
+            self.records,
+            s.ios,
+            Bytes(batch_bytes(s)),
+            self.records_per_batch,
+            self.retries
+        );
+        lat_lines(out, "ack lat", &s.lat);
+    }
+    fn fields(&self) -> Value {
+        json!({
+            "records": self.records,
+            "records_per_sec": records_per_sec(self.records, &self.summary),
+            "records_per_batch": self.records_per_batch,
+            "retries": self.retries,
+        })
+    }
+}
+
+impl Measured for ConsumeResult {
+    const JOBNAME: &'static str = "consume";
+    const SECTION: &'static str = "read";
+    const ENGINE: &'static str = "ringlog-server";
+    fn summary(&self) -> Option<&RunSummary> {
+        Some(&self.summary)
+    }
+    fn details(&self, out: &mut String) {
+        let _ = writeln!(
+            out,
+            "    records/s={:.0}: {} records in {} batches, {} fetches",
+            records_per_sec(self.records, &self.summary),
+            self.records,
+            self.batches,
+            self.summary.ios
+        );
+        lat_lines(out, "fetch lat", &self.summary.lat);
+    }
+    fn fields(&self) -> Value {
+        json!({
+            "records": self.records,
+            "records_per_sec": records_per_sec(self.records, &self.summary),
+            "batches": self.batches,
+        })
+    }
+}
+
+impl Measured for FetchResult {
+    const JOBNAME: &'static str = "fetch";
+    const SECTION: &'static str = "read";
+    const ENGINE: &'static str = "ringlog";
+    fn summary(&self) -> Option<&RunSummary> {
+        Some(&self.summary)
+    }
+    fn details(&self, out: &mut String) {
+        let s = &self.summary;
+        let _ = writeln!(
+            out,
+            "    reads/s={:.1}, records/s={:.0}: {} records in {} reads of {} on average",
+            s.iops,
+            records_per_sec(self.records, s),
+            self.records,
+            s.ios,
+            Bytes(batch_bytes(s))
+        );
+        lat_lines(out, "read lat", &s.lat);
+    }
+    fn fields(&self) -> Value {
+        json!({
+            "records": self.records,
+            "records_per_sec": records_per_sec(self.records, &self.summary),
+            "empty_reads": self.empty_reads,
+        })
+    }
+}
+
+impl Measured for FioFetchResult {
+    const JOBNAME: &'static str = "fetch";
+    const SECTION: &'static str = "read";
+    const ENGINE: &'static str = "fio";
+    fn summary(&self) -> Option<&RunSummary> {
+        Some(&self.read)
+    }
+    fn details(&self, out: &mut String) {
+        lat_lines(
+            out,
+            &format!("read lat ({})", self.lat_field),
+            &self.read.lat,
+        );
+        let _ = writeln!(out, "    command: {}", self.command);
+    }
+    fn fields(&self) -> Value {
+        json!({ "command": self.command, "lat_field": self.lat_field })
+    }
+}
+
+impl Measured for PartitionsOutcome {
+    const JOBNAME: &'static str = "partitions";
+    const SECTION: &'static str = "";
+    const ENGINE: &'static str = "ringlog-server";
+    fn summary(&self) -> Option<&RunSummary> {
+        None
+    }
+    fn details(&self, out: &mut String) {
+        self.text(out);
+    }
+    fn fields(&self) -> Value {
+        self.json()
+    }
+}
+
+/// The append job against fio's write + fdatasync job.
+pub const APPEND_VS_FIO: Comparison = Comparison {
+    pair: "ringlog/fio",
+    latency: "ack",
+    cpu: true,
+    notes: &[RINGLOG_ACK_NOTE, FIO_ACK_NOTE, CPU_PER_MIB_NOTE],
+};
+
+/// The transfer job against fio reading one file and writing another.
+pub const TRANSFER_VS_FIO: Comparison = Comparison {
+    pair: "ringlog/fio",
+    latency: "chunk",
+    cpu: false,
+    notes: &[TRANSFER_BW_NOTE, TRANSFER_LAT_NOTE],
+};
+
+/// The fetch job against fio's read/randread job.
+pub const FETCH_VS_FIO: Comparison = Comparison {
+    pair: "ringlog/fio",
+    latency: "read",
+    cpu: false,
+    notes: &[FETCH_READ_LAT_NOTE],
+};
+
+/// Produce through the server against the storage-level append job.
+pub const PRODUCE_VS_APPEND: Comparison = Comparison {
+    pair: "produce/append",
+    latency: "ack",
+    cpu: false,
+    notes: &[PRODUCE_ACK_NOTE, RINGLOG_ACK_NOTE, PRODUCE_VS_APPEND_NOTE],
+};
 
 fn ratio(ours: f64, theirs: f64) -> f64 {
     if theirs > 0.0 {
@@ -958,12 +677,8 @@ fn lat_lines(out: &mut String, name: &str, lat: &LatencySummary) {
     let _ = writeln!(out, "    {name} percentiles (usec): {}", pcts.join(", "));
 }
 
-fn ratio_line(out: &mut String, what: &str, s: &Spread) {
-    pair_ratio_line(out, what, "ringlog/fio", s);
-}
-
 /// `ratio <what> <pair> = x (median of n reps, min a, max b)`.
-fn pair_ratio_line(out: &mut String, what: &str, pair: &str, s: &Spread) {
+fn ratio_line(out: &mut String, what: &str, pair: &str, s: &Spread) {
     let _ = writeln!(
         out,
         "ratio {what} {pair} = {:.2} (median of {} rep{}, min {:.2}, max {:.2})",
@@ -1067,6 +782,7 @@ mod tests {
     use crate::fio::{parse_append, parse_transfer};
     use crate::jobs::transfer::Phases;
     use crate::stats::LatencyRecorder;
+    use crate::testutil::assert_has;
 
     fn ringlog_run(bw_scale: u64, lat_us: u64) -> AppendResult {
         let mut rec = LatencyRecorder::new();
@@ -1085,19 +801,35 @@ mod tests {
         }
     }
 
-    fn report(with_fio: bool) -> Report {
-        let fio = parse_append(include_str!("testdata/fio-3.33-append-64k.json")).unwrap();
+    fn with<A, B>(
+        job: &'static str,
+        labels: [&'static str; 2],
+        comparison: Comparison,
+        fio_version: Option<String>,
+        reps: Vec<Rep<A, B>>,
+    ) -> Report<A, B> {
         Report {
-            settings: vec![("batch_size", "64KiB".into())],
-            fio_version: with_fio.then(|| fio.version.clone()),
-            notes: vec![],
-            reps: (1..=3)
-                .map(|k| Rep {
-                    ringlog: ringlog_run(k, 1000),
-                    fio: with_fio.then(|| fio.clone()),
-                })
-                .collect(),
+            job,
+            settings: vec![("size", "64MiB".into())],
+            fio_version,
+            notes: vec!["a note".into()],
+            labels,
+            comparison: Some(comparison),
+            reps,
         }
+    }
+
+    fn report(with_fio: bool) -> Report<AppendResult, FioResult> {
+        let fio = parse_append(include_str!("testdata/fio-3.33-append-64k.json")).unwrap();
+        let reps = (1..=3)
+            .map(|k| Rep {
+                ours: ringlog_run(k, 1000),
+                theirs: with_fio.then(|| fio.clone()),
+            })
+            .collect();
+        let labels = ["ringlog append", "fio append"];
+        let version = with_fio.then(|| fio.version.clone());
+        with("append", labels, APPEND_VS_FIO, version, reps)
     }
 
     #[test]
@@ -1111,24 +843,20 @@ mod tests {
             ctx: 0,
         };
         for rep in &mut r.reps {
-            rep.ringlog.summary.cpu = Some(cpu(50.0));
-            if let Some(f) = &mut rep.fio {
+            rep.ours.summary.cpu = Some(cpu(50.0));
+            if let Some(f) = &mut rep.theirs {
                 f.write.cpu = Some(cpu(10.0));
             }
         }
         let spread = r.ratios().unwrap().cpu_per_mib.unwrap();
-        let ours = r.reps[1].ringlog.summary.cpu_ms_per_mib().unwrap();
-        let fio = r.reps[1]
-            .fio
-            .as_ref()
-            .unwrap()
-            .write
-            .cpu_ms_per_mib()
-            .unwrap();
-        assert!((spread.median - ours / fio).abs() < 1e-9);
+        let ours = r.reps[1].ours.summary.cpu_ms_per_mib().unwrap();
+        let theirs = r.reps[1].theirs.as_ref().unwrap().write.cpu_ms_per_mib();
+        assert!((spread.median - ours / theirs.unwrap()).abs() < 1e-9);
         let text = r.text();
-        assert!(text.contains("ratio cpu per MiB ringlog/fio = "), "{text}");
-        assert!(text.contains(" ms cpu per MiB"), "{text}");
+        assert_has(
+            &text,
+            &["ratio cpu per MiB ringlog/fio = ", " ms cpu per MiB"],
+        );
         let json = r.json();
         assert!(json["ratios"]["cpu_per_mib"]["median"].is_number());
         assert!(json["jobs"][0]["cpu_ms_per_mib"].is_number());
@@ -1146,25 +874,29 @@ mod tests {
         // ringlog p99 = 1 ms (within histogram precision); fio ack p99 =
         // write p99 + sync p99 from the sample.
         let fio_p99 = (1_204_224 + 2_867_200) as f64;
-        assert!((r.p99_ack_latency.median - 1_000_000.0 / fio_p99).abs() < 0.001);
+        assert!((r.p99_latency.median - 1_000_000.0 / fio_p99).abs() < 0.001);
         assert!(report(false).ratios().is_none());
     }
 
     #[test]
     fn text_has_summary_and_ratio_lines() {
         let text = report(true).text();
-        assert!(text.contains("ringlog append: bw="), "{text}");
-        assert!(
-            text.contains("fio append: bw=106.5 MiB/s, iops=1703.8"),
-            "{text}"
+        let head = "ringlog-bench append: size=64MiB\nfio: fio-3.33\nnote: a note\n";
+        assert!(text.starts_with(head), "{text}");
+        assert_has(
+            &text,
+            &[
+                "ringlog append: bw=",
+                "records/s=63488: 63488 records in 1024 batches of 64KiB",
+                "fio append: bw=106.5 MiB/s, iops=1703.8",
+                "    sync lat percentiles (usec): 50=",
+                "ratio throughput ringlog/fio = ",
+                "(median of 3 reps, min ",
+                "ratio p99 ack latency ringlog/fio = ",
+                &format!("note: {FIO_ACK_NOTE}"),
+                "99.99=",
+            ],
         );
-        assert!(text.contains("ratio throughput ringlog/fio = "), "{text}");
-        assert!(text.contains("(median of 3 reps, min "), "{text}");
-        assert!(
-            text.contains("ratio p99 ack latency ringlog/fio = "),
-            "{text}"
-        );
-        assert!(text.contains("99.99="), "{text}");
         assert!(!report(false).text().contains("ratio"));
     }
 
@@ -1175,13 +907,7 @@ mod tests {
         assert_eq!(job["jobname"], "append");
         assert_eq!(job["write"]["bw_bytes"], 64u64 << 20);
         assert!(job["write"]["iops"].as_f64().is_some());
-        for key in [
-            "50.000000",
-            "90.000000",
-            "99.000000",
-            "99.900000",
-            "99.990000",
-        ] {
+        for (_, key) in PERCENTILES {
             assert!(job["write"]["lat_ns"]["percentile"][key].is_u64(), "{key}");
         }
         for key in ["min", "max", "mean"] {
@@ -1190,34 +916,37 @@ mod tests {
         assert_fio_shape(&v, false, &["throughput", "p99_ack_latency"]);
         assert_eq!(v["jobs"][1]["engine"], "fio");
         assert_eq!(v["jobs"][1]["write"]["bw_bytes"], 111_662_003u64);
+        assert!(v["jobs"][1]["sync"]["lat_ns"]["N"].is_u64());
         assert_eq!(v["ratios"]["throughput"]["reps"], 3);
+        assert_eq!(v["ratios"]["notes"][1], FIO_ACK_NOTE);
+        assert_eq!(v["fio version"], "fio-3.33");
         assert!(report(false).json().get("ratios").is_none());
     }
 
-    fn produce_report(with_append: bool) -> ProduceReport {
-        ProduceReport {
-            settings: vec![("connections", "2".into())],
-            notes: vec![],
-            reps: (1..=3)
-                .map(|k| {
-                    let a = ringlog_run(k + 1, 1000);
-                    ProduceRep {
-                        produce: ProduceResult {
-                            summary: RunSummary::from_counts(
-                                k * (64 << 20),
-                                k * 1024,
-                                Duration::from_secs(1),
-                                ringlog_run(1, 2000).summary.lat,
-                            ),
-                            records: k * 1024 * 62,
-                            records_per_batch: 62,
-                            retries: 0,
-                        },
-                        append: with_append.then_some(a),
-                    }
-                })
-                .collect(),
-        }
+    fn produce_report(with_append: bool) -> Report<ProduceResult, AppendResult> {
+        let reps = (1..=3)
+            .map(|k| Rep {
+                ours: ProduceResult {
+                    summary: RunSummary::from_counts(
+                        k * (64 << 20),
+                        k * 1024,
+                        Duration::from_secs(1),
+                        ringlog_run(1, 2000).summary.lat,
+                    ),
+                    records: k * 1024 * 62,
+                    records_per_batch: 62,
+                    retries: 0,
+                },
+                theirs: with_append.then(|| ringlog_run(k + 1, 1000)),
+            })
+            .collect();
+        with(
+            "produce",
+            ["produce", "append"],
+            PRODUCE_VS_APPEND,
+            None,
+            reps,
+        )
     }
 
     #[test]
@@ -1227,7 +956,8 @@ mod tests {
         assert!((r.throughput.median - 2.0 / 3.0).abs() < 1e-9);
         assert!((r.throughput.min - 0.5).abs() < 1e-9);
         assert!((r.throughput.max - 0.75).abs() < 1e-9);
-        assert!((r.p99_ack_latency.median - 2.0).abs() < 0.01);
+        assert!((r.p99_latency.median - 2.0).abs() < 0.01);
+        assert!(r.cpu_per_mib.is_none());
         let text = produce_report(true).text();
         assert!(text.contains("records/s=63488: 63488 records in 1024 batches of 64KiB"));
         assert!(
@@ -1241,10 +971,13 @@ mod tests {
         assert_eq!(v["jobs"][1]["jobname"], "append");
         assert_fio_shape(&v, false, &["throughput", "p99_ack_latency"]);
         assert_eq!(v["ratios"]["throughput"]["reps"], 3);
+        assert!(v.get("fio version").is_none());
         let plain = produce_report(false);
         assert!(plain.ratios().is_none());
         assert!(!plain.text().contains("ratio"));
         assert!(plain.json().get("ratios").is_none());
+        assert_eq!(plain.series().len(), 3);
+        assert_eq!(produce_report(true).series()[1].0, "append rep 1");
     }
 
     fn transfer_run(bw_scale: u64) -> TransferResult {
@@ -1271,19 +1004,17 @@ mod tests {
         }
     }
 
-    fn transfer_report(with_fio: bool) -> TransferReport {
+    fn transfer_report(with_fio: bool) -> Report<TransferResult, FioTransferResult> {
         let fio = parse_transfer(include_str!("testdata/fio-3.33-transfer-1m-qd4.json")).unwrap();
-        TransferReport {
-            settings: vec![("size", "64MiB".into())],
-            fio_version: with_fio.then(|| fio.version.clone()),
-            notes: vec!["a note".into()],
-            reps: (1..=3)
-                .map(|k| TransferRep {
-                    ringlog: transfer_run(k),
-                    fio: with_fio.then(|| fio.clone()),
-                })
-                .collect(),
-        }
+        let reps = (1..=3)
+            .map(|k| Rep {
+                ours: transfer_run(k),
+                theirs: with_fio.then(|| fio.clone()),
+            })
+            .collect();
+        let labels = ["ringlog transfer", "fio transfer"];
+        let version = with_fio.then(|| fio.version.clone());
+        with("transfer", labels, TRANSFER_VS_FIO, version, reps)
     }
 
     #[test]
@@ -1297,7 +1028,7 @@ mod tests {
         assert!((r.throughput.min - want(1.0)).abs() < 1e-6);
         assert!((r.throughput.max - want(3.0)).abs() < 1e-6);
         let fio_p99 = (44_826_624 + 26_869_760) as f64;
-        assert!((r.p99_chunk_latency.median - 4_000_000.0 / fio_p99).abs() < 0.001);
+        assert!((r.p99_latency.median - 4_000_000.0 / fio_p99).abs() < 0.001);
         assert!(transfer_report(false).ratios().is_none());
     }
 
@@ -1308,23 +1039,19 @@ mod tests {
             text.starts_with("ringlog-bench transfer: size=64MiB\n"),
             "{text}"
         );
-        assert!(text.contains("note: a note"), "{text}");
-        assert!(text.contains("ringlog transfer: bw="), "{text}");
-        assert!(
-            text.contains("2 artifacts in 64 chunks; open 1.0 ms"),
-            "{text}"
-        );
-        assert!(
-            text.contains("chunk lat (read+write) percentiles (usec)"),
-            "{text}"
-        );
-        assert!(text.contains("fio transfer: bw=163.3 MiB/s"), "{text}");
-        assert!(text.contains("    fio read: bw="), "{text}");
-        assert!(text.contains("    fio write+end_fsync: bw="), "{text}");
-        assert!(text.contains("ratio throughput ringlog/fio = "), "{text}");
-        assert!(
-            text.contains("ratio p99 chunk latency ringlog/fio = "),
-            "{text}"
+        assert_has(
+            &text,
+            &[
+                "note: a note",
+                "ringlog transfer: bw=",
+                "2 artifacts in 64 chunks; open 1.0 ms",
+                "chunk lat (read+write) percentiles (usec)",
+                "fio transfer: bw=163.3 MiB/s",
+                "    fio read: bw=",
+                "    fio write+end_fsync: bw=",
+                "ratio throughput ringlog/fio = ",
+                "ratio p99 chunk latency ringlog/fio = ",
+            ],
         );
         assert!(!transfer_report(false).text().contains("ratio"));
     }

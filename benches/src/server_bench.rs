@@ -1,20 +1,20 @@
-//! `ringlog-bench produce` and `ringlog-bench consume`: setup, reps and
-//! cleanup around the client jobs, and the server they run against.
+//! `ringlog-bench produce`, `consume` and `partitions`: the jobs against a
+//! `ringlog server`, and the server they run against.
 
 use std::fs;
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::jobs::append::{self, AppendConfig};
-use crate::jobs::consume::{self, ConsumeConfig};
-use crate::jobs::partitions::{self, PartitionsConfig, PartitionsReport, Targets};
-use crate::jobs::produce::{self, ProduceConfig};
+use crate::harness::{self, remove_if_exists, Header, Job, RepNo, Workspace};
+use crate::jobs::append::{self, AppendConfig, AppendResult};
+use crate::jobs::consume::{self, ConsumeConfig, ConsumeResult};
+use crate::jobs::partitions::{self, PartitionsConfig, PartitionsOutcome, Targets};
+use crate::jobs::produce::{self, ProduceConfig, ProduceResult};
 use crate::jobs::server::{self, ServerProcess};
-use crate::report::{ConsumeReport, ProduceRep, ProduceReport};
+use crate::report::{Comparison, Never, Report, FETCH_LAT_NOTE, PRODUCE_VS_APPEND};
 use crate::size::Bytes;
 use crate::{
-    fs_err, remove_dir_if_exists, to_usize, BenchError, ConsumeArgs, PartitionsArgs, ProduceArgs,
-    ServerClientArgs,
+    fs_err, to_usize, BenchError, ConsumeArgs, PartitionsArgs, ProduceArgs, ServerClientArgs,
+    STARTED,
 };
 
 /// How long the un-timed fill before a consume run may take at most.
@@ -27,6 +27,38 @@ struct Target {
 }
 
 impl Target {
+    /// Connects to `--addr` or starts a server in `--dir`/server.
+    fn new(a: &ServerClientArgs) -> Result<Target, BenchError> {
+        if let Some(addr) = &a.addr {
+            return Ok(Target {
+                addr: addr.clone(),
+                started: None,
+            });
+        }
+        let bin = server::locate_binary(a.server_bin.as_deref())?;
+        eprintln!(
+            "ringlog-bench: starting {} server --shards {} in {}",
+            bin.display(),
+            a.shards,
+            a.server_dir().display()
+        );
+        // The append job's store settings: same segment size and write buffer.
+        let batch_size = to_usize("--batch-size", a.batch.batch_size)?;
+        let store = append::store_config_for(batch_size, a.segment_size);
+        let extra = vec![
+            "--segment-size-bytes".to_owned(),
+            a.segment_size.to_string(),
+            "--set".to_owned(),
+            format!("write_buffer_bytes={}", store.write_buffer_bytes),
+        ];
+        let s = ServerProcess::start(&bin, &a.server_dir(), a.shards, &extra)?;
+        eprintln!("ringlog-bench: server ready at {}", s.addr);
+        Ok(Target {
+            addr: s.addr.clone(),
+            started: Some(s),
+        })
+    }
+
     /// Stops a started server (SIGTERM, exit status checked).
     fn stop(self) -> Result<(), BenchError> {
         match self.started {
@@ -36,14 +68,13 @@ impl Target {
     }
 }
 
-fn check_common(a: &ServerClientArgs) -> Result<(), BenchError> {
-    if a.segment_size < a.batch_size {
-        return Err(BenchError::Usage(format!(
-            "--segment-size {} is smaller than --batch-size {}",
-            Bytes(a.segment_size),
-            Bytes(a.batch_size)
-        )));
-    }
+/// Checks the settings both jobs share; creates `--dir` and the workspace
+/// holding the started server's directory and `extra`.
+fn workspace(
+    a: &ServerClientArgs,
+    extra: Option<&std::path::Path>,
+) -> Result<Workspace, BenchError> {
+    crate::check_segment_size(a.segment_size, a.batch.batch_size)?;
     if a.segment_size & 4095 != 0 {
         return Err(BenchError::Usage(format!(
             "--segment-size {} must be a multiple of 4KiB",
@@ -62,44 +93,36 @@ fn check_common(a: &ServerClientArgs) -> Result<(), BenchError> {
             a.topic
         )));
     }
-    if a.addr.is_none() && a.server_dir().exists() {
-        return Err(BenchError::Usage(format!(
-            "{} already exists (left by an earlier --keep run?); remove it or pick another --dir",
-            a.server_dir().display()
-        )));
+    let mut paths = Vec::new();
+    if a.addr.is_none() {
+        paths.push(a.server_dir());
     }
-    Ok(())
+    paths.extend(extra.map(|p| p.to_owned()));
+    Workspace::create(&a.data.dir, a.data.keep, paths)
 }
 
-/// Connects to `--addr` or starts a server in `--dir`/server.
-fn target(a: &ServerClientArgs) -> Result<Target, BenchError> {
-    if let Some(addr) = &a.addr {
-        return Ok(Target {
-            addr: addr.clone(),
-            started: None,
-        });
+/// The produce config of `a`, its batch checked: a batch that cannot be
+/// built is a usage error, found before anything starts.
+fn produce_config(
+    a: &ServerClientArgs,
+    duration: Duration,
+    total_bytes: Option<u64>,
+) -> Result<ProduceConfig, BenchError> {
+    let cfg = ProduceConfig {
+        addr: String::new(),
+        topic: a.topic.clone(),
+        partitions: a.partitions(),
+        connections: a.connections,
+        batch_size: to_usize("--batch-size", a.batch.batch_size)?,
+        record_size: to_usize("--record-size", a.batch.record_size)?,
+        duration,
+        total_bytes,
+    };
+    match append::build_batch(0, cfg.batch_size, cfg.record_size, 0) {
+        Err(e @ append::AppendError::BatchTooSmall { .. }) => Err(BenchError::Usage(e.to_string())),
+        Err(e) => Err(e.into()),
+        Ok(_) => Ok(cfg),
     }
-    let bin = server::locate_binary(a.server_bin.as_deref())?;
-    eprintln!(
-        "ringlog-bench: starting {} server --shards {} in {}",
-        bin.display(),
-        a.shards,
-        a.server_dir().display()
-    );
-    // The append job's store settings: same segment size and write buffer.
-    let store = append::store_config_for(to_usize("--batch-size", a.batch_size)?, a.segment_size);
-    let extra = vec![
-        "--segment-size-bytes".to_owned(),
-        a.segment_size.to_string(),
-        "--set".to_owned(),
-        format!("write_buffer_bytes={}", store.write_buffer_bytes),
-    ];
-    let s = ServerProcess::start(&bin, &a.server_dir(), a.shards, &extra)?;
-    eprintln!("ringlog-bench: server ready at {}", s.addr);
-    Ok(Target {
-        addr: s.addr.clone(),
-        started: Some(s),
-    })
 }
 
 /// Settings both jobs print.
@@ -108,7 +131,7 @@ fn common_settings(a: &ServerClientArgs) -> Vec<(&'static str, String)> {
     match &a.addr {
         Some(addr) => settings.push(("addr", addr.clone())),
         None => {
-            settings.push(("dir", a.dir.display().to_string()));
+            settings.push(("dir", a.data.dir.display().to_string()));
             settings.push(("shards", a.shards.to_string()));
             settings.push(("segment_size", Bytes(a.segment_size).to_string()));
         }
@@ -117,8 +140,8 @@ fn common_settings(a: &ServerClientArgs) -> Vec<(&'static str, String)> {
         ("topic", a.topic.clone()),
         ("partitions", a.partitions().to_string()),
         ("connections", a.connections.to_string()),
-        ("batch_size", Bytes(a.batch_size).to_string()),
-        ("record_size", Bytes(a.record_size).to_string()),
+        ("batch_size", Bytes(a.batch.batch_size).to_string()),
+        ("record_size", Bytes(a.batch.record_size).to_string()),
     ]);
     settings
 }
@@ -141,67 +164,15 @@ fn common_notes(a: &ServerClientArgs) -> Vec<String> {
     notes
 }
 
-/// Creates `--dir` if needed; returns whether it was created here.
-fn create_dir(dir: &Path) -> Result<bool, BenchError> {
-    let created = !dir.exists();
-    fs::create_dir_all(dir).map_err(fs_err("create", dir))?;
-    Ok(created)
-}
-
-/// Removes the started server's directory, `extra` and `--dir` itself if
-/// this run created it (and it is now empty).
-fn cleanup(
-    a: &ServerClientArgs,
-    extra: Option<&PathBuf>,
-    created_dir: bool,
-) -> Result<(), BenchError> {
-    if a.keep {
-        return Ok(());
-    }
-    if a.addr.is_none() {
-        remove_dir_if_exists(&a.server_dir())?;
-    }
-    if let Some(e) = extra {
-        remove_dir_if_exists(e)?;
-    }
-    if created_dir {
-        match fs::remove_dir(&a.dir) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                return Err(fs_err("remove", &a.dir)(e));
-            }
-            _ => {}
-        }
-    }
-    Ok(())
-}
-
 /// Runs the produce job (and the append job) and cleans up; the report is
 /// not printed.
-pub(crate) fn produce_report(args: &ProduceArgs) -> Result<ProduceReport, BenchError> {
+pub(crate) fn produce_report(
+    args: &ProduceArgs,
+) -> Result<Report<ProduceResult, AppendResult>, BenchError> {
     let a = &args.common;
-    check_common(a)?;
-    let append_dir = a.dir.join("append");
-    if args.vs_append && append_dir.exists() {
-        return Err(BenchError::Usage(format!(
-            "{} already exists (left by an earlier --keep run?); remove it or pick another --dir",
-            append_dir.display()
-        )));
-    }
-    let cfg = ProduceConfig {
-        addr: String::new(),
-        topic: a.topic.clone(),
-        partitions: a.partitions(),
-        connections: a.connections,
-        batch_size: to_usize("--batch-size", a.batch_size)?,
-        record_size: to_usize("--record-size", a.record_size)?,
-        duration: Duration::from_secs(args.duration),
-        total_bytes: args.size,
-    };
-    // A batch that cannot be built is a usage error; find out before
-    // starting anything.
-    append::build_batch(0, cfg.batch_size, cfg.record_size, 0).map_err(produce_batch_err)?;
+    let cfg = produce_config(a, Duration::from_secs(args.duration), args.size)?;
     let append_cfg = args.vs_append.then(|| AppendConfig {
-        dir: append_dir.clone(),
+        dir: a.data.dir.join("append"),
         partitions: a.connections,
         batch_size: cfg.batch_size,
         record_size: cfg.record_size,
@@ -212,115 +183,116 @@ pub(crate) fn produce_report(args: &ProduceArgs) -> Result<ProduceReport, BenchE
         warmup_bytes: 0,
         ramp: Duration::ZERO,
     });
+    let ws = workspace(a, append_cfg.as_ref().map(|c| c.dir.as_path()))?;
+    let job = ProduceJob {
+        args,
+        cfg,
+        append_cfg,
+        target: None,
+    };
+    harness::run(job, ws, a.rep.reps, args.vs_append)
+}
 
-    let created_dir = create_dir(&a.dir)?;
-    let result: Result<_, BenchError> = (|| {
-        if let Some(c) = &append_cfg {
+struct ProduceJob<'a> {
+    args: &'a ProduceArgs,
+    cfg: ProduceConfig,
+    append_cfg: Option<AppendConfig>,
+    /// Set by `start`.
+    target: Option<Target>,
+}
+
+impl Job for ProduceJob<'_> {
+    type Ours = ProduceResult;
+    type Theirs = AppendResult;
+    const NAME: &'static str = "produce";
+    const LABELS: [&'static str; 2] = ["produce", "append"];
+    const COMPARISON: Option<Comparison> = Some(PRODUCE_VS_APPEND);
+
+    fn start(&mut self) -> Result<(), BenchError> {
+        if let Some(c) = &self.append_cfg {
             fs::create_dir(&c.dir).map_err(fs_err("create", &c.dir))?;
         }
-        let target = target(a)?;
-        let cfg = ProduceConfig {
-            addr: target.addr.clone(),
-            ..cfg
-        };
-        let reps = produce_reps(args, &cfg, append_cfg.as_ref());
-        let stopped = target.stop();
-        let reps = reps?;
-        stopped?;
-        Ok(reps)
-    })();
-    let cleaned = cleanup(a, args.vs_append.then_some(&append_dir), created_dir);
-    let reps = result?;
-    cleaned?;
+        let target = Target::new(&self.args.common)?;
+        self.cfg.addr = target.addr.clone();
+        self.target = Some(target);
+        Ok(())
+    }
 
-    let mut settings = common_settings(a);
-    settings.push(("duration", format!("{}s", args.duration)));
-    if let Some(size) = args.size {
-        settings.push(("size", Bytes(size).to_string()));
-    }
-    settings.push(("reps", a.reps.to_string()));
-    if args.vs_append {
-        settings.push(("vs_append", "true".to_owned()));
-    }
-    let mut notes = common_notes(a);
-    notes.push(format!(
-        "each rep produces into a new topic {}-<rep> with {} partitions (created before and \
-         deleted after the timed run{})",
-        a.topic,
-        a.partitions(),
-        if a.keep { "; kept with --keep" } else { "" }
-    ));
-    if args.vs_append {
-        notes.push(format!(
-            "reps alternate produce, append, produce, ...; append writes {} partitions in {} \
-             (new segment files, like the server's new topic)",
-            a.connections,
-            append_dir.display()
-        ));
-    }
-    Ok(ProduceReport {
-        settings,
-        notes,
-        reps,
-    })
-}
-
-fn produce_batch_err(e: append::AppendError) -> BenchError {
-    match e {
-        e @ append::AppendError::BatchTooSmall { .. } => BenchError::Usage(e.to_string()),
-        e => e.into(),
-    }
-}
-
-fn produce_reps(
-    args: &ProduceArgs,
-    cfg: &ProduceConfig,
-    append_cfg: Option<&AppendConfig>,
-) -> Result<Vec<ProduceRep>, BenchError> {
-    let a = &args.common;
-    let mut reps = Vec::with_capacity(a.reps as usize);
-    for rep in 1..=a.reps {
-        let topic = format!("{}-{rep}", a.topic);
-        produce::create_topic(&cfg.addr, &topic, cfg.partitions)?;
-        eprintln!(
-            "ringlog-bench: rep {rep}/{}: produce to {topic} at {}",
-            a.reps, cfg.addr
-        );
+    /// Each rep produces into a new topic, like the append job's new
+    /// partitions.
+    fn ours(&mut self, rep: RepNo) -> Result<ProduceResult, BenchError> {
+        let a = &self.args.common;
+        let topic = format!("{}-{}", a.topic, rep.n);
+        produce::create_topic(&self.cfg.addr, &topic, self.cfg.partitions)?;
         let result = produce::run(&ProduceConfig {
             topic: topic.clone(),
-            ..cfg.clone()
+            ..self.cfg.clone()
         });
-        if !a.keep {
-            produce::delete_topic(&cfg.addr, &topic)?;
+        if !a.data.keep {
+            produce::delete_topic(&self.cfg.addr, &topic)?;
         }
-        let produced = result?;
-
-        let appended = match append_cfg {
-            Some(c) => {
-                eprintln!("ringlog-bench: rep {rep}/{}: append", a.reps);
-                let r = append::run(c)?;
-                if !(a.keep && rep == a.reps) {
-                    for p in 0..c.partitions {
-                        remove_dir_if_exists(&c.partition_dir(p))?;
-                    }
-                }
-                Some(r)
-            }
-            None => None,
-        };
-        reps.push(ProduceRep {
-            produce: produced,
-            append: appended,
-        });
+        Ok(result?)
     }
-    Ok(reps)
+
+    fn theirs(&mut self, rep: RepNo, _: &ProduceResult) -> Result<AppendResult, BenchError> {
+        let c = self
+            .append_cfg
+            .as_ref()
+            .expect("--vs-append sets append_cfg");
+        let result = append::run(c)?;
+        if !(self.args.common.data.keep && rep.last()) {
+            for p in 0..c.partitions {
+                remove_if_exists(&c.partition_dir(p))?;
+            }
+        }
+        Ok(result)
+    }
+
+    fn stop(&mut self) -> Result<(), BenchError> {
+        self.target.take().map_or(Ok(()), Target::stop)
+    }
+
+    fn header(&self) -> Header {
+        let (args, a) = (self.args, &self.args.common);
+        let mut settings = common_settings(a);
+        settings.push(("duration", format!("{}s", args.duration)));
+        if let Some(size) = args.size {
+            settings.push(("size", Bytes(size).to_string()));
+        }
+        settings.push(("reps", a.rep.reps.to_string()));
+        let mut notes = common_notes(a);
+        notes.push(format!(
+            "each rep produces into a new topic {}-<rep> with {} partitions (created before and \
+             deleted after the timed run{})",
+            a.topic,
+            a.partitions(),
+            if a.data.keep {
+                "; kept with --keep"
+            } else {
+                ""
+            }
+        ));
+        if let Some(c) = &self.append_cfg {
+            settings.push(("vs_append", "true".to_owned()));
+            notes.push(format!(
+                "reps alternate produce, append, produce, ...; append writes {} partitions in {} \
+                 (new segment files, like the server's new topic)",
+                c.partitions,
+                c.dir.display()
+            ));
+        }
+        Header {
+            settings,
+            fio_version: None,
+            notes,
+        }
+    }
 }
 
 /// Fills a topic (un-timed), reads it back --reps times, cleans up; the
 /// report is not printed.
-pub(crate) fn consume_report(args: &ConsumeArgs) -> Result<ConsumeReport, BenchError> {
+pub(crate) fn consume_report(args: &ConsumeArgs) -> Result<Report<ConsumeResult>, BenchError> {
     let a = &args.common;
-    check_common(a)?;
     let partitions = a.partitions();
     if a.connections > partitions {
         return Err(BenchError::Usage(format!(
@@ -341,113 +313,118 @@ pub(crate) fn consume_report(args: &ConsumeArgs) -> Result<ConsumeReport, BenchE
                 Bytes(args.fetch_bytes)
             ))
         })?;
-    let fill = ProduceConfig {
-        addr: String::new(),
-        topic: a.topic.clone(),
-        partitions,
-        connections: a.connections,
-        batch_size: to_usize("--batch-size", a.batch_size)?,
-        record_size: to_usize("--record-size", a.record_size)?,
-        duration: FILL_TIME_MAX,
-        total_bytes: Some(args.size),
+    let fill = produce_config(a, FILL_TIME_MAX, Some(args.size))?;
+    let ws = workspace(a, None)?;
+    let job = ConsumeJob {
+        args,
+        fill,
+        fetch_bytes,
+        target: None,
+        topic_created: false,
+        filled: None,
     };
-    append::build_batch(0, fill.batch_size, fill.record_size, 0).map_err(produce_batch_err)?;
-
-    let created_dir = create_dir(&a.dir)?;
-    let result: Result<_, BenchError> = (|| {
-        let target = target(a)?;
-        let fill = ProduceConfig {
-            addr: target.addr.clone(),
-            ..fill
-        };
-        let reps = consume_reps(args, &fill, fetch_bytes);
-        let stopped = target.stop();
-        let reps = reps?;
-        stopped?;
-        Ok(reps)
-    })();
-    let cleaned = cleanup(a, None, created_dir);
-    let (filled, reps) = result?;
-    cleaned?;
-
-    let mut settings = common_settings(a);
-    settings.push(("size", Bytes(args.size).to_string()));
-    settings.push(("fetch_bytes", Bytes(args.fetch_bytes).to_string()));
-    settings.push(("reps", a.reps.to_string()));
-    let mut notes = common_notes(a);
-    notes.push(format!(
-        "the topic was filled un-timed with {} in {} produces ({} records, {:.1} MiB/s); \
-         every rep reads all of it from offset 0, each connection its own partitions, and \
-         parses and verifies every batch",
-        Bytes(filled.summary.bytes),
-        filled.summary.ios,
-        filled.records,
-        filled.summary.bw_bytes / (1024.0 * 1024.0),
-    ));
-    Ok(ConsumeReport {
-        settings,
-        notes,
-        reps,
-    })
+    harness::run(job, ws, a.rep.reps, false)
 }
 
-fn consume_reps(
-    args: &ConsumeArgs,
-    fill: &ProduceConfig,
+struct ConsumeJob<'a> {
+    args: &'a ConsumeArgs,
+    fill: ProduceConfig,
     fetch_bytes: u32,
-) -> Result<(produce::ProduceResult, Vec<consume::ConsumeResult>), BenchError> {
-    let a = &args.common;
-    produce::create_topic(&fill.addr, &fill.topic, fill.partitions)?;
-    eprintln!(
-        "ringlog-bench: filling {} with {} (un-timed)",
-        fill.topic,
-        Bytes(args.size)
-    );
-    let result: Result<_, BenchError> = (|| {
-        let filled = produce::run(fill)?;
-        let cfg = ConsumeConfig {
+    /// Set by `start`, which also creates the topic and fills it.
+    target: Option<Target>,
+    topic_created: bool,
+    filled: Option<ProduceResult>,
+}
+
+impl Job for ConsumeJob<'_> {
+    type Ours = ConsumeResult;
+    type Theirs = Never;
+    const NAME: &'static str = "consume";
+    const LABELS: [&'static str; 2] = ["consume", ""];
+
+    fn start(&mut self) -> Result<(), BenchError> {
+        let target = Target::new(&self.args.common)?;
+        self.fill.addr = target.addr.clone();
+        self.target = Some(target);
+        produce::create_topic(&self.fill.addr, &self.fill.topic, self.fill.partitions)?;
+        self.topic_created = true;
+        eprintln!(
+            "ringlog-bench: filling {} with {} (un-timed)",
+            self.fill.topic,
+            Bytes(self.args.size)
+        );
+        self.filled = Some(produce::run(&self.fill)?);
+        Ok(())
+    }
+
+    fn ours(&mut self, _: RepNo) -> Result<ConsumeResult, BenchError> {
+        let (fill, filled) = (&self.fill, self.filled.as_ref().expect(STARTED));
+        let r = consume::run(&ConsumeConfig {
             addr: fill.addr.clone(),
             topic: fill.topic.clone(),
             partitions: fill.partitions,
             connections: fill.connections,
-            fetch_bytes,
-        };
-        let mut reps = Vec::with_capacity(a.reps as usize);
-        for rep in 1..=a.reps {
-            eprintln!("ringlog-bench: rep {rep}/{}: consume {}", a.reps, cfg.topic);
-            let r = consume::run(&cfg)?;
-            if r.records != filled.records || r.summary.bytes != filled.summary.bytes {
-                return Err(BenchError::Mismatch(format!(
-                    "read back {} records ({} bytes) of {} produced ({} bytes): is something \
-                     else writing to or purging topic {}?",
-                    r.records, r.summary.bytes, filled.records, filled.summary.bytes, cfg.topic
-                )));
-            }
-            reps.push(r);
+            fetch_bytes: self.fetch_bytes,
+        })?;
+        if r.records != filled.records || r.summary.bytes != filled.summary.bytes {
+            return Err(BenchError::Mismatch(format!(
+                "read back {} records ({} bytes) of {} produced ({} bytes): is something \
+                 else writing to or purging topic {}?",
+                r.records, r.summary.bytes, filled.records, filled.summary.bytes, fill.topic
+            )));
         }
-        Ok((filled, reps))
-    })();
-    if !a.keep {
-        produce::delete_topic(&fill.addr, &fill.topic)?;
+        Ok(r)
     }
-    result
+
+    fn stop(&mut self) -> Result<(), BenchError> {
+        let deleted = if self.topic_created && !self.args.common.data.keep {
+            produce::delete_topic(&self.fill.addr, &self.fill.topic)
+        } else {
+            Ok(())
+        };
+        let stopped = self.target.take().map_or(Ok(()), Target::stop);
+        deleted?;
+        stopped
+    }
+
+    fn header(&self) -> Header {
+        let (args, a) = (self.args, &self.args.common);
+        let mut settings = common_settings(a);
+        settings.push(("size", Bytes(args.size).to_string()));
+        settings.push(("fetch_bytes", Bytes(args.fetch_bytes).to_string()));
+        settings.push(("reps", a.rep.reps.to_string()));
+        let mut notes = common_notes(a);
+        if let Some(filled) = &self.filled {
+            notes.push(format!(
+                "the topic was filled un-timed with {} in {} produces ({} records, {:.1} MiB/s); \
+                 every rep reads all of it from offset 0, each connection its own partitions, \
+                 and parses and verifies every batch",
+                Bytes(filled.summary.bytes),
+                filled.summary.ios,
+                filled.records,
+                filled.summary.bw_bytes / (1024.0 * 1024.0),
+            ));
+        }
+        notes.push(FETCH_LAT_NOTE.to_owned());
+        Header {
+            settings,
+            fio_version: None,
+            notes,
+        }
+    }
 }
 
 /// Runs the partitions job and cleans up; fails (with the figures) if a
 /// target is missed.
-pub(crate) fn partitions_report(args: &PartitionsArgs) -> Result<PartitionsReport, BenchError> {
+pub(crate) fn partitions_report(
+    args: &PartitionsArgs,
+) -> Result<Report<PartitionsOutcome>, BenchError> {
     let bin = server::locate_binary(args.server_bin.as_deref())?;
-    let dir = args.dir.join("server");
-    if dir.exists() {
-        return Err(BenchError::Usage(format!(
-            "{} already exists (left by an earlier --keep run?); remove it or pick another --dir",
-            dir.display()
-        )));
-    }
-    let created_dir = create_dir(&args.dir)?;
+    let dir = args.data.dir.join("server");
+    let ws = Workspace::create(&args.data.dir, args.data.keep, vec![dir.clone()])?;
     let cfg = PartitionsConfig {
         bin,
-        dir: dir.clone(),
+        dir,
         shards: args.shards,
         partitions: args.partitions,
         topic_partitions: args.topic_partitions,
@@ -458,38 +435,8 @@ pub(crate) fn partitions_report(args: &PartitionsArgs) -> Result<PartitionsRepor
         extra: args.server_args.clone(),
         files_max: args.files_max,
     };
-    eprintln!(
-        "ringlog-bench: {} partitions on {} --shards {} in {}",
-        args.partitions,
-        cfg.bin.display(),
-        args.shards,
-        dir.display()
-    );
-    let result = partitions::run(&cfg);
-    if !args.keep {
-        remove_dir_if_exists(&dir)?;
-        if created_dir {
-            let _ = fs::remove_dir(&args.dir);
-        }
-    }
-    let report = PartitionsReport {
-        settings: vec![
-            ("dir", args.dir.display().to_string()),
-            ("shards", args.shards.to_string()),
-            ("partitions", args.partitions.to_string()),
-            ("topic_partitions", args.topic_partitions.to_string()),
-            ("connections", args.connections.to_string()),
-            ("batch_size", Bytes(args.batch_size).to_string()),
-            ("rounds", args.rounds.to_string()),
-        ],
-        result: result?,
-        targets: Targets {
-            boot_time_max: Duration::from_millis(args.boot_ms_max),
-            rss_bytes_max: args.rss_max,
-            disk_bytes_max: args.disk_max,
-        },
-    };
-    let missed = report.missed();
+    let report = harness::run(PartitionsJob { args, cfg }, ws, 1, false)?;
+    let missed: Vec<String> = report.reps.iter().flat_map(|r| r.ours.missed()).collect();
     if !missed.is_empty() {
         return Err(BenchError::TargetMissed {
             report: report.text(),
@@ -497,6 +444,54 @@ pub(crate) fn partitions_report(args: &PartitionsArgs) -> Result<PartitionsRepor
         });
     }
     Ok(report)
+}
+
+struct PartitionsJob<'a> {
+    args: &'a PartitionsArgs,
+    cfg: PartitionsConfig,
+}
+
+impl Job for PartitionsJob<'_> {
+    type Ours = PartitionsOutcome;
+    type Theirs = Never;
+    const NAME: &'static str = "partitions";
+    const LABELS: [&'static str; 2] = ["partitions", ""];
+
+    fn ours(&mut self, _: RepNo) -> Result<PartitionsOutcome, BenchError> {
+        let (args, cfg) = (self.args, &self.cfg);
+        eprintln!(
+            "ringlog-bench: {} partitions on {} --shards {} in {}",
+            args.partitions,
+            cfg.bin.display(),
+            args.shards,
+            cfg.dir.display()
+        );
+        Ok(PartitionsOutcome {
+            result: partitions::run(cfg)?,
+            targets: Targets {
+                boot_time_max: Duration::from_millis(args.boot_ms_max),
+                rss_bytes_max: args.rss_max,
+                disk_bytes_max: args.disk_max,
+            },
+        })
+    }
+
+    fn header(&self) -> Header {
+        let args = self.args;
+        Header {
+            settings: vec![
+                ("dir", args.data.dir.display().to_string()),
+                ("shards", args.shards.to_string()),
+                ("partitions", args.partitions.to_string()),
+                ("topic_partitions", args.topic_partitions.to_string()),
+                ("connections", args.connections.to_string()),
+                ("batch_size", Bytes(args.batch_size).to_string()),
+                ("rounds", args.rounds.to_string()),
+            ],
+            fio_version: None,
+            notes: Vec::new(),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -508,68 +503,39 @@ mod tests {
     use clap::Parser;
 
     use super::*;
-    use crate::{Cli, Command};
-
-    fn produce_args(argv: &[&str]) -> ProduceArgs {
-        let mut full = vec!["ringlog-bench", "produce"];
-        full.extend_from_slice(argv);
-        match Cli::try_parse_from(full).unwrap().command {
-            Some(Command::Produce(a)) => a,
-            _ => panic!("not produce"),
-        }
-    }
-
-    fn consume_args(argv: &[&str]) -> ConsumeArgs {
-        let mut full = vec!["ringlog-bench", "consume"];
-        full.extend_from_slice(argv);
-        match Cli::try_parse_from(full).unwrap().command {
-            Some(Command::Consume(a)) => a,
-            _ => panic!("not consume"),
-        }
-    }
-
-    /// A data dir on the repo's filesystem (O_DIRECT; a tmpfs /tmp would
-    /// not do), with a short path for the control socket.
-    fn tmp() -> tempfile::TempDir {
-        tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).unwrap()
-    }
+    use crate::report::assert_fio_shape;
+    use crate::testutil::{assert_has, consume, data_dir, partitions, produce};
+    use crate::Cli;
 
     #[test]
     fn produce_defaults() {
-        let a = produce_args(&[]);
+        let a = produce("produce");
         assert_eq!(a.common.addr, None);
         assert_eq!(a.common.connections, 1);
         assert_eq!(a.common.partitions(), 1);
-        assert_eq!(a.common.batch_size, 64 << 10);
+        assert_eq!(a.common.batch.batch_size, 64 << 10);
         assert_eq!(a.common.topic, "bench");
         assert_eq!(a.duration, 10);
         assert!(!a.vs_append);
-        let a = produce_args(&["--connections", "3"]);
-        assert_eq!(a.common.partitions(), 3);
-        assert!(Cli::try_parse_from([
-            "ringlog-bench",
-            "produce",
-            "--addr",
-            "127.0.0.1:1",
-            "--server-bin",
-            "x"
-        ])
-        .is_err());
-        let c = consume_args(&["--fetch-bytes", "256k"]);
+        assert_eq!(produce("produce --connections 3").common.partitions(), 3);
+        let argv = "ringlog-bench produce --addr 127.0.0.1:1 --server-bin x";
+        assert!(Cli::try_parse_from(argv.split(' ')).is_err());
+        let c = consume("consume --fetch-bytes 256k");
         assert_eq!(c.size, 256 << 20);
         assert_eq!(c.fetch_bytes, 256 << 10);
     }
 
     #[test]
     fn usage_errors_create_nothing() {
-        let tmp = tmp();
-        let dir = tmp.path().join("data");
-        let d = dir.to_str().unwrap();
-        let c = consume_args(&["--dir", d, "--connections", "3", "--partitions", "2"]);
+        let (_tmp, dir) = data_dir();
+        let d = dir.display();
+        let c = consume(&format!("consume --dir {d} --connections 3 --partitions 2"));
         assert!(matches!(consume_report(&c), Err(BenchError::Usage(_))));
-        let p = produce_args(&["--dir", d, "--topic", "no spaces"]);
+        let p = produce(&format!("produce --dir {d} --topic no.spaces?"));
         assert!(matches!(produce_report(&p), Err(BenchError::Usage(_))));
-        let p = produce_args(&["--dir", d, "--batch-size", "1k", "--record-size", "4k"]);
+        let p = produce(&format!(
+            "produce --dir {d} --batch-size 1k --record-size 4k"
+        ));
         assert!(matches!(produce_report(&p), Err(BenchError::Usage(_))));
         assert!(!dir.exists());
     }
@@ -578,55 +544,41 @@ mod tests {
     /// alternating with the append job; checks the report's fields.
     #[test]
     fn produce_vs_append_smoke() {
-        let tmp = tmp();
-        let dir = tmp.path().join("data");
-        let args = produce_args(&[
-            "--dir",
-            dir.to_str().unwrap(),
-            "--shards",
-            "2",
-            "--connections",
-            "2",
-            "--partitions",
-            "3",
-            "--segment-size",
-            "1m",
-            "--duration",
-            "5",
-            "--size",
-            "2m",
-            "--reps",
-            "2",
-            "--vs-append",
-        ]);
+        let (_tmp, dir) = data_dir();
+        let args = produce(&format!(
+            "produce --dir {} --shards 2 --connections 2 --partitions 3 --segment-size 1m \
+             --duration 5 --size 2m --reps 2 --vs-append",
+            dir.display()
+        ));
         let report = produce_report(&args).unwrap_or_else(|e| panic!("{e}"));
         assert!(!dir.exists(), "data dir is removed without --keep");
         assert_eq!(report.reps.len(), 2);
         for rep in &report.reps {
-            let p = &rep.produce;
+            let p = &rep.ours;
             assert_eq!(p.summary.bytes, 2 << 20);
             assert_eq!(p.summary.ios, 32);
             assert_eq!(p.records, 32 * u64::from(p.records_per_batch));
             assert_eq!(p.summary.lat.samples, 32);
             assert!(p.summary.lat.p99_ns() > 0);
-            let a = rep.append.as_ref().unwrap();
+            let a = rep.theirs.as_ref().unwrap();
             assert_eq!(a.summary.bytes, 2 << 20);
         }
-        let text = report.text();
-        for want in [
-            "ringlog-bench produce: dir=",
-            "partitions=3 connections=2 batch_size=64KiB",
-            "rep 2/2",
-            "produce: bw=",
-            "records/s=",
-            "ack lat percentiles (usec): 50=",
-            "append: bw=",
-            "ratio throughput produce/append = ",
-            "(median of 2 reps, min ",
-            "ratio p99 ack latency produce/append = ",
-        ] {
-            assert!(text.contains(want), "{want:?} missing from:\n{text}");
-        }
+        assert_has(
+            &report.text(),
+            &[
+                "ringlog-bench produce: dir=",
+                "partitions=3 connections=2 batch_size=64KiB",
+                "rep 2/2",
+                "produce: bw=",
+                "records/s=",
+                "ack lat percentiles (usec): 50=",
+                "append: bw=",
+                "ratio throughput produce/append = ",
+                "(median of 2 reps, min ",
+                "ratio p99 ack latency produce/append = ",
+                "    cpu: usr=",
+            ],
+        );
         let v = report.json();
         let job = &v["jobs"][0];
         assert_eq!(job["jobname"], "produce");
@@ -634,49 +586,28 @@ mod tests {
         assert_eq!(job["write"]["total_ios"], 32);
         assert!(job["write"]["bw_bytes"].as_u64().unwrap() > 0);
         assert!(job["records_per_sec"].as_f64().unwrap() > 0.0);
-        assert!(
-            job["write"]["lat_ns"]["percentile"]["99.000000"]
-                .as_u64()
-                .unwrap()
-                > 0
-        );
+        let p99 = &job["write"]["lat_ns"]["percentile"]["99.000000"];
+        assert!(p99.as_u64().unwrap() > 0);
         assert_eq!(v["jobs"][1]["jobname"], "append");
         assert_eq!(v["ratios"]["throughput"]["reps"], 2);
         assert!(v["ratios"]["throughput"]["median"].as_f64().unwrap() > 0.0);
         assert_eq!(v["global options"]["connections"], "2");
-        crate::report::assert_fio_shape(&v, true, &["throughput", "p99_ack_latency"]);
-        assert!(text.contains("    cpu: usr="), "{text}");
+        assert_fio_shape(&v, true, &["throughput", "p99_ack_latency"]);
     }
 
     /// Fills a topic on a started server and reads it back twice.
     #[test]
     fn consume_smoke() {
-        let tmp = tmp();
-        let dir = tmp.path().join("data");
-        let args = consume_args(&[
-            "--dir",
-            dir.to_str().unwrap(),
-            "--shards",
-            "2",
-            "--connections",
-            "2",
-            "--partitions",
-            "3",
-            "--segment-size",
-            "1m",
-            "--size",
-            "2m",
-            "--fetch-bytes",
-            "256k",
-            "--reps",
-            "2",
-            "--output-format",
-            "json",
-        ]);
+        let (_tmp, dir) = data_dir();
+        let args = consume(&format!(
+            "consume --dir {} --shards 2 --connections 2 --partitions 3 --segment-size 1m \
+             --size 2m --fetch-bytes 256k --reps 2 --output-format json",
+            dir.display()
+        ));
         let report = consume_report(&args).unwrap_or_else(|e| panic!("{e}"));
         assert!(!dir.exists(), "data dir is removed without --keep");
         assert_eq!(report.reps.len(), 2);
-        for c in &report.reps {
+        for c in report.reps.iter().map(|r| &r.ours) {
             assert_eq!(c.summary.bytes, 2 << 20);
             assert_eq!(c.batches, 32);
             assert!(c.records >= 32);
@@ -685,31 +616,23 @@ mod tests {
             assert!(c.summary.ios >= 8, "{} fetches", c.summary.ios);
             assert_eq!(c.summary.lat.samples, c.summary.ios);
         }
-        let text = report.text();
-        for want in [
-            "ringlog-bench consume: dir=",
-            "fetch_bytes=256KiB",
-            "consume: bw=",
-            "records/s=",
-            "in 32 batches",
-            "fetch lat percentiles (usec): 50=",
-        ] {
-            assert!(text.contains(want), "{want:?} missing from:\n{text}");
-        }
+        assert_has(
+            &report.text(),
+            &[
+                "ringlog-bench consume: dir=",
+                "fetch_bytes=256KiB",
+                "consume: bw=",
+                "records/s=",
+                "in 32 batches",
+                "fetch lat percentiles (usec): 50=",
+                "note: the topic was filled un-timed with 2MiB",
+            ],
+        );
         let v = report.json();
         assert_eq!(v["jobs"][1]["jobname"], "consume");
         assert_eq!(v["jobs"][1]["read"]["io_bytes"], 2u64 << 20);
         assert!(v["jobs"][1]["read"]["lat_ns"]["percentile"]["50.000000"].is_u64());
-        crate::report::assert_fio_shape(&v, true, &[]);
-    }
-
-    fn partitions_args(argv: &[&str]) -> PartitionsArgs {
-        let mut full = vec!["ringlog-bench", "partitions"];
-        full.extend_from_slice(argv);
-        match Cli::try_parse_from(full).unwrap().command {
-            Some(Command::Partitions(a)) => a,
-            _ => panic!("not partitions"),
-        }
+        assert_fio_shape(&v, true, &[]);
     }
 
     /// The CI-sized partitions job: 1,000 empty partitions on two shards,
@@ -718,30 +641,16 @@ mod tests {
     /// fix each empty partition took 256 MiB of disk and 4 MiB of memory).
     #[test]
     fn partitions_smoke() {
-        let tmp = tmp();
-        let dir = tmp.path().join("data");
-        let args = partitions_args(&[
-            "--dir",
-            dir.to_str().unwrap(),
-            "--shards",
-            "2",
-            "--partitions",
-            "1000",
-            "--topic-partitions",
-            "500",
-            "--connections",
-            "4",
-            "--rss-max",
-            "256m",
-            "--disk-max",
-            "128m",
-            "--output-format",
-            "json",
-        ]);
+        let (_tmp, dir) = data_dir();
+        let args = partitions(&format!(
+            "partitions --dir {} --shards 2 --partitions 1000 --topic-partitions 500 \
+             --connections 4 --rss-max 256m --disk-max 128m --output-format json",
+            dir.display()
+        ));
         let report = partitions_report(&args).unwrap_or_else(|e| panic!("{e}"));
         print!("{}", report.text());
         assert!(!dir.exists(), "data dir is removed without --keep");
-        let r = &report.result;
+        let r = &report.reps[0].ours.result;
         assert_eq!(r.produces, 2000, "every partition acknowledged twice");
         assert!(r.booted.rss_bytes > 0 && r.booted.disk_bytes > 0);
         assert!(
@@ -749,56 +658,44 @@ mod tests {
             "disk grows with data"
         );
         let v = report.json();
-        assert_eq!(v["jobname"], "partitions");
-        assert_eq!(v["produces"], 2000);
-        assert!(v["targets_missed"].as_array().unwrap().is_empty());
+        let job = &v["jobs"][0];
+        assert_eq!(job["jobname"], "partitions");
+        assert_eq!(job["produces"], 2000);
+        assert!(job["targets_missed"].as_array().unwrap().is_empty());
         // A target missed fails the job, with the figures.
-        let strict = partitions_args(&[
-            "--dir",
-            dir.to_str().unwrap(),
-            "--partitions",
-            "10",
-            "--rounds",
-            "1",
-            "--disk-max",
-            "4k",
-        ]);
+        let strict = partitions(&format!(
+            "partitions --dir {} --partitions 10 --rounds 1 --disk-max 4k",
+            dir.display()
+        ));
         match partitions_report(&strict) {
             Err(BenchError::TargetMissed { report, missed }) => {
                 assert!(missed.starts_with("disk "), "{missed}");
-                assert!(report.contains("boot to ready: "), "{report}");
+                assert_has(&report, &["boot to ready: ", "TARGETS MISSED: disk "]);
             }
             other => panic!(
                 "expected a missed target, got {:?}",
                 other.map(|r| r.text())
             ),
         }
+        assert!(!dir.exists(), "removed after a missed target too");
     }
 
     /// --addr: the job uses a server it did not start and deletes the topics
     /// it created.
     #[test]
     fn produce_against_a_running_server() {
-        let tmp = tmp();
+        let (tmp, unused) = data_dir();
         let bin = server::locate_binary(None).unwrap_or_else(|e| panic!("{e}"));
         let srv = ServerProcess::start(&bin, &tmp.path().join("srv"), 1, &[])
             .unwrap_or_else(|e| panic!("{e}"));
-        let args = produce_args(&[
-            "--addr",
-            &srv.addr,
-            "--dir",
-            tmp.path().join("unused").to_str().unwrap(),
-            "--topic",
-            "t.x",
-            "--duration",
-            "1",
-            "--batch-size",
-            "4k",
-            "--record-size",
-            "100",
-        ]);
+        let args = produce(&format!(
+            "produce --addr {} --dir {} --topic t.x --duration 1 --batch-size 4k \
+             --record-size 100",
+            srv.addr,
+            unused.display()
+        ));
         let report = produce_report(&args).unwrap_or_else(|e| panic!("{e}"));
-        let p = &report.reps[0].produce;
+        let p = &report.reps[0].ours;
         assert!(p.summary.ios > 0);
         assert_eq!(p.summary.bytes, p.summary.ios * 4096);
         assert!(report.text().contains("ringlog-bench produce: addr="));

@@ -275,9 +275,9 @@ pub struct Targets {
     pub disk_bytes_max: u64,
 }
 
-/// A run's figures, printable as text or JSON.
-pub struct PartitionsReport {
-    pub settings: Vec<(&'static str, String)>,
+/// A run's figures and the targets they are held to.
+#[derive(Debug, Clone)]
+pub struct PartitionsOutcome {
     pub result: PartitionsResult,
     pub targets: Targets,
 }
@@ -286,7 +286,7 @@ fn mib(bytes: u64) -> f64 {
     bytes as f64 / f64::from(1 << 20)
 }
 
-impl PartitionsReport {
+impl PartitionsOutcome {
     /// The targets the run missed, if any.
     pub fn missed(&self) -> Vec<String> {
         let (r, t) = (&self.result, &self.targets);
@@ -315,13 +315,9 @@ impl PartitionsReport {
         missed
     }
 
-    pub fn text(&self) -> String {
+    /// The report's lines for this run.
+    pub fn text(&self, out: &mut String) {
         let r = &self.result;
-        let settings: Vec<String> = self
-            .settings
-            .iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect();
         let line = |what: &str, f: &Figures| {
             format!(
                 "  {what:<22} rss={:.1}MiB disk={:.1}MiB\n",
@@ -329,38 +325,30 @@ impl PartitionsReport {
                 mib(f.disk_bytes)
             )
         };
-        let mut out = format!("ringlog-bench partitions: {}\n", settings.join(" "));
-        out += &format!("  created in {:.1} s\n", r.create_time.as_secs_f64());
-        out += &line("after create:", &r.created);
-        out += &format!("  boot to ready: {} ms\n", r.boot_time.as_millis());
-        out += &line("after restart (empty):", &r.booted);
-        out += &format!(
+        *out += &format!("  created in {:.1} s\n", r.create_time.as_secs_f64());
+        *out += &line("after create:", &r.created);
+        *out += &format!("  boot to ready: {} ms\n", r.boot_time.as_millis());
+        *out += &line("after restart (empty):", &r.booted);
+        *out += &format!(
             "  produced {} batches (every partition, round-robin) in {:.1} s, every ack checked\n",
             r.produces,
             r.produce_time.as_secs_f64()
         );
-        out += &line("after produce:", &r.produced);
+        *out += &line("after produce:", &r.produced);
         let missed = self.missed();
-        out += &if missed.is_empty() {
+        *out += &if missed.is_empty() {
             "  targets met: boot, RSS and disk within limits\n".to_owned()
         } else {
             format!("  TARGETS MISSED: {}\n", missed.join("; "))
         };
-        out
     }
 
+    /// The report's JSON fields for this run.
     pub fn json(&self) -> serde_json::Value {
         let r = &self.result;
         let fig =
             |f: &Figures| serde_json::json!({"rss_bytes": f.rss_bytes, "disk_bytes": f.disk_bytes});
-        let settings: serde_json::Map<String, serde_json::Value> = self
-            .settings
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), serde_json::Value::String(v.clone())))
-            .collect();
         serde_json::json!({
-            "jobname": "partitions",
-            "global options": settings,
             "create_ms": r.create_time.as_millis() as u64,
             "created": fig(&r.created),
             "boot_ms": r.boot_time.as_millis() as u64,
@@ -370,18 +358,6 @@ impl PartitionsReport {
             "produced": fig(&r.produced),
             "targets_missed": self.missed(),
         })
-    }
-}
-
-impl crate::report::JobReport for PartitionsReport {
-    fn text(&self) -> String {
-        PartitionsReport::text(self)
-    }
-    fn json(&self) -> serde_json::Value {
-        PartitionsReport::json(self)
-    }
-    fn series(&self) -> Vec<(String, &crate::stats::RunSummary)> {
-        Vec::new()
     }
 }
 
