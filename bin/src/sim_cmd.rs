@@ -41,6 +41,10 @@ pub struct SimArgs {
     /// crashes, rotations and refusals).
     #[arg(long)]
     transfers: bool,
+    /// The operator purges the partition now and then (the counts line
+    /// then shows purges, store purges and stale-generation refusals).
+    #[arg(long)]
+    purges: bool,
 }
 
 fn parse_replicas(s: &str) -> Result<u8, String> {
@@ -64,6 +68,7 @@ pub fn run(a: SimArgs) -> i32 {
             uncommitted_headroom_bytes: a.headroom_bytes,
             full_trace: a.full_trace,
             transfers: a.transfers,
+            purges: a.purges,
         };
         match sim::run(opts) {
             Ok(summary) => println!("{summary}"),

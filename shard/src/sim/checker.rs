@@ -208,14 +208,17 @@ impl Checker {
     }
 
     /// Guards against: a replica cutting an op that is committed (with the
-    /// committed checksum) from its log.
+    /// committed checksum) from its log. Ops an operator purge dropped
+    /// (through `purged_through`) are gone by intent: cutting them is not.
     pub fn on_truncate(
         &self,
         r: u8,
         cut_above: u64,
         held: &BTreeMap<u64, u64>,
+        purged_through: u64,
     ) -> Result<(), Violation> {
-        for (&op, &checksum) in held.range(cut_above + 1..) {
+        let from = cut_above.max(purged_through) + 1;
+        for (&op, &checksum) in held.range(from..) {
             if self.committed.get(&op) == Some(&checksum) {
                 let detail = format!(
                     "replica {r} cuts above op {cut_above}, losing committed op {op} ({checksum:#x})"

@@ -22,6 +22,9 @@ use super::{Counts, SimOptions};
 #[path = "transfer.rs"]
 mod transfer;
 pub use transfer::NodeXfer;
+#[path = "purge.rs"]
+mod purge;
+pub use purge::Purges;
 
 pub const CLUSTER_ID: u128 = 0x5eed_c1a5;
 /// Deliveries and storage completions per tick at most (the rest wait).
@@ -83,6 +86,9 @@ pub struct Cluster {
     uncommitted_headroom_bytes: u64,
     /// Retention and state transfer on ([`SimOptions::transfers`]).
     transfers: bool,
+    /// Operator purges on ([`SimOptions::purges`]).
+    purges: bool,
+    purge: Purges,
 }
 
 impl Cluster {
@@ -132,6 +138,8 @@ impl Cluster {
             io_ops_per_tick_max,
             uncommitted_headroom_bytes: opts.uncommitted_headroom_bytes,
             transfers: opts.transfers,
+            purges: opts.purges,
+            purge: Purges::default(),
         })
     }
 
@@ -175,6 +183,7 @@ impl Cluster {
     pub fn run_liveness(&mut self, ticks_max: u64) -> Result<u64, Violation> {
         self.rates = FaultRates::calm();
         self.net.heal();
+        self.purge.drop_request();
         for node in &mut self.nodes {
             node.disarm_crash();
             node.set_disk_faults(Default::default());
@@ -261,6 +270,9 @@ impl Cluster {
                     self.retain(r)?;
                 }
             }
+        }
+        if self.purges {
+            self.purge_tick(faults)?;
         }
         if chance(&mut self.rng, self.rates.append_per_mille) {
             self.client_append()?;
@@ -401,7 +413,8 @@ impl Cluster {
 
     fn power_off(&mut self, r: u8) -> Result<(), Violation> {
         self.client.in_flight.retain(|_, (to, _)| *to != r);
-        self.nodes[usize::from(r)].power_off()
+        self.nodes[usize::from(r)].power_off()?;
+        self.check_purged(r)
     }
 
     fn boot(&mut self, r: u8, faults: bool) -> Result<(), Violation> {
@@ -428,7 +441,7 @@ impl Cluster {
     }
 
     fn client_append(&mut self) -> Result<(), Violation> {
-        if self.client.in_flight.len() >= CLIENT_IN_FLIGHT_MAX {
+        if self.client.in_flight.len() >= CLIENT_IN_FLIGHT_MAX || self.purge.pauses_client() {
             return Ok(());
         }
         let mut to = self.client.believed_primary;
@@ -502,7 +515,8 @@ impl Cluster {
                     node.unwipe_asked = true;
                 }
                 if let StorageOp::TruncateAbove { op } = op {
-                    self.checker.on_truncate(r, op, &node.model)?;
+                    let purged = self.purge.purged_through(self.purge.generation());
+                    self.checker.on_truncate(r, op, &node.model, purged)?;
                     self.counts.truncations += 1;
                 }
                 node.pending.push_back(Queued::Io(id, op));
@@ -537,6 +551,7 @@ impl Cluster {
 
     fn send(&mut self, r: u8, to: u8, msg: Message) -> Result<(), Violation> {
         self.checker.on_send(r, &msg, &self.nodes[usize::from(r)])?;
+        self.check_sends_unpurged(r, &msg)?;
         if matches!(msg.body, Body::RequestPrepares(_)) {
             self.counts.repairs += 1;
         }
@@ -607,6 +622,7 @@ impl Cluster {
         // The store, not only the journal, holds the head durably and no
         // storage op is pending (a failing one could still fence).
         p.commit() >= acked_max
+            && self.purges_landed()
             && self.nodes.iter().all(|x| {
                 let normal = x.replica.as_ref().is_some_and(|r| {
                     r.status() == Status::Normal && r.view() == p.view() && r.commit() == p.op()
@@ -633,6 +649,7 @@ impl Cluster {
         // be on no store any more): compare what every store holds.
         let mut lo = 1;
         for i in 0..self.nodes.len() {
+            self.check_purged(i as u8)?;
             if self.nodes[i].is_up() {
                 lo = lo.max(self.nodes[i].op_held_min());
             }

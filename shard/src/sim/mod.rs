@@ -60,6 +60,8 @@ pub struct SimOptions {
     /// Retention retires committed segments and replicas catch up by
     /// state transfer (`sim/transfer.rs`).
     pub transfers: bool,
+    /// The operator purges the partition now and then (`sim/purge.rs`).
+    pub purges: bool,
 }
 
 /// 64 KiB segments rolling at 16 KiB once committed: runs cross rolls,
@@ -80,6 +82,7 @@ impl SimOptions {
             uncommitted_headroom_bytes: UNCOMMITTED_HEADROOM_BYTES_DEFAULT,
             full_trace: false,
             transfers: false,
+            purges: false,
         }
     }
 }
@@ -126,6 +129,20 @@ pub struct Counts {
     pub transfer_messages: u64,
     /// Acked ops below every store's log start (retired: not read back).
     pub acks_retired: u64,
+    /// Operator purges done (each through one op, on every replica).
+    pub purges: u64,
+    /// Purges given up: the group never went quiet within the wait.
+    pub purges_abandoned: u64,
+    /// Store purges (one per replica per purge generation it reached).
+    pub replica_purges: u64,
+    /// Store purges of a replica while it transferred (between attempts).
+    pub purges_transferring: u64,
+    /// Store purges refused while a leased snapshot pinned the store.
+    pub purges_pinned: u64,
+    /// Crashes during a store purge.
+    pub purge_crashes: u64,
+    /// Offers refused for a purge generation below the receiver's.
+    pub stale_generation_refusals: u64,
 }
 
 impl Counts {
@@ -170,6 +187,16 @@ impl Counts {
             ),
             (&mut self.transfer_messages, o.transfer_messages),
             (&mut self.acks_retired, o.acks_retired),
+            (&mut self.purges, o.purges),
+            (&mut self.purges_abandoned, o.purges_abandoned),
+            (&mut self.replica_purges, o.replica_purges),
+            (&mut self.purges_transferring, o.purges_transferring),
+            (&mut self.purges_pinned, o.purges_pinned),
+            (&mut self.purge_crashes, o.purge_crashes),
+            (
+                &mut self.stale_generation_refusals,
+                o.stale_generation_refusals,
+            ),
         ];
         for (sum, x) in pairs {
             *sum += x;
@@ -186,7 +213,9 @@ impl fmt::Display for Counts {
              read_faults {} truncations {} uncommitted_tail_full {} messages {} lost {} dup {} \
              partitions {} (asymmetric {}) clogs {} ops_read_back {} retired_segments {} \
              transfers {} offers_taken {} installs {} install_crashes {} rotations {} \
-             refusals {} attempts_failed {} transfer_messages {} acks_retired {}",
+             refusals {} attempts_failed {} transfer_messages {} acks_retired {} \
+             purges {} (abandoned {}) replica_purges {} (transferring {}) purges_pinned {} purge_crashes {} \
+             stale_generation_refusals {}",
             self.appends,
             self.acks,
             self.view_changes,
@@ -218,6 +247,13 @@ impl fmt::Display for Counts {
             self.transfer_attempts_failed,
             self.transfer_messages,
             self.acks_retired,
+            self.purges,
+            self.purges_abandoned,
+            self.replica_purges,
+            self.purges_transferring,
+            self.purges_pinned,
+            self.purge_crashes,
+            self.stale_generation_refusals,
         )
     }
 }

@@ -359,6 +359,27 @@ impl Node {
         held
     }
 
+    /// Whether the store holds any op at or below `op` (faults off).
+    pub fn holds_op_through(&mut self, op: u64) -> bool {
+        let Some(store) = self.store.as_mut() else {
+            return false;
+        };
+        let last_op = store.durable().last_op;
+        self.io.set_faults(DiskFaults::default());
+        let probe = StorageOp::ReadBatches {
+            op_min: 1,
+            op_max: op.max(1),
+        };
+        let held = match replica_io::execute(store, &mut self.io, &probe) {
+            Ok(IoOutcome::Evicted(e)) => e.op_held_min <= op.min(last_op),
+            Ok(IoOutcome::Batches(b)) => !b.is_empty(),
+            _ => false,
+        };
+        let faults = self.disk_faults.clone();
+        self.io.set_faults(faults);
+        held
+    }
+
     /// Reads every durable op `op_min..=op_max` back from the store
     /// (faults off).
     pub fn read_ops(&mut self, op_min: u64, op_max: u64) -> Result<Vec<Vec<u8>>, Violation> {

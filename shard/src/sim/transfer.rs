@@ -13,7 +13,7 @@ use crate::replica_io;
 use crate::transfer::{
     self, io::Installs, Budgets, Event as XEvent, Frontier, IoId as XIoId, Local, Message as XMsg,
     Outbox as XOutbox, Output as XOutput, Receiver, ReceiverConfig, ReceiverInput, Server,
-    ServerConfig, ServerInput, ServingState, TransferOp, Trigger,
+    ServerConfig, ServerInput, ServingState, Stale, TransferOp, Trigger,
 };
 use crate::vsr::{Replica, VsrState};
 use ringlog_storage::store::InstallBudget;
@@ -215,6 +215,9 @@ impl Cluster {
             match o {
                 XOutput::Send { to, msg } => self.send_transfer(r, to, &msg)?,
                 XOutput::Io { id, op } => {
+                    if let TransferOp::BeginInstall { manifest } = &op {
+                        self.check_offer_taken(r, manifest.purge_generation)?;
+                    }
                     let node = &mut self.nodes[usize::from(r)];
                     node.xfer.pending.push_back((rx, id, op));
                     if node.xfer.pending.len() > PENDING_IO_MAX {
@@ -248,7 +251,12 @@ impl Cluster {
     fn transfer_event(&mut self, r: u8, e: XEvent) -> Result<(), Violation> {
         match &e {
             XEvent::OfferTaken { .. } => self.counts.transfer_offers_taken += 1,
-            XEvent::OfferRefused { .. } => self.counts.transfer_refusals += 1,
+            XEvent::OfferRefused { why, .. } => {
+                self.counts.transfer_refusals += 1;
+                if matches!(why, Stale::PurgeGeneration { .. }) {
+                    self.counts.stale_generation_refusals += 1;
+                }
+            }
             XEvent::Rotated { .. } => self.counts.transfer_rotations += 1,
             XEvent::AttemptFailed { .. } => self.counts.transfer_attempts_failed += 1,
             _ => {}
@@ -313,7 +321,7 @@ impl Cluster {
             .map_err(|e| violation("replica config", e.to_string()))?;
         node.replica = Some(replica);
         self.checker.booted(r, 0);
-        Ok(())
+        self.check_purged(r)
     }
 
     /// Runs `r`'s oldest queued transfer op; true if there was one.
