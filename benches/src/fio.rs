@@ -114,7 +114,7 @@ impl AppendJob<'_> {
             "--direct=1".into(),
             "--fdatasync=1".into(),
             format!("--size={}", self.effective_size_bytes()),
-            format!("--runtime={}", self.runtime.as_secs().max(1)),
+            format!("--runtime={}", fio_time(self.runtime)),
             "--time_based=0".into(),
             // Percentiles for total (submit + completion) latency, not just clat.
             "--lat_percentiles=1".into(),
@@ -221,7 +221,7 @@ impl FetchJob<'_> {
             "--direct=1".into(),
             "--iodepth=1".into(),
             format!("--size={}", self.effective_size_bytes()),
-            format!("--runtime={}", self.runtime.as_secs().max(1)),
+            format!("--runtime={}", fio_time(self.runtime)),
         ];
         match self.io_bytes {
             Some(n) => {
@@ -231,7 +231,7 @@ impl FetchJob<'_> {
             None => args.push("--time_based=1".into()),
         }
         if !self.ramp.is_zero() {
-            args.push(format!("--ramp_time={}", self.ramp.as_secs().max(1)));
+            args.push(format!("--ramp_time={}", fio_time(self.ramp)));
         }
         args.push("--lat_percentiles=1".into());
         args.push("--output-format=json".into());
@@ -345,6 +345,17 @@ pub fn layout(file: &Path, size_bytes: u64) -> Result<u64, FioError> {
     let args = layout_args(file, size_bytes)?;
     run_fio(&args)?;
     Ok(layout_size_bytes(size_bytes))
+}
+
+/// A time option's value as fio reads it: whole seconds bare (fio's default
+/// unit), else milliseconds; at least 1 ms (fio takes 0 as "no limit").
+fn fio_time(d: Duration) -> String {
+    let ms = d.as_millis().max(1);
+    if ms.is_multiple_of(1000) {
+        format!("{}", ms / 1000)
+    } else {
+        format!("{ms}ms")
+    }
 }
 
 /// `fio ARGS...` as one shell-pasteable line.
@@ -708,6 +719,19 @@ mod tests {
             ..job
         };
         assert_eq!(odd.effective_size_bytes(), (100 << 20) + (64 << 10));
+        let short = AppendJob {
+            runtime: Duration::from_millis(1500),
+            ..job.clone()
+        };
+        assert!(short
+            .args()
+            .unwrap()
+            .contains(&"--runtime=1500ms".to_owned()));
+        assert_eq!(
+            fio_time(Duration::ZERO),
+            "1ms",
+            "0 would mean no limit to fio"
+        );
         assert_eq!(layout_size_bytes((100 << 20) + 1), 101 << 20);
         assert_eq!(
             filename_arg(Path::new("/a:b/f")).unwrap(),

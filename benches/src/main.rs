@@ -53,7 +53,7 @@ use crate::jobs::server::ServerError;
 use crate::jobs::transfer::{Source, TransferConfig, TransferJobError, TransferResult};
 use crate::report::{Comparison, JobReport, Report, APPEND_VS_FIO, FETCH_VS_FIO, TRANSFER_VS_FIO};
 use crate::server_bench::{consume_report, partitions_report, produce_report};
-use crate::size::{parse_size, Bytes};
+use crate::size::{parse_duration, parse_positive_duration, parse_size, Bytes, Secs};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -230,16 +230,18 @@ struct FetchArgs {
     /// Offsets read: seq or rand.
     #[arg(long, value_enum, default_value_t = ReadPattern::Seq)]
     pattern: ReadPattern,
-    /// Seconds per run (ringlog and fio each).
-    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
-    duration: u64,
+    /// Length of each run, ringlog and fio each (5s, 500ms, 2m; a bare
+    /// number is seconds).
+    #[arg(long, default_value = "10", value_parser = parse_positive_duration)]
+    duration: Duration,
     /// Stop a run after reading this many bytes, if that comes before
     /// --duration (fio's io_size).
     #[arg(long, value_parser = parse_size)]
     io_size: Option<u64>,
-    /// Seconds of un-timed reads before each timed run (fio's ramp_time).
-    #[arg(long, default_value_t = 0)]
-    ramp_time: u64,
+    /// Un-timed reads before each timed run (fio's ramp_time; units as for
+    /// --duration).
+    #[arg(long, default_value = "0", value_parser = parse_duration)]
+    ramp_time: Duration,
     /// Also run the equivalent fio job and report ringlog/fio ratios.
     #[arg(long)]
     vs_fio: bool,
@@ -275,9 +277,10 @@ struct AppendArgs {
     /// Partitions appended to in each group commit.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=4096))]
     partitions: u32,
-    /// Seconds per run (ringlog and fio each).
-    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
-    duration: u64,
+    /// Length of each run, ringlog and fio each (5s, 500ms, 2m; a bare
+    /// number is seconds).
+    #[arg(long, default_value = "10", value_parser = parse_positive_duration)]
+    duration: Duration,
     /// Stop a ringlog run after this many bytes (over all partitions) if that
     /// comes before --duration. fio writes the same amount (at least 64 MiB).
     #[arg(long, value_parser = parse_size)]
@@ -294,11 +297,11 @@ struct AppendArgs {
     /// every timed segment a recycled (already written) file.
     #[arg(long, default_value = "0", value_parser = parse_size)]
     warmup: u64,
-    /// Seconds of un-timed appends (after --warmup) before each timed
-    /// ringlog run (fio's ramp_time; fio's append overwrites a laid-out
-    /// file and runs without one).
-    #[arg(long, default_value_t = 0)]
-    ramp_time: u64,
+    /// Un-timed appends (after --warmup) before each timed ringlog run
+    /// (fio's ramp_time, units as for --duration; fio's append overwrites a
+    /// laid-out file and runs without one).
+    #[arg(long, default_value = "0", value_parser = parse_duration)]
+    ramp_time: Duration,
 }
 
 #[derive(Debug, clap::Args)]
@@ -378,9 +381,10 @@ impl ServerClientArgs {
 struct ProduceArgs {
     #[command(flatten)]
     common: ServerClientArgs,
-    /// Seconds per run (produce and append each).
-    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
-    duration: u64,
+    /// Length of each run, produce and append each (5s, 500ms, 2m; a bare
+    /// number is seconds).
+    #[arg(long, default_value = "10", value_parser = parse_positive_duration)]
+    duration: Duration,
     /// Stop a run after this many bytes (over all connections) if that comes
     /// before --duration.
     #[arg(long, value_parser = parse_size)]
@@ -573,12 +577,12 @@ fn append_report(args: &AppendArgs) -> Result<Report<AppendResult, FioResult>, B
         partitions: args.partitions,
         batch_size: to_usize("--batch-size", args.batch.batch_size)?,
         record_size: to_usize("--record-size", args.batch.record_size)?,
-        duration: Duration::from_secs(args.duration),
+        duration: args.duration,
         total_bytes: args.size,
         segment_size: args.segment_size,
         retention_bytes: args.retention,
         warmup_bytes: args.warmup,
-        ramp: Duration::from_secs(args.ramp_time),
+        ramp: args.ramp_time,
     };
     let fio_file = FioFile::new(dir.join("fio.dat"));
     let mut paths: Vec<PathBuf> = (0..cfg.partitions).map(|p| cfg.partition_dir(p)).collect();
@@ -638,7 +642,7 @@ impl Job for AppendJob<'_> {
             ("batch_size", Bytes(args.batch.batch_size).to_string()),
             ("record_size", Bytes(args.batch.record_size).to_string()),
             ("segment_size", Bytes(args.segment_size).to_string()),
-            ("duration", format!("{}s", args.duration)),
+            ("duration", Secs(args.duration).to_string()),
         ];
         if let Some(size) = args.size {
             settings.push(("size", Bytes(size).to_string()));
@@ -649,8 +653,8 @@ impl Job for AppendJob<'_> {
         if args.warmup > 0 {
             settings.push(("warmup", Bytes(args.warmup).to_string()));
         }
-        if args.ramp_time > 0 {
-            settings.push(("ramp_time", format!("{}s", args.ramp_time)));
+        if !args.ramp_time.is_zero() {
+            settings.push(("ramp_time", Secs(args.ramp_time).to_string()));
         }
         settings.push(("reps", args.rep.reps.to_string()));
         let mut notes = Vec::new();
@@ -870,9 +874,9 @@ fn fetch_report(args: &FetchArgs) -> Result<Report<FetchResult, FioFetchResult>,
             ReadPattern::Seq => Pattern::Sequential,
             ReadPattern::Rand => Pattern::Random,
         },
-        duration: Duration::from_secs(args.duration),
+        duration: args.duration,
         read_total_bytes: args.io_size,
-        ramp: Duration::from_secs(args.ramp_time),
+        ramp: args.ramp_time,
         seed: 0x5EED,
     };
     let fio_file = FioFile::new(dir.join("fio-fetch.dat"));
@@ -952,13 +956,13 @@ impl Job for FetchJob<'_> {
             ("segment_size", Bytes(args.segment_size).to_string()),
             ("read_size", Bytes(args.read_size).to_string()),
             ("pattern", format!("{:?}", args.pattern).to_lowercase()),
-            ("duration", format!("{}s", args.duration)),
+            ("duration", Secs(args.duration).to_string()),
         ];
         if let Some(n) = args.io_size {
             settings.push(("io_size", Bytes(n).to_string()));
         }
-        if args.ramp_time > 0 {
-            settings.push(("ramp_time", format!("{}s", args.ramp_time)));
+        if !args.ramp_time.is_zero() {
+            settings.push(("ramp_time", Secs(args.ramp_time).to_string()));
         }
         settings.push(("reps", args.rep.reps.to_string()));
         let mut notes = vec![
@@ -1002,7 +1006,7 @@ mod tests {
         assert_eq!(a.partitions, 1);
         assert_eq!(a.batch.batch_size, 64 << 10);
         assert_eq!(a.batch.record_size, 1 << 10);
-        assert_eq!(a.duration, 10);
+        assert_eq!(a.duration, Duration::from_secs(10));
         assert_eq!(a.size, None);
         assert_eq!(a.segment_size, 256 << 20);
         assert!(!a.fio.vs_fio && !a.data.keep);
@@ -1024,6 +1028,14 @@ mod tests {
             .to_string();
         assert!(err.contains("unknown suffix"), "{err}");
         assert!(Cli::try_parse_from(["ringlog-bench", "append", "--partitions", "0"]).is_err());
+        for bad in ["0", "0s", "5x", "1.5s"] {
+            let argv = ["ringlog-bench", "append", "--duration", bad];
+            let err = Cli::try_parse_from(argv).unwrap_err().to_string();
+            assert!(err.contains("duration"), "{bad}: {err}");
+        }
+        let a = append("append --duration 500ms --ramp-time 2m");
+        assert_eq!(a.duration, Duration::from_millis(500));
+        assert_eq!(a.ramp_time, Duration::from_secs(120));
     }
 
     /// End to end on the real disk: ringlog append, fio layout and fio run,
@@ -1140,11 +1152,12 @@ mod tests {
         assert_eq!(f.batch.batch_size, 64 << 10);
         assert_eq!(f.read_size, 1 << 20);
         assert_eq!(f.pattern, ReadPattern::Seq);
-        assert_eq!(f.ramp_time, 0);
+        assert!(f.ramp_time.is_zero());
         assert!(!f.vs_fio);
-        let f = fetch("fetch --pattern rand --ramp-time 2 --io-size 1g");
+        let f = fetch("fetch --pattern rand --ramp-time 2 --io-size 1g --duration 1500ms");
         assert_eq!(f.pattern, ReadPattern::Rand);
-        assert_eq!(f.ramp_time, 2);
+        assert_eq!(f.ramp_time, Duration::from_secs(2));
+        assert_eq!(f.duration, Duration::from_millis(1500));
         assert_eq!(f.io_size, Some(1 << 30));
     }
 
@@ -1154,7 +1167,7 @@ mod tests {
     fn fetch_vs_fio_smoke() {
         let (_tmp, dir) = data_dir();
         let args = fetch(&format!(
-            "fetch --dir {} --size 8m --segment-size 4m --read-size 256k --duration 1 \
+            "fetch --dir {} --size 8m --segment-size 4m --read-size 256k --duration 1s \
              --io-size 32m --vs-fio --reps 2",
             dir.display()
         ));
@@ -1194,13 +1207,16 @@ mod tests {
 
         let args = fetch(&format!(
             "fetch --dir {} --size 4m --segment-size 1m --batch-size 16k --read-size 64k \
-             --pattern rand --duration 1 --ramp-time 1",
+             --pattern rand --duration 700ms --ramp-time 300ms",
             dir.display()
         ));
         let report = fetch_report(&args).unwrap_or_else(|e| panic!("{e}"));
         let r = &report.reps[0].ours;
         assert!(r.summary.ios > 0 && r.empty_reads == 0);
-        assert!(report.text().contains("pattern=rand"));
+        assert_has(
+            &report.text(),
+            &["pattern=rand", "duration=700ms ramp_time=300ms"],
+        );
         assert!(report.ratios().is_none());
         assert!(!dir.exists());
     }

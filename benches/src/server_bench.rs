@@ -11,7 +11,7 @@ use crate::jobs::partitions::{self, PartitionsConfig, PartitionsOutcome, Targets
 use crate::jobs::produce::{self, ProduceConfig, ProduceResult};
 use crate::jobs::server::{self, ServerProcess};
 use crate::report::{Comparison, Never, Report, FETCH_LAT_NOTE, PRODUCE_VS_APPEND};
-use crate::size::Bytes;
+use crate::size::{Bytes, Secs};
 use crate::{
     fs_err, to_usize, BenchError, ConsumeArgs, PartitionsArgs, ProduceArgs, ServerClientArgs,
     STARTED,
@@ -170,7 +170,7 @@ pub(crate) fn produce_report(
     args: &ProduceArgs,
 ) -> Result<Report<ProduceResult, AppendResult>, BenchError> {
     let a = &args.common;
-    let cfg = produce_config(a, Duration::from_secs(args.duration), args.size)?;
+    let cfg = produce_config(a, args.duration, args.size)?;
     let append_cfg = args.vs_append.then(|| AppendConfig {
         dir: a.data.dir.join("append"),
         partitions: a.connections,
@@ -255,7 +255,7 @@ impl Job for ProduceJob<'_> {
     fn header(&self) -> Header {
         let (args, a) = (self.args, &self.args.common);
         let mut settings = common_settings(a);
-        settings.push(("duration", format!("{}s", args.duration)));
+        settings.push(("duration", Secs(args.duration).to_string()));
         if let Some(size) = args.size {
             settings.push(("size", Bytes(size).to_string()));
         }
@@ -515,9 +515,11 @@ mod tests {
         assert_eq!(a.common.partitions(), 1);
         assert_eq!(a.common.batch.batch_size, 64 << 10);
         assert_eq!(a.common.topic, "bench");
-        assert_eq!(a.duration, 10);
+        assert_eq!(a.duration, Duration::from_secs(10));
         assert!(!a.vs_append);
-        assert_eq!(produce("produce --connections 3").common.partitions(), 3);
+        let a = produce("produce --connections 3 --duration 2m");
+        assert_eq!(a.common.partitions(), 3);
+        assert_eq!(a.duration, Duration::from_secs(120));
         let argv = "ringlog-bench produce --addr 127.0.0.1:1 --server-bin x";
         assert!(Cli::try_parse_from(argv.split(' ')).is_err());
         let c = consume("consume --fetch-bytes 256k");

@@ -1,9 +1,13 @@
-//! Byte sizes on the command line: `4096`, `64k`, `1m`, `1g`, `256MiB`.
+//! Byte sizes on the command line: `4096`, `64k`, `1m`, `1g`, `256MiB`;
+//! and durations: `10` (seconds), `5s`, `500ms`, `2m`.
 //!
-//! Suffixes are binary (k = 1024), as in fio with its default `kb_base`, so
-//! `--batch-size 64k` here and `--bs=64k` in fio mean the same bytes.
+//! Size suffixes are binary (k = 1024), as in fio with its default
+//! `kb_base`, so `--batch-size 64k` here and `--bs=64k` in fio mean the same
+//! bytes. Durations take fio's time suffixes; a bare number is seconds, as
+//! in fio's `runtime`.
 
 use std::fmt;
+use std::time::Duration;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SizeError {
@@ -75,6 +79,74 @@ impl fmt::Display for Bytes {
     }
 }
 
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DurationError {
+    #[error(
+        "invalid duration {input:?}: expected a whole number with an optional unit \
+         (us, ms, s, m, h), e.g. 5s or 500ms; a bare number is seconds"
+    )]
+    Bad { input: String },
+    #[error("duration {input:?} is too long")]
+    Overflow { input: String },
+    #[error("duration {input:?} must be positive")]
+    Zero { input: String },
+}
+
+/// Parses a duration: a whole number and an optional unit (`us`, `ms`, `s`,
+/// `m`, `h`; any case); a bare number is seconds.
+pub fn parse_duration(input: &str) -> Result<Duration, DurationError> {
+    let bad = || DurationError::Bad {
+        input: input.to_owned(),
+    };
+    let trimmed = input.trim();
+    let digits_end = trimmed
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(trimmed.len());
+    let (digits, unit) = trimmed.split_at(digits_end);
+    let n: u64 = digits.parse().map_err(|_| bad())?;
+    let us_per_unit: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "us" => 1,
+        "ms" => 1_000,
+        "" | "s" => 1_000_000,
+        "m" => 60_000_000,
+        "h" => 3_600_000_000,
+        _ => return Err(bad()),
+    };
+    n.checked_mul(us_per_unit)
+        .map(Duration::from_micros)
+        .ok_or_else(|| DurationError::Overflow {
+            input: input.to_owned(),
+        })
+}
+
+/// [`parse_duration`], refusing zero: for run lengths.
+pub fn parse_positive_duration(input: &str) -> Result<Duration, DurationError> {
+    match parse_duration(input)? {
+        d if d.is_zero() => Err(DurationError::Zero {
+            input: input.to_owned(),
+        }),
+        d => Ok(d),
+    }
+}
+
+/// A duration printed in its largest whole unit of s, ms, us: `5s`,
+/// `500ms`; the way it is given on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Secs(pub Duration);
+
+impl fmt::Display for Secs {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let us = self.0.as_micros();
+        if us.is_multiple_of(1_000_000) {
+            write!(f, "{}s", us / 1_000_000)
+        } else if us.is_multiple_of(1_000) {
+            write!(f, "{}ms", us / 1_000)
+        } else {
+            write!(f, "{us}us")
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -128,5 +200,32 @@ mod tests {
         assert_eq!(Bytes(256 << 20).to_string(), "256MiB");
         assert_eq!(Bytes(1000).to_string(), "1000B");
         assert_eq!(Bytes(1536).to_string(), "1536B");
+    }
+
+    #[test]
+    fn durations_take_units_and_bare_numbers_are_seconds() {
+        let d = |s: &str| parse_duration(s).unwrap();
+        assert_eq!(d("10"), Duration::from_secs(10));
+        assert_eq!(d("5s"), Duration::from_secs(5));
+        assert_eq!(d("500ms"), Duration::from_millis(500));
+        assert_eq!(d("2m"), Duration::from_secs(120));
+        assert_eq!(d("1h"), Duration::from_secs(3600));
+        assert_eq!(d("250us"), Duration::from_micros(250));
+        assert_eq!(d(" 3S "), Duration::from_secs(3));
+        assert_eq!(d("0"), Duration::ZERO);
+        for bad in ["", "s", "1.5s", "-1", "5x", "5 sec", "1d"] {
+            let err = parse_duration(bad).unwrap_err();
+            assert!(matches!(err, DurationError::Bad { .. }), "{bad}: {err}");
+            assert!(err.to_string().contains("bare number is seconds"));
+        }
+        let huge = parse_duration("99999999999999h").unwrap_err();
+        assert!(matches!(huge, DurationError::Overflow { .. }));
+        assert!(matches!(
+            parse_positive_duration("0ms"),
+            Err(DurationError::Zero { .. })
+        ));
+        assert_eq!(Secs(d("2m")).to_string(), "120s");
+        assert_eq!(Secs(d("500ms")).to_string(), "500ms");
+        assert_eq!(Secs(d("1500us")).to_string(), "1500us");
     }
 }
