@@ -10,11 +10,13 @@ use ringlog_shard::vsr::planted::{self, Plant};
 const SEEDS_MAX: u64 = 500;
 
 /// The first seed (of 0..SEEDS_MAX) that fails with `plant` on, and the
-/// check that failed.
-fn caught(plant: Plant) -> Option<(u64, &'static str)> {
+/// check that failed; `shape` sets the runs' options.
+fn caught(plant: Plant, shape: fn(&mut SimOptions)) -> Option<(u64, &'static str)> {
     planted::set(Some(plant));
     let found = (0..SEEDS_MAX).find_map(|seed| {
-        let failure = sim::run(SimOptions::new(seed)).err()?;
+        let mut opts = SimOptions::new(seed);
+        shape(&mut opts);
+        let failure = sim::run(opts).err()?;
         Some((seed, failure.check))
     });
     planted::set(None);
@@ -22,7 +24,11 @@ fn caught(plant: Plant) -> Option<(u64, &'static str)> {
 }
 
 fn assert_caught(plant: Plant, checks: &[&str]) {
-    let Some((seed, check)) = caught(plant) else {
+    assert_caught_with(plant, checks, |_| {});
+}
+
+fn assert_caught_with(plant: Plant, checks: &[&str], shape: fn(&mut SimOptions)) {
+    let Some((seed, check)) = caught(plant, shape) else {
         panic!("{plant:?} not caught within {SEEDS_MAX} seeds");
     };
     eprintln!(
@@ -64,6 +70,21 @@ fn truncation_below_commit_is_caught() {
     );
 }
 
+/// Runs with retention, state transfer and operator purges on (as the
+/// transfer batch in tests/sim.rs): a stale pre-purge offer reaches a
+/// purged receiver only there.
+#[test]
+fn install_ignoring_the_purge_generation_is_caught() {
+    assert_caught_with(
+        Plant::InstallIgnoresPurgeGeneration,
+        &["stale pre-purge offers refused"],
+        |o| {
+            o.transfers = true;
+            o.purges = true;
+        },
+    );
+}
+
 /// The plants are off unless set: the same seeds pass without them.
 #[test]
 fn without_a_plant_the_seeds_pass() {
@@ -71,5 +92,5 @@ fn without_a_plant_the_seeds_pass() {
     for seed in 0..20 {
         sim::run(SimOptions::new(seed)).unwrap_or_else(|f| panic!("{f}"));
     }
-    assert_eq!(planted::ALL.len(), 4);
+    assert_eq!(planted::ALL.len(), 5);
 }

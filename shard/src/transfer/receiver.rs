@@ -470,7 +470,16 @@ impl Receiver {
             (m.next_offset, ours.frontier.next_offset, 2),
             (u64::from(m.view), u64::from(ours.view), 3),
         ];
-        if let Some(&(offered, ours, which)) = below.iter().find(|(o, ours, _)| o < ours) {
+        #[cfg(feature = "planted-bugs")]
+        let purge_unchecked =
+            crate::vsr::planted::active(crate::vsr::planted::Plant::InstallIgnoresPurgeGeneration);
+        #[cfg(not(feature = "planted-bugs"))]
+        let purge_unchecked = false;
+        let skipped = |which: usize| which == 0 && purge_unchecked;
+        if let Some(&(offered, ours, which)) = below
+            .iter()
+            .find(|&&(o, ours, which)| o < ours && !skipped(which))
+        {
             return Err(match which {
                 0 => Stale::PurgeGeneration { offered, ours },
                 1 => Stale::Commit { offered, ours },

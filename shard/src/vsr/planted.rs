@@ -16,13 +16,17 @@ pub enum Plant {
     DuplicatePrepareOkCounted,
     /// A cut of the log goes one op below the commit.
     TruncateBelowCommit,
+    /// The transfer receiver takes an offer without comparing its purge
+    /// generation with its own (`transfer::Receiver::check_offer`).
+    InstallIgnoresPurgeGeneration,
 }
 
-pub const ALL: [Plant; 4] = [
+pub const ALL: [Plant; 5] = [
     Plant::AckBeforeFsync,
     Plant::LogViewNotPersistedBeforeDoViewChange,
     Plant::DuplicatePrepareOkCounted,
     Plant::TruncateBelowCommit,
+    Plant::InstallIgnoresPurgeGeneration,
 ];
 
 thread_local! {
