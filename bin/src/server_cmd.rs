@@ -24,6 +24,10 @@ pub struct ServerArgs {
     /// Client listen address [default: 127.0.0.1:7420].
     #[arg(long)]
     listen: Option<String>,
+    /// Serve Prometheus `GET /metrics` on this address, e.g.
+    /// 127.0.0.1:9420 [default: off].
+    #[arg(long)]
+    metrics_addr: Option<String>,
     /// Shard threads (0: one per core).
     #[arg(long)]
     shards: Option<String>,
@@ -63,6 +67,7 @@ impl ServerArgs {
         let named = [
             ("data_dir", &self.data_dir),
             ("listen", &self.listen),
+            ("metrics_addr", &self.metrics_addr),
             ("shards", &self.shards),
             ("control_socket", &self.control_socket),
             ("segment_size_bytes", &self.segment_size_bytes),
@@ -74,7 +79,10 @@ impl ServerArgs {
         ];
         for (key, value) in named {
             if let Some(v) = value {
-                let v = if matches!(key, "data_dir" | "listen" | "control_socket") {
+                let v = if matches!(
+                    key,
+                    "data_dir" | "listen" | "metrics_addr" | "control_socket"
+                ) {
                     // Paths and addresses are strings whatever they look like.
                     format!("{v:?}")
                 } else {
@@ -267,8 +275,11 @@ pub fn run(args: ServerArgs) -> i32 {
             return 1;
         }
     };
+    let metrics = running
+        .metrics_addr
+        .map_or_else(String::new, |a| format!(" metrics={a}"));
     println!(
-        "ringlog ready client={} control={}",
+        "ringlog ready client={} control={}{metrics}",
         running.client_addr,
         running.control_socket.display()
     );

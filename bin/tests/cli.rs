@@ -122,7 +122,7 @@ fn server_with_no_arguments_round_trips_lines() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("FRONTIER") && text.contains("250"), "{text}");
     let out = run(cwd, &["ctl", "metrics"], None);
-    assert!(String::from_utf8_lossy(&out.stdout).contains("ringlog_fsync_latency_us_bucket"));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("ringlog_fsync_duration_seconds_bucket"));
 
     let out = run(cwd, &["ctl", "shutdown"], None);
     assert!(out.status.success());

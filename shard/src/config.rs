@@ -18,6 +18,9 @@ pub struct ServerConfig {
     pub data_dir: PathBuf,
     /// Client protocol address (host:port; port 0 picks a free port).
     pub listen: String,
+    /// `GET /metrics` (Prometheus text) over HTTP on this address
+    /// (host:port; port 0 picks a free port); empty = off.
+    pub metrics_addr: String,
     /// Shard threads; 0 = one per available core.
     pub shards: usize,
     /// Pin each shard thread to a core (core_affinity).
@@ -89,6 +92,7 @@ impl Default for ServerConfig {
         Self {
             data_dir: PathBuf::from("./data"),
             listen: "127.0.0.1:7420".into(),
+            metrics_addr: String::new(),
             shards: 0,
             pin_cores: true,
             control_socket: PathBuf::new(),
@@ -269,6 +273,17 @@ impl ServerConfig {
                 format!("{:?} is not an address like 127.0.0.1:7420", self.listen),
             ));
         }
+        if !self.metrics_addr.is_empty()
+            && self.metrics_addr.parse::<std::net::SocketAddr>().is_err()
+        {
+            return Err((
+                "metrics_addr",
+                format!(
+                    "{:?} is not an address like 127.0.0.1:9420 (empty: off)",
+                    self.metrics_addr
+                ),
+            ));
+        }
         if self.frame_bytes_max < 4096
             || self.frame_bytes_max > ringlog_protocol::wire::FRAME_BYTES_MAX
         {
@@ -431,6 +446,7 @@ mod tests {
             ("segment_size_bytes = 1000\n", "segment_size_bytes"),
             ("mailbox_capacity = 0\n", "mailbox_capacity"),
             ("listen = \"nope\"\n", "listen"),
+            ("metrics_addr = \"localhost\"\n", "metrics_addr"),
             (
                 "shard_request_bytes_max = 4096\n",
                 "shard_request_bytes_max",

@@ -1,18 +1,24 @@
 //! Per-shard counters and histograms, written by the owning shard (relaxed
-//! atomics, no locks) and rendered as Prometheus text for the control socket.
+//! atomics, no locks, nothing allocated), and their Prometheus text
+//! exposition (format 0.0.4), encoded only at scrape time with the
+//! `prometheus-client` crate for the control socket and `GET /metrics`.
+//!
+//! Names follow the Prometheus conventions: base units (`_seconds`,
+//! `_bytes`; histograms record microseconds and are exported in seconds),
+//! `_total` on counters and only there, one HELP and one TYPE per family.
 
-use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, NoLabelSet};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
 
 use crate::mailbox::MailboxTx;
 
-type CounterRow = (&'static str, &'static str, fn(&ShardMetrics) -> &AtomicU64);
-type GaugeRow = (
-    &'static str,
-    &'static str,
-    fn(&ShardMetrics, &MailboxTx) -> u64,
-);
-type HistRow = (&'static str, &'static str, fn(&ShardMetrics) -> &Histogram);
+/// The `Content-Type` of what [`render`] returns.
+pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
 
 /// A fixed-bucket histogram (Prometheus semantics: cumulative `le` buckets).
 #[derive(Debug)]
@@ -28,11 +34,17 @@ pub struct Histogram {
 pub const FSYNC_US_BOUNDS: &[u64] = &[
     50, 100, 200, 300, 500, 750, 1_000, 2_000, 5_000, 10_000, 25_000, 50_000, 100_000,
 ];
+/// Request latency buckets (produce, fetch), microseconds: 50 µs to 10 s.
+pub const REQUEST_US_BOUNDS: &[u64] = &[
+    50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000,
+    1_000_000, 2_500_000, 5_000_000, 10_000_000,
+];
 /// Appends per group commit.
 pub const GROUP_BOUNDS: &[u64] = &[1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024];
 
 impl Histogram {
     pub fn new(bounds: &'static [u64]) -> Histogram {
+        debug_assert!(bounds.windows(2).all(|w| w[0] < w[1]), "bounds ascend");
         Histogram {
             bounds,
             buckets: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
@@ -54,20 +66,24 @@ impl Histogram {
         self.count.load(Ordering::Relaxed)
     }
 
-    fn render(&self, out: &mut String, name: &str, labels: &str) {
-        let mut cumulative = 0;
-        for (i, bound) in self.bounds.iter().enumerate() {
-            cumulative += self.buckets[i].load(Ordering::Relaxed);
-            let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{bound}\"}} {cumulative}");
+    /// (upper bound / `divisor`, observations in that bucket alone), +Inf
+    /// last; the sum / `divisor`; the count (the buckets' total, so that
+    /// the +Inf bucket and `_count` agree under concurrent recording).
+    /// Dividing (not multiplying by 1e-6) keeps 50 µs exactly `5e-05`.
+    fn snapshot(&self, divisor: f64) -> (Vec<(f64, u64)>, f64, u64) {
+        let mut buckets = Vec::with_capacity(self.buckets.len());
+        let mut count = 0;
+        for (i, b) in self.buckets.iter().enumerate() {
+            let n = b.load(Ordering::Relaxed);
+            count += n;
+            let bound = self
+                .bounds
+                .get(i)
+                .map_or(f64::INFINITY, |&b| b as f64 / divisor);
+            buckets.push((bound, n));
         }
-        cumulative += self.buckets[self.bounds.len()].load(Ordering::Relaxed);
-        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {cumulative}");
-        let _ = writeln!(
-            out,
-            "{name}_sum{{{labels}}} {}",
-            self.sum.load(Ordering::Relaxed)
-        );
-        let _ = writeln!(out, "{name}_count{{{labels}}} {cumulative}");
+        let sum = self.sum.load(Ordering::Relaxed) as f64 / divisor;
+        (buckets, sum, count)
     }
 }
 
@@ -79,6 +95,10 @@ pub struct ShardMetrics {
     pub fsyncs_total: AtomicU64,
     pub fsync_latency_us: Histogram,
     pub group_commit_appends: Histogram,
+    /// Produce requests, from decoded to reply ready (durable or failed).
+    pub produce_latency_us: Histogram,
+    /// Fetch requests, from decoded to reply ready (long-poll wait included).
+    pub fetch_latency_us: Histogram,
     pub fetches_total: AtomicU64,
     pub fetch_bytes_total: AtomicU64,
     pub forwards_total: AtomicU64,
@@ -103,6 +123,8 @@ impl Default for ShardMetrics {
             fsyncs_total: AtomicU64::new(0),
             fsync_latency_us: Histogram::new(FSYNC_US_BOUNDS),
             group_commit_appends: Histogram::new(GROUP_BOUNDS),
+            produce_latency_us: Histogram::new(REQUEST_US_BOUNDS),
+            fetch_latency_us: Histogram::new(REQUEST_US_BOUNDS),
             fetches_total: AtomicU64::new(0),
             fetch_bytes_total: AtomicU64::new(0),
             forwards_total: AtomicU64::new(0),
@@ -128,166 +150,527 @@ pub fn add(c: &AtomicU64, n: u64) {
     c.fetch_add(n, Ordering::Relaxed);
 }
 
-/// Renders every shard's metrics as Prometheus text exposition.
-pub fn render(shards: &[(&ShardMetrics, &MailboxTx)], uptime_s: u64) -> String {
+/// A shard's mailbox figures, read when the scrape starts.
+#[derive(Clone, Debug)]
+pub struct MailboxFigures {
+    pub depth: u64,
+    pub capacity: u64,
+    pub rejected: u64,
+}
+
+impl MailboxFigures {
+    pub fn of(tx: &MailboxTx) -> MailboxFigures {
+        MailboxFigures {
+            depth: tx.depth() as u64,
+            capacity: tx.capacity() as u64,
+            rejected: tx.stats().rejected.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// One partition's figures, as its shard reported them for this scrape.
+#[derive(Clone, Debug)]
+pub struct PartitionFigures {
+    pub topic: String,
+    pub partition: u32,
+    pub log_start_offset: u64,
+    pub frontier: u64,
+    pub commit: u64,
+    pub size_bytes: u64,
+    pub faulted: bool,
+}
+
+/// Everything one scrape shows.
+#[derive(Debug)]
+pub struct Scrape {
+    pub shards: Vec<(Arc<ShardMetrics>, MailboxFigures)>,
+    pub partitions: Vec<PartitionFigures>,
+    pub uptime_s: u64,
+}
+
+/// Renders `scrape` and the process figures as Prometheus text (0.0.4).
+pub fn render(scrape: Scrape) -> String {
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(scrape));
     let mut out = String::new();
-    let counters: &[CounterRow] = &[
-        ("ringlog_appends_total", "Batches appended", |m| {
-            &m.appends_total
-        }),
-        ("ringlog_append_bytes_total", "Bytes appended", |m| {
-            &m.append_bytes_total
-        }),
-        (
-            "ringlog_append_errors_total",
-            "Appends rejected or failed",
-            |m| &m.append_errors_total,
-        ),
-        (
-            "ringlog_fsyncs_total",
-            "Group commits (one fdatasync per touched partition)",
-            |m| &m.fsyncs_total,
-        ),
-        ("ringlog_fetches_total", "Fetches served", |m| {
-            &m.fetches_total
-        }),
-        ("ringlog_fetch_bytes_total", "Bytes fetched", |m| {
-            &m.fetch_bytes_total
-        }),
-        (
-            "ringlog_forwards_total",
-            "Requests forwarded to another shard",
-            |m| &m.forwards_total,
-        ),
-        (
-            "ringlog_backpressure_total",
-            "Requests refused with Backpressure",
-            |m| &m.backpressure_total,
-        ),
-        (
-            "ringlog_connections_total",
-            "Client connections accepted",
-            |m| &m.connections_total,
-        ),
-        (
-            "ringlog_connections_refused_total",
-            "Client connections refused (limit)",
-            |m| &m.connections_refused_total,
-        ),
-        ("ringlog_bad_frames_total", "Client frames rejected", |m| {
-            &m.bad_frames_total
-        }),
-        (
-            "ringlog_parked_total",
-            "Requests held until their partition's flush in flight completed",
-            |m| &m.parked_total,
-        ),
-        (
-            "ringlog_idle_timeouts_total",
-            "Client connections closed after idle_timeout_ms without a request",
-            |m| &m.idle_timeouts_total,
-        ),
-        (
-            "ringlog_header_timeouts_total",
-            "Client connections closed because a started frame stalled (header_timeout_ms)",
-            |m| &m.header_timeouts_total,
-        ),
-        (
-            "ringlog_over_budget_total",
-            "Requests refused with Backpressure over shard_request_bytes_max",
-            |m| &m.over_budget_total,
-        ),
-        (
-            "ringlog_write_timeouts_total",
-            "Client connections closed because a reply took no bytes for header_timeout_ms",
-            |m| &m.write_timeouts_total,
-        ),
-    ];
-    let _ = writeln!(out, "# HELP ringlog_uptime_seconds Seconds since start");
-    let _ = writeln!(out, "# TYPE ringlog_uptime_seconds gauge");
-    let _ = writeln!(out, "ringlog_uptime_seconds {uptime_s}");
-    for (name, help, get) in counters {
-        let _ = writeln!(out, "# HELP {name} {help}");
-        let _ = writeln!(out, "# TYPE {name} counter");
-        for (i, (m, _)) in shards.iter().enumerate() {
-            let _ = writeln!(
-                out,
-                "{name}{{shard=\"{i}\"}} {}",
-                get(m).load(Ordering::Relaxed)
-            );
-        }
-    }
-    let gauges: &[GaugeRow] = &[
-        (
-            "ringlog_connections_open",
-            "Open client connections",
-            |m, _| m.connections_open.load(Ordering::Relaxed),
-        ),
-        (
-            "ringlog_mailbox_depth",
-            "Requests waiting in the shard mailbox",
-            |_, t| t.depth() as u64,
-        ),
-        (
-            "ringlog_mailbox_capacity",
-            "Shard mailbox capacity",
-            |_, t| t.capacity() as u64,
-        ),
-    ];
-    for (name, help, get) in gauges {
-        let _ = writeln!(out, "# HELP {name} {help}");
-        let _ = writeln!(out, "# TYPE {name} gauge");
-        for (i, (m, t)) in shards.iter().enumerate() {
-            let _ = writeln!(out, "{name}{{shard=\"{i}\"}} {}", get(m, t));
-        }
-    }
-    let name = "ringlog_mailbox_rejections_total";
-    let _ = writeln!(
-        out,
-        "# HELP {name} Sends refused because the mailbox was full"
-    );
-    let _ = writeln!(out, "# TYPE {name} counter");
-    for (i, (_, t)) in shards.iter().enumerate() {
-        let v = t.stats().rejected.load(Ordering::Relaxed);
-        let _ = writeln!(out, "{name}{{shard=\"{i}\"}} {v}");
-    }
-    let hists: &[HistRow] = &[
-        (
-            "ringlog_fsync_latency_us",
-            "Group commit write+fdatasync latency, microseconds",
-            |m| &m.fsync_latency_us,
-        ),
-        (
-            "ringlog_group_commit_appends",
-            "Appends made durable per group commit",
-            |m| &m.group_commit_appends,
-        ),
-    ];
-    for (name, help, get) in hists {
-        let _ = writeln!(out, "# HELP {name} {help}");
-        let _ = writeln!(out, "# TYPE {name} histogram");
-        for (i, (m, _)) in shards.iter().enumerate() {
-            get(m).render(&mut out, name, &format!("shard=\"{i}\""));
-        }
+    if let Err(e) = prometheus_client::encoding::prometheus_text::encode(&mut out, &registry) {
+        // Writing into a String fails only if an encoder reports an error.
+        tracing::error!(error = %e, "metrics do not encode");
     }
     out
+}
+
+type CounterRow = (&'static str, &'static str, fn(&ShardMetrics) -> &AtomicU64);
+type HistRow = (
+    &'static str,
+    &'static str,
+    f64,
+    fn(&ShardMetrics) -> &Histogram,
+);
+
+/// Counters per shard; the encoder appends `_total` to each name.
+const COUNTERS: &[CounterRow] = &[
+    ("ringlog_appends", "Batches appended", |m| &m.appends_total),
+    ("ringlog_append_bytes", "Bytes appended", |m| {
+        &m.append_bytes_total
+    }),
+    ("ringlog_append_errors", "Appends rejected or failed", |m| {
+        &m.append_errors_total
+    }),
+    (
+        "ringlog_fsyncs",
+        "Group commits (one fdatasync per touched partition)",
+        |m| &m.fsyncs_total,
+    ),
+    ("ringlog_fetches", "Fetches served", |m| &m.fetches_total),
+    ("ringlog_fetch_bytes", "Bytes fetched", |m| {
+        &m.fetch_bytes_total
+    }),
+    (
+        "ringlog_forwards",
+        "Requests forwarded to another shard",
+        |m| &m.forwards_total,
+    ),
+    (
+        "ringlog_backpressure",
+        "Requests refused with Backpressure",
+        |m| &m.backpressure_total,
+    ),
+    ("ringlog_connections", "Client connections accepted", |m| {
+        &m.connections_total
+    }),
+    (
+        "ringlog_connections_refused",
+        "Client connections refused (connections_per_shard_max)",
+        |m| &m.connections_refused_total,
+    ),
+    ("ringlog_bad_frames", "Client frames rejected", |m| {
+        &m.bad_frames_total
+    }),
+    (
+        "ringlog_parked",
+        "Requests held until their partition's flush in flight completed",
+        |m| &m.parked_total,
+    ),
+    (
+        "ringlog_idle_timeouts",
+        "Client connections closed after idle_timeout_ms without a request",
+        |m| &m.idle_timeouts_total,
+    ),
+    (
+        "ringlog_header_timeouts",
+        "Client connections closed because a started frame stalled (header_timeout_ms)",
+        |m| &m.header_timeouts_total,
+    ),
+    (
+        "ringlog_over_budget",
+        "Requests refused with Backpressure over shard_request_bytes_max",
+        |m| &m.over_budget_total,
+    ),
+    (
+        "ringlog_write_timeouts",
+        "Client connections closed because a reply took no bytes for header_timeout_ms",
+        |m| &m.write_timeouts_total,
+    ),
+];
+
+/// Histograms per shard: name, help, recorded units per exported unit,
+/// the histogram.
+const HISTOGRAMS: &[HistRow] = &[
+    (
+        "ringlog_produce_duration_seconds",
+        "Produce requests, from read to reply ready (durable or failed), seconds",
+        1e6,
+        |m| &m.produce_latency_us,
+    ),
+    (
+        "ringlog_fetch_duration_seconds",
+        "Fetch requests, from read to reply ready (a long-poll wait included), seconds",
+        1e6,
+        |m| &m.fetch_latency_us,
+    ),
+    (
+        "ringlog_fsync_duration_seconds",
+        "Group commit write+fdatasync latency, seconds",
+        1e6,
+        |m| &m.fsync_latency_us,
+    ),
+    (
+        "ringlog_group_commit_appends",
+        "Appends made durable per group commit",
+        1.0,
+        |m| &m.group_commit_appends,
+    ),
+];
+
+type Enc<'a> = DescriptorEncoder<'a>;
+type EncResult = Result<(), std::fmt::Error>;
+
+fn gauge<L: EncodeLabelSet, V: prometheus_client::encoding::EncodeGaugeValue>(
+    enc: &mut Enc<'_>,
+    name: &str,
+    help: &str,
+    series: impl IntoIterator<Item = (L, V)>,
+) -> EncResult {
+    let mut family = enc.encode_descriptor(name, help, None, MetricType::Gauge)?;
+    for (labels, value) in series {
+        family.encode_family(&labels)?.encode_gauge(&value)?;
+    }
+    Ok(())
+}
+
+/// A series without labels (the encoder writes no `{}` for it).
+const NO_LABELS: [(&str, &str); 0] = [];
+
+fn shard_label(i: usize) -> [(&'static str, String); 1] {
+    [("shard", i.to_string())]
+}
+
+impl Scrape {
+    fn encode_shards(&self, enc: &mut Enc<'_>) -> EncResult {
+        for (name, help, get) in COUNTERS {
+            let mut family = enc.encode_descriptor(name, help, None, MetricType::Counter)?;
+            for (i, (m, _)) in self.shards.iter().enumerate() {
+                let v = get(m).load(Ordering::Relaxed);
+                family
+                    .encode_family(&shard_label(i))?
+                    .encode_counter::<NoLabelSet, _, u64>(&v, None)?;
+            }
+        }
+        let mut family = enc.encode_descriptor(
+            "ringlog_mailbox_rejections",
+            "Sends refused because the mailbox was full",
+            None,
+            MetricType::Counter,
+        )?;
+        for (i, (_, mb)) in self.shards.iter().enumerate() {
+            family
+                .encode_family(&shard_label(i))?
+                .encode_counter::<NoLabelSet, _, u64>(&mb.rejected, None)?;
+        }
+        let each = |f: fn(&ShardMetrics, &MailboxFigures) -> u64| {
+            self.shards
+                .iter()
+                .enumerate()
+                .map(move |(i, (m, mb))| (shard_label(i), f(m, mb)))
+        };
+        gauge(
+            enc,
+            "ringlog_connections_open",
+            "Open client connections",
+            each(|m, _| m.connections_open.load(Ordering::Relaxed)),
+        )?;
+        gauge(
+            enc,
+            "ringlog_mailbox_depth",
+            "Requests waiting in the shard mailbox",
+            each(|_, mb| mb.depth),
+        )?;
+        gauge(
+            enc,
+            "ringlog_mailbox_capacity",
+            "Shard mailbox capacity (mailbox_capacity)",
+            each(|_, mb| mb.capacity),
+        )?;
+        for (name, help, divisor, get) in HISTOGRAMS {
+            let mut family = enc.encode_descriptor(name, help, None, MetricType::Histogram)?;
+            for (i, (m, _)) in self.shards.iter().enumerate() {
+                let (buckets, sum, count) = get(m).snapshot(*divisor);
+                family
+                    .encode_family(&shard_label(i))?
+                    .encode_histogram::<NoLabelSet>(sum, count, &buckets, None)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn encode_partitions(&self, enc: &mut Enc<'_>) -> EncResult {
+        type Row = (&'static str, &'static str, fn(&PartitionFigures) -> u64);
+        let rows: &[Row] = &[
+            (
+                "ringlog_partition_size_bytes",
+                "Bytes the partition's segments hold",
+                |p| p.size_bytes,
+            ),
+            (
+                "ringlog_partition_log_start_offset",
+                "First offset still in the partition (after retention and purge)",
+                |p| p.log_start_offset,
+            ),
+            (
+                "ringlog_partition_frontier_offset",
+                "Accepted end of the partition's log (next offset to assign)",
+                |p| p.frontier,
+            ),
+            (
+                "ringlog_partition_commit_offset",
+                "Durable end of the partition's log (what fetches can read)",
+                |p| p.commit,
+            ),
+            (
+                "ringlog_partition_faulted",
+                "1 if the partition is stopped by a fault (see ctl partitions), else 0",
+                |p| u64::from(p.faulted),
+            ),
+        ];
+        for (name, help, get) in rows {
+            let series = self.partitions.iter().map(|p| {
+                let labels = [
+                    ("topic", p.topic.clone()),
+                    ("partition", p.partition.to_string()),
+                ];
+                (labels, get(p))
+            });
+            gauge(enc, name, help, series)?;
+        }
+        Ok(())
+    }
+}
+
+impl Collector for Scrape {
+    fn encode(&self, mut enc: DescriptorEncoder) -> EncResult {
+        gauge(
+            &mut enc,
+            "ringlog_build_info",
+            "The running ringlog build (value 1)",
+            [([("version", env!("CARGO_PKG_VERSION"))], 1u64)],
+        )?;
+        gauge(
+            &mut enc,
+            "ringlog_uptime_seconds",
+            "Seconds since the server started",
+            [(NO_LABELS, self.uptime_s)],
+        )?;
+        encode_process(&mut enc, &process::read())?;
+        self.encode_shards(&mut enc)?;
+        self.encode_partitions(&mut enc)
+    }
+}
+
+/// The standard `process_*` families; a figure /proc did not give is left
+/// out rather than reported as 0.
+fn encode_process(enc: &mut Enc<'_>, p: &process::Figures) -> EncResult {
+    if let Some(v) = p.cpu_seconds {
+        let mut family = enc.encode_descriptor(
+            "process_cpu_seconds",
+            "Total user and system CPU time spent in seconds",
+            None,
+            MetricType::Counter,
+        )?;
+        family.encode_counter::<NoLabelSet, _, u64>(&v, None)?;
+    }
+    let gauges: [(&str, &str, Option<f64>); 5] = [
+        (
+            "process_resident_memory_bytes",
+            "Resident memory size in bytes",
+            p.resident_bytes.map(|v| v as f64),
+        ),
+        (
+            "process_virtual_memory_bytes",
+            "Virtual memory size in bytes",
+            p.virtual_bytes.map(|v| v as f64),
+        ),
+        (
+            "process_open_fds",
+            "Number of open file descriptors",
+            p.open_fds.map(|v| v as f64),
+        ),
+        (
+            "process_max_fds",
+            "Maximum number of open file descriptors (soft limit)",
+            p.max_fds.map(|v| v as f64),
+        ),
+        (
+            "process_start_time_seconds",
+            "Start time of the process since unix epoch in seconds",
+            p.start_time_seconds,
+        ),
+    ];
+    for (name, help, value) in gauges {
+        if let Some(v) = value {
+            gauge(enc, name, help, [(NO_LABELS, v)])?;
+        }
+    }
+    Ok(())
+}
+
+/// This process's figures from /proc (Linux).
+mod process {
+    #[derive(Debug, Default)]
+    pub(super) struct Figures {
+        pub cpu_seconds: Option<f64>,
+        pub resident_bytes: Option<u64>,
+        pub virtual_bytes: Option<u64>,
+        pub open_fds: Option<u64>,
+        pub max_fds: Option<u64>,
+        pub start_time_seconds: Option<f64>,
+    }
+
+    /// Fields of /proc/self/stat after the `(comm)` field, which may hold
+    /// spaces and parentheses: the text after the last `)`.
+    pub(super) struct Stat {
+        pub utime_ticks: u64,
+        pub stime_ticks: u64,
+        pub start_ticks: u64,
+        pub vsize_bytes: u64,
+        pub rss_pages: u64,
+    }
+
+    pub(super) fn parse_stat(text: &str) -> Option<Stat> {
+        let rest = &text[text.rfind(')')? + 1..];
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        // f[0] is field 3 (state) of proc(5): field n is f[n - 3].
+        let num = |n: usize| f.get(n - 3)?.parse::<u64>().ok();
+        Some(Stat {
+            utime_ticks: num(14)?,
+            stime_ticks: num(15)?,
+            start_ticks: num(22)?,
+            vsize_bytes: num(23)?,
+            rss_pages: num(24)?,
+        })
+    }
+
+    /// `btime` of /proc/stat: boot time, seconds since the epoch.
+    pub(super) fn parse_boot_time(text: &str) -> Option<u64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix("btime "))
+            .and_then(|v| v.trim().parse().ok())
+    }
+
+    fn sysconf(name: libc::c_int) -> Option<u64> {
+        // SAFETY: sysconf only reads its argument.
+        let v = unsafe { libc::sysconf(name) };
+        (v > 0).then_some(v as u64)
+    }
+
+    fn max_fds() -> Option<u64> {
+        let mut limit = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit only writes the struct passed.
+        let rc = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) };
+        (rc == 0).then_some(limit.rlim_cur)
+    }
+
+    pub(super) fn read() -> Figures {
+        let mut out = Figures {
+            open_fds: std::fs::read_dir("/proc/self/fd")
+                .ok()
+                .map(|d| d.count() as u64),
+            max_fds: max_fds(),
+            ..Figures::default()
+        };
+        let stat = std::fs::read_to_string("/proc/self/stat")
+            .ok()
+            .and_then(|t| parse_stat(&t));
+        let (Some(stat), Some(tick_hz)) = (stat, sysconf(libc::_SC_CLK_TCK)) else {
+            return out;
+        };
+        let ticks = |t: u64| t as f64 / tick_hz as f64;
+        out.cpu_seconds = Some(ticks(stat.utime_ticks + stat.stime_ticks));
+        out.virtual_bytes = Some(stat.vsize_bytes);
+        out.resident_bytes = sysconf(libc::_SC_PAGESIZE).map(|page| stat.rss_pages * page);
+        out.start_time_seconds = std::fs::read_to_string("/proc/stat")
+            .ok()
+            .and_then(|t| parse_boot_time(&t))
+            .map(|boot| boot as f64 + ticks(stat.start_ticks));
+        out
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn scrape_of(m: ShardMetrics) -> String {
+        render(Scrape {
+            shards: vec![(
+                Arc::new(m),
+                MailboxFigures {
+                    depth: 1,
+                    capacity: 8,
+                    rejected: 2,
+                },
+            )],
+            partitions: vec![PartitionFigures {
+                topic: "t\"x".into(),
+                partition: 3,
+                log_start_offset: 0,
+                frontier: 9,
+                commit: 7,
+                size_bytes: 4096,
+                faulted: false,
+            }],
+            uptime_s: 5,
+        })
+    }
+
     #[test]
-    fn histogram_buckets_are_cumulative() {
-        let h = Histogram::new(&[10, 100]);
-        for v in [1, 10, 11, 100, 1000] {
-            h.record(v);
+    fn histograms_are_cumulative_and_in_seconds() {
+        let m = ShardMetrics::default();
+        for us in [40, 50, 51, 1_000, 20_000_000] {
+            m.produce_latency_us.record(us);
         }
-        let mut out = String::new();
-        h.render(&mut out, "x", "a=\"1\"");
-        assert!(out.contains("x_bucket{a=\"1\",le=\"10\"} 2"), "{out}");
-        assert!(out.contains("x_bucket{a=\"1\",le=\"100\"} 4"), "{out}");
-        assert!(out.contains("x_bucket{a=\"1\",le=\"+Inf\"} 5"), "{out}");
-        assert!(out.contains("x_sum{a=\"1\"} 1122"), "{out}");
+        let out = scrape_of(m);
+        let p = "ringlog_produce_duration_seconds";
+        for want in [
+            format!("{p}_bucket{{shard=\"0\",le=\"5e-05\"}} 2"),
+            format!("{p}_bucket{{shard=\"0\",le=\"0.001\"}} 4"),
+            format!("{p}_bucket{{shard=\"0\",le=\"10\"}} 4"),
+            format!("{p}_bucket{{shard=\"0\",le=\"+Inf\"}} 5"),
+            format!("{p}_count{{shard=\"0\"}} 5"),
+            format!("{p}_sum{{shard=\"0\"}} 20.001141"),
+        ] {
+            assert!(out.contains(&want), "no {want:?} in\n{out}");
+        }
+    }
+
+    #[test]
+    fn counters_gauges_and_partitions_are_named_and_labelled() {
+        let m = ShardMetrics::default();
+        add(&m.append_bytes_total, 123);
+        let out = scrape_of(m);
+        for want in [
+            "# HELP ringlog_append_bytes_total Bytes appended\n# TYPE ringlog_append_bytes_total counter\nringlog_append_bytes_total{shard=\"0\"} 123\n",
+            "ringlog_mailbox_rejections_total{shard=\"0\"} 2\n",
+            "ringlog_mailbox_depth{shard=\"0\"} 1\n",
+            "ringlog_uptime_seconds 5\n",
+            // The label value is escaped.
+            "ringlog_partition_commit_offset{topic=\"t\\\"x\",partition=\"3\"} 7\n",
+            "ringlog_partition_frontier_offset{topic=\"t\\\"x\",partition=\"3\"} 9\n",
+            "process_open_fds ",
+            "process_resident_memory_bytes ",
+        ] {
+            assert!(out.contains(want), "no {want:?} in\n{out}");
+        }
+        let version = env!("CARGO_PKG_VERSION");
+        assert!(
+            out.contains(&format!("ringlog_build_info{{version=\"{version}\"}} 1\n")),
+            "{out}"
+        );
+        // One TYPE per family, none with a doubled suffix.
+        let types: Vec<&str> = out.lines().filter(|l| l.starts_with("# TYPE")).collect();
+        let unique: std::collections::BTreeSet<_> = types.iter().collect();
+        assert_eq!(types.len(), unique.len(), "{out}");
+        assert!(!out.contains("_total_total"), "{out}");
+    }
+
+    #[test]
+    fn proc_stat_fields_are_found_after_a_tricky_command_name() {
+        // comm holds a space and a ')': fields are counted after the last ')'.
+        let line = "4242 (ring log) x) S 1 4242 4242 0 -1 4194560 100 0 0 0 \
+                    250 50 0 0 20 0 9 0 123456 987654321 2048 18446744073709551615";
+        let s = process::parse_stat(line).expect("parses");
+        assert_eq!((s.utime_ticks, s.stime_ticks), (250, 50));
+        assert_eq!(s.start_ticks, 123456);
+        assert_eq!(s.vsize_bytes, 987654321);
+        assert_eq!(s.rss_pages, 2048);
+        assert!(process::parse_stat("4242 (truncated").is_none());
+        assert_eq!(
+            process::parse_boot_time("cpu 1 2\nbtime 1700000000\nprocesses 5\n"),
+            Some(1_700_000_000)
+        );
+        assert_eq!(process::parse_boot_time("cpu 1 2\n"), None);
     }
 }

@@ -26,7 +26,7 @@ use thiserror::Error;
 
 use crate::catalog::{Catalog, CatalogError, TopicState, TopicTable, TOPICS_DIR, TOPICS_FILE};
 use crate::config::ServerConfig;
-use crate::control::{ControlContext, ControlServer, LogLevelHook};
+use crate::control::{ControlContext, ControlServer, LogLevelHook, MetricsHttp};
 use crate::mailbox::mailbox;
 use crate::metrics::ShardMetrics;
 use crate::shard::{self, ShardSetup, Shutdown, RECYCLE_DIR};
@@ -58,6 +58,11 @@ pub enum ServerError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("metrics address {addr}: {source}")]
+    Metrics {
+        addr: String,
+        source: std::io::Error,
+    },
     #[error(
         "data directory {path} is on a {fs} filesystem, which does not support O_DIRECT \
          (direct I/O); ringlog needs it: put data_dir on ext4 or xfs"
@@ -83,10 +88,13 @@ pub struct Hooks {
 pub struct Running {
     pub client_addr: SocketAddr,
     pub control_socket: PathBuf,
+    /// Where `GET /metrics` is served (`metrics_addr`; None: off).
+    pub metrics_addr: Option<SocketAddr>,
     shutdown: Arc<Shutdown>,
     threads: Vec<JoinHandle<()>>,
     sweeper: Sweeper,
     control: ControlServer,
+    metrics_http: Option<MetricsHttp>,
     _lock: std::fs::File,
 }
 
@@ -222,7 +230,7 @@ pub fn start(config: ServerConfig, hooks: Hooks) -> Result<Running, ServerError>
     }
 
     let control_socket = config.control_socket_path();
-    let ctx = ControlContext {
+    let ctx = Arc::new(ControlContext {
         config: config.clone(),
         peers: peers.clone(),
         metrics,
@@ -232,10 +240,20 @@ pub fn start(config: ServerConfig, hooks: Hooks) -> Result<Running, ServerError>
         set_log_level: hooks.set_log_level,
         client_addr,
         config_origins: hooks.config_origins,
+    });
+    let metrics_http = match start_metrics_http(&config.metrics_addr, &ctx) {
+        Ok(m) => m,
+        Err(e) => {
+            stop_threads(&shutdown, threads);
+            return Err(e);
+        }
     };
     let control = match ControlServer::start(&control_socket, ctx) {
         Ok(c) => c,
         Err(source) => {
+            if let Some(m) = metrics_http {
+                m.stop();
+            }
             stop_threads(&shutdown, threads);
             return Err(ServerError::Control {
                 path: control_socket,
@@ -254,12 +272,37 @@ pub fn start(config: ServerConfig, hooks: Hooks) -> Result<Running, ServerError>
     Ok(Running {
         client_addr,
         control_socket,
+        metrics_addr: metrics_http.as_ref().map(MetricsHttp::local_addr),
         shutdown,
         threads,
         sweeper,
         control,
+        metrics_http,
         _lock: lock,
     })
+}
+
+/// Starts `GET /metrics` on `addr` (validated by the config); none if empty.
+fn start_metrics_http(
+    addr: &str,
+    ctx: &Arc<ControlContext>,
+) -> Result<Option<MetricsHttp>, ServerError> {
+    if addr.is_empty() {
+        return Ok(None);
+    }
+    let err = |source| ServerError::Metrics {
+        addr: addr.to_string(),
+        source,
+    };
+    let parsed: SocketAddr = addr.parse().map_err(|_| {
+        err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "bad address",
+        ))
+    })?;
+    let http = MetricsHttp::start(parsed, ctx.clone()).map_err(err)?;
+    tracing::info!(addr = %http.local_addr(), "serving GET /metrics");
+    Ok(Some(http))
 }
 
 fn stop_threads(shutdown: &Shutdown, threads: Vec<JoinHandle<()>>) {
@@ -285,6 +328,9 @@ impl Running {
             }
         }
         self.control.stop();
+        if let Some(m) = self.metrics_http {
+            m.stop();
+        }
         // The shards (holding the other pokers) are gone: the sweeper ends
         // after the sweep queued last, so a deleted topic is off the disk.
         self.sweeper.stop();

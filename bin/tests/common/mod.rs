@@ -19,6 +19,8 @@ pub struct Server {
     pub control: PathBuf,
     pub data_dir: PathBuf,
     pub stderr_path: PathBuf,
+    /// The `ringlog ready ...` line the server printed.
+    pub ready: String,
 }
 
 impl Server {
@@ -82,6 +84,7 @@ impl Server {
             control,
             data_dir: data_dir.into(),
             stderr_path,
+            ready: line,
         }
     }
 

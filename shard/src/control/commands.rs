@@ -9,6 +9,7 @@ use serde_json::{json, Value};
 use super::ControlContext;
 use crate::catalog::TopicState;
 use crate::mailbox::SendError;
+use crate::metrics::{MailboxFigures, PartitionFigures, Scrape};
 use crate::ops::{Envelope, MetaOp, Op, OpError, OpReply, Outcome, ReplyTo};
 use crate::placement::shard_for;
 
@@ -174,6 +175,45 @@ fn config_with_origins(ctx: &ControlContext) -> Result<Value, String> {
     Ok(json!(rows))
 }
 
+/// The node's Prometheus text: every shard's counters, and each
+/// partition's figures as its shard reports them now. A shard that does not
+/// answer is logged and its partitions are left out of this scrape.
+pub(super) fn metrics_text(ctx: &ControlContext) -> String {
+    let mut partitions = Vec::new();
+    for s in 0..ctx.peers.len() {
+        let op = Op::Describe {
+            partition_ids: None,
+        };
+        match ask(ctx, s, op) {
+            Ok(OpReply::Partitions(list)) => {
+                partitions.extend(list.into_iter().map(|p| PartitionFigures {
+                    faulted: p.fault.is_some(),
+                    topic: p.topic,
+                    partition: p.partition,
+                    log_start_offset: p.log_start_offset,
+                    frontier: p.frontier,
+                    commit: p.commit,
+                    size_bytes: p.size_bytes,
+                }))
+            }
+            Ok(other) => tracing::warn!(shard = s, reply = ?other, "metrics: unexpected reply"),
+            Err(e) => tracing::warn!(shard = s, error = %e, "metrics: no partition figures"),
+        }
+    }
+    partitions.sort_by(|a, b| (&a.topic, a.partition).cmp(&(&b.topic, b.partition)));
+    let shards = ctx
+        .metrics
+        .iter()
+        .zip(ctx.peers.iter())
+        .map(|(m, tx)| (m.clone(), MailboxFigures::of(tx)))
+        .collect();
+    crate::metrics::render(Scrape {
+        shards,
+        partitions,
+        uptime_s: ctx.started.elapsed().as_secs(),
+    })
+}
+
 fn run(ctx: &ControlContext, cmd: Command) -> Result<Value, String> {
     let shards = ctx.peers.len();
     let err = |e: OpError| e.to_string();
@@ -273,16 +313,7 @@ fn run(ctx: &ControlContext, cmd: Command) -> Result<Value, String> {
             }
             Ok(json!({"purged": indexes}))
         }
-        Command::Metrics => {
-            let pairs: Vec<_> = ctx
-                .metrics
-                .iter()
-                .map(|m| m.as_ref())
-                .zip(ctx.peers.iter())
-                .collect();
-            let text = crate::metrics::render(&pairs, ctx.started.elapsed().as_secs());
-            Ok(json!({"text": text}))
-        }
+        Command::Metrics => Ok(json!({"text": metrics_text(ctx)})),
         Command::Config => config_with_origins(ctx),
         Command::LogLevel { level } => match &ctx.set_log_level {
             Some(hook) => {

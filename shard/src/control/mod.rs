@@ -5,7 +5,8 @@
 //! `{"ok":false,"error":"..."}`. Commands: `status`, `topics`,
 //! `partitions` (optional `topic`), `create_topic` (`topic`, `partitions`),
 //! `delete_topic` (`topic`), `purge` (`topic`, optional `partition`),
-//! `metrics` (Prometheus text in `result.text`), `log_level` (`level`),
+//! `metrics` (Prometheus text in `result.text`, the same text as `GET
+//! /metrics` on `metrics_addr`, see [`metrics_http`]), `log_level` (`level`),
 //! `shutdown`.
 //!
 //! Bounds: lines up to [`LINE_BYTES_MAX`] (a longer one is skipped and
@@ -15,6 +16,7 @@
 
 pub mod client;
 mod commands;
+pub mod metrics_http;
 mod server;
 
 use std::net::SocketAddr;
@@ -27,6 +29,7 @@ use crate::mailbox::MailboxTx;
 use crate::metrics::ShardMetrics;
 use crate::shard::Shutdown;
 
+pub use metrics_http::MetricsHttp;
 pub use server::ControlServer;
 
 pub const LINE_BYTES_MAX: usize = 1024 * 1024;

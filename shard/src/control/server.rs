@@ -21,7 +21,7 @@ pub struct ControlServer {
 impl ControlServer {
     /// Binds `path` (replacing a stale socket file), private to the owner
     /// (0600) from the moment the name exists, and starts serving.
-    pub fn start(path: &Path, ctx: ControlContext) -> std::io::Result<ControlServer> {
+    pub fn start(path: &Path, ctx: Arc<ControlContext>) -> std::io::Result<ControlServer> {
         if path.exists() {
             if UnixStream::connect(path).is_ok() {
                 return Err(std::io::Error::new(
@@ -37,7 +37,6 @@ impl ControlServer {
         let listener = bind_private(path)?;
         listener.set_nonblocking(true)?;
         let stop = Arc::new(AtomicBool::new(false));
-        let ctx = Arc::new(ctx);
         let stop2 = stop.clone();
         let thread = std::thread::Builder::new()
             .name("ringlog-control".into())

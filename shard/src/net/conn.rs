@@ -308,6 +308,18 @@ fn over_budget(shard: &impl ShardHandle, opcode: u16, correlation: u32) -> Reply
     )
 }
 
+/// Where a request's service time is recorded: produce and fetch only.
+fn latency_histogram<'m>(
+    m: &'m metrics::ShardMetrics,
+    req: &Request,
+) -> Option<&'m metrics::Histogram> {
+    match req {
+        Request::Produce { .. } => Some(&m.produce_latency_us),
+        Request::Fetch { .. } => Some(&m.fetch_latency_us),
+        _ => None,
+    }
+}
+
 fn count_write_error(shard: &impl ShardHandle, e: &std::io::Error) {
     if e.kind() == std::io::ErrorKind::TimedOut {
         metrics::inc(&shard.metrics().write_timeouts_total);
@@ -400,7 +412,13 @@ async fn serve(shard: &impl ShardHandle, budget: &Rc<ByteBudget>, mut stream: Tc
             Ok(req) => match budget.try_charge(reply_room_bytes(&limits, &req)) {
                 Some(c) => {
                     _reply_charge = Some(c);
-                    super::dispatch::handle(shard, correlation, req).await
+                    let latency = latency_histogram(shard.metrics(), &req);
+                    let started = Instant::now();
+                    let reply = super::dispatch::handle(shard, correlation, req).await;
+                    if let Some(h) = latency {
+                        h.record(started.elapsed().as_micros() as u64);
+                    }
+                    reply
                 }
                 None => over_budget(shard, opcode, correlation),
             },
