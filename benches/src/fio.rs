@@ -13,7 +13,7 @@
 
 use std::io;
 use std::path::Path;
-use std::process::{Command, ExitStatus};
+use std::process::{Command, ExitStatus, Stdio};
 use std::time::Duration;
 
 use serde_json::Value;
@@ -377,10 +377,19 @@ pub fn command_line(args: &[String]) -> String {
 }
 
 fn run_fio(args: &[String]) -> Result<String, FioError> {
-    let out = Command::new("fio")
+    let child = Command::new("fio")
         .args(args)
-        .output()
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .map_err(spawn_error)?;
+    // Ctrl-C stops fio too, also when the signal came to ringlog-bench alone.
+    let pid = child.id();
+    crate::interrupt::register_child(pid);
+    let out = child.wait_with_output();
+    crate::interrupt::unregister_child(pid);
+    let out = out.map_err(spawn_error)?;
     if !out.status.success() {
         return Err(FioError::Failed {
             args: args.join(" "),

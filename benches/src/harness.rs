@@ -7,9 +7,9 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use crate::fio;
 use crate::report::{Comparison, Measured, Rep, Report};
 use crate::size::Bytes;
+use crate::{fio, interrupt};
 use crate::{fs_err, BenchError, FioLayout};
 
 /// Which repetition is running.
@@ -121,6 +121,8 @@ pub struct Workspace {
     keep: bool,
     /// Files and directories removed at the end unless `keep`.
     paths: Vec<PathBuf>,
+    /// Its registration for removal on Ctrl-C (none with `keep`).
+    interrupt_id: Option<u64>,
 }
 
 impl Workspace {
@@ -135,11 +137,14 @@ impl Workspace {
         }
         let created = !dir.exists();
         fs::create_dir_all(dir).map_err(fs_err("create", dir))?;
+        let interrupt_id = (!keep)
+            .then(|| interrupt::register_workspace(paths.clone(), created.then(|| dir.to_owned())));
         Ok(Workspace {
             dir: dir.to_owned(),
             created,
             keep,
             paths,
+            interrupt_id,
         })
     }
 
@@ -159,6 +164,9 @@ impl Workspace {
                 }
                 _ => {}
             }
+        }
+        if let Some(id) = self.interrupt_id {
+            interrupt::unregister_workspace(id);
         }
         Ok(())
     }

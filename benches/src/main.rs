@@ -28,6 +28,7 @@
 
 mod fio;
 mod harness;
+mod interrupt;
 mod jobfile;
 mod jobs;
 mod plot;
@@ -452,6 +453,9 @@ fn fs_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> B
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Err(e) = interrupt::install() {
+        eprintln!("ringlog-bench: warning: no Ctrl-C cleanup (installing the handler: {e})");
+    }
     let result = match (cli.command, &cli.job_file) {
         (Some(command), _) => run_command(command).and_then(|(format, report)| {
             let runs = [jobfile::Run {

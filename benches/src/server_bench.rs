@@ -52,7 +52,8 @@ impl Target {
             format!("write_buffer_bytes={}", store.write_buffer_bytes),
         ];
         let s = ServerProcess::start(&bin, &a.server_dir(), a.shards, &extra)?;
-        eprintln!("ringlog-bench: server ready at {}", s.addr);
+        let pid = s.pid().map_or(String::new(), |p| format!(" (pid {p})"));
+        eprintln!("ringlog-bench: server ready at {}{pid}", s.addr);
         Ok(Target {
             addr: s.addr.clone(),
             started: Some(s),

@@ -157,6 +157,7 @@ impl ServerProcess {
                 bin: bin.to_owned(),
                 source,
             })?;
+        crate::interrupt::register_child(child.id());
         // The ready line comes on stdout; keep draining it afterwards so the
         // server never blocks on a full pipe.
         let stdout = child.stdout.take().expect("stdout is piped");
@@ -221,6 +222,7 @@ impl ServerProcess {
         let Some(mut child) = self.child.take() else {
             return Ok(());
         };
+        crate::interrupt::unregister_child(child.id());
         let pid = libc::pid_t::try_from(child.id()).expect("pids fit in pid_t");
         // SAFETY: kill(2) on our own child, which has not been waited for,
         // so the pid still names it.
@@ -251,6 +253,7 @@ impl ServerProcess {
 
     fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
+            crate::interrupt::unregister_child(child.id());
             let _ = child.kill();
             let _ = child.wait();
         }
