@@ -387,3 +387,53 @@ fn metrics_are_off_unless_configured() {
         .expect("metrics_addr key");
     assert_eq!(row["value"], "");
 }
+
+/// Runs `ringlog server` with `extra` flags, expecting it to refuse to
+/// start; returns (exit code, stderr).
+fn refused_start(dir: &std::path::Path, extra: &[&str]) -> (Option<i32>, String) {
+    let data = dir.join("data");
+    let mut child = std::process::Command::new(BIN)
+        .arg("server")
+        .arg("--data-dir")
+        .arg(&data)
+        .args(["--listen", "127.0.0.1:0", "--shards", "1"])
+        .arg("--control-socket")
+        .arg(data.join("ctl.sock"))
+        .args(extra)
+        .env("XDG_RUNTIME_DIR", dir)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let status = wait_bounded(&mut child, Duration::from_secs(60));
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    (status.code(), err)
+}
+
+#[test]
+fn a_bad_or_taken_metrics_address_stops_the_server_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (code, err) = refused_start(dir.path(), &["--metrics-addr", "localhost"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("`metrics_addr`") && err.contains("flag --metrics-addr"),
+        "{err}"
+    );
+    // Someone else listens there: the server does not start half-way.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let (code, err) = refused_start(dir.path(), &["--metrics-addr", &addr]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains(&format!("metrics address {addr}")), "{err}");
+    assert!(
+        !dir.path().join("data/ctl.sock").exists(),
+        "control socket left behind"
+    );
+}

@@ -185,6 +185,8 @@ pub struct PartitionFigures {
 pub struct Scrape {
     pub shards: Vec<(Arc<ShardMetrics>, MailboxFigures)>,
     pub partitions: Vec<PartitionFigures>,
+    /// Shards whose partition figures did not come in time.
+    pub shards_unanswered: u64,
     pub uptime_s: u64,
 }
 
@@ -441,6 +443,12 @@ impl Collector for Scrape {
             "Seconds since the server started",
             [(NO_LABELS, self.uptime_s)],
         )?;
+        gauge(
+            &mut enc,
+            "ringlog_scrape_shards_unanswered",
+            "Shards whose partitions are missing from this scrape (no answer in time)",
+            [(NO_LABELS, self.shards_unanswered)],
+        )?;
         encode_process(&mut enc, &process::read())?;
         self.encode_shards(&mut enc)?;
         self.encode_partitions(&mut enc)
@@ -602,6 +610,7 @@ mod tests {
                 size_bytes: 4096,
                 faulted: false,
             }],
+            shards_unanswered: 0,
             uptime_s: 5,
         })
     }

@@ -17,6 +17,9 @@ use crate::placement::shard_for;
 const SEND_RETRIES: u32 = 200;
 /// Longest wait for a shard's answer.
 const REPLY_TIMEOUT: Duration = Duration::from_secs(30);
+/// Longest a metrics scrape waits for all shards' partition figures
+/// (under Prometheus's default 10 s scrape timeout).
+pub(super) const SCRAPE_WAIT: Duration = Duration::from_secs(5);
 
 #[derive(Debug, Deserialize)]
 #[serde(tag = "cmd", rename_all = "snake_case", deny_unknown_fields)]
@@ -116,6 +119,19 @@ fn fail(message: impl Into<String>) -> Value {
 
 /// Sends `op` to shard `shard` and waits for its answer.
 fn ask(ctx: &ControlContext, shard: usize, op: Op) -> Outcome {
+    post(ctx, shard, op, SEND_RETRIES)?
+        .recv_timeout(REPLY_TIMEOUT)
+        .map_err(|_| OpError::new(ErrorCode::Internal, format!("shard {shard} did not answer")))?
+}
+
+/// Sends `op` to shard `shard`, trying `retries` more times 10 ms apart
+/// while its mailbox is full; returns where the answer will come.
+fn post(
+    ctx: &ControlContext,
+    shard: usize,
+    op: Op,
+    retries: u32,
+) -> Result<crossbeam_channel::Receiver<Outcome>, OpError> {
     let peer = ctx
         .peers
         .get(shard)
@@ -128,8 +144,8 @@ fn ask(ctx: &ControlContext, shard: usize, op: Op) -> Outcome {
     let mut tries = 0;
     loop {
         match peer.send(env) {
-            Ok(()) => break,
-            Err(SendError::Full(e)) if tries < SEND_RETRIES => {
+            Ok(()) => return Ok(rx),
+            Err(SendError::Full(e)) if tries < retries => {
                 env = e;
                 tries += 1;
                 std::thread::sleep(Duration::from_millis(10));
@@ -148,8 +164,6 @@ fn ask(ctx: &ControlContext, shard: usize, op: Op) -> Outcome {
             }
         }
     }
-    rx.recv_timeout(REPLY_TIMEOUT)
-        .map_err(|_| OpError::new(ErrorCode::Internal, format!("shard {shard} did not answer")))?
 }
 
 /// The effective config, one `{key, value, source}` per key in key order;
@@ -176,15 +190,32 @@ fn config_with_origins(ctx: &ControlContext) -> Result<Value, String> {
 }
 
 /// The node's Prometheus text: every shard's counters, and each
-/// partition's figures as its shard reports them now. A shard that does not
-/// answer is logged and its partitions are left out of this scrape.
+/// partition's figures as its shard reports them now. The shards are asked
+/// at once and waited for together, at most [`SCRAPE_WAIT`]; a full mailbox
+/// is not retried (the scrape adds nothing to an overloaded shard). A shard
+/// that does not answer is logged, its partitions are left out of this
+/// scrape, and it is counted in `ringlog_scrape_shards_unanswered`.
 pub(super) fn metrics_text(ctx: &ControlContext) -> String {
+    let deadline = std::time::Instant::now() + SCRAPE_WAIT;
+    let describe = || Op::Describe {
+        partition_ids: None,
+    };
+    let pending: Vec<_> = (0..ctx.peers.len())
+        .map(|s| (s, post(ctx, s, describe(), 0)))
+        .collect();
     let mut partitions = Vec::new();
-    for s in 0..ctx.peers.len() {
-        let op = Op::Describe {
-            partition_ids: None,
-        };
-        match ask(ctx, s, op) {
+    let mut unanswered = 0;
+    for (s, posted) in pending {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let answer = posted.and_then(|rx| {
+            rx.recv_timeout(left).map_err(|_| {
+                OpError::new(
+                    ErrorCode::Internal,
+                    format!("shard {s} did not answer in time"),
+                )
+            })?
+        });
+        match answer {
             Ok(OpReply::Partitions(list)) => {
                 partitions.extend(list.into_iter().map(|p| PartitionFigures {
                     faulted: p.fault.is_some(),
@@ -196,8 +227,14 @@ pub(super) fn metrics_text(ctx: &ControlContext) -> String {
                     size_bytes: p.size_bytes,
                 }))
             }
-            Ok(other) => tracing::warn!(shard = s, reply = ?other, "metrics: unexpected reply"),
-            Err(e) => tracing::warn!(shard = s, error = %e, "metrics: no partition figures"),
+            Ok(other) => {
+                unanswered += 1;
+                tracing::warn!(shard = s, reply = ?other, "metrics: unexpected reply");
+            }
+            Err(e) => {
+                unanswered += 1;
+                tracing::warn!(shard = s, error = %e, "metrics: no partition figures");
+            }
         }
     }
     partitions.sort_by(|a, b| (&a.topic, a.partition).cmp(&(&b.topic, b.partition)));
@@ -210,6 +247,7 @@ pub(super) fn metrics_text(ctx: &ControlContext) -> String {
     crate::metrics::render(Scrape {
         shards,
         partitions,
+        shards_unanswered: unanswered,
         uptime_s: ctx.started.elapsed().as_secs(),
     })
 }
@@ -326,5 +364,104 @@ fn run(ctx: &ControlContext, cmd: Command) -> Result<Value, String> {
             ctx.shutdown.trigger();
             Ok(json!({"stopping": true}))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use super::*;
+    use crate::catalog::{Catalog, TopicTable};
+    use crate::mailbox::{mailbox, MailboxRx};
+    use crate::ops::PartitionStatus;
+
+    fn context(peers: Vec<crate::mailbox::MailboxTx>) -> ControlContext {
+        ControlContext {
+            config: Arc::default(),
+            metrics: peers.iter().map(|_| Arc::default()).collect(),
+            peers: Arc::new(peers),
+            catalog: Arc::new(Catalog::new(TopicTable::default())),
+            started: Instant::now(),
+            shutdown: Arc::default(),
+            set_log_level: None,
+            client_addr: "127.0.0.1:1".parse().unwrap(),
+            config_origins: Default::default(),
+        }
+    }
+
+    /// Answers every Describe on `rx` with one partition, until `rx`'s
+    /// senders are gone or `stop` is set.
+    fn answering(
+        rx: MailboxRx,
+        stop: Arc<std::sync::atomic::AtomicBool>,
+    ) -> std::thread::JoinHandle<()> {
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let Some(env) = rx.try_recv() else {
+                    std::thread::sleep(Duration::from_millis(1));
+                    continue;
+                };
+                let status = PartitionStatus {
+                    topic: "t".into(),
+                    partition: 0,
+                    partition_id: 0,
+                    shard: 0,
+                    role: "leader",
+                    log_start_offset: 0,
+                    frontier: 5,
+                    commit: 5,
+                    sealed_segments: 0,
+                    size_bytes: 4096,
+                    purge_generation: 0,
+                    fault: None,
+                };
+                if let ReplyTo::Thread(tx) = env.reply {
+                    let _ = tx.send(Ok(OpReply::Partitions(vec![status])));
+                }
+            }
+        })
+    }
+
+    /// A shard that never answers (wedged) and one whose mailbox is full
+    /// cost a scrape at most SCRAPE_WAIT, not the control socket's long
+    /// reply timeout per shard; the answering shard's partition is there
+    /// and the others are counted as unanswered.
+    #[test]
+    fn a_wedged_or_full_shard_does_not_hold_a_scrape() {
+        let (tx0, rx0) = mailbox(4, 1 << 20, 4).unwrap();
+        let (tx1, _wedged) = mailbox(4, 1 << 20, 4).unwrap();
+        let (tx2, _full) = mailbox(1, 1 << 20, 4).unwrap();
+        let (filler, _) = crossbeam_channel::bounded(1);
+        tx2.send(Envelope {
+            op: Op::ShardStatus,
+            reply: ReplyTo::Thread(filler),
+        })
+        .unwrap();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let server = answering(rx0, stop.clone());
+        let ctx = context(vec![tx0, tx1, tx2]);
+        let t = Instant::now();
+        let text = metrics_text(&ctx);
+        let took = t.elapsed();
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        server.join().unwrap();
+        assert!(
+            took < SCRAPE_WAIT + Duration::from_secs(2),
+            "scrape took {took:?}"
+        );
+        assert!(
+            text.contains("ringlog_partition_commit_offset{topic=\"t\",partition=\"0\"} 5\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("ringlog_scrape_shards_unanswered 2\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("ringlog_appends_total{shard=\"2\"} 0\n"),
+            "{text}"
+        );
     }
 }
