@@ -45,6 +45,11 @@ pub struct SimArgs {
     /// then shows purges, store purges and stale-generation refusals).
     #[arg(long)]
     purges: bool,
+    /// With --transfers: one replica's transfer server lies (garbage
+    /// chunks, wrong checksums, stale offers, inflated sizes, endless
+    /// re-offers or undecodable manifests, drawn per seed).
+    #[arg(long)]
+    hostile: bool,
 }
 
 fn parse_replicas(s: &str) -> Result<u8, String> {
@@ -69,6 +74,7 @@ pub fn run(a: SimArgs) -> i32 {
             full_trace: a.full_trace,
             transfers: a.transfers,
             purges: a.purges,
+            hostile: a.hostile,
         };
         match sim::run(opts) {
             Ok(summary) => println!("{summary}"),

@@ -192,10 +192,12 @@ fn transfer_opts(seed: u64) -> SimOptions {
     opts
 }
 
-/// The transfer batch's options: transfers, and operator purges racing them.
+/// The transfer batch's options: transfers, operator purges racing them,
+/// and a hostile transfer server (groups of 3 and 5).
 fn batch_opts(seed: u64) -> SimOptions {
     let mut opts = transfer_opts(seed);
     opts.purges = true;
+    opts.hostile = true;
     opts
 }
 
@@ -204,15 +206,18 @@ fn batch_opts(seed: u64) -> SimOptions {
 /// wiped and another frozen by its transfer, no view change completes).
 /// Skipped by the batch, replayed by
 /// `open_bug_transfer_batch_seeds_freeze_a_needed_voter`.
-const TRANSFER_OPEN_BUG_SEEDS: &[u64] = &[7_000_119, 7_000_170];
+const TRANSFER_OPEN_BUG_SEEDS: &[u64] = &[7_000_170];
 
 /// Guards against: a replica whose peers retired the ops it needs (it
 /// lagged past their retention, or lost its disk) never catching up, and
 /// an install breaking the checker's invariants (acked ops lost,
 /// committed prefixes differing, retired or cut data returning, the VSR
-/// state or the wipe lost across a crash during the install). Retention
-/// on, every fault on, crashes aimed at installs; prints what the batch
-/// hit and fails if it hit none of a kind.
+/// state or the wipe lost across a crash during the install), purged data
+/// returning or a stale pre-purge offer taken (operator purges racing the
+/// transfers), and a hostile transfer server costing more than its charges
+/// or keeping a receiver from an honest peer. Retention on, every fault
+/// on, crashes aimed at installs; prints what the batch hit and fails if
+/// it hit none of a kind.
 #[test]
 fn transfer_seeds_converge_under_retention() {
     let started = std::time::Instant::now();
@@ -240,6 +245,9 @@ fn transfer_seeds_converge_under_retention() {
             total.purges_transferring,
         ),
         ("stale-generation refusals", total.stale_generation_refusals),
+        ("hostile frames", total.hostile_frames),
+        ("charges", total.transfer_charges),
+        ("quarantines", total.transfer_quarantines),
     ];
     for (kind, n) in kinds {
         assert!(n > 0, "the batch hit no {kind}: {total}");

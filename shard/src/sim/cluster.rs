@@ -25,6 +25,9 @@ pub use transfer::NodeXfer;
 #[path = "purge.rs"]
 mod purge;
 pub use purge::Purges;
+#[path = "hostile.rs"]
+mod hostile;
+pub use hostile::{Hostile, Hostility, HOSTILITIES};
 
 pub const CLUSTER_ID: u128 = 0x5eed_c1a5;
 /// Deliveries and storage completions per tick at most (the rest wait).
@@ -89,6 +92,9 @@ pub struct Cluster {
     /// Operator purges on ([`SimOptions::purges`]).
     purges: bool,
     purge: Purges,
+    /// The seed's hostile transfer server ([`SimOptions::hostile`]).
+    pub hostile: Option<Hostile>,
+    segment_bytes: u64,
 }
 
 impl Cluster {
@@ -140,6 +146,8 @@ impl Cluster {
             transfers: opts.transfers,
             purges: opts.purges,
             purge: Purges::default(),
+            hostile: Hostile::draw(seed, n, opts.hostile),
+            segment_bytes: opts.segment_bytes,
         })
     }
 
@@ -274,6 +282,9 @@ impl Cluster {
         if self.purges {
             self.purge_tick(faults)?;
         }
+        if self.transfers {
+            self.hostile_tick()?;
+        }
         if chance(&mut self.rng, self.rates.append_per_mille) {
             self.client_append()?;
         }
@@ -324,10 +335,22 @@ impl Cluster {
 
     fn deliver(&mut self, p: Packet) -> Result<(), Violation> {
         let limits = wire::ReplicationLimits::default();
-        let decoded = wire::Message::decode(&p.bytes, &limits).map_err(|e| {
-            let detail = format!("R{} -> R{}: {e}", p.from, p.to);
-            violation("messages decode", detail)
-        })?;
+        let decoded = match wire::Message::decode(&p.bytes, &limits) {
+            Ok(d) => d,
+            Err(_) if self.hostile_undecodable(p.from) => {
+                // A hostile offer: the receiver charges its sender.
+                if !self.nodes[usize::from(p.to)].is_up() {
+                    return Ok(());
+                }
+                let from = p.from;
+                return self
+                    .step_receiver(p.to, crate::transfer::ReceiverInput::Undecodable { from });
+            }
+            Err(e) => {
+                let detail = format!("R{} -> R{}: {e}", p.from, p.to);
+                return Err(violation("messages decode", detail));
+            }
+        };
         let env = decoded.envelope;
         if env.cluster_id != CLUSTER_ID || env.partition_id != PARTITION_ID {
             let detail = format!("envelope {env:?}");

@@ -62,6 +62,9 @@ pub struct SimOptions {
     pub transfers: bool,
     /// The operator purges the partition now and then (`sim/purge.rs`).
     pub purges: bool,
+    /// One replica's transfer server lies, in a way drawn per seed
+    /// (`sim/hostile.rs`; groups of 3 or 5, with transfers).
+    pub hostile: bool,
 }
 
 /// 64 KiB segments rolling at 16 KiB once committed: runs cross rolls,
@@ -83,6 +86,7 @@ impl SimOptions {
             full_trace: false,
             transfers: false,
             purges: false,
+            hostile: false,
         }
     }
 }
@@ -143,6 +147,11 @@ pub struct Counts {
     pub purge_crashes: u64,
     /// Offers refused for a purge generation below the receiver's.
     pub stale_generation_refusals: u64,
+    /// Frames the hostile transfer server sent as lies (or extra).
+    pub hostile_frames: u64,
+    /// Charges receivers put on peers (bad offers, chunks, frames).
+    pub transfer_charges: u64,
+    pub transfer_quarantines: u64,
 }
 
 impl Counts {
@@ -197,6 +206,9 @@ impl Counts {
                 &mut self.stale_generation_refusals,
                 o.stale_generation_refusals,
             ),
+            (&mut self.hostile_frames, o.hostile_frames),
+            (&mut self.transfer_charges, o.transfer_charges),
+            (&mut self.transfer_quarantines, o.transfer_quarantines),
         ];
         for (sum, x) in pairs {
             *sum += x;
@@ -215,7 +227,7 @@ impl fmt::Display for Counts {
              transfers {} offers_taken {} installs {} install_crashes {} rotations {} \
              refusals {} attempts_failed {} transfer_messages {} acks_retired {} \
              purges {} (abandoned {}) replica_purges {} (transferring {}) purges_pinned {} purge_crashes {} \
-             stale_generation_refusals {}",
+             stale_generation_refusals {} hostile_frames {} charges {} quarantines {}",
             self.appends,
             self.acks,
             self.view_changes,
@@ -254,6 +266,9 @@ impl fmt::Display for Counts {
             self.purges_pinned,
             self.purge_crashes,
             self.stale_generation_refusals,
+            self.hostile_frames,
+            self.transfer_charges,
+            self.transfer_quarantines,
         )
     }
 }

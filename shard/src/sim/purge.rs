@@ -10,11 +10,13 @@
 //! happens at op `P_g`: the client pauses, and once every up replica that
 //! is not transferring is quiescent at one op, they all purge there.
 //! Replicas down, transferring or serving a snapshot then (a leased
-//! snapshot pins the store: the purge is refused) are purged later, when
-//! they are quiescent at or past `P_g`, or, transferring, between two
-//! attempts: the transfer restarts from the purged store, so offers from
-//! replicas not purged yet are stale (a lower purge generation) and must be
-//! refused.
+//! snapshot pins the store: the purge is refused) are purged later, once
+//! they committed `P_g` (as a purge replicated in the log would be) and are
+//! quiescent, or, transferring, between two attempts: the transfer
+//! restarts from the purged store, so offers from replicas not purged yet
+//! are stale (a lower purge generation) and must be refused. A replica
+//! whose log ends below `P_g` is not purged: it reaches the new generation
+//! by installing from a purged peer, or is purged once it commits `P_g`.
 //!
 //! Guards against: purged data returning (a store at purge generation
 //! `g` holding an op at or below `P_g`, after a purge, an install or a
@@ -124,13 +126,17 @@ impl Cluster {
         {
             return None;
         }
-        if x.xfer.freezes() {
-            // Between two attempts only: nothing staged, nothing asked of
-            // storage.
-            let rx = x.xfer.receiver.as_ref()?;
-            return matches!(rx.phase_name(), "asking" | "waiting").then_some(true);
-        }
         let point = self.purge.purged_through(self.purge.generation());
+        if x.xfer.freezes() {
+            // Between two attempts only (nothing staged, nothing asked of
+            // storage), and only past the purge point: a replica whose log
+            // ends below it would repair the purged ops back from a replica
+            // not purged yet if the transfer ends (a crash) before an install.
+            let rx = x.xfer.receiver.as_ref()?;
+            let past = x.store.as_ref()?.superblock().vsr.commit >= point;
+            let between = matches!(rx.phase_name(), "asking" | "waiting");
+            return (past && between).then_some(true);
+        }
         let quiet = replica.status() == Status::Normal
             && replica.op() == replica.commit()
             && replica.commit() >= point;

@@ -66,9 +66,12 @@ impl Default for NodeXfer {
     }
 }
 
-fn budgets() -> Budgets {
+/// The store's chunk size, and no artifact longer than a segment (the
+/// store refuses those anyway; the receiver refuses them before staging).
+fn budgets(segment_bytes: u64) -> Budgets {
     Budgets {
         chunk_size_bytes: 4096,
+        artifact_bytes_max: segment_bytes,
         ..Budgets::default()
     }
 }
@@ -132,7 +135,7 @@ impl Cluster {
         let cfg = ReceiverConfig {
             replica_count: n,
             replica: r,
-            budgets: budgets(),
+            budgets: budgets(self.segment_bytes),
         };
         let receiver =
             Receiver::new(cfg, seed).map_err(|e| violation("transfer budgets", e.0.to_string()))?;
@@ -176,6 +179,9 @@ impl Cluster {
         if msg.for_receiver() {
             return self.step_receiver(to, ReceiverInput::Message { from, msg });
         }
+        if let Some(h) = self.hostile.as_mut().filter(|h| h.replica == to) {
+            h.asked(from, &msg);
+        }
         let node = &self.nodes[usize::from(to)];
         let state = match node.replica.as_ref() {
             Some(rep) if !node.xfer.freezes() => ServingState {
@@ -200,7 +206,7 @@ impl Cluster {
         self.transfer_outputs(r, false, out)
     }
 
-    fn step_receiver(&mut self, r: u8, input: ReceiverInput) -> Result<(), Violation> {
+    pub(super) fn step_receiver(&mut self, r: u8, input: ReceiverInput) -> Result<(), Violation> {
         let mut out = XOutbox::new();
         let Some(rx) = self.nodes[usize::from(r)].xfer.receiver.as_mut() else {
             return Ok(());
@@ -232,15 +238,12 @@ impl Cluster {
         Ok(())
     }
 
-    fn send_transfer(&mut self, r: u8, to: u8, msg: &XMsg) -> Result<(), Violation> {
+    pub(super) fn send_transfer(&mut self, r: u8, to: u8, msg: &XMsg) -> Result<(), Violation> {
         let view = self.nodes[usize::from(r)]
             .store
             .as_ref()
             .map_or(0, |s| s.superblock().vsr.view);
-        let mut bytes = Vec::new();
-        msg.to_wire(CLUSTER_ID, PARTITION_ID, r, view)
-            .encode(&mut bytes)
-            .map_err(|e| violation("messages encode", format!("R{r} transfer: {e}")))?;
+        let bytes = self.transfer_frame(r, to, msg, view)?;
         self.counts.transfer_messages += 1;
         let now = self.tick;
         self.net
@@ -250,7 +253,14 @@ impl Cluster {
 
     fn transfer_event(&mut self, r: u8, e: XEvent) -> Result<(), Violation> {
         match &e {
-            XEvent::OfferTaken { .. } => self.counts.transfer_offers_taken += 1,
+            XEvent::OfferTaken { peer, snapshot_id } => {
+                self.check_not_a_lie(r, *snapshot_id, *peer)?;
+                self.counts.transfer_offers_taken += 1
+            }
+            XEvent::Quarantined { .. } => self.counts.transfer_quarantines += 1,
+            XEvent::Dropped {
+                what: "charged", ..
+            } => self.counts.transfer_charges += 1,
             XEvent::OfferRefused { why, .. } => {
                 self.counts.transfer_refusals += 1;
                 if matches!(why, Stale::PurgeGeneration { .. }) {
