@@ -59,8 +59,10 @@ fn parse_replicas(s: &str) -> Result<u8, String> {
     }
 }
 
-/// Exit code 0 when every seed passed, 1 when one failed (printed).
+/// Exit code 0 when every seed passed, 1 when one failed (printed). More
+/// than one seed: a last line sums what they hit.
 pub fn run(a: SimArgs) -> i32 {
+    let mut total = sim::Counts::default();
     for seed in a.seed..a.seed.saturating_add(a.count) {
         let opts = SimOptions {
             seed,
@@ -77,12 +79,18 @@ pub fn run(a: SimArgs) -> i32 {
             hostile: a.hostile,
         };
         match sim::run(opts) {
-            Ok(summary) => println!("{summary}"),
+            Ok(summary) => {
+                total.add(&summary.counts);
+                println!("{summary}");
+            }
             Err(failure) => {
                 eprintln!("{failure}");
                 return 1;
             }
         }
+    }
+    if a.count > 1 {
+        println!("{} seeds from {}: {total}", a.count, a.seed);
     }
     0
 }
