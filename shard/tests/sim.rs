@@ -1,6 +1,7 @@
 //! The deterministic cluster simulator (`ringlog_shard::sim`) in CI:
 //! fault-free seeds converge, a seed replays to the same trace hash.
 
+use ringlog_shard::sim::cluster::{Hostile, HOSTILITIES};
 use ringlog_shard::sim::{self, SimOptions};
 
 /// Guards against: the replica, executor and store failing to commit and
@@ -222,10 +223,26 @@ const TRANSFER_OPEN_BUG_SEEDS: &[u64] = &[7_000_170];
 fn transfer_seeds_converge_under_retention() {
     let started = std::time::Instant::now();
     let mut total = sim::Counts::default();
+    // Per way of lying: (seeds, hostile frames, charges) of its seeds.
+    let mut lies = [(0u64, 0u64, 0u64); HOSTILITIES.len()];
     let seeds = (7_000_000..7_000_000 + 256).filter(|s| !TRANSFER_OPEN_BUG_SEEDS.contains(s));
     for seed in seeds {
         let summary = sim::run(batch_opts(seed)).unwrap_or_else(|f| panic!("{f}"));
         total.add(&summary.counts);
+        let drawn = Hostile::draw(seed, summary.replicas, true);
+        if let Some(i) = drawn.and_then(|h| HOSTILITIES.iter().position(|&m| m == h.mode)) {
+            let c = &summary.counts;
+            lies[i].0 += 1;
+            lies[i].1 += c.hostile_frames;
+            lies[i].2 += c.transfer_charges;
+        }
+    }
+    for (mode, (seeds, frames, charges)) in HOSTILITIES.iter().zip(lies) {
+        eprintln!("  hostile {mode:?}: {seeds} seeds, {frames} frames, {charges} charges in them");
+        assert!(
+            frames > 0 && charges > 0,
+            "the batch charged no {mode:?} peer"
+        );
     }
     eprintln!(
         "transfer batch ({} open-bug seeds skipped) in {:.1} s: {total}",
