@@ -467,37 +467,40 @@ fn encode_process(enc: &mut Enc<'_>, p: &process::Figures) -> EncResult {
         )?;
         family.encode_counter::<NoLabelSet, _, u64>(&v, None)?;
     }
-    let gauges: [(&str, &str, Option<f64>); 5] = [
+    let gauges: [(&str, &str, Option<u64>); 4] = [
         (
             "process_resident_memory_bytes",
             "Resident memory size in bytes",
-            p.resident_bytes.map(|v| v as f64),
+            p.resident_bytes,
         ),
         (
             "process_virtual_memory_bytes",
             "Virtual memory size in bytes",
-            p.virtual_bytes.map(|v| v as f64),
+            p.virtual_bytes,
         ),
         (
             "process_open_fds",
             "Number of open file descriptors",
-            p.open_fds.map(|v| v as f64),
+            p.open_fds,
         ),
         (
             "process_max_fds",
             "Maximum number of open file descriptors (soft limit)",
-            p.max_fds.map(|v| v as f64),
-        ),
-        (
-            "process_start_time_seconds",
-            "Start time of the process since unix epoch in seconds",
-            p.start_time_seconds,
+            p.max_fds,
         ),
     ];
     for (name, help, value) in gauges {
         if let Some(v) = value {
             gauge(enc, name, help, [(NO_LABELS, v)])?;
         }
+    }
+    if let Some(v) = p.start_time_seconds {
+        gauge(
+            enc,
+            "process_start_time_seconds",
+            "Start time of the process since unix epoch in seconds",
+            [(NO_LABELS, v)],
+        )?;
     }
     Ok(())
 }
@@ -658,6 +661,12 @@ mod tests {
             out.contains(&format!("ringlog_build_info{{version=\"{version}\"}} 1\n")),
             "{out}"
         );
+        // Integer figures print as integers.
+        let fds = out
+            .lines()
+            .find_map(|l| l.strip_prefix("process_open_fds "))
+            .expect("process_open_fds");
+        assert!(fds.parse::<u64>().is_ok(), "{fds}");
         // One TYPE per family, none with a doubled suffix.
         let types: Vec<&str> = out.lines().filter(|l| l.starts_with("# TYPE")).collect();
         let unique: std::collections::BTreeSet<_> = types.iter().collect();
