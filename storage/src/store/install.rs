@@ -672,7 +672,7 @@ impl PartitionStore {
         };
         let m = &install.manifest;
         let active_path = segment::log_path(&install.staging_dir, m.next_offset);
-        let active_file = self.provision_segment(io, &active_path)?;
+        let active_segment = self.provision_segment(io, &active_path)?;
 
         // Everything staged is durable before the rename.
         let mut sqes: Vec<Sqe> = install
@@ -689,7 +689,7 @@ impl PartitionStore {
         let generation = self.sb.live_generation + 1;
         let generation_dir = segment::generation_dir(&self.dir, generation);
         if let Err(e) = self.rename_staging(io, &install.staging_dir, &generation_dir) {
-            io.close(active_file);
+            io.close(active_segment.file);
             if !matches!(e, StoreError::Fenced { .. }) {
                 self.abort_install(io, install)?;
             }
@@ -718,7 +718,7 @@ impl PartitionStore {
         // The old generation's files go next: no snapshot may read them.
         self.invalidate_snapshots();
         io.close(install.staging_dir_file);
-        self.switch_generation(io, generation_dir, sealed, (active_file, chain));
+        self.switch_generation(io, generation_dir, sealed, (active_segment, chain));
         Ok(())
     }
 

@@ -127,6 +127,14 @@ struct SealedFile {
     index_persisted: bool,
 }
 
+/// A segment file made ready to be the active segment.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Provisioned {
+    pub(super) file: FileId,
+    /// Reserved from offset 0 up to here already (see `reserve`).
+    pub(super) allocated_bytes: u64,
+}
+
 struct ActiveSegment {
     base_offset: u64,
     file: FileId,
@@ -275,7 +283,10 @@ impl PartitionStore {
             ..Superblock::default()
         };
         let active = ActiveSegment::empty(
-            active_file,
+            Provisioned {
+                file: active_file,
+                allocated_bytes: 0,
+            },
             ChainPoint::default(),
             (config.transfer_chunk_bytes, config.segment_size_bytes),
             sb.frontier.active_nonce,
@@ -816,7 +827,7 @@ impl PartitionStore {
         let chunk_checksums = active.hasher.chunk_checksums();
         let new_base = self.durable.next_offset;
         let new_path = segment::log_path(&self.generation_dir, new_base);
-        let new_file = self.provision_segment(io, &new_path)?;
+        let new_segment = self.provision_segment(io, &new_path)?;
         let mut next = self.sb.successor();
         // Durable before the superblock that counts it (a linked chain
         // would not stop at a failed fdatasync: this is its own submission).
@@ -824,7 +835,7 @@ impl PartitionStore {
             Ok(table) => table,
             Err(e) => {
                 // Not committed: the new file is garbage for the next open.
-                io.close(new_file);
+                io.close(new_segment.file);
                 return Err(e);
             }
         };
@@ -840,7 +851,7 @@ impl PartitionStore {
             active_nonce: match new_nonce(self.partition_id, &new_path) {
                 Ok(nonce) => nonce,
                 Err(e) => {
-                    io.close(new_file);
+                    io.close(new_segment.file);
                     return Err(e);
                 }
             },
@@ -865,7 +876,7 @@ impl PartitionStore {
             Ok(files) => files,
             // Nothing changed yet: the new file is garbage for the next open.
             Err(e) => {
-                io.close(new_file);
+                io.close(new_segment.file);
                 return Err(e);
             }
         };
@@ -880,7 +891,7 @@ impl PartitionStore {
         // The flush above left nothing pending: no buffer moves over.
         debug_assert!(self.active.pending.is_none());
         let new_active = ActiveSegment::empty(
-            new_file,
+            new_segment,
             self.durable,
             (
                 self.config.transfer_chunk_bytes,
@@ -941,8 +952,9 @@ impl PartitionStore {
         &mut self,
         io: &mut impl IoBackend,
         path: &Path,
-    ) -> Result<FileId, StoreError> {
+    ) -> Result<Provisioned, StoreError> {
         let pid = self.partition_id;
+        let capacity_bytes = self.config.segment_size_bytes;
         let result = match self.pool.take_recycled() {
             Some(from) => {
                 let rename = Op::Rename {
@@ -955,9 +967,17 @@ impl PartitionStore {
                         io.open_file(path, OpenMode::Existing)
                             .map_err(|e| StoreError::io(pid, "open", path, e))
                     })
+                    .and_then(|file| allocate_whole_segment(io, pid, path, file, capacity_bytes))
                     .and_then(|file| zero_first_block(io, pid, path, file))
+                    .map(|file| Provisioned {
+                        file,
+                        allocated_bytes: capacity_bytes,
+                    })
             }
-            None => create_segment_file(io, pid, path, 0),
+            None => create_segment_file(io, pid, path, 0).map(|file| Provisioned {
+                file,
+                allocated_bytes: 0,
+            }),
         };
         match result {
             Err(StoreError::Io { source, path, .. }) if is_enospc(&source) => {
@@ -1135,11 +1155,15 @@ impl ActiveSegment {
     /// slot record is due yet. Its allocation is not known: the first
     /// append's fallocate covers whatever is missing.
     fn empty(
-        file: FileId,
+        provisioned: Provisioned,
         prev: ChainPoint,
         (chunk_size_bytes, capacity_bytes): (u32, u64),
         nonce: u64,
     ) -> Self {
+        let Provisioned {
+            file,
+            allocated_bytes,
+        } = provisioned;
         Self {
             base_offset: prev.next_offset,
             file,
@@ -1152,7 +1176,7 @@ impl ActiveSegment {
             durable_position: 0,
             pending: None,
             tail: Vec::new(),
-            allocated_bytes: 0,
+            allocated_bytes,
             capacity_bytes,
             slot_sequence: 0,
             slot_floor: 0,
@@ -1197,6 +1221,29 @@ fn allocation_target(end: u64, segment_size_bytes: u64) -> u64 {
 /// a superblock names it active: recovery then finds the log's end at once
 /// (zeros where the first header was due) instead of scanning stale bytes
 /// for trailers (see `open.rs`). Closes `file` on failure.
+/// Reserves all of a recycled segment file, data and frontier record slots,
+/// in one fallocate (the file held a segment already, so this mostly claims
+/// blocks it has). Done here, before `zero_first_block`'s fdatasync makes
+/// the inode change durable, so that no flush of the segment pays for an
+/// inode write: on ext4 each fallocate dirties the inode, and the next
+/// fdatasync then writes it synchronously, one more device round trip.
+fn allocate_whole_segment(
+    io: &mut impl IoBackend,
+    pid: u32,
+    path: &Path,
+    file: FileId,
+    capacity_bytes: u64,
+) -> Result<FileId, StoreError> {
+    let end = segment::slot_offset(capacity_bytes, segment::SLOTS - 1) + segment::SLOT_BYTES;
+    match io.allocate(file, end) {
+        Ok(()) => Ok(file),
+        Err(e) => {
+            io.close(file);
+            Err(StoreError::io(pid, "fallocate", path, e))
+        }
+    }
+}
+
 fn zero_first_block(
     io: &mut impl IoBackend,
     pid: u32,

@@ -13,8 +13,11 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{new_nonce, table, ActiveSegment, ChainPoint, PartitionStore, SealedFile, StoreError};
-use crate::io::{FileId, IoBackend, Op, Sqe};
+use super::{
+    new_nonce, table, ActiveSegment, ChainPoint, PartitionStore, Provisioned, SealedFile,
+    StoreError,
+};
+use crate::io::{IoBackend, Op, Sqe};
 use crate::segment;
 use crate::superblock::{Frontier, SealedSegment};
 
@@ -43,7 +46,7 @@ impl PartitionStore {
             .map_err(|e| StoreError::io(pid, "mkdir", &new_dir, e));
         self.fence_on_err(created)?;
         let base = self.durable.next_offset;
-        let new_file = self.provision_segment(io, &segment::log_path(&new_dir, base))?;
+        let new_segment = self.provision_segment(io, &segment::log_path(&new_dir, base))?;
         let fresh = table::write_fresh(io, pid, &new_dir, self.sb.table.id + 1, &[]);
         let table = self.fence_on_err(fresh)?;
         let dir = self.dir.clone();
@@ -69,7 +72,7 @@ impl PartitionStore {
 
         // Committed: switch to the new generation, then remove the old one.
         let prev = self.durable;
-        self.switch_generation(io, new_dir, Vec::new(), (new_file, prev));
+        self.switch_generation(io, new_dir, Vec::new(), (new_segment, prev));
         Ok(())
     }
 
@@ -82,7 +85,7 @@ impl PartitionStore {
         io: &mut impl IoBackend,
         dir: PathBuf,
         sealed: Vec<SealedFile>,
-        (file, prev): (FileId, ChainPoint),
+        (segment, prev): (Provisioned, ChainPoint),
     ) {
         if let Some(buf) = self.active.pending.take() {
             self.pool.put_write(buf);
@@ -90,7 +93,7 @@ impl PartitionStore {
         // Called after the commit that names the new active segment.
         debug_assert_eq!(self.sb.frontier.active_base, prev.next_offset);
         let active = ActiveSegment::empty(
-            file,
+            segment,
             prev,
             (
                 self.config.transfer_chunk_bytes,
