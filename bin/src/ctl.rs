@@ -11,11 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
-use ringlog_protocol::wire::ErrorCode;
-use ringlog_shard::client::Client;
 use ringlog_shard::control::client::request;
-
-use crate::groups;
 use serde_json::{json, Value};
 
 #[derive(Args)]
@@ -52,8 +48,8 @@ enum CtlCommand {
         #[arg(long)]
         partition: Option<u32>,
     },
-    /// Consumer groups: committed offset, partition end and lag per
-    /// partition (read from the offsets topic over the client protocol).
+    /// Consumer groups: committed offset, partition start and end, and lag
+    /// per partition, as the server reads them from the offsets topic.
     Consumers { group: Option<String> },
     /// Prometheus metrics text.
     Metrics,
@@ -188,7 +184,7 @@ pub fn run(args: CtlArgs) -> i32 {
         CtlCommand::Purge { topic, partition } => {
             json!({"cmd": "purge", "topic": topic, "partition": partition})
         }
-        CtlCommand::Consumers { group } => return consumers(&socket, group.as_deref(), args.json),
+        CtlCommand::Consumers { group } => json!({"cmd": "consumers", "group": group}),
         CtlCommand::Metrics => json!({"cmd": "metrics"}),
         CtlCommand::Config => json!({"cmd": "config"}),
         CtlCommand::LogLevel { level } => json!({"cmd": "log_level", "level": level}),
@@ -248,6 +244,7 @@ pub fn run(args: CtlArgs) -> i32 {
                 ],
             ),
         ),
+        CtlCommand::Consumers { .. } => print_consumers(result),
         CtlCommand::Metrics => print!("{}", result["text"].as_str().unwrap_or("")),
         CtlCommand::Config => table(
             &["KEY", "VALUE", "SOURCE"],
@@ -265,63 +262,46 @@ pub fn run(args: CtlArgs) -> i32 {
     0
 }
 
-/// `ctl consumers`: the node's client address from `status`, then the
-/// commits and each partition's end over the client protocol.
-fn consumers(socket: &Path, group: Option<&str>, raw: bool) -> i32 {
-    match consumer_rows(socket, group) {
-        Ok(list) if raw => {
-            println!("{}", json!({"ok": true, "result": list}));
-            0
+/// `ctl consumers`: the server's table of commits (see
+/// `ringlog_shard::control::consumers`); `NOTE` says when a committed
+/// offset is outside the stored range, where the consumer's `--reset`
+/// policy decides.
+fn print_consumers(result: &Value) {
+    let mut list = rows(
+        result,
+        &[
+            "group",
+            "topic",
+            "partition",
+            "log_start",
+            "committed",
+            "end",
+            "lag",
+        ],
+    );
+    let notes = result.as_array().into_iter().flatten().map(|r| {
+        if r["out_of_range"] == json!(true) {
+            "outside the log: --reset applies".to_string()
+        } else {
+            "-".to_string()
         }
-        Ok(list) => {
-            table(
-                &["GROUP", "TOPIC", "PART", "COMMITTED", "END", "LAG"],
-                rows(
-                    &list,
-                    &["group", "topic", "partition", "committed", "end", "lag"],
-                ),
-            );
-            0
-        }
-        Err(e) => {
-            eprintln!("ringlog ctl: consumers: {e}");
-            1
-        }
+    });
+    for (row, note) in list.iter_mut().zip(notes) {
+        row.push(note);
     }
-}
-
-fn consumer_rows(socket: &Path, group: Option<&str>) -> Result<Value, String> {
-    let status = request(socket, &json!({"cmd": "status"}), Duration::from_secs(60))
-        .map_err(|e| e.to_string())?;
-    let listen = status["result"]["node"]["listen"]
-        .as_str()
-        .ok_or_else(|| format!("status has no listen address: {status}"))?
-        .to_string();
-    let mut client = Client::connect(listen.as_str()).map_err(|e| e.to_string())?;
-    let committed = groups::load(&mut client, group).map_err(|e| e.to_string())?;
-    let mut ends: std::collections::BTreeMap<String, Vec<u64>> = Default::default();
-    let mut out = Vec::new();
-    for ((g, topic, partition), offset) in committed {
-        if !ends.contains_key(&topic) {
-            // A dropped topic keeps its commits: shown with no end.
-            let hw = match client.describe_topic(&topic) {
-                Ok(d) => d.partitions.iter().map(|p| p.high_watermark).collect(),
-                Err(e) if e.code() == Some(ErrorCode::UnknownTopic) => Vec::new(),
-                Err(e) => return Err(e.to_string()),
-            };
-            ends.insert(topic.clone(), hw);
-        }
-        let end = ends[&topic].get(partition as usize).copied();
-        out.push(json!({
-            "group": g,
-            "topic": topic,
-            "partition": partition,
-            "committed": offset,
-            "end": end,
-            "lag": end.map(|e| e.saturating_sub(offset)),
-        }));
-    }
-    Ok(Value::Array(out))
+    table(
+        &[
+            "GROUP",
+            "TOPIC",
+            "PART",
+            "START",
+            "COMMITTED",
+            "END",
+            "LAG",
+            "NOTE",
+        ],
+        list,
+    );
 }
 
 fn cell(v: &Value) -> String {

@@ -1,19 +1,17 @@
-//! Committed consumer offsets (`consume --group`, `ctl consumers`), kept on
-//! the server in an ordinary topic: each commit is a produced record (key
-//! `group NUL topic NUL partition`, value the next offset to read, decimal),
-//! durable like any acknowledged produce; the newest record per key wins.
-//! The server knows nothing of groups: resuming reads the whole offsets
-//! topic, and lag is computed by the reader (`ctl consumers`), not exported
-//! as a server metric.
+//! Committed consumer offsets (`consume --group`), kept on the server in an
+//! ordinary topic: each commit is a produced record (key `group NUL topic
+//! NUL partition`, value the next offset to read, decimal), durable like
+//! any acknowledged produce; the newest record per key wins. Resuming reads
+//! the whole offsets topic; the server reads it too, for `ctl consumers` and
+//! the lag metric (`ringlog_shard::control::consumers`, which owns the
+//! format).
 
 use std::collections::BTreeMap;
 
 use ringlog_protocol::wire::ErrorCode;
 use ringlog_protocol::{BatchBuilder, Record, Stamp};
 use ringlog_shard::client::{records, Client, ClientError};
-
-/// The topic holding the commits (one partition: one total order).
-pub const OFFSETS_TOPIC: &str = "__consumer_offsets";
+use ringlog_shard::control::consumers::{commit_key, parse_commit, OFFSETS_TOPIC};
 /// Bytes per fetch while loading the commits.
 const LOAD_FETCH_BYTES: u32 = 1 << 20;
 
@@ -56,17 +54,6 @@ impl Reset {
     }
 }
 
-fn key(group: &str, topic: &str, partition: u32) -> Vec<u8> {
-    format!("{group}\0{topic}\0{partition}").into_bytes()
-}
-
-fn parse_key(key: &[u8]) -> Option<(String, String, u32)> {
-    let text = std::str::from_utf8(key).ok()?;
-    let mut parts = text.split('\0');
-    let (g, t, p) = (parts.next()?, parts.next()?, parts.next()?);
-    Some((g.to_string(), t.to_string(), p.parse().ok()?))
-}
-
 /// Creates the offsets topic if it does not exist yet.
 pub fn ensure_topic(client: &mut Client) -> Result<(), ClientError> {
     match client.create_topic(OFFSETS_TOPIC, 1) {
@@ -89,10 +76,7 @@ pub fn load(client: &mut Client, group: Option<&str>) -> Result<Committed, Clien
             if r.offset < offset {
                 continue;
             }
-            let (Some(k), Ok(Ok(v))) = (
-                parse_key(&r.key),
-                std::str::from_utf8(&r.value).map(str::parse::<u64>),
-            ) else {
+            let Some((k, v)) = parse_commit(&r.key, &r.value) else {
                 continue;
             };
             if group.is_none_or(|g| g == k.0) {
@@ -119,7 +103,7 @@ pub fn commit(
     }
     let keys: Vec<(Vec<u8>, Vec<u8>)> = positions
         .iter()
-        .map(|(p, o)| (key(group, topic, *p), o.to_string().into_bytes()))
+        .map(|(p, o)| (commit_key(group, topic, *p), o.to_string().into_bytes()))
         .collect();
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -142,10 +126,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn keys_round_trip_and_reset_applies_only_outside_the_range() {
-        let k = key("g/1", "t.x", 7);
-        assert_eq!(parse_key(&k), Some(("g/1".into(), "t.x".into(), 7)));
-        assert_eq!(parse_key(b"no separators"), None);
+    fn reset_applies_only_outside_the_range() {
         assert_eq!(Reset::Error.apply(5, 3, 9, "x").unwrap(), 5);
         assert_eq!(Reset::Earliest.apply(1, 3, 9, "x").unwrap(), 3);
         assert_eq!(Reset::Latest.apply(1, 3, 9, "x").unwrap(), 9);

@@ -419,3 +419,198 @@ fn json_logs_are_one_object_per_line() {
         "{text}"
     );
 }
+
+// ---- consumer groups the server knows (issue 13 item 2) ----
+
+/// Runs `ringlog ARGS` with `stdin`; returns (exit code, stdout, stderr).
+fn ringlog(args: &[&str], stdin: &str) -> (Option<i32>, String, String) {
+    let mut child = Command::new(BIN)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(stdin.as_bytes()).unwrap();
+    drop(input);
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.code(),
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+fn ok(args: &[&str], stdin: &str) -> String {
+    let (code, out, err) = ringlog(args, stdin);
+    assert_eq!(code, Some(0), "{args:?}: {err}");
+    out
+}
+
+/// (group, topic, partition, committed, end, lag, out_of_range) rows of
+/// the server's `consumers` command.
+fn consumers(server: &Server) -> Vec<(String, String, u64, u64, u64, u64, bool)> {
+    let reply = server.ctl(&["raw", r#"{"cmd":"consumers"}"#]);
+    assert_eq!(reply["ok"], true, "{reply}");
+    reply["result"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["group"].as_str().unwrap().to_string(),
+                r["topic"].as_str().unwrap().to_string(),
+                r["partition"].as_u64().unwrap(),
+                r["committed"].as_u64().unwrap(),
+                r["end"].as_u64().unwrap(),
+                r["lag"].as_u64().unwrap(),
+                r["out_of_range"].as_bool().unwrap(),
+            )
+        })
+        .collect()
+}
+
+fn metric_lines(server: &Server, name: &str) -> Vec<String> {
+    let reply = server.ctl(&["metrics"]);
+    let text = reply["result"]["text"].as_str().unwrap();
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")))
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn the_server_reports_each_groups_position_and_lag_also_as_a_metric() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("d"), &[]);
+    let a = server.addr.clone();
+    let produce = |p: &str, lines: &str| {
+        ok(&["produce", "t", "--addr", &a, "-p", p, "-q"], lines);
+    };
+    ok(&["produce", "t", "--addr", &a, "--create", "2"], "");
+    produce("0", "a0\na1\na2\n");
+    produce("1", "b0\nb1\n");
+    let consume = |group: &str, extra: &[&str]| {
+        let mut args = vec!["consume", "t", "--addr", &a, "-g", group];
+        args.extend_from_slice(extra);
+        ok(&args, "")
+    };
+    assert_eq!(consume("g1", &["-p", "0", "-c", "2"]), "a0\na1\n");
+    assert_eq!(consume("g2", &[]), "a0\na1\na2\nb0\nb1\n");
+    produce("1", "b2\nb3\nb4\n");
+    let row = |g: &str, p: u64, c: u64, end: u64, lag: u64| {
+        (g.to_string(), "t".to_string(), p, c, end, lag, false)
+    };
+    assert_eq!(
+        consumers(&server),
+        [
+            row("g1", 0, 2, 3, 1),
+            row("g2", 0, 3, 3, 0),
+            row("g2", 1, 2, 5, 3)
+        ]
+    );
+    assert_eq!(
+        metric_lines(&server, "ringlog_consumer_lag"),
+        [
+            r#"ringlog_consumer_lag{group="g1",topic="t",partition="0"} 1"#,
+            r#"ringlog_consumer_lag{group="g2",topic="t",partition="0"} 0"#,
+            r#"ringlog_consumer_lag{group="g2",topic="t",partition="1"} 3"#,
+        ]
+    );
+    // New commits are picked up by the same server (it reads only those).
+    assert_eq!(consume("g1", &["-p", "0"]), "a2\n");
+    assert_eq!(consume("g2", &["-p", "1"]), "b2\nb3\nb4\n");
+    assert_eq!(
+        consumers(&server),
+        [
+            row("g1", 0, 3, 3, 0),
+            row("g2", 0, 3, 3, 0),
+            row("g2", 1, 5, 5, 0)
+        ]
+    );
+    assert_eq!(
+        metric_lines(&server, "ringlog_consumer_committed_offset")[2],
+        r#"ringlog_consumer_committed_offset{group="g2",topic="t",partition="1"} 5"#
+    );
+    // The table, one group.
+    let table = ok(
+        &[
+            "ctl",
+            "consumers",
+            "g1",
+            "--socket",
+            server.control.to_str().unwrap(),
+        ],
+        "",
+    );
+    let lines: Vec<&str> = table.lines().collect();
+    assert_eq!(lines.len(), 2, "{table}");
+    assert!(
+        lines[0].starts_with("GROUP") && lines[0].contains("LAG"),
+        "{table}"
+    );
+    assert!(
+        lines[1].starts_with("g1") && lines[1].ends_with('-'),
+        "{table}"
+    );
+}
+
+#[test]
+fn purged_or_past_the_end_commits_are_flagged_and_follow_the_reset_policy() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("d"), &[]);
+    let a = server.addr.clone();
+    let consume = |group: &str, extra: &[&str]| {
+        let mut args = vec!["consume", "t", "--addr", &a, "-g", group, "-p", "0"];
+        args.extend_from_slice(extra);
+        ringlog(&args, "")
+    };
+    ok(
+        &["produce", "t", "--addr", &a, "--create", "1", "-q"],
+        "x0\nx1\nx2\nx3\n",
+    );
+    assert_eq!(consume("below", &["-c", "1"]).1, "x0\n");
+    assert_eq!(consume("beyond", &[]).1, "x0\nx1\nx2\nx3\n");
+    // Purge: "below" (1) is under the new start (4).
+    assert_eq!(server.ctl(&["purge", "t"])["ok"], true);
+    ok(&["produce", "t", "--addr", &a, "-q"], "x4\n");
+    let rows = consumers(&server);
+    assert_eq!(rows[0].0, "below");
+    assert_eq!((rows[0].3, rows[0].4, rows[0].6), (1, 5, true));
+    assert_eq!((rows[1].3, rows[1].4, rows[1].6), (4, 5, false));
+    // Recreated: "beyond" (5 after reading x4) is past the new end (1).
+    assert_eq!(consume("beyond", &[]).1, "x4\n");
+    assert_eq!(server.ctl(&["delete-topic", "t"])["ok"], true);
+    ok(
+        &["produce", "t", "--addr", &a, "--create", "1", "-q"],
+        "y0\n",
+    );
+    let rows = consumers(&server);
+    assert_eq!((rows[1].3, rows[1].4, rows[1].6), (5, 1, true));
+    let table = ok(
+        &[
+            "ctl",
+            "consumers",
+            "--socket",
+            server.control.to_str().unwrap(),
+        ],
+        "",
+    );
+    assert!(table.contains("reset"), "{table}");
+
+    let (code, out, err) = consume("beyond", &["--reset", "error"]);
+    assert_eq!((code, out.as_str()), (Some(1), ""), "{err}");
+    assert!(
+        err.contains("committed offset 5 is outside the stored range 0..1"),
+        "{err}"
+    );
+    assert_eq!(consume("beyond", &[]).1, "y0\n", "default: earliest");
+    assert_eq!(consume("below", &["--reset", "latest"]).1, "");
+    ok(&["produce", "t", "--addr", &a, "-q"], "y1\n");
+    assert_eq!(consume("below", &[]).1, "y1\n");
+    assert!(consumers(&server).iter().all(|r| !r.6));
+
+    let help = ok(&["consume", "--help"], "");
+    assert!(help.contains("[default: earliest]"), "{help}");
+}

@@ -180,6 +180,18 @@ pub struct PartitionFigures {
     pub faulted: bool,
 }
 
+/// A consumer group's position on one partition (see `control::consumers`).
+#[derive(Clone, Debug)]
+pub struct ConsumerLag {
+    pub group: String,
+    pub topic: String,
+    pub partition: u32,
+    /// The next offset the group will read (its last commit).
+    pub committed: u64,
+    /// Records from `committed` to the partition's durable end.
+    pub lag: u64,
+}
+
 /// Everything one scrape shows.
 #[derive(Debug)]
 pub struct Scrape {
@@ -187,6 +199,7 @@ pub struct Scrape {
     pub partitions: Vec<PartitionFigures>,
     /// Shards whose partition figures did not come in time.
     pub shards_unanswered: u64,
+    pub consumers: Vec<ConsumerLag>,
     pub uptime_s: u64,
 }
 
@@ -427,6 +440,34 @@ impl Scrape {
         }
         Ok(())
     }
+
+    fn encode_consumers(&self, enc: &mut Enc<'_>) -> EncResult {
+        type Row = (&'static str, &'static str, fn(&ConsumerLag) -> u64);
+        let rows: &[Row] = &[
+            (
+                "ringlog_consumer_lag",
+                "Records from a consumer group's committed offset to the partition's durable end",
+                |c| c.lag,
+            ),
+            (
+                "ringlog_consumer_committed_offset",
+                "Next offset a consumer group will read (its last commit)",
+                |c| c.committed,
+            ),
+        ];
+        for (name, help, get) in rows {
+            let series = self.consumers.iter().map(|c| {
+                let labels = [
+                    ("group", c.group.clone()),
+                    ("topic", c.topic.clone()),
+                    ("partition", c.partition.to_string()),
+                ];
+                (labels, get(c))
+            });
+            gauge(enc, name, help, series)?;
+        }
+        Ok(())
+    }
 }
 
 impl Collector for Scrape {
@@ -451,7 +492,8 @@ impl Collector for Scrape {
         )?;
         encode_process(&mut enc, &process::read())?;
         self.encode_shards(&mut enc)?;
-        self.encode_partitions(&mut enc)
+        self.encode_partitions(&mut enc)?;
+        self.encode_consumers(&mut enc)
     }
 }
 
@@ -614,6 +656,13 @@ mod tests {
                 faulted: false,
             }],
             shards_unanswered: 0,
+            consumers: vec![ConsumerLag {
+                group: "g\"1".into(),
+                topic: "t".into(),
+                partition: 3,
+                committed: 5,
+                lag: 2,
+            }],
             uptime_s: 5,
         })
     }
@@ -651,6 +700,9 @@ mod tests {
             // The label value is escaped.
             "ringlog_partition_commit_offset{topic=\"t\\\"x\",partition=\"3\"} 7\n",
             "ringlog_partition_frontier_offset{topic=\"t\\\"x\",partition=\"3\"} 9\n",
+            "# TYPE ringlog_consumer_lag gauge\n",
+            "ringlog_consumer_lag{group=\"g\\\"1\",topic=\"t\",partition=\"3\"} 2\n",
+            "ringlog_consumer_committed_offset{group=\"g\\\"1\",topic=\"t\",partition=\"3\"} 5\n",
             "process_open_fds ",
             "process_resident_memory_bytes ",
         ] {

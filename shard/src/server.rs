@@ -240,6 +240,7 @@ pub fn start(config: ServerConfig, hooks: Hooks) -> Result<Running, ServerError>
         set_log_level: hooks.set_log_level,
         client_addr,
         config_origins: hooks.config_origins,
+        consumers: Default::default(),
     });
     let metrics_http = match start_metrics_http(&config.metrics_addr, &ctx) {
         Ok(m) => m,

@@ -8,8 +8,8 @@ use serde_json::{json, Value};
 
 use super::ControlContext;
 use crate::catalog::TopicState;
-use crate::mailbox::SendError;
-use crate::metrics::{MailboxFigures, PartitionFigures, Scrape};
+use crate::mailbox::{MailboxTx, SendError};
+use crate::metrics::{ConsumerLag, MailboxFigures, PartitionFigures, Scrape};
 use crate::ops::{Envelope, MetaOp, Op, OpError, OpReply, Outcome, ReplyTo};
 use crate::placement::shard_for;
 
@@ -42,6 +42,10 @@ enum Command {
         #[serde(default)]
         partition: Option<u32>,
     },
+    Consumers {
+        #[serde(default)]
+        group: Option<String>,
+    },
     Metrics,
     Config,
     LogLevel {
@@ -72,6 +76,7 @@ impl Command {
             Command::Status
             | Command::Topics
             | Command::Partitions { .. }
+            | Command::Consumers { .. }
             | Command::Metrics
             | Command::Config => None,
         }
@@ -85,14 +90,14 @@ pub(super) fn execute(ctx: &ControlContext, line: &[u8], who: &str) -> Value {
         Err(e) => return fail(format!("malformed JSON: {e}")),
     };
     let Some(name) = value.get("cmd").and_then(Value::as_str).map(str::to_string) else {
-        return fail("missing \"cmd\" (a string); commands: status, topics, partitions, create_topic, delete_topic, purge, metrics, log_level, shutdown");
+        return fail("missing \"cmd\" (a string); commands: status, topics, partitions, create_topic, delete_topic, purge, consumers, metrics, config, log_level, shutdown");
     };
     let cmd: Command = match serde_json::from_value(value) {
         Ok(c) => c,
         Err(e) => {
             let msg = e.to_string();
             return if msg.contains("unknown variant") {
-                fail(format!("unknown command {name:?}; commands: status, topics, partitions, create_topic, delete_topic, purge, metrics, log_level, shutdown"))
+                fail(format!("unknown command {name:?}; commands: status, topics, partitions, create_topic, delete_topic, purge, consumers, metrics, config, log_level, shutdown"))
             } else {
                 fail(format!("bad arguments for {name:?}: {msg}"))
             };
@@ -119,21 +124,61 @@ fn fail(message: impl Into<String>) -> Value {
 
 /// Sends `op` to shard `shard` and waits for its answer.
 fn ask(ctx: &ControlContext, shard: usize, op: Op) -> Outcome {
-    post(ctx, shard, op, SEND_RETRIES)?
-        .recv_timeout(REPLY_TIMEOUT)
+    ask_within(&ctx.peers, shard, op, &Patience::command())
+}
+
+/// How long a request may wait on a shard.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Patience {
+    /// Sends retried (10 ms apart) while the mailbox is full.
+    pub retries: u32,
+    /// When waiting for answers stops.
+    pub deadline: std::time::Instant,
+}
+
+impl Patience {
+    /// A control command's: the mailbox retried, 30 s per answer at most.
+    pub fn command() -> Patience {
+        Patience {
+            retries: SEND_RETRIES,
+            deadline: std::time::Instant::now() + REPLY_TIMEOUT,
+        }
+    }
+
+    /// A scrape's: no retry, the scrape's own deadline.
+    pub fn scrape(deadline: std::time::Instant) -> Patience {
+        Patience {
+            retries: 0,
+            deadline,
+        }
+    }
+}
+
+/// Sends `op` to shard `shard` of `peers` and waits for its answer, as
+/// `patience` allows.
+pub(super) fn ask_within(
+    peers: &[MailboxTx],
+    shard: usize,
+    op: Op,
+    patience: &Patience,
+) -> Outcome {
+    let left = patience
+        .deadline
+        .saturating_duration_since(std::time::Instant::now());
+    post(peers, shard, op, patience.retries)?
+        .recv_timeout(left)
         .map_err(|_| OpError::new(ErrorCode::Internal, format!("shard {shard} did not answer")))?
 }
 
 /// Sends `op` to shard `shard`, trying `retries` more times 10 ms apart
 /// while its mailbox is full; returns where the answer will come.
 fn post(
-    ctx: &ControlContext,
+    peers: &[MailboxTx],
     shard: usize,
     op: Op,
     retries: u32,
 ) -> Result<crossbeam_channel::Receiver<Outcome>, OpError> {
-    let peer = ctx
-        .peers
+    let peer = peers
         .get(shard)
         .ok_or_else(|| OpError::new(ErrorCode::Internal, "no such shard"))?;
     let (tx, rx) = crossbeam_channel::bounded(1);
@@ -201,7 +246,7 @@ pub(super) fn metrics_text(ctx: &ControlContext) -> String {
         partition_ids: None,
     };
     let pending: Vec<_> = (0..ctx.peers.len())
-        .map(|s| (s, post(ctx, s, describe(), 0)))
+        .map(|s| (s, post(&ctx.peers, s, describe(), 0)))
         .collect();
     let mut partitions = Vec::new();
     let mut unanswered = 0;
@@ -244,12 +289,51 @@ pub(super) fn metrics_text(ctx: &ControlContext) -> String {
         .zip(ctx.peers.iter())
         .map(|(m, tx)| (m.clone(), MailboxFigures::of(tx)))
         .collect();
+    let consumers = consumer_lag(ctx, &partitions, deadline);
     crate::metrics::render(Scrape {
         shards,
         partitions,
+        consumers,
         shards_unanswered: unanswered,
         uptime_s: ctx.started.elapsed().as_secs(),
     })
+}
+
+/// Each group's lag against the `partitions` figures of this scrape, read
+/// within the scrape's `deadline` (what a slow read leaves unread is read by
+/// the next one). If the commits cannot be read now, the rest of the
+/// metrics are still served and the cause is logged.
+fn consumer_lag(
+    ctx: &ControlContext,
+    partitions: &[PartitionFigures],
+    deadline: std::time::Instant,
+) -> Vec<ConsumerLag> {
+    let patience = Patience::scrape(deadline);
+    let committed = match ctx
+        .consumers
+        .committed(&ctx.catalog, &ctx.peers, &patience, false)
+    {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!(error = %e, "metrics: consumer lag left out");
+            return Vec::new();
+        }
+    };
+    committed
+        .into_iter()
+        .filter_map(|((group, topic, partition), committed)| {
+            let p = partitions
+                .iter()
+                .find(|p| p.topic == topic && p.partition == partition)?;
+            Some(ConsumerLag {
+                lag: p.commit.saturating_sub(committed),
+                group,
+                topic,
+                partition,
+                committed,
+            })
+        })
+        .collect()
 }
 
 fn run(ctx: &ControlContext, cmd: Command) -> Result<Value, String> {
@@ -351,6 +435,12 @@ fn run(ctx: &ControlContext, cmd: Command) -> Result<Value, String> {
             }
             Ok(json!({"purged": indexes}))
         }
+        Command::Consumers { group } => {
+            let rows = ctx
+                .consumers
+                .rows(&ctx.catalog, &ctx.peers, group.as_deref())?;
+            serde_json::to_value(rows).map_err(|e| e.to_string())
+        }
         Command::Metrics => Ok(json!({"text": metrics_text(ctx)})),
         Command::Config => config_with_origins(ctx),
         Command::LogLevel { level } => match &ctx.set_log_level {
@@ -388,6 +478,7 @@ mod tests {
             set_log_level: None,
             client_addr: "127.0.0.1:1".parse().unwrap(),
             config_origins: Default::default(),
+            consumers: Default::default(),
         }
     }
 

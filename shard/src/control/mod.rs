@@ -5,9 +5,12 @@
 //! `{"ok":false,"error":"..."}`. Commands: `status`, `topics`,
 //! `partitions` (optional `topic`), `create_topic` (`topic`, `partitions`),
 //! `delete_topic` (`topic`), `purge` (`topic`, optional `partition`),
-//! `metrics` (Prometheus text in `result.text`, the same text as `GET
-//! /metrics` on `metrics_addr`, see [`metrics_http`]), `log_level` (`level`),
-//! `shutdown`.
+//! `consumers` (optional `group`: committed offset, start, end and lag per
+//! group and partition, see [`consumers`]), `metrics` (Prometheus text in
+//! `result.text`, consumer lag included, the same text as `GET /metrics` on
+//! `metrics_addr`, see [`metrics_http`]), `config`, `log_level` (`level`),
+//! `shutdown`. Each command that changes the server logs one line of target
+//! `audit` (who, cmd, what, result).
 //!
 //! Bounds: lines up to [`LINE_BYTES_MAX`] (a longer one is skipped and
 //! answered with an error; the connection stays usable), at most
@@ -16,6 +19,7 @@
 
 pub mod client;
 mod commands;
+pub mod consumers;
 pub mod metrics_http;
 mod server;
 
@@ -50,4 +54,6 @@ pub struct ControlContext {
     pub set_log_level: Option<LogLevelHook>,
     pub client_addr: SocketAddr,
     pub config_origins: crate::config::ConfigOrigins,
+    /// Commits read so far, so `consumers` and each scrape read only new ones.
+    pub consumers: consumers::ConsumerTable,
 }
