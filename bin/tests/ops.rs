@@ -483,7 +483,7 @@ fn metric_lines(server: &Server, name: &str) -> Vec<String> {
 #[test]
 fn the_server_reports_each_groups_position_and_lag_also_as_a_metric() {
     let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(&dir.path().join("d"), &[]);
+    let server = Server::start(&dir.path().join("d"), &["--metrics-addr", "127.0.0.1:0"]);
     let a = server.addr.clone();
     let produce = |p: &str, lines: &str| {
         ok(&["produce", "t", "--addr", &a, "-p", p, "-q"], lines);
@@ -533,6 +533,29 @@ fn the_server_reports_each_groups_position_and_lag_also_as_a_metric() {
         metric_lines(&server, "ringlog_consumer_committed_offset")[2],
         r#"ringlog_consumer_committed_offset{group="g2",topic="t",partition="1"} 5"#
     );
+    // GET /metrics serves the same figures.
+    let http = server
+        .ready
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("metrics="))
+        .unwrap_or_else(|| panic!("no metrics= in {:?}", server.ready));
+    let mut conn = std::net::TcpStream::connect(http).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    conn.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut body = String::new();
+    conn.read_to_string(&mut body).unwrap();
+    let scraped: Vec<&str> = body
+        .lines()
+        .filter(|l| l.starts_with("ringlog_consumer_lag{"))
+        .collect();
+    assert_eq!(
+        scraped,
+        metric_lines(&server, "ringlog_consumer_lag"),
+        "{body}"
+    );
+    assert_eq!(scraped.len(), 3, "{body}");
     // The table, one group.
     let table = ok(
         &[
