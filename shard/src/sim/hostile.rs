@@ -266,6 +266,28 @@ mod tests {
         assert!(h.lied_offers.contains(&(1, LIED_OFFERS_MAX as u64 + 9)));
     }
 
+    /// Guards against: the lie check losing its teeth: a receiver taking an
+    /// offer the hostile server made stale is a violation; the same
+    /// snapshot from another peer, or to another receiver, is not.
+    #[test]
+    fn taking_a_remembered_lie_is_a_violation() {
+        let mut opts = SimOptions::new(9);
+        opts.transfers = true;
+        opts.hostile = true;
+        let mut c = Cluster::new(&opts, 3).expect("cluster");
+        let liar = c.hostile.as_ref().expect("hostile at R = 3").replica;
+        let (to, other) = ((liar + 1) % 3, (liar + 2) % 3);
+        if let Some(h) = c.hostile.as_mut() {
+            h.remember_lie(to, 77);
+        }
+        let v = c.check_not_a_lie(to, 77, liar).expect_err("a lie taken");
+        assert_eq!(v.check, "hostile offers refused");
+        c.check_not_a_lie(to, 77, other)
+            .expect("another peer's snapshot");
+        c.check_not_a_lie(other, 77, liar)
+            .expect("offered to another");
+    }
+
     /// Guards against: a group with no honest peer for some replica (R = 1)
     /// getting a hostile one, and the option being ignored.
     #[test]

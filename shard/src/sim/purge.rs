@@ -415,4 +415,36 @@ mod tests {
             .expect_err("held ops at or below the point");
         assert_eq!(v.check, "purged data never returns");
     }
+
+    /// Guards against: the send and offer checks losing their teeth: a
+    /// purged replica sending an op at or below the purge point, and a
+    /// receiver at generation 1 taking an offer of generation 0.
+    #[test]
+    fn a_purged_op_sent_or_a_stale_offer_taken_is_a_violation() {
+        let mut c = cluster(7);
+        c.run_faulty(60).expect("calm run");
+        let purged_at = c.nodes[0].replica.as_ref().expect("up").op();
+        c.purge.points.push(purged_at);
+        c.run_faulty(200)
+            .expect("the operator purges every replica");
+        assert!(c.purges_landed(), "{}", c.state_line());
+        let prepare = |op: u64| Message {
+            view: 0,
+            body: Body::Prepare(crate::vsr::Prepare {
+                op,
+                commit: op,
+                batch: client_batch(op, 8).into(),
+            }),
+        };
+        c.check_sends_unpurged(0, &prepare(purged_at + 1))
+            .expect("an op after the point");
+        let v = c
+            .check_sends_unpurged(0, &prepare(purged_at))
+            .expect_err("the purge point itself");
+        assert_eq!(v.check, "purged data never returns");
+        c.check_offer_taken(0, 1)
+            .expect("the store's own generation");
+        let v = c.check_offer_taken(0, 0).expect_err("a stale generation");
+        assert_eq!(v.check, "stale pre-purge offers refused");
+    }
 }
