@@ -92,7 +92,9 @@ fn accept_loop(listener: TcpListener, ctx: Arc<ControlContext>, stop: Arc<Atomic
         }
         if open.load(Ordering::SeqCst) >= CONNECTIONS_MAX {
             // Answered on this thread: a small response into an empty
-            // socket buffer does not block.
+            // socket buffer does not block; the write may stall 100 ms and
+            // the drain DRAIN_TIMEOUT at most, so a refusal holds accepting
+            // for 0.3 s at worst.
             let _ = stream.set_write_timeout(Some(Duration::from_millis(100)));
             respond_and_close(stream, &Response::text(503, "too many metrics requests\n"));
             continue;
