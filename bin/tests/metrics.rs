@@ -192,6 +192,7 @@ fn check_conventions(text: &str) {
         "ringlog_partition_commit_offset",
         "ringlog_produce_duration_seconds",
         "ringlog_fetch_duration_seconds",
+        "ringlog_consumer_lag",
     ] {
         assert!(types.contains_key(required), "no family {required}");
     }
@@ -269,6 +270,36 @@ fn http_metrics_follow_conventions_and_move_with_produce_and_fetch() {
         start > now - 600.0 && start <= now + 1.0,
         "start {start}, now {now}"
     );
+
+    // A consumer group reads 5 records and commits (itself an append, so
+    // after the deltas above): its committed offset and lag are metrics.
+    let out = std::process::Command::new(BIN)
+        .args([
+            "consume",
+            "m",
+            "--addr",
+            &server.addr,
+            "-g",
+            "g",
+            "-p",
+            "1",
+            "-c",
+            "5",
+        ])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = scrape_text(&addr);
+    check_conventions(&text);
+    let lagged = parse(&text);
+    let g = [("group", "g"), ("topic", "m"), ("partition", "1")];
+    assert_eq!(total(&lagged, "ringlog_consumer_committed_offset", &g), 5.0);
+    assert_eq!(total(&lagged, "ringlog_consumer_lag", &g), records - 5.0);
 
     // The control socket serves the same families.
     let v = server.ctl(&["metrics"]);
