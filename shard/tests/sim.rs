@@ -282,16 +282,22 @@ fn pinned_transfer_seeds_reinstall_after_interrupted_install() {
     }
 }
 
-/// Open bug (design): a replica told RangeEvicted marks itself wiped and
-/// stops voting for the whole transfer; at R = 3 with another replica
-/// wiped, the third cannot finish a view change and no server is Normal
-/// to offer a snapshot: 'converges after healing' fails. A replica whose
-/// log is an intact prefix could keep voting (refusing only primaryship
-/// and PrepareOk) while it transfers. Fails today.
+/// Guards against: a replica told RangeEvicted freezing for its whole
+/// transfer (marked wiped, not stepped): at R = 3 with another replica
+/// wiped, the third could not finish a view change and no server was
+/// Normal to offer a snapshot ('converges after healing' failed). The
+/// replica now keeps voting with its intact log while it waits for an
+/// offer, refusing only primaryship and PrepareOk (vsr, see
+/// `vsr::tests::transfer::a_replica_transferring_a_retired_range_still_votes_in_a_view_change`).
+/// 8000836 (found with that fix): three of five replicas repaired only
+/// from the primary, which had retired the ops they lacked, while a
+/// backup still held them; they now rotate their repair peer
+/// (`a_transferring_replica_repairs_from_a_peer_that_still_holds_the_ops`).
 #[test]
-#[ignore]
-fn open_bug_transfer_freezes_a_needed_voter() {
-    sim::run(transfer_opts(8_000_652)).unwrap_or_else(|f| panic!("{f}"));
+fn pinned_transfer_seed_a_transferring_replica_still_votes() {
+    for seed in [8_000_652, 8_000_836] {
+        sim::run(transfer_opts(seed)).unwrap_or_else(|f| panic!("{f}"));
+    }
 }
 
 /// The transfer batch's seeds that hit the same open bug

@@ -383,7 +383,7 @@ impl Cluster {
         self.step(p.to, Input::Message { from, msg })
     }
 
-    fn run_io(&mut self, r: u8) -> Result<(), Violation> {
+    pub(super) fn run_io(&mut self, r: u8) -> Result<(), Violation> {
         match self.nodes[usize::from(r)].run_io() {
             RunIo::Idle => Ok(()),
             RunIo::Crashed { op } => self.crash(r, Some(&op)),
@@ -472,7 +472,7 @@ impl Cluster {
             to = self.rng.below(u64::from(self.n)) as u8;
         }
         let x = &self.nodes[usize::from(to)];
-        if !x.is_up() || x.xfer.freezes() {
+        if !x.is_up() || x.xfer.freezes(None) {
             return Ok(());
         }
         self.client.next_token += 1;
@@ -490,7 +490,7 @@ impl Cluster {
     /// Steps replica `r` with `input`, then handles and checks its outputs.
     fn step(&mut self, r: u8, input: Input) -> Result<(), Violation> {
         self.steps += 1;
-        if self.nodes[usize::from(r)].xfer.freezes() {
+        if self.nodes[usize::from(r)].xfer.freezes(Some(&input)) {
             return Ok(()); // a transfer replaces this replica
         }
         let Some(replica) = self.nodes[usize::from(r)].replica.as_mut() else {
@@ -524,7 +524,10 @@ impl Cluster {
             // Fail-stop: the process stops; an operator restarts it.
             self.counts.fenced += 1;
             self.trace.line(self.tick, format_args!("R{r} fenced"));
-            self.power_off(r)?;
+            return self.power_off(r);
+        }
+        if self.transfers {
+            self.transfer_check_needed(r)?;
         }
         Ok(())
     }

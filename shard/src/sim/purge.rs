@@ -12,9 +12,10 @@
 //! Replicas down, transferring or serving a snapshot then (a leased
 //! snapshot pins the store: the purge is refused) are purged later, once
 //! they committed `P_g` (as a purge replicated in the log would be) and are
-//! quiescent, or, transferring, between two attempts: the transfer
-//! restarts from the purged store, so offers from replicas not purged yet
-//! are stale (a lower purge generation) and must be refused. A replica
+//! quiescent, or, transferring, between two attempts: the replica reboots
+//! from the purged store and its transfer, if still needed, restarts from
+//! it, so offers from replicas not purged yet are stale (a lower purge
+//! generation) and must be refused. A replica
 //! whose log ends below `P_g` is not purged: it reaches the new generation
 //! by installing from a purged peer, or is purged once it commits `P_g`.
 //!
@@ -96,7 +97,7 @@ impl Cluster {
             } else if !self
                 .nodes
                 .iter()
-                .any(|x| x.is_up() && !x.xfer.freezes() && behind(x, g))
+                .any(|x| x.is_up() && !x.xfer.running() && behind(x, g))
             {
                 self.purge.requested = None;
             }
@@ -127,7 +128,7 @@ impl Cluster {
             return None;
         }
         let point = self.purge.purged_through(self.purge.generation());
-        if x.xfer.freezes() {
+        if x.xfer.running() {
             // Between two attempts only (nothing staged, nothing asked of
             // storage), and only past the purge point: a replica whose log
             // ends below it would repair the purged ops back from a replica
@@ -146,7 +147,7 @@ impl Cluster {
         let others = self
             .nodes
             .iter()
-            .filter(|y| y.index != r && !y.xfer.freezes());
+            .filter(|y| y.index != r && !y.xfer.running());
         let mut others_up = others.filter_map(|y| y.replica.as_ref().map(|p| (y, p)));
         let healthy = others_up.all(|(y, p)| {
             let purged = !behind(y, self.purge.generation());
@@ -164,7 +165,7 @@ impl Cluster {
             let Some(replica) = x.replica.as_ref() else {
                 continue;
             };
-            if x.xfer.freezes() {
+            if x.xfer.running() {
                 continue;
             }
             let still = replica.status() == Status::Normal
@@ -233,8 +234,8 @@ impl Cluster {
     }
 
     /// `r`'s store purged: the model forgets its batches, and the replica
-    /// boots from the purged store, or (transferring) its transfer starts
-    /// again from it.
+    /// boots from the purged store (a transferring one's transfer is
+    /// dropped: its repair asks for one again if it still needs it).
     fn purged(&mut self, r: u8, transferring: bool) -> Result<(), Violation> {
         let seed = self.rng.next_u64();
         let cfg = replica_config(self.n, r, self.uncommitted_headroom_bytes);
@@ -255,18 +256,19 @@ impl Cluster {
         node.model
             .extend(rec.headers.iter().map(|h| (h.vsr_op, h.header_checksum)));
         if transferring {
-            // The old attempt's offers are stale now; a new receiver asks
-            // with the purged store's state (`transfer_start`).
+            // The old attempt's offers are stale now. The replica (stepped
+            // while it waits for an offer) reboots like the others; its
+            // repair asks for a transfer again if it still needs one, and
+            // a new receiver asks with the purged store's state.
             node.xfer.receiver = None;
-            node.xfer.wanted = true;
-        } else {
-            let replica = Replica::restart(cfg, seed, rec.durable, rec.base, &rec.headers)
-                .map_err(|e| violation("replica config", e.to_string()))?;
-            node.replica = Some(replica);
-            node.wiped = rec.durable.wiped;
-            self.client.in_flight.retain(|_, (to, _)| *to != r);
-            self.checker.booted(r, 0);
+            node.xfer.wanted = false;
         }
+        let replica = Replica::restart(cfg, seed, rec.durable, rec.base, &rec.headers)
+            .map_err(|e| violation("replica config", e.to_string()))?;
+        node.replica = Some(replica);
+        node.wiped = rec.durable.wiped;
+        self.client.in_flight.retain(|_, (to, _)| *to != r);
+        self.checker.booted(r, 0);
         self.check_purged(r)
     }
 

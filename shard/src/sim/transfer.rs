@@ -1,11 +1,16 @@
 //! State transfer in the simulator (DESIGN.md section 7): retention
 //! retires committed segments, a replica whose repair peer answers
-//! RangeEvicted stops being stepped, marks its superblock wiped, and runs
-//! the transfer `Receiver` against its peers' `Server`s over the sim
-//! network; their storage operations run through `transfer::io` on the
-//! node's disk (crashes hit them like any other); once installed the
-//! replica reboots from its disk on the installed frontier, wiped until
-//! its log is whole. On with [`super::SimOptions::transfers`].
+//! RangeEvicted runs the transfer `Receiver` against its peers' `Server`s
+//! over the sim network; their storage operations run through
+//! `transfer::io` on the node's disk (crashes hit them like any other).
+//! The replica keeps being stepped while it waits for an offer (it still
+//! votes, see `vsr::Replica::is_transferring`): its vote may be the one a
+//! view change needs before anyone is Normal to offer a snapshot. It is
+//! frozen only from the offer taken to the install's end: its storage ops
+//! drain, the superblock is marked wiped, the install runs; a failed
+//! attempt unmarks it and steps it again, an install reboots it from its
+//! disk on the installed frontier, wiped until its log is whole. On with
+//! [`super::SimOptions::transfers`].
 
 use std::collections::VecDeque;
 
@@ -30,10 +35,16 @@ pub const RETENTION_PER_MILLE: u64 = 30;
 
 /// One node's transfer machines and their queued storage operations.
 pub struct NodeXfer {
-    /// Some while a transfer runs: the replica is not stepped meanwhile.
+    /// Some while a transfer runs.
     pub receiver: Option<Receiver>,
-    /// A transfer is wanted: the replica's queued storage ops drain first.
+    /// A transfer is wanted: the receiver starts at the next tick.
     pub wanted: bool,
+    /// An offer was taken and its BeginInstall queued: the replica gets
+    /// only its storage completions until its queue drains and the
+    /// superblock is marked wiped.
+    pub install_wanted: bool,
+    /// The superblock is marked wiped for an install.
+    pub marked: bool,
     pub server: Server,
     pub installs: Installs,
     /// (for the receiver, id, op), in emission order.
@@ -47,6 +58,8 @@ impl NodeXfer {
         Self {
             receiver: None,
             wanted: false,
+            install_wanted: false,
+            marked: false,
             server: Server::new(ServerConfig::default()),
             installs: Installs::new(INSTALLS_MAX, InstallBudget::new(INSTALL_BUDGET_BYTES)),
             pending: VecDeque::new(),
@@ -54,9 +67,21 @@ impl NodeXfer {
         }
     }
 
-    /// The replica is not stepped: a transfer replaces its log.
-    pub fn freezes(&self) -> bool {
-        self.wanted || self.receiver.is_some()
+    /// A transfer is wanted or running (the replica may still be stepped).
+    pub fn running(&self) -> bool {
+        self.wanted
+            || self.install_wanted
+            || self.installing
+            || self.receiver.as_ref().is_some_and(Receiver::is_active)
+    }
+
+    /// The replica is not stepped with `input`: an install replaces its
+    /// log. Before it begins, its storage completions still reach it (a
+    /// replica that missed one would wait on it forever after a failed
+    /// attempt).
+    pub fn freezes(&self, input: Option<&Input>) -> bool {
+        let completion = matches!(input, Some(Input::IoDone { .. }));
+        self.installing || (self.install_wanted && !completion)
     }
 }
 
@@ -77,48 +102,45 @@ fn budgets(segment_bytes: u64) -> Budgets {
 }
 
 impl Cluster {
-    /// The replica asked for a transfer: freeze it (clients go elsewhere).
+    /// The replica asked for a transfer (once per running transfer).
     pub(super) fn transfer_wanted(&mut self, r: u8) {
         let node = &mut self.nodes[usize::from(r)];
-        if node.xfer.freezes() {
-            return;
+        if !node.xfer.receiver.as_ref().is_some_and(Receiver::is_active) {
+            node.xfer.wanted = true;
         }
-        node.xfer.wanted = true;
-        self.client.in_flight.retain(|_, (to, _)| *to != r);
     }
 
-    /// Starts a wanted transfer once the replica's storage ops drained:
-    /// the superblock is marked wiped first (a crash from here reboots
-    /// the replica wiped), then the receiver asks a peer.
+    /// After a step of `r`'s replica: a replica whose log grew again (a
+    /// peer still held the ops) needs no transfer; its receiver is
+    /// cancelled (aborting what it staged) unless its install began.
+    pub(super) fn transfer_check_needed(&mut self, r: u8) -> Result<(), Violation> {
+        let node = &mut self.nodes[usize::from(r)];
+        let transferring = node.replica.as_ref().is_some_and(Replica::is_transferring);
+        let active = node.xfer.receiver.as_ref().is_some_and(Receiver::is_active);
+        if transferring || node.xfer.install_wanted || node.xfer.installing {
+            return Ok(());
+        }
+        node.xfer.wanted = false;
+        if !active {
+            return Ok(());
+        }
+        self.trace
+            .line(self.tick, format_args!("R{r} transfer cancelled"));
+        self.step_receiver(r, ReceiverInput::Cancel)
+    }
+
+    /// Starts a wanted transfer: the receiver asks a peer. The replica
+    /// keeps running (see the module docs).
     pub(super) fn transfer_start(&mut self, r: u8) -> Result<(), Violation> {
         let n = self.n;
         let seed = self.rng.next_u64();
         let node = &mut self.nodes[usize::from(r)];
-        if !node.xfer.wanted || !node.pending.is_empty() {
+        if !node.xfer.wanted || node.xfer.receiver.as_ref().is_some_and(Receiver::is_active) {
             return Ok(());
         }
-        let (Some(replica), Some(store)) = (node.replica.as_ref(), node.store.as_mut()) else {
+        let Some(store) = node.store.as_mut() else {
             return Ok(());
         };
-        let durable = replica.durable();
-        let mark = StorageOp::PersistVsr(VsrState {
-            wiped: true,
-            ..durable
-        });
-        let result = replica_io::execute(store, &mut node.io, &mark);
-        if node.io.is_crashed() {
-            return self.crash(r, Some(&mark));
-        }
-        if let Err(e) = result {
-            self.counts.write_failures += 1;
-            self.trace.line(
-                self.tick,
-                format_args!("R{r} transfer mark failed: {}", e.reason),
-            );
-            return self.power_off(r);
-        }
-        node.wiped = true;
-        node.unwipe_asked = false;
         let sb = store.superblock();
         let end = store.durable();
         let local = Local {
@@ -137,10 +159,14 @@ impl Cluster {
             replica: r,
             budgets: budgets(self.segment_bytes),
         };
-        let receiver =
-            Receiver::new(cfg, seed).map_err(|e| violation("transfer budgets", e.0.to_string()))?;
+        if node.xfer.receiver.is_none() {
+            // One receiver per boot: a cancelled one starts again, its
+            // budgets' history kept.
+            let receiver = Receiver::new(cfg, seed)
+                .map_err(|e| violation("transfer budgets", e.0.to_string()))?;
+            node.xfer.receiver = Some(receiver);
+        }
         node.xfer.wanted = false;
-        node.xfer.receiver = Some(receiver);
         self.counts.transfers_started += 1;
         self.trace
             .line(self.tick, format_args!("R{r} transfer start"));
@@ -184,7 +210,7 @@ impl Cluster {
         }
         let node = &self.nodes[usize::from(to)];
         let state = match node.replica.as_ref() {
-            Some(rep) if !node.xfer.freezes() => ServingState {
+            Some(rep) if !node.xfer.freezes(None) => ServingState {
                 available: rep.status() != Status::Fenced,
                 normal: rep.status() == Status::Normal && !rep.is_wiped(),
                 commit: rep.commit(),
@@ -223,6 +249,9 @@ impl Cluster {
                 XOutput::Io { id, op } => {
                     if let TransferOp::BeginInstall { manifest } = &op {
                         self.check_offer_taken(r, manifest.purge_generation)?;
+                        // Frozen from here: clients go elsewhere.
+                        self.nodes[usize::from(r)].xfer.install_wanted = true;
+                        self.client.in_flight.retain(|_, (to, _)| *to != r);
                     }
                     let node = &mut self.nodes[usize::from(r)];
                     node.xfer.pending.push_back((rx, id, op));
@@ -290,6 +319,7 @@ impl Cluster {
         let node = &mut self.nodes[usize::from(r)];
         node.xfer.receiver = None;
         node.xfer.installing = false;
+        node.xfer.marked = false;
         let Some(store) = node.store.as_mut() else {
             return Err(violation("store after an install", "no store".into()));
         };
@@ -337,6 +367,19 @@ impl Cluster {
     /// Runs `r`'s oldest queued transfer op; true if there was one.
     pub(super) fn run_transfer_io(&mut self, r: u8) -> Result<bool, Violation> {
         let now_ms = self.tick;
+        let node = &self.nodes[usize::from(r)];
+        let begin = matches!(
+            node.xfer.pending.front(),
+            Some((_, _, TransferOp::BeginInstall { .. }))
+        );
+        if begin && !node.pending.is_empty() {
+            // The frozen replica's queued ops drain first.
+            self.run_io(r)?;
+            return Ok(true);
+        }
+        if begin && !self.nodes[usize::from(r)].xfer.marked && !self.mark_wiped(r, true)? {
+            return Ok(true);
+        }
         let node = &mut self.nodes[usize::from(r)];
         let Some(store) = node.store.as_mut() else {
             return Ok(false);
@@ -373,11 +416,62 @@ impl Cluster {
             }
             _ => {}
         }
+        if matches!(op, TransferOp::BeginInstall { .. }) {
+            node.xfer.install_wanted = false;
+        }
+        // An install that did not commit left the old log in place: the
+        // replica resumes with it (an install that committed ends in
+        // `installed`, a failed commit point fenced above).
+        let failed = match op {
+            TransferOp::BeginInstall { .. } | TransferOp::CommitInstall => result.is_err(),
+            TransferOp::AbortInstall => true,
+            _ => false,
+        };
+        if failed && node.xfer.marked && !node.xfer.install_wanted && !self.mark_wiped(r, false)? {
+            return Ok(true);
+        }
         if rx {
             self.step_receiver(r, ReceiverInput::IoDone { id, result })?;
         } else {
             self.step_server(r, ServerInput::IoDone { id, result })?;
         }
+        Ok(true)
+    }
+
+    /// Marks `r`'s superblock wiped before an install (a crash from there
+    /// reboots the replica wiped), or unmarks it after one that did not
+    /// commit (the replica's own durable state again). False if the write
+    /// crashed or failed: the node is down.
+    fn mark_wiped(&mut self, r: u8, wiped: bool) -> Result<bool, Violation> {
+        let node = &mut self.nodes[usize::from(r)];
+        let (Some(replica), Some(store)) = (node.replica.as_ref(), node.store.as_mut()) else {
+            return Ok(true);
+        };
+        debug_assert!(node.pending.is_empty(), "the replica's ops drained first");
+        let durable = replica.durable();
+        let state = VsrState {
+            wiped: wiped || durable.wiped,
+            ..durable
+        };
+        let mark = StorageOp::PersistVsr(state);
+        let result = replica_io::execute(store, &mut node.io, &mark);
+        if node.io.is_crashed() {
+            self.crash(r, Some(&mark))?;
+            return Ok(false);
+        }
+        if let Err(e) = result {
+            self.counts.write_failures += 1;
+            let what = if wiped { "mark" } else { "unmark" };
+            self.trace.line(
+                self.tick,
+                format_args!("R{r} transfer {what} failed: {}", e.reason),
+            );
+            self.power_off(r)?;
+            return Ok(false);
+        }
+        node.wiped = state.wiped;
+        node.unwipe_asked = false;
+        node.xfer.marked = wiped;
         Ok(true)
     }
 

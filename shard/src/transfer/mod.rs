@@ -37,9 +37,14 @@
 //! retired ops answers RangeEvicted and the asker emits
 //! `vsr::Event::TransferNeeded`; [`route`] splits decoded frames between
 //! the replica and these machines; the simulator drives them,
-//! `sim/transfer.rs`; the shard does not yet): on a trigger, mark the superblock wiped, stop
-//! stepping the replica and step `Receiver` with `Start { trigger, local }`
-//! (`local` from the superblock and durable frontier); route SnapshotOffer and Chunk
+//! `sim/transfer.rs`; the shard does not yet): on a trigger, step `Receiver` with
+//! `Start { trigger, local }` (`local` from the superblock and durable
+//! frontier) and keep stepping the replica (it still votes, see
+//! `vsr::Replica::is_transferring`; once it is no longer transferring,
+//! `Cancel` the receiver); when the receiver emits `BeginInstall`, stop
+//! stepping the replica but for its storage completions, let its queued ops
+//! drain, mark the superblock wiped, then run the install (an attempt that
+//! does not commit: unmark it and step the replica again); route SnapshotOffer and Chunk
 //! to the receiver, RequestSnapshot, RequestChunks and ReleaseSnapshot to
 //! the `Server` (with `ServingState` from the replica's status and
 //! commit), a failed decode of either to `Undecodable { from }`, ticks to

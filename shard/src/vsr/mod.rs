@@ -57,9 +57,33 @@
 //! holds answers RangeEvicted; the asker emits [`Event::TransferNeeded`],
 //! its driver runs the transfer module beside the replica (transfer messages
 //! never reach [`Replica::step`]: [`Message::from_wire`] returns None for
-//! them), marks the superblock wiped before the install and, once
-//! installed, reboots it ([`Replica::restart`]) on the installed frontier:
-//! wiped until its log is whole.
+//! them). The replica stays a voter meanwhile ([`Replica::is_transferring`]):
+//! it keeps voting in view changes with the log it has, rotates its repair
+//! peer (another may still hold the ops), and refuses primaryship (at its
+//! turn it moves to the next view at once) and PrepareOk, until the next op
+//! after its log is appended (the gap closed: the driver cancels the
+//! transfer) or it reboots onto an install. The driver steps it until an
+//! offer is taken; from then to the install's end it is frozen: its storage
+//! ops drain, the superblock is marked wiped, the install runs; on
+//! `Installed` it reboots ([`Replica::restart`]) on the installed frontier,
+//! wiped (never votes, leads or acks) until its log is whole.
+//!
+//! Why its votes are safe (the view-change rule "a new primary holds every
+//! committed op" rests on every DoViewChange being truthful): before the
+//! install its log is an intact prefix, only shorter than its peers'. It
+//! holds every op it ever acked (only a view change's cut of non-canonical
+//! ops removed any), its durable log_view is persisted only once its log is
+//! the whole log of that view, and its DoViewChange vouches for nothing
+//! more (`own_dvc_fields`): the vote of an ordinary replica that is behind.
+//! It never leads, so the canonical log of any view it votes in is a peer's
+//! with the committed ops (quorum intersection as ever), and its missing
+//! ops never become "canonical by absence". The install, the one step that
+//! replaces its log (and could drop an acked op), happens with the
+//! superblock marked wiped: from there to a whole log it is a non-voter,
+//! also across a crash. A repair from a rotated peer (not the primary, not
+//! the canonical DoViewChange's sender) takes only ops whose canonical
+//! header the StartView named: such a peer may hold uncommitted ops of an
+//! older view that link all the same.
 
 /// Whether planted bug `$plant` is on: always false (and compiled out)
 /// without the test-only `planted-bugs` feature.

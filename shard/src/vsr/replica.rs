@@ -239,6 +239,12 @@ pub struct Replica {
     /// Bytes sequenced since the pipeline was last empty (see
     /// [`Config::drain_every_bytes`]).
     pub(super) drain_bytes: u64,
+    /// Told RangeEvicted ([`Event::TransferNeeded`]) and not appended
+    /// since: its log lacks ops its repair peer retired. It keeps voting
+    /// with its intact log and repairing (rotating peers: another may hold
+    /// the ops), but never leads or sends PrepareOk. Ends at the next
+    /// append (the gap closed) or with the reboot onto an install.
+    pub(super) transferring: bool,
 }
 
 impl Replica {
@@ -390,6 +396,7 @@ impl Replica {
             log_view_op: 0,
             unverified_above: None,
             drain_bytes: 0,
+            transferring: false,
         })
     }
 
@@ -421,6 +428,14 @@ impl Replica {
     /// the superblock: [`VsrState::wiped`]).
     pub fn is_wiped(&self) -> bool {
         self.wiped
+    }
+
+    /// Told RangeEvicted and its log not grown since (see
+    /// [`Event::TransferNeeded`]): it votes, repairs (rotating peers) and
+    /// serves, but neither leads nor sends PrepareOk. False again once an
+    /// op is appended: a host running a transfer for it cancels it then.
+    pub fn is_transferring(&self) -> bool {
+        self.transferring
     }
 
     pub fn replica(&self) -> u8 {
@@ -525,6 +540,10 @@ impl Replica {
             "unverified ops include committed ones"
         );
         let leading = self.status == Status::Normal && self.is_primary();
+        assert!(
+            !(leading && self.transferring),
+            "a transferring replica leads"
+        );
         if leading {
             assert_eq!(
                 self.log_view, self.view,
@@ -962,6 +981,9 @@ impl Replica {
     /// Appends a verified, linked batch and flushes it.
     pub(super) fn append(&mut self, header: BatchHeader, batch: BatchBytes, out: &mut Outbox) {
         let op = header.vsr_op;
+        // The op after our log arrived: no transfer needed any more (the
+        // host cancels its receiver, see `is_transferring`).
+        self.transferring = false;
         // It links to our head: the whole chain below is the canonical one.
         self.unverified_above = None;
         // The body serves prepares and repairs for peers; a cluster of one
@@ -1089,6 +1111,11 @@ impl Replica {
             self.log.get(op).is_some_and(|e| e.durable) || planted!(AckBeforeFsync),
             "ack before fsync"
         );
+        if self.transferring {
+            // Withheld until the log grows again: an install may replace
+            // it, and until then it lacks what the primary committed.
+            return;
+        }
         let primary = self.primary_of(self.view);
         self.send(
             out,

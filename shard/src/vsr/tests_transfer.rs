@@ -15,11 +15,17 @@ const COMMITTED: u64 = 20;
 /// The last op of the snapshot R2 installs (sealed, below the commit).
 const SNAPSHOT_OP: u64 = 15;
 
-/// Like `Cluster::execute`, except that R0's and R1's reads of retired
-/// ops answer Evicted.
-fn execute(c: &mut Cluster, r: u8, op: &StorageOp) -> Result<IoOutcome, IoFailure> {
+/// Replicas (a bit each) whose stores retired ops `..=RETIRED_MAX`.
+const RETIRED_ON_R0_R1: u8 = 0b011;
+const RETIRED_ON_R0: u8 = 0b001;
+
+/// Like `Cluster::execute`, except that reads of retired ops on the
+/// `retired` replicas answer Evicted.
+fn execute(c: &mut Cluster, r: u8, op: &StorageOp, retired: u8) -> Result<IoOutcome, IoFailure> {
     match op {
-        StorageOp::ReadBatches { op_min, op_max } if r != 2 && *op_min <= RETIRED_MAX => {
+        StorageOp::ReadBatches { op_min, op_max }
+            if retired & (1 << r) != 0 && *op_min <= RETIRED_MAX =>
+        {
             Ok(IoOutcome::Evicted(wire::RangeEvicted {
                 op_min: *op_min,
                 op_max: *op_max,
@@ -33,8 +39,13 @@ fn execute(c: &mut Cluster, r: u8, op: &StorageOp) -> Result<IoOutcome, IoFailur
     }
 }
 
-/// Delivers messages and completes every node's I/O until nothing moves.
+/// Delivers messages and completes every node's I/O until nothing moves,
+/// R0 and R1 having retired ops.
 fn settle(c: &mut Cluster) {
+    settle_retired(c, RETIRED_ON_R0_R1);
+}
+
+fn settle_retired(c: &mut Cluster, retired: u8) {
     loop {
         if let Some((from, to, msg)) = c.net.pop_front() {
             let dropped = c.drop.as_ref().is_some_and(|d| d(from, to, &msg));
@@ -51,18 +62,22 @@ fn settle(c: &mut Cluster) {
         let Some((id, op)) = c.node(r).pending_io.pop_front() else {
             return;
         };
-        let result = execute(c, r, &op);
+        let result = execute(c, r, &op, retired);
         c.step(r, Input::IoDone { id, result });
     }
 }
 
 fn tick(c: &mut Cluster) {
+    tick_retired(c, RETIRED_ON_R0_R1);
+}
+
+fn tick_retired(c: &mut Cluster, retired: u8) {
     for r in 0..c.nodes.len() as u8 {
         if c.r_up(r) {
             c.step(r, Input::Tick);
         }
     }
-    settle(c);
+    settle_retired(c, retired);
 }
 
 fn transfer_needed(node: &Node) -> Option<wire::RangeEvicted> {
@@ -224,4 +239,190 @@ fn stale_or_unasked_range_evicted_starts_no_transfer() {
         })
         .count();
     assert_eq!(dropped, 2);
+}
+
+/// Guards against: a replica that must transfer (its repair peer retired
+/// the ops it lacks) holding up a view change it is needed for. With R1
+/// down, R0 needs R2's vote. R2 leads the view change of its turn, and
+/// its repair of the canonical log from R0 answers RangeEvicted: its log
+/// is an intact prefix (it only lacks retired ops), so it keeps voting,
+/// passes the turn at once (it cannot finish the view) and never acks or
+/// leads until the install and the repair after it. Before: it stayed
+/// the new view's primary, retrying a repair that cannot succeed, until
+/// the escalation timeout; a driver that froze it for the transfer left
+/// R0 without a quorum and nobody Normal to offer a snapshot (sim seed
+/// 8000652).
+#[test]
+fn a_replica_transferring_a_retired_range_still_votes_in_a_view_change() {
+    let mut c = Cluster::new(3);
+    for r in 0..3 {
+        c.node(r).auto_io = false;
+    }
+    c.drop = Some(Box::new(|from, to, _| from == 2 || to == 2));
+    for token in 1..=COMMITTED {
+        c.append(0, token, token as u8);
+        settle(&mut c);
+    }
+    assert_eq!(c.r(0).commit(), COMMITTED);
+    // R1 goes down for good, R0 restarts (its superblock holds its
+    // commit: a store retires, and offers, only ops it knows committed),
+    // R2 comes back: the view moves only with R0 and R2.
+    c.crash(1);
+    c.crash(0);
+    c.node(0).vsr.commit = COMMITTED;
+    c.restart(0);
+    c.drop = None;
+    let mut ticks = 0;
+    while transfer_needed(&c.nodes[2]).is_none() {
+        tick(&mut c);
+        ticks += 1;
+        assert!(ticks < 2000, "R2 never learned it must transfer");
+    }
+    // The view R2 was in when it learned it: the last it entered before.
+    let events = &c.nodes[2].events;
+    let first = events
+        .iter()
+        .position(|e| matches!(e, Event::TransferNeeded { .. }))
+        .expect("seen above");
+    let view = events[..first]
+        .iter()
+        .rev()
+        .find_map(|e| match e {
+            Event::StatusChanged {
+                status: Status::ViewChange,
+                view,
+            } => Some(*view),
+            _ => None,
+        })
+        .expect("R2 was in a view change");
+    assert_eq!(
+        c.r(2).primary_of(view),
+        2,
+        "the scenario: R2 learns it as view {view}'s primary"
+    );
+    let sent_before = c.nodes[2]
+        .sent
+        .iter()
+        .position(|(_, m)| m.view > view)
+        .unwrap_or(c.nodes[2].sent.len());
+    let mut ticks = 0;
+    while !c.normal_primary(0) {
+        tick(&mut c);
+        ticks += 1;
+        assert!(
+            ticks < config(3, 2).view_change_escalate_ticks,
+            "R2 held view {view} until the escalation"
+        );
+    }
+    assert_eq!(c.r(0).view(), view + 1, "R2 passed its turn to R0");
+    assert_eq!(c.r(0).op(), COMMITTED, "R0 leads with the committed ops");
+    let kinds: Vec<&str> = c.nodes[2].sent[sent_before..]
+        .iter()
+        .map(|(_, m)| m.body.name())
+        .collect();
+    assert!(kinds.contains(&"do_view_change"), "R2 voted: {kinds:?}");
+    for k in ["start_view", "prepare_ok"] {
+        assert!(!kinds.contains(&k), "R2 sent {k} while it must transfer");
+    }
+    assert!(c.r(2).is_transferring() && c.r(2).op() == 0);
+
+    // The install and the repair after it make R2 whole: R0 commits again
+    // with R2's ack, R1 still down.
+    install_snapshot(&mut c);
+    let mut ticks = 0;
+    while c.r(2).op() < COMMITTED || c.r(2).is_wiped() {
+        tick(&mut c);
+        ticks += 1;
+        assert!(ticks < 300, "R2 did not repair onto its snapshot");
+    }
+    c.append(0, 100, 100);
+    settle(&mut c);
+    tick(&mut c);
+    assert_eq!(c.r(0).commit(), COMMITTED + 1, "committed with R2's ack");
+    assert_eq!(c.r(0).view(), view + 1);
+}
+
+/// Guards against: a replica whose repair peer (the primary) retired the
+/// ops it lacks staying behind although another peer still holds them
+/// (sim seed 8000836: three of five replicas asked only the primary,
+/// which had retired them, while a backup held them in its unsealed
+/// segment, so no snapshot could carry them either). While it must
+/// transfer it rotates its repair peer; from a peer that is not the
+/// primary it takes only ops the StartView's canonical headers name; the
+/// first appended op ends the transfer and it acks like any backup.
+#[test]
+fn a_transferring_replica_repairs_from_a_peer_that_still_holds_the_ops() {
+    let mut c = Cluster::new(3);
+    for r in 0..3 {
+        c.node(r).auto_io = false;
+    }
+    c.drop = Some(Box::new(|from, to, _| from == 2 || to == 2));
+    for token in 1..=COMMITTED {
+        c.append(0, token, token as u8);
+        settle_retired(&mut c, RETIRED_ON_R0);
+    }
+    // R2 restarts and learns the view, with its canonical headers, from
+    // R0, which retired the ops R2 lacks; R1 still holds them.
+    c.crash(2);
+    c.restart(2);
+    c.drop = None;
+    let mut ticks = 0;
+    while c.r(2).op() < COMMITTED {
+        tick_retired(&mut c, RETIRED_ON_R0);
+        ticks += 1;
+        assert!(ticks < 300, "R2 asked only the peer that retired its ops");
+    }
+    let evicted = transfer_needed(&c.nodes[2]).expect("R0 answered RangeEvicted");
+    assert_eq!(evicted.op_min, 1);
+    assert!(!c.r(2).is_transferring(), "its log grew: no transfer");
+    for op in 1..=COMMITTED {
+        assert_eq!(c.nodes[2].ops.get(&op), c.nodes[0].ops.get(&op), "op {op}");
+    }
+    // R1 goes down: the next op commits only with R2's ack.
+    c.crash(1);
+    c.append(0, 100, 100);
+    settle_retired(&mut c, RETIRED_ON_R0);
+    tick_retired(&mut c, RETIRED_ON_R0);
+    assert_eq!(c.r(0).commit(), COMMITTED + 1, "committed with R2's ack");
+}
+
+/// Guards against: a rotated repair peer's own ops entering the log
+/// unchecked. A backup that never got a StartView (cut off since the
+/// view began) knows no canonical header for the ops it lacks; from a
+/// peer other than the primary (whose log may hold uncommitted ops of an
+/// older view that link all the same) it takes none of them, and waits
+/// for the transfer.
+#[test]
+fn a_rotated_repair_peer_gives_only_ops_the_canonical_headers_name() {
+    let mut c = Cluster::new(3);
+    for r in 0..3 {
+        c.node(r).auto_io = false;
+    }
+    c.drop = Some(Box::new(|from, to, _| from == 2 || to == 2));
+    for token in 1..=COMMITTED {
+        c.append(0, token, token as u8);
+        settle_retired(&mut c, RETIRED_ON_R0);
+    }
+    c.drop = None;
+    for _ in 0..200 {
+        tick_retired(&mut c, RETIRED_ON_R0);
+    }
+    assert!(transfer_needed(&c.nodes[2]).is_some());
+    let asked_r1 = c.nodes[2]
+        .sent
+        .iter()
+        .any(|(to, m)| *to == 1 && m.body.name() == "request_prepares");
+    assert!(asked_r1, "R2 rotated its repair to R1");
+    let refused = c.nodes[2].events.iter().any(|e| {
+        matches!(
+            e,
+            Event::Dropped {
+                what: "prepares",
+                reason: "no canonical header from this peer"
+            }
+        )
+    });
+    assert!(refused, "R1's answer came and was refused");
+    assert_eq!(c.r(2).op(), 0, "nothing taken without a canonical header");
+    assert!(c.r(2).is_transferring());
 }

@@ -240,11 +240,15 @@ pub enum Event {
     },
     /// The peer we repair from no longer holds the ops after our log:
     /// the driver starts a state transfer (the transfer module's Receiver,
-    /// trigger RangeEvicted). It first persists the superblock wiped (a
-    /// crash from there on reboots the replica wiped), and once installed
-    /// reboots it with [`super::Replica::restart`] on the installed
-    /// frontier. Emitted once per answer; the repair keeps retrying
-    /// meanwhile (another peer may still hold the ops).
+    /// trigger RangeEvicted) and keeps stepping the replica, which votes
+    /// but neither leads nor acks meanwhile
+    /// ([`super::Replica::is_transferring`]). Once an offer is taken it
+    /// stops stepping it, persists the superblock wiped (a crash from there
+    /// on reboots the replica wiped), and once installed reboots it with
+    /// [`super::Replica::restart`] on the installed frontier. Emitted once
+    /// per answer; the repair keeps retrying meanwhile, rotating peers
+    /// (another may still hold the ops): when the log grows again the
+    /// replica stops transferring and the driver cancels the transfer.
     TransferNeeded {
         from: u8,
         evicted: wire::RangeEvicted,

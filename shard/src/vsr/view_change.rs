@@ -115,8 +115,19 @@ impl Replica {
         if self.dvc_sent || self.svc_votes.count_ones() < self.cfg.quorum() {
             return;
         }
-        self.dvc_sent = true;
         let primary = self.primary_of(self.view);
+        if primary == self.cfg.replica && self.transferring {
+            // Refuses primaryship: the new log holds ops this one lacks
+            // and no peer can repair. Pass the turn at once (the others
+            // follow our StartViewChange) rather than wait for the
+            // escalation timeout.
+            out.event(Event::Dropped {
+                what: "view change",
+                reason: "transferring: refuses primaryship",
+            });
+            return self.start_view_change(self.view + 1, out);
+        }
+        self.dvc_sent = true;
         if primary == self.cfg.replica {
             let own = self.own_dvc_fields();
             self.dvcs.insert(self.cfg.replica, own);
@@ -187,6 +198,10 @@ impl Replica {
         }
         // A DoViewChange implies its sender's StartViewChange.
         self.svc_votes |= 1 << from;
+        if self.transferring {
+            // Never collected: at the quorum we pass the turn.
+            return self.check_svc_quorum(out);
+        }
         self.dvcs.insert(from, dvc);
         self.check_svc_quorum(out);
         self.check_dvc_quorum(out);
@@ -334,6 +349,7 @@ impl Replica {
 
     pub(super) fn become_primary(&mut self, out: &mut Outbox) {
         assert!(self.is_primary() && self.durable.log_view == self.view);
+        assert!(!self.transferring, "a transferring replica never leads");
         self.status = Status::Normal;
         self.phase = Phase::Collecting;
         self.dvcs.clear();
@@ -517,6 +533,12 @@ impl Replica {
 
     /// Asks `from` for ops after our log, up to `op_max` (one chunk).
     pub(super) fn request_repair(&mut self, from: u8, op_max: u64, out: &mut Outbox) {
+        // Transferring: the rotation picks the peer (`repair_retry`), not
+        // whoever made us ask (the primary may be the one that retired).
+        let from = match self.repair_from {
+            Some(peer) if self.transferring => peer,
+            _ => from,
+        };
         let op_min = self.log.op() + 1;
         self.repair_goal = self.repair_goal.max(op_max);
         self.repair_from = Some(from);
@@ -536,6 +558,11 @@ impl Replica {
         match self.repair_from {
             Some(from) if self.repair_goal > self.log.op() => {
                 let goal = self.repair_goal;
+                // Transferring: the peer may be down or may have retired
+                // the ops too; another may hold them.
+                if self.transferring {
+                    self.repair_from = Some(self.next_peer(from));
+                }
                 self.request_repair(from, goal, out);
                 self.backoff(T::RepairRetry);
             }
@@ -618,6 +645,7 @@ impl Replica {
                 reason: "not asked for",
             });
         }
+        let mut refused = false;
         for batch in batches {
             let Some(h) = self.verify_batch(&batch, out) else {
                 break;
@@ -626,6 +654,16 @@ impl Replica {
                 continue;
             }
             let expected = self.target.get(&h.vsr_op).map(|e| e.header_checksum);
+            if expected.is_none() && !self.canonical_source(from) {
+                out.event(Event::Dropped {
+                    what: "prepares",
+                    reason: "no canonical header from this peer",
+                });
+                // The retry asks the next peer; asking this one again
+                // now would only bring the same answer.
+                refused = true;
+                break;
+            }
             if h.vsr_op != self.log.op() + 1 || expected.is_some_and(|c| c != h.header_checksum) {
                 // A gap (our log moved since we asked), or the peer's op
                 // is not the canonical one: nothing said about ours.
@@ -646,7 +684,9 @@ impl Replica {
             self.advance_commit(commit, out);
         }
         let goal = self.repair_goal;
-        if goal > self.log.op() {
+        if refused {
+            // The retry timer (armed when we asked) rotates.
+        } else if goal > self.log.op() {
             self.request_repair(from, goal, out);
         } else {
             self.timeout(T::RepairRetry).stop();
@@ -654,10 +694,14 @@ impl Replica {
         self.try_finish_view(out);
     }
 
-    /// The peer we repair from retired the ops right after our log: only
-    /// a state transfer catches us up (the driver's, see
-    /// [`Event::TransferNeeded`]). An answer for another range (our log
-    /// moved since we asked) or from a peer we did not ask is stale.
+    /// The peer we repair from retired the ops right after our log: a
+    /// state transfer catches us up (the driver's, see
+    /// [`Event::TransferNeeded`]) unless another peer still holds them.
+    /// From here until our log grows we keep voting, repair from the next
+    /// peer at each retry, pass any view we would lead to the next primary
+    /// and send no PrepareOk (see `Replica::transferring`). An answer for
+    /// another range (our log moved since we asked) or from a peer we did
+    /// not ask is stale.
     pub(super) fn on_range_evicted(
         &mut self,
         from: u8,
@@ -673,6 +717,34 @@ impl Replica {
             });
         }
         out.event(Event::TransferNeeded { from, evicted });
+        self.transferring = true;
+        if self.status == Status::ViewChange && self.is_primary() {
+            // We were finishing this view: the log it needs is retired.
+            return self.start_view_change(self.view + 1, out);
+        }
+        // The retry asks the next peer (not at once: every peer may have
+        // retired the ops, and the retry backs off).
+        self.ensure(T::RepairRetry);
+    }
+
+    /// The peer after `from` (never us), for a repair that rotates.
+    fn next_peer(&self, from: u8) -> u8 {
+        let n = self.cfg.replica_count;
+        let next = (from + 1) % n;
+        if next == self.cfg.replica {
+            (next + 1) % n
+        } else {
+            next
+        }
+    }
+
+    /// Whether `from`'s log vouches for the ops it repairs: a normal
+    /// backup's repair peer is the primary unless a transfer rotated it,
+    /// a new primary's is the canonical DVC's sender. A rotated peer's
+    /// ops are taken only where the canonical headers name them
+    /// (`target`): its own may be uncommitted ops of an older view.
+    fn canonical_source(&self, from: u8) -> bool {
+        self.status != Status::Normal || from == self.primary_of(self.view)
     }
 
     /// The canonical next op does not link to our last op: that op is not
