@@ -202,12 +202,25 @@ fn batch_opts(seed: u64) -> SimOptions {
     opts
 }
 
-/// Seeds of the transfer batch that hit the open voter-freeze design bug
-/// (see [`open_bug_transfer_freezes_a_needed_voter`]: at R = 3 one replica
-/// wiped and another frozen by its transfer, no view change completes).
-/// Skipped by the batch, replayed by
-/// `open_bug_transfer_batch_seeds_freeze_a_needed_voter`.
-const TRANSFER_OPEN_BUG_SEEDS: &[u64] = &[7_000_170];
+/// Seeds of the transfer batch that hit an open bug; skipped by the batch,
+/// replayed by `open_bug_transfer_batch_seeds_with_purges`. Both were
+/// found when the voter-freeze fix changed the batch's trajectories, and
+/// both come from a purge, not from a transferring replica's vote:
+/// - 7000212 ('cuts the store accepts'): R1 and R2 are purged through op
+///   255 and reboot with empty journals; R0, down then, reboots with ops
+///   to 257, its superblock commit at 250 (it lags) though its store sealed
+///   ops through 254 (sealed = committed). R2's StartView (op 255) carries
+///   no header, so nothing vouches for R0's ops above its commit and
+///   `cut_point` cuts above 250, into sealed data (the store refuses:
+///   nothing is lost). A boot commit counting the sealed ops, or a
+///   StartView vouching for its head when its journal is empty, would fix
+///   it.
+/// - 7000119 ('converges after healing'): purge 1 through op 143 purges
+///   the backups R0 and R1; the primary R2, to be purged last, is never
+///   quiet again, so it stays at purge generation 0 while R0 and R1, later
+///   behind its retention, need a transfer: they refuse every offer of
+///   R2's as a stale generation, and R2 cannot commit without them.
+const TRANSFER_OPEN_BUG_SEEDS: &[u64] = &[7_000_119, 7_000_212];
 
 /// Guards against: a replica whose peers retired the ops it needs (it
 /// lagged past their retention, or lost its disk) never catching up, and
@@ -293,6 +306,8 @@ fn pinned_transfer_seeds_reinstall_after_interrupted_install() {
 /// from the primary, which had retired the ops they lacked, while a
 /// backup still held them; they now rotate their repair peer
 /// (`a_transferring_replica_repairs_from_a_peer_that_still_holds_the_ops`).
+/// The transfer batch (with purges) once skipped 7000119 and 7000170 for
+/// the freeze; it runs them again.
 #[test]
 fn pinned_transfer_seed_a_transferring_replica_still_votes() {
     for seed in [8_000_652, 8_000_836] {
@@ -300,11 +315,10 @@ fn pinned_transfer_seed_a_transferring_replica_still_votes() {
     }
 }
 
-/// The transfer batch's seeds that hit the same open bug
-/// ([`TRANSFER_OPEN_BUG_SEEDS`]). Fails today.
+/// The open bugs of [`TRANSFER_OPEN_BUG_SEEDS`]. Fails today.
 #[test]
 #[ignore]
-fn open_bug_transfer_batch_seeds_freeze_a_needed_voter() {
+fn open_bug_transfer_batch_seeds_with_purges() {
     for &seed in TRANSFER_OPEN_BUG_SEEDS {
         sim::run(batch_opts(seed)).unwrap_or_else(|f| panic!("seed {seed}: {f}"));
     }
