@@ -23,7 +23,6 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ringlog_protocol::{restamp, BatchBuilder, BatchError, Record, Stamp, HEADER_LEN};
-use ringlog_shard::eventfd::EventFd;
 use ringlog_storage::io::uring::UringBackend;
 use ringlog_storage::io::{BatchId, IoBackend, BLOCK_SIZE};
 use ringlog_storage::store::{PartitionStore, StoreConfig, StoreError};
@@ -52,8 +51,6 @@ pub enum AppendError {
     Batch(#[from] BatchError),
     #[error("io_uring setup failed: {0}")]
     Ring(#[source] std::io::Error),
-    #[error("waiting for the ring's completion eventfd failed: {0}")]
-    Wait(#[source] std::io::Error),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -193,11 +190,6 @@ pub fn run(cfg: &AppendConfig) -> Result<AppendResult, AppendError> {
     }
 
     let mut io = UringBackend::new(RING_ENTRIES).map_err(AppendError::Ring)?;
-    // The ring signals it on completions; the job blocks on it while it
-    // waits for the group commit in flight (no spinning).
-    let wake = EventFd::new().map_err(AppendError::Ring)?;
-    io.register_eventfd(wake.raw_fd())
-        .map_err(AppendError::Ring)?;
     let store_cfg = store_config(cfg);
     let mut stores = Vec::with_capacity(cfg.partitions as usize);
     for p in 0..cfg.partitions {
@@ -207,7 +199,6 @@ pub fn run(cfg: &AppendConfig) -> Result<AppendResult, AppendError> {
 
     let mut job = Job {
         io,
-        wake,
         stores,
         batches,
         ops: vec![0; cfg.partitions as usize],
@@ -270,9 +261,7 @@ pub fn run(cfg: &AppendConfig) -> Result<AppendResult, AppendError> {
 
 /// The state of a running job.
 struct Job {
-    /// Declared before `wake`: the ring goes first, then its eventfd.
     io: UringBackend,
-    wake: EventFd,
     stores: Vec<PartitionStore>,
     /// One prebuilt batch per partition, restamped before each append.
     batches: Vec<Vec<u8>>,
@@ -349,7 +338,7 @@ impl Job {
         Ok(())
     }
 
-    /// Waits (blocked on the ring's eventfd) for the group commit in
+    /// Waits (blocked in the ring) for the group commit in
     /// flight, if any, completes every partition's flush in it and
     /// acknowledges what became durable. Returns the bytes acknowledged.
     fn wait_flight(&mut self, lat: &mut LatencyRecorder) -> Result<u64, AppendError> {
@@ -357,12 +346,13 @@ impl Job {
             return Ok(0);
         };
         let completions = loop {
-            // Only this batch is in flight; reap before blocking, so a
-            // completion that came first is not waited for.
-            if let Some((_, completions)) = self.io.reap().into_iter().find(|(b, _)| *b == id) {
+            // Only this batch is in flight: one wait in the ring for all of
+            // its ops (the kernel submits the fdatasync linked behind the
+            // write inside it), then its completions.
+            let reaped = self.io.wait_and_reap(WAKE_TIMEOUT);
+            if let Some((_, completions)) = reaped.into_iter().find(|(b, _)| *b == id) {
                 break completions;
             }
-            wait_readable(&self.wake)?;
         };
         let mut completions = completions.into_iter();
         let mut first_error = None;
@@ -412,43 +402,9 @@ impl Job {
     }
 }
 
-/// Longest a wait for the flush in flight blocks before it reaps again: a
-/// missed eventfd signal costs this much time, never a hang.
-const WAKE_TIMEOUT_MS: i32 = 100;
-
-/// Blocks until the eventfd was signalled since the last call (and resets
-/// it), or [`WAKE_TIMEOUT_MS`] passed.
-fn wait_readable(fd: &EventFd) -> Result<(), AppendError> {
-    let mut pollfd = libc::pollfd {
-        fd: fd.raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: polls one valid pollfd for a descriptor `fd` keeps open.
-    let ready = unsafe { libc::poll(&mut pollfd, 1, WAKE_TIMEOUT_MS) };
-    if ready < 0 {
-        let e = std::io::Error::last_os_error();
-        return match e.kind() {
-            std::io::ErrorKind::Interrupted => Ok(()),
-            _ => Err(AppendError::Wait(e)),
-        };
-    }
-    if ready == 0 {
-        return Ok(());
-    }
-    let mut buf = [0u8; 8];
-    // SAFETY: reads at most 8 bytes into a valid 8-byte buffer; the
-    // eventfd is readable, so this does not block.
-    let n = unsafe { libc::read(fd.raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
-    if n == 8 {
-        return Ok(());
-    }
-    let e = std::io::Error::last_os_error();
-    match e.kind() {
-        std::io::ErrorKind::Interrupted => Ok(()),
-        _ => Err(AppendError::Wait(e)),
-    }
-}
+/// Longest one wait in the ring blocks before the job reaps again: a
+/// bound on a stall, never a hang.
+const WAKE_TIMEOUT: Duration = Duration::from_millis(100);
 
 #[cfg(test)]
 mod tests {
