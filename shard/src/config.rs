@@ -72,6 +72,10 @@ pub struct ServerConfig {
     pub fetch_waiters_max: usize,
     /// Longest long-poll wait a fetch may ask for.
     pub fetch_wait_ms_max: u32,
+    /// Memory each shard's read cache of recently durable batches may hold
+    /// (shared by the shard's partitions, oldest evicted first): fetches
+    /// within it are served without device reads. 0 = off.
+    pub read_cache_bytes: u64,
     /// tracing filter (e.g. "info", "ringlog_shard=debug").
     pub log_level: String,
     /// Log line format on stderr.
@@ -113,6 +117,7 @@ impl Default for ServerConfig {
             frame_bytes_max: 16 * 1024 * 1024,
             fetch_waiters_max: 256,
             fetch_wait_ms_max: 60_000,
+            read_cache_bytes: 128 * 1024 * 1024,
             log_level: "info".into(),
             log_format: LogFormat::Text,
         }

@@ -15,6 +15,8 @@ use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, NoLabelSet}
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
+use ringlog_storage::store::ReadCacheStats;
+
 use crate::mailbox::MailboxTx;
 
 /// The `Content-Type` of what [`render`] returns.
@@ -112,6 +114,12 @@ pub struct ShardMetrics {
     pub header_timeouts_total: AtomicU64,
     pub over_budget_total: AtomicU64,
     pub write_timeouts_total: AtomicU64,
+    /// Copies of the shard's read cache counters (the pool is the shard
+    /// thread's; see [`set_read_cache`]).
+    pub read_cache_hits_total: AtomicU64,
+    pub read_cache_misses_total: AtomicU64,
+    pub read_cache_served_bytes_total: AtomicU64,
+    pub read_cache_bytes: AtomicU64,
 }
 
 impl Default for ShardMetrics {
@@ -138,6 +146,10 @@ impl Default for ShardMetrics {
             header_timeouts_total: AtomicU64::new(0),
             over_budget_total: AtomicU64::new(0),
             write_timeouts_total: AtomicU64::new(0),
+            read_cache_hits_total: AtomicU64::new(0),
+            read_cache_misses_total: AtomicU64::new(0),
+            read_cache_served_bytes_total: AtomicU64::new(0),
+            read_cache_bytes: AtomicU64::new(0),
         }
     }
 }
@@ -148,6 +160,15 @@ pub fn inc(c: &AtomicU64) {
 
 pub fn add(c: &AtomicU64, n: u64) {
     c.fetch_add(n, Ordering::Relaxed);
+}
+
+/// Publishes the read cache's counters (kept by the shard's pool).
+pub fn set_read_cache(m: &ShardMetrics, s: &ReadCacheStats) {
+    m.read_cache_hits_total.store(s.hits, Ordering::Relaxed);
+    m.read_cache_misses_total.store(s.misses, Ordering::Relaxed);
+    m.read_cache_served_bytes_total
+        .store(s.served_bytes, Ordering::Relaxed);
+    m.read_cache_bytes.store(s.held_bytes, Ordering::Relaxed);
 }
 
 /// A shard's mailbox figures, read when the scrape starts.
@@ -287,6 +308,21 @@ const COUNTERS: &[CounterRow] = &[
         "Client connections closed because a reply took no bytes for header_timeout_ms",
         |m| &m.write_timeouts_total,
     ),
+    (
+        "ringlog_read_cache_hits",
+        "Fetches served from the read cache, without device reads",
+        |m| &m.read_cache_hits_total,
+    ),
+    (
+        "ringlog_read_cache_misses",
+        "Fetches read from the device (not all in the read cache)",
+        |m| &m.read_cache_misses_total,
+    ),
+    (
+        "ringlog_read_cache_served_bytes",
+        "Bytes fetches got from the read cache",
+        |m| &m.read_cache_served_bytes_total,
+    ),
 ];
 
 /// Histograms per shard: name, help, recorded units per exported unit,
@@ -386,6 +422,12 @@ impl Scrape {
             "ringlog_mailbox_capacity",
             "Shard mailbox capacity (mailbox_capacity)",
             each(|_, mb| mb.capacity),
+        )?;
+        gauge(
+            enc,
+            "ringlog_read_cache_bytes",
+            "Memory the read cache holds (at most read_cache_bytes)",
+            each(|m, _| m.read_cache_bytes.load(Ordering::Relaxed)),
         )?;
         for (name, help, divisor, get) in HISTOGRAMS {
             let mut family = enc.encode_descriptor(name, help, None, MetricType::Histogram)?;

@@ -621,6 +621,8 @@ impl<B: IoBackend> Shard<B> {
                 }
             }
             self.tick_replicas(now);
+            // Fetches answered from waiters count too.
+            metrics::set_read_cache(&self.metrics, &self.core.borrow().pool.read_cache_stats());
             if !self.is_stopping() {
                 self.checkpoint_idle(now);
             }
@@ -712,6 +714,7 @@ fn shard_pool(config: &ServerConfig, id: usize) -> StorePool {
         dir,
         PoolConfig {
             write_buffers_idle_max: WRITE_BUFFERS_IDLE_MAX,
+            read_cache_bytes_max: usize::try_from(config.read_cache_bytes).unwrap_or(usize::MAX),
             ..PoolConfig::private(&store)
         },
     )

@@ -5,11 +5,13 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{make_batch, next_batch, read_all, small_config};
+use common::{create_cached, make_batch, next_batch, read_all, small_config};
 use ringlog_storage::io::sim::SimBackend;
 use ringlog_storage::io::{IoBackend, Op, Sqe};
 use ringlog_storage::segment::SealedIndex;
-use ringlog_storage::store::{PartitionStore, StoreConfig, StoreError};
+use ringlog_storage::store::{
+    PartitionStore, StoreConfig, StoreError, PRIVATE_READ_CACHE_BYTES_MAX,
+};
 use ringlog_storage::superblock::{Superblock, SuperblockError, COPIES, COPY_SIZE_BYTES};
 
 const DIR: &str = "/p3";
@@ -25,7 +27,17 @@ fn filled(
     config: StoreConfig,
     batches: u64,
 ) -> (PartitionStore, Vec<Vec<u8>>) {
-    let mut store = PartitionStore::create(io, dir(), PID, config).unwrap();
+    filled_with_cache(io, config, batches, PRIVATE_READ_CACHE_BYTES_MAX)
+}
+
+/// [`filled`] with a read cache of `cache_bytes_max` (0: reads go to disk).
+fn filled_with_cache(
+    io: &mut SimBackend,
+    config: StoreConfig,
+    batches: u64,
+    cache_bytes_max: usize,
+) -> (PartitionStore, Vec<Vec<u8>>) {
+    let mut store = create_cached(io, dir(), PID, config, cache_bytes_max);
     let mut all = Vec::new();
     for seed in 0..batches {
         let batch = next_batch(&store, 3, 700, seed);
@@ -172,7 +184,8 @@ fn corrupt_batch_below_the_frontier_is_reported_not_truncated() {
 #[test]
 fn corrupt_sealed_segment_is_reported_on_read_and_on_index_rebuild() {
     let mut io = SimBackend::new(4);
-    let (mut store, _) = filled(&mut io, small_config(), 60);
+    // No read cache: the read must come from the device to see the damage.
+    let (mut store, _) = filled_with_cache(&mut io, small_config(), 60, 0);
     let sealed = *store
         .sealed_segments()
         .next()

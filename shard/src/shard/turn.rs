@@ -148,6 +148,7 @@ impl<B: IoBackend> Shard<B> {
                 let outcome = p.fetch(io, offset, max_bytes).map(|f| {
                     metrics::inc(&self.metrics.fetches_total);
                     metrics::add(&self.metrics.fetch_bytes_total, f.batches.len() as u64);
+                    metrics::set_read_cache(&self.metrics, &pool.read_cache_stats());
                     OpReply::Fetched(f)
                 });
                 replies.push((reply, outcome));

@@ -47,6 +47,7 @@
 //! active segment durably, and with `uncommitted_headroom_bytes` a roll
 //! seals only committed ops (see `truncate.rs`).
 
+mod cache;
 mod config;
 mod error;
 mod group;
@@ -65,11 +66,12 @@ use std::path::{Path, PathBuf};
 
 use ringlog_protocol::BatchView;
 
+pub use cache::ReadCacheStats;
 pub use config::StoreConfig;
 pub use error::{CutError, StoreError, TransferError};
 pub use group::flush_all;
 pub use install::{Install, InstallBudget};
-pub use pool::{PoolConfig, StorePool};
+pub use pool::{PoolConfig, StorePool, PRIVATE_READ_CACHE_BYTES_MAX};
 pub use read::Fetched;
 pub use retention::RetentionOutcome;
 
@@ -206,8 +208,11 @@ pub struct PartitionStore {
     flushing: Option<Flushing>,
     /// The frontier record's block buffer, reused by every flush.
     slot_buf: Option<AlignedBuf>,
-    /// Write and read buffers and recycled segment files (the shard's).
+    /// Write and read buffers, the read cache and recycled segment files
+    /// (the shard's).
     pool: StorePool,
+    /// This store instance's key in the pool's read cache.
+    cache_key: u64,
     /// Set on the first write or fsync failure: fail-stop.
     fenced: Option<String>,
     /// Snapshots being served; their segments are pinned.
@@ -303,6 +308,7 @@ impl PartitionStore {
             durable: ChainPoint::default(),
             flushing: None,
             slot_buf: None,
+            cache_key: pool.new_cache_key(),
             pool,
             fenced: None,
             snapshots: Vec::new(),
@@ -723,6 +729,7 @@ impl PartitionStore {
             .take()
             .expect("complete_flush without prepare_flush");
         let mut failure = None;
+        let mut written = None;
         for c in completions {
             let kind = c.op.kind();
             if let Err(e) = &c.result {
@@ -733,9 +740,16 @@ impl PartitionStore {
                 if buf.capacity() == segment::SLOT_BYTES as usize {
                     self.slot_buf = Some(buf);
                 } else {
-                    self.pool.put_write(buf);
+                    written = Some(buf);
                 }
             }
+        }
+        if let Some(buf) = written {
+            // Only a flush that completed makes its batches cacheable.
+            if failure.is_none() {
+                self.cache_flushed(&buf, flushing.end_position);
+            }
+            self.pool.put_write(buf);
         }
         if let Some(cause) = failure {
             return Err(self.fence(cause));

@@ -175,6 +175,7 @@ impl PartitionStore {
             durable: chain,
             flushing: None,
             slot_buf: None,
+            cache_key: pool.new_cache_key(),
             pool,
             fenced: None,
             snapshots: Vec::new(),

@@ -1,5 +1,6 @@
-//! What the partitions of one shard share: write buffers, the read buffer
-//! and the recycled segment files.
+//! What the partitions of one shard share: write buffers, the read buffer,
+//! the read cache of recently durable batches (`cache.rs`) and the recycled
+//! segment files.
 //!
 //! A partition takes a write buffer on its first append after a flush and
 //! gives it back when that flush completed with nothing appended behind it,
@@ -16,6 +17,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
+use super::cache::{CacheRead, ReadCache, ReadCacheStats};
 use super::StoreConfig;
 use crate::io::{AlignedBuf, BufPool, IoBackend, Op, OpenMode, Sqe, BLOCK_SIZE};
 use crate::superblock::FILE_SIZE_BYTES;
@@ -35,7 +37,14 @@ pub struct PoolConfig {
     pub recycled_files_max: usize,
     /// A read buffer that grew past this (one huge batch) is not kept.
     pub read_buffer_bytes_max: usize,
+    /// Memory the read cache of recently durable batches may hold, across
+    /// the pool's partitions; 0 turns it off (every read goes to the device).
+    pub read_cache_bytes_max: usize,
 }
+
+/// A private pool's read cache: a store used on its own serves its last few
+/// flushes from memory.
+pub const PRIVATE_READ_CACHE_BYTES_MAX: usize = 8 * 1024 * 1024;
 
 impl PoolConfig {
     /// The bounds of a store's private pool.
@@ -45,6 +54,7 @@ impl PoolConfig {
             write_buffers_idle_max: 2,
             recycled_files_max: config.recycled_files_max,
             read_buffer_bytes_max: 2 * config.read_bytes_max,
+            read_cache_bytes_max: PRIVATE_READ_CACHE_BYTES_MAX,
         }
     }
 }
@@ -63,6 +73,9 @@ struct Inner {
     /// Superblock files read ahead for partitions about to open (see
     /// [`StorePool::prefetch_superblocks`]); at most one batch.
     prefetched: HashMap<PathBuf, AlignedBuf>,
+    read_cache: ReadCache,
+    /// The next store instance's cache key (never reused).
+    next_cache_key: u64,
 }
 
 impl std::fmt::Debug for StorePool {
@@ -85,7 +98,10 @@ impl StorePool {
             config.write_buffer_bytes + BLOCK_SIZE,
             config.write_buffers_idle_max,
         );
+        let read_cache = ReadCache::new(config.read_cache_bytes_max);
         Self(Rc::new(RefCell::new(Inner {
+            read_cache,
+            next_cache_key: 0,
             config,
             recycle_dir,
             write,
@@ -236,6 +252,48 @@ impl StorePool {
     /// Write buffers kept idle.
     pub fn idle_write_buffers(&self) -> usize {
         self.0.borrow().write.idle()
+    }
+
+    /// A cache key for a store instance opening in this pool.
+    pub(super) fn new_cache_key(&self) -> u64 {
+        let mut inner = self.0.borrow_mut();
+        inner.next_cache_key += 1;
+        inner.next_cache_key
+    }
+
+    /// Whether reads may be served from memory at all.
+    pub(super) fn cache_enabled(&self) -> bool {
+        self.0.borrow().read_cache.enabled()
+    }
+
+    /// Newly durable whole batches of store `key` from offset `base`.
+    pub(super) fn cache_insert(&self, key: u64, base: u64, bytes: &[u8]) {
+        self.0.borrow_mut().read_cache.insert(key, base, bytes);
+    }
+
+    /// A read answered from memory (bytes, next offset), or None.
+    pub(super) fn cache_read(&self, r: &CacheRead) -> Option<(Vec<u8>, u64)> {
+        self.0.borrow_mut().read_cache.read(r)
+    }
+
+    /// A tail cut of store `key` at `offset`.
+    pub(super) fn cache_cut(&self, key: u64, offset: u64) {
+        self.0.borrow_mut().read_cache.cut(key, offset);
+    }
+
+    /// Retention moved store `key`'s log start to `offset`.
+    pub(super) fn cache_drop_below(&self, key: u64, offset: u64) {
+        self.0.borrow_mut().read_cache.drop_below(key, offset);
+    }
+
+    /// Store `key` switched generation or closed.
+    pub(super) fn cache_forget(&self, key: u64) {
+        self.0.borrow_mut().read_cache.forget(key);
+    }
+
+    /// The read cache's counters.
+    pub fn read_cache_stats(&self) -> ReadCacheStats {
+        self.0.borrow().read_cache.stats()
     }
 
     pub fn config(&self) -> PoolConfig {

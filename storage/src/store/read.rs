@@ -1,8 +1,11 @@
-//! Reads by offset: whole, verified batches from durable data only.
+//! Reads by offset: whole, verified batches from durable data only, from
+//! the shard's read cache when it holds the whole answer (see `cache.rs`),
+//! else from the device (O_DIRECT, the shard's one read buffer).
 
+use super::cache::CacheRead;
 use super::walk::{Visit, WalkStop, Walker};
 use super::{PartitionStore, StoreError};
-use crate::io::IoBackend;
+use crate::io::{align_down, IoBackend};
 use crate::segment;
 
 /// Batches read from the log.
@@ -18,7 +21,8 @@ impl PartitionStore {
     /// Returns whole batches starting with the one holding `from_offset`, up
     /// to `max_bytes` (capped by `read_bytes_max`; at least one batch is
     /// returned whatever its size), from one segment, durable data only.
-    /// Reading at the durable end returns nothing.
+    /// Reading at the durable end returns nothing. The bytes are the same
+    /// whether the read cache or the device serves them.
     pub fn read(
         &mut self,
         io: &mut impl IoBackend,
@@ -44,6 +48,9 @@ impl PartitionStore {
             });
         }
         let max_bytes = max_bytes.min(self.config.read_bytes_max);
+        if let Some(fetched) = self.read_cached(from_offset, max_bytes) {
+            return Ok(fetched);
+        }
         let (base, file, limit, position) = if from_offset >= self.active.base_offset {
             let a = &self.active;
             let relative = (from_offset - a.base_offset) as u32;
@@ -118,5 +125,63 @@ impl PartitionStore {
             bytes: out,
             next_offset,
         })
+    }
+
+    /// The read from the read cache, if it holds every batch of it; it
+    /// stops where a disk read would: at the end of the segment holding
+    /// `from_offset` (the durable end for the active one).
+    fn read_cached(&self, from_offset: u64, max_bytes: usize) -> Option<Fetched> {
+        if !self.pool.cache_enabled() {
+            return None;
+        }
+        let end_offset = if from_offset >= self.active.base_offset {
+            self.durable.next_offset
+        } else {
+            let i = self
+                .sealed
+                .partition_point(|s| s.meta.end_offset <= from_offset);
+            self.sealed[i].meta.end_offset
+        };
+        let (bytes, next_offset) = self.pool.cache_read(&CacheRead {
+            key: self.cache_key,
+            from_offset,
+            end_offset,
+            max_bytes,
+        })?;
+        Some(Fetched { bytes, next_offset })
+    }
+
+    /// Hands the batches a completed flush made durable to the read cache:
+    /// `buf` is its data write, from the block holding the previous durable
+    /// end up to `end_position` (padding and trailer after it). Called
+    /// before the durable end moves.
+    pub(super) fn cache_flushed(&self, buf: &[u8], end_position: u64) {
+        if !self.pool.cache_enabled() {
+            return;
+        }
+        let durable = self.active.durable_position;
+        let start = align_down(durable);
+        let from = (durable - start) as usize;
+        let to = (end_position - start) as usize;
+        debug_assert!(to <= buf.len(), "the flush wrote up to its end");
+        if let Some(bytes) = buf.get(from..to) {
+            let base = self.durable.next_offset;
+            self.pool.cache_insert(self.cache_key, base, bytes);
+        }
+    }
+}
+
+impl PartitionStore {
+    /// The counters of the read cache this store shares with its pool's
+    /// other partitions.
+    pub fn read_cache_stats(&self) -> super::ReadCacheStats {
+        self.pool.read_cache_stats()
+    }
+}
+
+impl Drop for PartitionStore {
+    /// A store's cached batches die with it: its key is never used again.
+    fn drop(&mut self) {
+        self.pool.cache_forget(self.cache_key);
     }
 }

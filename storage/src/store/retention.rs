@@ -90,6 +90,8 @@ impl PartitionStore {
         if let Some(buf) = self.active.pending.take() {
             self.pool.put_write(buf);
         }
+        // The new generation's bytes at any offset may differ (install).
+        self.pool.cache_forget(self.cache_key);
         // Called after the commit that names the new active segment.
         debug_assert_eq!(self.sb.frontier.active_base, prev.next_offset);
         let active = ActiveSegment::empty(
@@ -190,6 +192,8 @@ impl PartitionStore {
                 path: segment::index_path(&self.generation_dir, s.meta.base_offset),
             });
         }
+        self.pool
+            .cache_drop_below(self.cache_key, self.log_start_offset());
         self.run_removals(io, ops);
         Ok(outcome)
     }

@@ -323,6 +323,8 @@ impl PartitionStore {
         self.write_superblock_copies(io, &next, &half_for(next.sequence))?;
         self.sb = next;
         self.invalidate_active_snapshots(cut.position);
+        // Cut batches leave the read cache: other bytes may follow there.
+        self.pool.cache_cut(self.cache_key, cut.chain.next_offset);
         self.finish_cut(io, &head)?;
         // The kept log as recovery sees it: index, checksums, tail block.
         let (active, chain) = recover_active(

@@ -3,7 +3,7 @@
 
 use ringlog_protocol::{BatchBuilder, BatchView, Record, Stamp};
 use ringlog_storage::io::IoBackend;
-use ringlog_storage::store::{PartitionStore, StoreConfig};
+use ringlog_storage::store::{PartitionStore, PoolConfig, StoreConfig, StorePool};
 
 /// A small configuration so tests cross segment rolls quickly.
 pub fn small_config() -> StoreConfig {
@@ -16,6 +16,25 @@ pub fn small_config() -> StoreConfig {
         transfer_chunk_bytes: 16 * 1024,
         ..StoreConfig::default()
     }
+}
+
+/// Creates a store in `dir` whose private pool has a read cache of
+/// `cache_bytes_max` (0: none, every read goes to the device).
+pub fn create_cached(
+    io: &mut impl IoBackend,
+    dir: &std::path::Path,
+    partition_id: u32,
+    config: StoreConfig,
+    cache_bytes_max: usize,
+) -> PartitionStore {
+    let pool = StorePool::new(
+        dir.join("recycle"),
+        PoolConfig {
+            read_cache_bytes_max: cache_bytes_max,
+            ..PoolConfig::private(&config)
+        },
+    );
+    PartitionStore::create_in(io, dir, partition_id, config, pool).expect("create")
 }
 
 /// A batch continuing `store`'s log: `records` records whose values are
