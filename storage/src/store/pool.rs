@@ -42,9 +42,10 @@ pub struct PoolConfig {
     pub read_cache_bytes_max: usize,
 }
 
-/// A private pool's read cache: a store used on its own serves its last few
-/// flushes from memory.
-pub const PRIVATE_READ_CACHE_BYTES_MAX: usize = 8 * 1024 * 1024;
+/// A private pool has no read cache: a store used on its own (tools, the
+/// simulator, whose seeds replay exact I/O sequences) reads the device as
+/// before; a shard sizes its pool's cache (`read_cache_bytes`).
+pub const PRIVATE_READ_CACHE_BYTES_MAX: usize = 0;
 
 impl PoolConfig {
     /// The bounds of a store's private pool.
