@@ -408,6 +408,22 @@ struct ConsumeArgs {
     /// max_bytes of each fetch (the server caps it at its read_bytes_max).
     #[arg(long, default_value = "1m", value_parser = parse_size)]
     fetch_bytes: u64,
+    /// Also run a baseline alternately with the consume and report the
+    /// ratios (needs a started server, not --addr).
+    #[arg(long, value_enum, conflicts_with = "addr")]
+    vs: Option<ConsumeVs>,
+}
+
+/// The baseline of `consume --vs`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum ConsumeVs {
+    /// The consume reads from memory (its server's read cache holds all of
+    /// --size), the baseline is the same consume from a second server,
+    /// filled alike, with its read cache off (every fetch reads the device).
+    Cold,
+    /// The consume reads the device (read cache off), the baseline is fio
+    /// reading --size sequentially, bs = --fetch-bytes, iodepth 1, O_DIRECT.
+    Fio,
 }
 
 #[derive(Debug, thiserror::Error)]

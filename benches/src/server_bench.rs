@@ -1,20 +1,26 @@
 //! `ringlog-bench produce`, `consume` and `partitions`: the jobs against a
 //! `ringlog server`, and the server they run against.
 
+use std::fmt::Write as _;
 use std::fs;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::harness::{self, remove_if_exists, Header, Job, RepNo, Workspace};
+use serde_json::{json, Value};
+
+use crate::fio::{self, FioFetchResult};
+use crate::harness::{self, remove_if_exists, FioFile, Header, Job, RepNo, Workspace};
 use crate::jobs::append::{self, AppendConfig, AppendResult};
 use crate::jobs::consume::{self, ConsumeConfig, ConsumeResult};
 use crate::jobs::partitions::{self, PartitionsConfig, PartitionsOutcome, Targets};
 use crate::jobs::produce::{self, ProduceConfig, ProduceResult};
 use crate::jobs::server::{self, ServerProcess};
-use crate::report::{Comparison, Never, Report, FETCH_LAT_NOTE, PRODUCE_VS_APPEND};
+use crate::report::{Comparison, Measured, Never, Report, FETCH_LAT_NOTE, PRODUCE_VS_APPEND};
 use crate::size::{Bytes, Secs};
+use crate::stats::RunSummary;
 use crate::{
-    fs_err, to_usize, BenchError, ConsumeArgs, PartitionsArgs, ProduceArgs, ServerClientArgs,
-    STARTED,
+    fs_err, to_usize, BenchError, ConsumeArgs, ConsumeVs, FioLayout, PartitionsArgs, ProduceArgs,
+    ServerClientArgs, STARTED,
 };
 
 /// How long the un-timed fill before a consume run may take at most.
@@ -27,8 +33,13 @@ struct Target {
 }
 
 impl Target {
-    /// Connects to `--addr` or starts a server in `--dir`/server.
-    fn new(a: &ServerClientArgs) -> Result<Target, BenchError> {
+    /// Connects to `--addr` or starts a server in `dir` (`--dir`/server
+    /// unless a job runs two), with `read_cache_bytes` per shard if given.
+    fn new(
+        a: &ServerClientArgs,
+        dir: &Path,
+        read_cache_bytes: Option<u64>,
+    ) -> Result<Target, BenchError> {
         if let Some(addr) = &a.addr {
             return Ok(Target {
                 addr: addr.clone(),
@@ -40,18 +51,21 @@ impl Target {
             "ringlog-bench: starting {} server --shards {} in {}",
             bin.display(),
             a.shards,
-            a.server_dir().display()
+            dir.display()
         );
         // The append job's store settings: same segment size and write buffer.
         let batch_size = to_usize("--batch-size", a.batch.batch_size)?;
         let store = append::store_config_for(batch_size, a.segment_size);
-        let extra = vec![
+        let mut extra = vec![
             "--segment-size-bytes".to_owned(),
             a.segment_size.to_string(),
             "--set".to_owned(),
             format!("write_buffer_bytes={}", store.write_buffer_bytes),
         ];
-        let s = ServerProcess::start(&bin, &a.server_dir(), a.shards, &extra)?;
+        if let Some(n) = read_cache_bytes {
+            extra.extend(["--set".to_owned(), format!("read_cache_bytes={n}")]);
+        }
+        let s = ServerProcess::start(&bin, dir, a.shards, &extra)?;
         let pid = s.pid().map_or(String::new(), |p| format!(" (pid {p})"));
         eprintln!("ringlog-bench: server ready at {}{pid}", s.addr);
         Ok(Target {
@@ -213,7 +227,8 @@ impl Job for ProduceJob<'_> {
         if let Some(c) = &self.append_cfg {
             fs::create_dir(&c.dir).map_err(fs_err("create", &c.dir))?;
         }
-        let target = Target::new(&self.args.common)?;
+        let a = &self.args.common;
+        let target = Target::new(a, &a.server_dir(), None)?;
         self.cfg.addr = target.addr.clone();
         self.target = Some(target);
         Ok(())
@@ -290,9 +305,11 @@ impl Job for ProduceJob<'_> {
     }
 }
 
-/// Fills a topic (un-timed), reads it back --reps times, cleans up; the
-/// report is not printed.
-pub(crate) fn consume_report(args: &ConsumeArgs) -> Result<Report<ConsumeResult>, BenchError> {
+/// Fills a topic (un-timed), reads it back --reps times (alternately with
+/// the `--vs` baseline), cleans up; the report is not printed.
+pub(crate) fn consume_report(
+    args: &ConsumeArgs,
+) -> Result<Report<ConsumeResult, ConsumeBaseline>, BenchError> {
     let a = &args.common;
     let partitions = a.partitions();
     if a.connections > partitions {
@@ -315,7 +332,17 @@ pub(crate) fn consume_report(args: &ConsumeArgs) -> Result<Report<ConsumeResult>
             ))
         })?;
     let fill = produce_config(a, FILL_TIME_MAX, Some(args.size))?;
-    let ws = workspace(a, None)?;
+    let fio_version = match args.vs {
+        Some(ConsumeVs::Fio) => Some(fio::version()?),
+        _ => None,
+    };
+    let fio_file = FioFile::new(a.data.dir.join("fio-consume.dat"));
+    let extra = match args.vs {
+        Some(ConsumeVs::Cold) => Some(cold_server_dir(a)),
+        Some(ConsumeVs::Fio) => Some(fio_file.path.clone()),
+        None => None,
+    };
+    let ws = workspace(a, extra.as_deref())?;
     let job = ConsumeJob {
         args,
         fill,
@@ -323,8 +350,38 @@ pub(crate) fn consume_report(args: &ConsumeArgs) -> Result<Report<ConsumeResult>
         target: None,
         topic_created: false,
         filled: None,
+        cold: None,
+        fio_file,
+        fio_version,
     };
-    harness::run(job, ws, a.rep.reps, false)
+    harness::run(job, ws, a.rep.reps, args.vs.is_some())
+}
+
+/// Where `consume --vs cold` starts its second server.
+fn cold_server_dir(a: &ServerClientArgs) -> PathBuf {
+    a.data.dir.join("server-cold")
+}
+
+/// The read cache per shard of the server `consume` reads from: with
+/// `--vs cold`, room for the whole topic (its capacity and bookkeeping
+/// too), so every fetch is served from memory; with `--vs fio`, none.
+fn consume_read_cache_bytes(vs: Option<ConsumeVs>, size: u64) -> Option<u64> {
+    match vs {
+        Some(ConsumeVs::Cold) => Some(size + size / 4 + (64 << 20)),
+        Some(ConsumeVs::Fio) => Some(0),
+        None => None,
+    }
+}
+
+/// The fio baseline reads at most this long (it stops after the topic's
+/// bytes first).
+const FIO_CONSUME_RUNTIME_MAX: Duration = Duration::from_secs(3600);
+
+/// `consume --vs cold`: the second server, read cache off, filled alike.
+struct ColdServer {
+    target: Target,
+    topic_created: bool,
+    filled: Option<ProduceResult>,
 }
 
 struct ConsumeJob<'a> {
@@ -335,33 +392,32 @@ struct ConsumeJob<'a> {
     target: Option<Target>,
     topic_created: bool,
     filled: Option<ProduceResult>,
+    cold: Option<ColdServer>,
+    fio_file: FioFile,
+    fio_version: Option<String>,
 }
 
-impl Job for ConsumeJob<'_> {
-    type Ours = ConsumeResult;
-    type Theirs = Never;
-    const NAME: &'static str = "consume";
-    const LABELS: [&'static str; 2] = ["consume", ""];
-
-    fn start(&mut self) -> Result<(), BenchError> {
-        let target = Target::new(&self.args.common)?;
-        self.fill.addr = target.addr.clone();
-        self.target = Some(target);
-        produce::create_topic(&self.fill.addr, &self.fill.topic, self.fill.partitions)?;
-        self.topic_created = true;
+impl ConsumeJob<'_> {
+    /// Creates the topic on `addr` and fills it (un-timed).
+    fn fill(&self, addr: &str, created: &mut bool) -> Result<ProduceResult, BenchError> {
+        produce::create_topic(addr, &self.fill.topic, self.fill.partitions)?;
+        *created = true;
         eprintln!(
-            "ringlog-bench: filling {} with {} (un-timed)",
+            "ringlog-bench: filling {} at {addr} with {} (un-timed)",
             self.fill.topic,
             Bytes(self.args.size)
         );
-        self.filled = Some(produce::run(&self.fill)?);
-        Ok(())
+        Ok(produce::run(&ProduceConfig {
+            addr: addr.to_owned(),
+            ..self.fill.clone()
+        })?)
     }
 
-    fn ours(&mut self, _: RepNo) -> Result<ConsumeResult, BenchError> {
-        let (fill, filled) = (&self.fill, self.filled.as_ref().expect(STARTED));
+    /// Reads the whole topic from `addr`, checked against what `filled`.
+    fn consume(&self, addr: &str, filled: &ProduceResult) -> Result<ConsumeResult, BenchError> {
+        let fill = &self.fill;
         let r = consume::run(&ConsumeConfig {
-            addr: fill.addr.clone(),
+            addr: addr.to_owned(),
             topic: fill.topic.clone(),
             partitions: fill.partitions,
             connections: fill.connections,
@@ -376,16 +432,92 @@ impl Job for ConsumeJob<'_> {
         }
         Ok(r)
     }
+}
+
+impl Job for ConsumeJob<'_> {
+    type Ours = ConsumeResult;
+    type Theirs = ConsumeBaseline;
+    const NAME: &'static str = "consume";
+    const LABELS: [&'static str; 2] = ["consume", "baseline"];
+    const COMPARISON: Option<Comparison> = Some(CONSUME_VS_BASELINE);
+
+    fn start(&mut self) -> Result<(), BenchError> {
+        let a = &self.args.common;
+        let cache = consume_read_cache_bytes(self.args.vs, self.args.size);
+        let target = Target::new(a, &a.server_dir(), cache)?;
+        self.fill.addr = target.addr.clone();
+        self.target = Some(target);
+        let mut created = false;
+        let filled = self.fill(&self.fill.addr, &mut created);
+        self.topic_created = created;
+        self.filled = Some(filled?);
+        if self.args.vs == Some(ConsumeVs::Cold) {
+            let target = Target::new(a, &cold_server_dir(a), Some(0))?;
+            let addr = target.addr.clone();
+            self.cold = Some(ColdServer {
+                target,
+                topic_created: false,
+                filled: None,
+            });
+            let mut created = false;
+            let filled = self.fill(&addr, &mut created);
+            let cold = self.cold.as_mut().expect("set above");
+            cold.topic_created = created;
+            cold.filled = Some(filled?);
+        }
+        Ok(())
+    }
+
+    fn ours(&mut self, _: RepNo) -> Result<ConsumeResult, BenchError> {
+        let filled = self.filled.as_ref().expect(STARTED);
+        self.consume(&self.fill.addr, filled)
+    }
+
+    fn theirs(&mut self, _: RepNo, _: &ConsumeResult) -> Result<ConsumeBaseline, BenchError> {
+        if let Some(cold) = &self.cold {
+            let filled = cold.filled.as_ref().expect(STARTED);
+            return Ok(ConsumeBaseline::Cold(
+                self.consume(&cold.target.addr, filled)?,
+            ));
+        }
+        let bytes = self.filled.as_ref().expect(STARTED).summary.bytes;
+        let file = self.fio_file.path.clone();
+        let job = fio::FetchJob {
+            file: &file,
+            block_size_bytes: self.args.fetch_bytes,
+            size_bytes: bytes,
+            random: false,
+            runtime: FIO_CONSUME_RUNTIME_MAX,
+            io_bytes: Some(bytes),
+            ramp: Duration::ZERO,
+        };
+        self.fio_file
+            .prepare(FioLayout::Prewritten, job.effective_size_bytes())?;
+        Ok(ConsumeBaseline::Fio(job.run()?))
+    }
 
     fn stop(&mut self) -> Result<(), BenchError> {
-        let deleted = if self.topic_created && !self.args.common.data.keep {
-            produce::delete_topic(&self.fill.addr, &self.fill.topic)
+        let keep = self.args.common.data.keep;
+        let topic = &self.fill.topic;
+        let deleted = if self.topic_created && !keep {
+            produce::delete_topic(&self.fill.addr, topic)
         } else {
             Ok(())
         };
         let stopped = self.target.take().map_or(Ok(()), Target::stop);
+        let cold = self.cold.take().map_or(Ok(()), |c| {
+            let deleted = if c.topic_created && !keep {
+                produce::delete_topic(&c.target.addr, topic)
+            } else {
+                Ok(())
+            };
+            let stopped = c.target.stop();
+            deleted?;
+            stopped
+        });
         deleted?;
-        stopped
+        stopped?;
+        cold
     }
 
     fn header(&self) -> Header {
@@ -394,6 +526,12 @@ impl Job for ConsumeJob<'_> {
         settings.push(("size", Bytes(args.size).to_string()));
         settings.push(("fetch_bytes", Bytes(args.fetch_bytes).to_string()));
         settings.push(("reps", a.rep.reps.to_string()));
+        if let Some(vs) = args.vs {
+            settings.push(("vs", format!("{vs:?}").to_lowercase()));
+        }
+        if let Some(n) = consume_read_cache_bytes(args.vs, args.size) {
+            settings.push(("read_cache_bytes", Bytes(n).to_string()));
+        }
         let mut notes = common_notes(a);
         if let Some(filled) = &self.filled {
             notes.push(format!(
@@ -409,9 +547,65 @@ impl Job for ConsumeJob<'_> {
         notes.push(FETCH_LAT_NOTE.to_owned());
         Header {
             settings,
-            fio_version: None,
+            fio_version: self.fio_version.clone(),
             notes,
         }
+    }
+}
+
+/// What `consume --vs` compares.
+const CONSUME_VS_BASELINE: Comparison = Comparison {
+    pair: "consume/baseline",
+    latency: "fetch",
+    cpu: false,
+    notes: &[CONSUME_VS_NOTE],
+};
+
+const CONSUME_VS_NOTE: &str = "--vs cold: consume = a server whose read cache (read_cache_bytes \
+     per shard) holds the whole topic, so no fetch reads the device; baseline = the same consume \
+     from a second server, filled alike, with its read cache off (every fetch an O_DIRECT read). \
+     --vs fio: consume = read cache off; baseline = fio rw=read, bs = --fetch-bytes (4KiB \
+     blocks), iodepth=1, O_DIRECT, over as many bytes as the topic holds (fio's latency is one \
+     read, ours one fetch request over loopback)";
+
+/// The baseline run of `consume --vs`.
+#[derive(Debug, Clone)]
+pub(crate) enum ConsumeBaseline {
+    /// The same consume from the server with its read cache off.
+    Cold(ConsumeResult),
+    /// fio's sequential read of a file as large as the topic.
+    Fio(FioFetchResult),
+}
+
+impl Measured for ConsumeBaseline {
+    const JOBNAME: &'static str = "consume-baseline";
+    const SECTION: &'static str = "read";
+    const ENGINE: &'static str = "baseline";
+    fn summary(&self) -> Option<&RunSummary> {
+        match self {
+            ConsumeBaseline::Cold(c) => c.summary(),
+            ConsumeBaseline::Fio(f) => f.summary(),
+        }
+    }
+    fn details(&self, out: &mut String) {
+        match self {
+            ConsumeBaseline::Cold(c) => {
+                let _ = writeln!(out, "    baseline: the same consume, read cache off");
+                c.details(out);
+            }
+            ConsumeBaseline::Fio(f) => {
+                let _ = writeln!(out, "    baseline: fio sequential read");
+                f.details(out);
+            }
+        }
+    }
+    fn fields(&self) -> Value {
+        let (kind, mut fields) = match self {
+            ConsumeBaseline::Cold(c) => ("cold", c.fields()),
+            ConsumeBaseline::Fio(f) => ("fio", f.fields()),
+        };
+        fields["baseline"] = json!(kind);
+        fields
     }
 }
 
@@ -636,6 +830,48 @@ mod tests {
         assert_eq!(v["jobs"][1]["read"]["io_bytes"], 2u64 << 20);
         assert!(v["jobs"][1]["read"]["lat_ns"]["percentile"]["50.000000"].is_u64());
         assert_fio_shape(&v, true, &[]);
+    }
+
+    /// Both baselines of consume on a small topic: the hot consume against
+    /// a cold server, and a cold consume against fio.
+    #[test]
+    fn consume_vs_cold_and_fio_smoke() {
+        for (vs, baseline) in [
+            ("cold", "the same consume, read cache off"),
+            ("fio", "fio sequential read"),
+        ] {
+            let (_tmp, dir) = data_dir();
+            let args = consume(&format!(
+                "consume --dir {} --shards 2 --connections 2 --segment-size 1m --size 2m \
+                 --fetch-bytes 256k --reps 2 --vs {vs} --output-format json",
+                dir.display()
+            ));
+            let report = consume_report(&args).unwrap_or_else(|e| panic!("{vs}: {e}"));
+            assert!(!dir.exists(), "data dir is removed without --keep");
+            assert_eq!(report.reps.len(), 2);
+            for rep in &report.reps {
+                assert_eq!(rep.ours.summary.bytes, 2 << 20);
+                let theirs = rep.theirs.as_ref().expect("a baseline each rep");
+                assert_eq!(theirs.summary().unwrap().bytes, 2 << 20, "{vs}");
+            }
+            assert_has(
+                &report.text(),
+                &[
+                    &format!("vs={vs}"),
+                    "consume/baseline",
+                    &format!("baseline: {baseline}"),
+                ],
+            );
+            let v = report.json();
+            let jobs = v["jobs"].as_array().unwrap();
+            let baselines: Vec<&Value> = jobs
+                .iter()
+                .filter(|j| j["jobname"] == "consume-baseline")
+                .collect();
+            assert_eq!(baselines.len(), 2, "{v}");
+            assert!(baselines.iter().all(|j| j["baseline"] == vs), "{v}");
+            assert!(v["ratios"]["throughput"]["median"].as_f64().unwrap() > 0.0);
+        }
     }
 
     /// The CI-sized partitions job: 1,000 empty partitions on two shards,
