@@ -308,11 +308,16 @@ fn pinned_transfer_seeds_reinstall_after_interrupted_install() {
 /// (`a_transferring_replica_repairs_from_a_peer_that_still_holds_the_ops`).
 /// The transfer batch (with purges) once skipped 7000119 and 7000170 for
 /// the freeze; it runs them again.
+/// 9000208 (transfers, purges, hostile): a crash inside the write that
+/// unmarks the superblock after an install that did not commit left it
+/// unwiped while the sim still held the replica wiped ('a wipe survives a
+/// crash'); the unwipe is now asked before the write.
 #[test]
 fn pinned_transfer_seed_a_transferring_replica_still_votes() {
     for seed in [8_000_652, 8_000_836] {
         sim::run(transfer_opts(seed)).unwrap_or_else(|f| panic!("{f}"));
     }
+    sim::run(batch_opts(9_000_208)).unwrap_or_else(|f| panic!("{f}"));
 }
 
 /// The open bugs of [`TRANSFER_OPEN_BUG_SEEDS`]. Fails today.

@@ -454,6 +454,11 @@ impl Cluster {
             ..durable
         };
         let mark = StorageOp::PersistVsr(state);
+        if !state.wiped {
+            // Asked before the write: a crash inside it may leave it
+            // durable, and the reboot must not take that for a lost wipe.
+            node.unwipe_asked = true;
+        }
         let result = replica_io::execute(store, &mut node.io, &mark);
         if node.io.is_crashed() {
             self.crash(r, Some(&mark))?;
@@ -470,7 +475,7 @@ impl Cluster {
             return Ok(false);
         }
         node.wiped = state.wiped;
-        node.unwipe_asked = false;
+        node.unwipe_asked = !state.wiped;
         node.xfer.marked = wiped;
         Ok(true)
     }
