@@ -128,6 +128,7 @@ impl AppendJob<'_> {
         let json = run_fio(&args)?;
         let mut result = parse_append(&json)?;
         result.command = command_line(&args);
+        result.args = args;
         Ok(result)
     }
 }
@@ -181,6 +182,7 @@ impl TransferJob<'_> {
         let json = run_fio(&args)?;
         let mut result = parse_transfer(&json)?;
         result.command = command_line(&args);
+        result.args = args;
         Ok(result)
     }
 }
@@ -244,6 +246,7 @@ impl FetchJob<'_> {
         let json = run_fio(&args)?;
         let mut result = parse_fetch(&json)?;
         result.command = command_line(&args);
+        result.args = args;
         Ok(result)
     }
 }
@@ -257,6 +260,8 @@ pub struct FioFetchResult {
     /// `lat_ns` or `clat_ns` (see [`FioResult::write_lat_field`]).
     pub lat_field: &'static str,
     pub command: String,
+    /// Its arguments (empty when parsed from captured output).
+    pub args: Vec<String>,
 }
 
 /// Parses the JSON of a [`FetchJob`] run (first job's `read` section).
@@ -269,6 +274,7 @@ pub fn parse_fetch(output: &str) -> Result<FioFetchResult, FioError> {
         read,
         lat_field,
         command: String::new(),
+        args: Vec::new(),
     })
 }
 
@@ -289,6 +295,8 @@ pub struct FioTransferResult {
     /// [`FioResult::ack_lat`]).
     pub transfer: RunSummary,
     pub command: String,
+    /// Its arguments (empty when parsed from captured output).
+    pub args: Vec<String>,
 }
 
 /// Parses the JSON of a [`TransferJob`] run: the jobs named `read` and
@@ -317,6 +325,7 @@ pub fn parse_transfer(output: &str) -> Result<FioTransferResult, FioError> {
         lat_field,
         transfer,
         command: String::new(),
+        args: Vec::new(),
     })
 }
 
@@ -356,6 +365,18 @@ fn fio_time(d: Duration) -> String {
     } else {
         format!("{ms}ms")
     }
+}
+
+/// fio's `job options` of a run: its `--key=value` arguments as a map
+/// (`--key` alone is `1`), as fio lists them per job in its JSON.
+pub fn job_options(args: &[String]) -> serde_json::Map<String, Value> {
+    args.iter()
+        .filter_map(|a| a.strip_prefix("--"))
+        .map(|kv| match kv.split_once('=') {
+            Some((k, v)) => (k.to_owned(), Value::from(v)),
+            None => (kv.to_owned(), Value::from("1")),
+        })
+        .collect()
 }
 
 /// `fio ARGS...` as one shell-pasteable line.
@@ -420,6 +441,8 @@ pub struct FioResult {
     /// The fio command line that produced this result (empty when parsed
     /// from captured output).
     pub command: String,
+    /// Its arguments (empty when parsed from captured output).
+    pub args: Vec<String>,
 }
 
 /// Parses the JSON of a `--fdatasync=1` write job (first job only). Text
@@ -441,6 +464,7 @@ pub fn parse_append(output: &str) -> Result<FioResult, FioError> {
         sync_lat,
         ack_lat,
         command: String::new(),
+        args: Vec::new(),
     })
 }
 
@@ -588,6 +612,7 @@ fn parse_latency(v: &Value, path: &str) -> Result<LatencySummary, FioError> {
     let min_ns = get_u64(v, "min", path)?;
     let max_ns = get_u64(v, "max", path)?;
     let mean_ns = get_f64(v, "mean", path)?;
+    let stddev_ns = get_f64(v, "stddev", path)?;
     let pct_path = join(path, "percentile");
     let pct = get(v, "percentile", path)?;
     let mut percentiles_ns = [0u64; PERCENTILES.len()];
@@ -598,6 +623,7 @@ fn parse_latency(v: &Value, path: &str) -> Result<LatencySummary, FioError> {
         samples,
         min_ns,
         mean_ns,
+        stddev_ns,
         max_ns,
         percentiles_ns,
     })
@@ -623,8 +649,8 @@ mod tests {
         assert!((r.write.iops - 1703.826955).abs() < 1e-6);
         assert_eq!(r.write_lat_field, "lat_ns");
         assert_eq!(r.write.lat.p99_ns(), 1_204_224);
-        assert_eq!(r.write.lat.percentiles_ns[0], 166_912);
-        assert_eq!(r.write.lat.percentiles_ns[4], 19_791_872);
+        assert_eq!(r.write.lat.at(50.0), 166_912);
+        assert_eq!(r.write.lat.at(99.99), 19_791_872);
         assert_eq!(r.sync_lat.samples, 1023);
         assert_eq!(r.sync_lat.p99_ns(), 2_867_200);
         assert_eq!(r.ack_lat.p99_ns(), 1_204_224 + 2_867_200);

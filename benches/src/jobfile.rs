@@ -242,8 +242,15 @@ pub fn json(runs: &[Run]) -> Value {
         }
         if let Some(obj) = v.as_object_mut() {
             obj.remove("jobs");
-            if let Some(f) = obj.remove("fio version") {
-                fio_version = Some(f);
+            // fio's own version wins over the harness's stand-in.
+            match obj.remove("fio version") {
+                Some(f)
+                    if fio_version.is_none()
+                        || f.as_str().is_some_and(|v| v.starts_with("fio-")) =>
+                {
+                    fio_version = Some(f);
+                }
+                _ => {}
             }
             obj.remove("ringlog-bench version");
             obj.insert("section".into(), Value::from(section));

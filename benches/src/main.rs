@@ -524,15 +524,14 @@ fn output(runs: &[jobfile::Run], plot_file: Option<&Path>) -> Result<(), BenchEr
         ));
     }
     if let Some(file) = plot_file {
-        let series: Vec<(String, &stats::RunSummary)> = runs
+        let series: Vec<plot::Series> = runs
             .iter()
             .flat_map(|r| {
-                r.report.series().into_iter().map(move |(name, run)| {
-                    let name = match &r.section {
-                        Some(section) => format!("[{section}] {name}"),
-                        None => name,
-                    };
-                    (name, run)
+                r.report.series().into_iter().map(move |mut s| {
+                    if let Some(section) = &r.section {
+                        s.label = format!("[{section}] {}", s.label);
+                    }
+                    s
                 })
             })
             .collect();

@@ -14,8 +14,9 @@ use crate::jobs::fetch::FetchResult;
 use crate::jobs::partitions::PartitionsOutcome;
 use crate::jobs::produce::ProduceResult;
 use crate::jobs::transfer::TransferResult;
+use crate::plot::Series;
 use crate::size::Bytes;
-use crate::stats::{LatencySummary, RunSummary, Spread, PERCENTILES};
+use crate::stats::{LatencySummary, RunSummary, Spread, HEADLINE_PERCENTILES, PERCENTILES};
 
 /// How fio's ack latency is derived; printed with every comparison.
 pub const FIO_ACK_NOTE: &str = "fio ack latency = write lat + fdatasync lat, each statistic summed \
@@ -85,6 +86,10 @@ pub trait Measured {
     fn details(&self, out: &mut String);
     /// JSON fields beside jobname, engine, rep, error, the section and CPU.
     fn fields(&self) -> Value;
+    /// fio's `job options` of the run; None: the report's settings.
+    fn job_options(&self) -> Option<Map<String, Value>> {
+        None
+    }
 }
 
 /// The side of a job without a comparison run.
@@ -219,27 +224,31 @@ impl<A: Measured, B: Measured> Report<A, B> {
     /// section (`io_bytes`, `bw_bytes`, `iops`, `runtime`, `total_ios`,
     /// `lat_ns`), `usr_cpu`/`sys_cpu`, plus `ratios`.
     pub fn json(&self) -> Value {
-        let mut jobs = Vec::new();
-        for (i, rep) in self.reps.iter().enumerate() {
-            jobs.push(run_json(&rep.ours, i + 1));
-            if let Some(theirs) = &rep.theirs {
-                jobs.push(run_json(theirs, i + 1));
-            }
-        }
         let settings: Map<String, Value> = self
             .settings
             .iter()
             .map(|(k, v)| ((*k).to_owned(), Value::from(v.as_str())))
             .collect();
+        let mut jobs = Vec::new();
+        for (i, rep) in self.reps.iter().enumerate() {
+            jobs.push(run_json(&rep.ours, i + 1, &settings));
+            if let Some(theirs) = &rep.theirs {
+                jobs.push(run_json(theirs, i + 1, &settings));
+            }
+        }
+        // Tools reading fio's JSON look for "fio version": fio's own when it
+        // ran, else this harness's.
+        let fio_version = self
+            .fio_version
+            .clone()
+            .unwrap_or_else(|| format!("ringlog-bench-{}", env!("CARGO_PKG_VERSION")));
         let mut root = json!({
+            "fio version": fio_version,
             "ringlog-bench version": env!("CARGO_PKG_VERSION"),
             "global options": settings,
             "notes": self.notes,
             "jobs": jobs,
         });
-        if let Some(v) = &self.fio_version {
-            root["fio version"] = Value::from(v.as_str());
-        }
         if let (Some(r), Some(cmp)) = (self.ratios(), self.comparison) {
             root["ratios"] = json!({
                 "throughput": spread_json(&r.throughput),
@@ -253,21 +262,27 @@ impl<A: Measured, B: Measured> Report<A, B> {
         root
     }
 
-    /// The runs to plot: label (with the rep when there are several) and
-    /// summary.
-    pub fn series(&self) -> Vec<(String, &RunSummary)> {
+    /// The runs to plot: label (with the rep when there are several), the
+    /// timeline, and the latency the ratios compare (fio append: write +
+    /// fdatasync, not the write alone).
+    pub fn series(&self) -> Vec<Series<'_>> {
         let n = self.reps.len();
         let label = |name: &str, i: usize| match n {
             1 => name.to_owned(),
             _ => format!("{name} rep {}", i + 1),
         };
+        fn one<'a, M: Measured>(label: String, run: &'a M) -> Option<Series<'a>> {
+            Some(Series {
+                label,
+                timeline: &run.summary()?.timeline,
+                lat: run.ratio_lat()?,
+            })
+        }
         let mut out = Vec::new();
         for (i, rep) in self.reps.iter().enumerate() {
-            if let Some(s) = rep.ours.summary() {
-                out.push((label(self.labels[0], i), s));
-            }
-            if let Some(s) = rep.theirs.as_ref().and_then(Measured::summary) {
-                out.push((label(self.labels[1], i), s));
+            out.extend(one(label(self.labels[0], i), &rep.ours));
+            if let Some(theirs) = &rep.theirs {
+                out.extend(one(label(self.labels[1], i), theirs));
             }
         }
         out
@@ -279,7 +294,7 @@ impl<A: Measured, B: Measured> Report<A, B> {
 pub trait JobReport {
     fn text(&self) -> String;
     fn json(&self) -> Value;
-    fn series(&self) -> Vec<(String, &RunSummary)>;
+    fn series(&self) -> Vec<Series<'_>>;
 }
 
 impl<A: Measured, B: Measured> JobReport for Report<A, B> {
@@ -289,7 +304,7 @@ impl<A: Measured, B: Measured> JobReport for Report<A, B> {
     fn json(&self) -> Value {
         Report::json(self)
     }
-    fn series(&self) -> Vec<(String, &RunSummary)> {
+    fn series(&self) -> Vec<Series<'_>> {
         Report::series(self)
     }
 }
@@ -301,9 +316,10 @@ fn run_text<M: Measured>(out: &mut String, label: &str, run: &M) {
     run.details(out);
 }
 
-fn run_json<M: Measured>(run: &M, rep: usize) -> Value {
+fn run_json<M: Measured>(run: &M, rep: usize, settings: &Map<String, Value>) -> Value {
     let mut job = run.fields();
     job["jobname"] = Value::from(M::JOBNAME);
+    job["job options"] = Value::Object(run.job_options().unwrap_or_else(|| settings.clone()));
     job["engine"] = Value::from(M::ENGINE);
     job["rep"] = Value::from(rep);
     job["error"] = Value::from(0);
@@ -387,6 +403,9 @@ impl Measured for FioResult {
             "ack_lat_ns": lat_json(&self.ack_lat),
         })
     }
+    fn job_options(&self) -> Option<Map<String, Value>> {
+        Some(crate::fio::job_options(&self.args))
+    }
 }
 
 impl Measured for TransferResult {
@@ -458,6 +477,9 @@ impl Measured for FioTransferResult {
             "read": write_json(&self.read),
             "write": write_json(&self.write),
         })
+    }
+    fn job_options(&self) -> Option<Map<String, Value>> {
+        Some(crate::fio::job_options(&self.args))
     }
 }
 
@@ -566,6 +588,9 @@ impl Measured for FioFetchResult {
     fn fields(&self) -> Value {
         json!({ "command": self.command, "lat_field": self.lat_field })
     }
+    fn job_options(&self) -> Option<Map<String, Value>> {
+        Some(crate::fio::job_options(&self.args))
+    }
 }
 
 impl Measured for PartitionsOutcome {
@@ -663,16 +688,16 @@ fn us(ns: u64) -> f64 {
 fn lat_lines(out: &mut String, name: &str, lat: &LatencySummary) {
     let _ = writeln!(
         out,
-        "    {name} (usec): min={:.1}, avg={:.1}, max={:.1}, samples={}",
+        "    {name} (usec): min={:.1}, avg={:.1}, stdev={:.1}, max={:.1}, samples={}",
         us(lat.min_ns),
         lat.mean_ns / 1000.0,
+        lat.stddev_ns / 1000.0,
         us(lat.max_ns),
         lat.samples
     );
-    let pcts: Vec<String> = PERCENTILES
+    let pcts: Vec<String> = HEADLINE_PERCENTILES
         .iter()
-        .zip(lat.percentiles_ns)
-        .map(|((p, _), v)| format!("{p}={:.1}", us(v)))
+        .map(|p| format!("{p}={:.1}", us(lat.at(*p))))
         .collect();
     let _ = writeln!(out, "    {name} percentiles (usec): {}", pcts.join(", "));
 }
@@ -700,6 +725,7 @@ fn lat_json(lat: &LatencySummary) -> Value {
         "min": lat.min_ns,
         "max": lat.max_ns,
         "mean": lat.mean_ns,
+        "stddev": lat.stddev_ns,
         "N": lat.samples,
         "percentile": percentile,
     })
@@ -721,9 +747,10 @@ fn spread_json(s: &Spread) -> Value {
 }
 
 /// The structure tools reading fio JSON rely on, checked by every job's
-/// tests: `jobs[].jobname`, a `write`, `read` or `transfer` section with
-/// `io_bytes`, `bw_bytes`, `iops`, `runtime`, `total_ios` and `lat_ns`
-/// (`min`, `max`, `mean`, `N`, `percentile` with fio's keys), job-level
+/// tests: `fio version`, `jobs[].jobname` and `job options`, a `write`,
+/// `read` or `transfer` section with `io_bytes`, `bw_bytes`, `iops`,
+/// `runtime`, `total_ios` and `lat_ns` (`min`, `max`, `mean`, `stddev`,
+/// `N`, `percentile` with fio's keys), job-level
 /// `usr_cpu`/`sys_cpu` when `cpu`, and `ratios.<key>.{median,min,max,reps}`
 /// for each of `ratios`. The document also parses back from its JSON text.
 #[cfg(test)]
@@ -735,6 +762,7 @@ pub fn assert_fio_shape(v: &Value, cpu: bool, ratios: &[&str]) {
         back["jobs"].as_array().map(Vec::len),
         v["jobs"].as_array().map(Vec::len)
     );
+    assert!(v["fio version"].is_string(), "fio version: {text}");
     let jobs = v["jobs"].as_array().expect("jobs[]");
     assert!(!jobs.is_empty(), "{text}");
     for job in jobs {
@@ -749,8 +777,9 @@ pub fn assert_fio_shape(v: &Value, cpu: bool, ratios: &[&str]) {
             assert!(d[key].is_u64(), "{dir}.{key}: {job}");
         }
         assert!(d["iops"].is_number(), "{dir}.iops: {job}");
+        assert!(job["job options"].is_object(), "job options: {job}");
         let lat = &d["lat_ns"];
-        for key in ["min", "max", "mean", "N"] {
+        for key in ["min", "max", "mean", "stddev", "N"] {
             assert!(lat[key].is_number(), "{dir}.lat_ns.{key}: {job}");
         }
         for (_, key) in PERCENTILES {
@@ -923,6 +952,59 @@ mod tests {
         assert!(report(false).json().get("ratios").is_none());
     }
 
+    /// Our JSON has what fio's own has where tools read it: the root's
+    /// `fio version`, each job's `job options`, and `lat_ns` with the same
+    /// keys (stddev, fio's full percentile list), checked against the JSON
+    /// fio 3.33 printed for the equivalent job.
+    #[test]
+    fn json_has_fios_own_field_names() {
+        let fio: Value =
+            serde_json::from_str(include_str!("testdata/fio-3.33-append-64k.json")).unwrap();
+        let keys = |v: &Value| -> Vec<String> {
+            let mut k: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
+            k.sort();
+            k
+        };
+        let fio_lat = &fio["jobs"][0]["write"]["lat_ns"];
+        let ours = serde_json::to_string(&report(true).json()).unwrap();
+        let v: Value = serde_json::from_str(&ours).unwrap();
+        assert_eq!(v["fio version"], fio["fio version"]);
+        for job in v["jobs"].as_array().unwrap() {
+            let lat = &job["write"]["lat_ns"];
+            assert_eq!(keys(lat), keys(fio_lat), "{job}");
+            assert_eq!(keys(&lat["percentile"]), keys(&fio_lat["percentile"]));
+            assert!(lat["stddev"].as_f64().unwrap() >= 0.0);
+            assert!(job["job options"].is_object(), "{job}");
+        }
+        let ringlog = &v["jobs"][0];
+        assert_eq!(ringlog["job options"]["size"], "64MiB");
+        // fio's stddev comes through; the summed ack stddev is sqrt(w^2 + s^2).
+        let fio_job = &v["jobs"][1];
+        let w = fio_lat["stddev"].as_f64().unwrap();
+        assert_eq!(fio_job["write"]["lat_ns"]["stddev"].as_f64().unwrap(), w);
+        let sync = fio["jobs"][0]["sync"]["lat_ns"]["stddev"].as_f64().unwrap();
+        let ack = fio_job["ack_lat_ns"]["stddev"].as_f64().unwrap();
+        assert!((ack - w.hypot(sync)).abs() < 1e-6);
+        // Without fio the document still names a version, the harness's.
+        let plain = report(false).json();
+        assert!(plain["fio version"]
+            .as_str()
+            .unwrap()
+            .starts_with("ringlog-bench-"));
+    }
+
+    #[test]
+    fn plot_series_carry_fios_write_plus_sync_latency() {
+        let r = report(true);
+        let series = r.series();
+        assert_eq!(series.len(), 6);
+        assert_eq!(series[1].label, "fio append rep 1");
+        let fio = r.reps[0].theirs.as_ref().unwrap();
+        assert_eq!(*series[1].lat, fio.ack_lat, "write + sync, not write alone");
+        assert_ne!(fio.ack_lat, fio.write.lat);
+        assert_eq!(*series[0].lat, r.reps[0].ours.summary.lat);
+    }
+
     fn produce_report(with_append: bool) -> Report<ProduceResult, AppendResult> {
         let reps = (1..=3)
             .map(|k| Rep {
@@ -971,13 +1053,16 @@ mod tests {
         assert_eq!(v["jobs"][1]["jobname"], "append");
         assert_fio_shape(&v, false, &["throughput", "p99_ack_latency"]);
         assert_eq!(v["ratios"]["throughput"]["reps"], 3);
-        assert!(v.get("fio version").is_none());
+        assert_eq!(
+            v["fio version"],
+            format!("ringlog-bench-{}", env!("CARGO_PKG_VERSION"))
+        );
         let plain = produce_report(false);
         assert!(plain.ratios().is_none());
         assert!(!plain.text().contains("ratio"));
         assert!(plain.json().get("ratios").is_none());
         assert_eq!(plain.series().len(), 3);
-        assert_eq!(produce_report(true).series()[1].0, "append rep 1");
+        assert_eq!(produce_report(true).series()[1].label, "append rep 1");
     }
 
     fn transfer_run(bw_scale: u64) -> TransferResult {

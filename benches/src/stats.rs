@@ -4,38 +4,62 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 
-/// The percentiles every summary carries, with fio's JSON key for each.
-pub const PERCENTILES: [(f64, &str); 5] = [
+/// The percentiles every summary carries, with fio's JSON key for each:
+/// fio's default `percentile_list`, so the JSON has the same keys as fio's.
+pub const PERCENTILES: [(f64, &str); 17] = [
+    (1.0, "1.000000"),
+    (5.0, "5.000000"),
+    (10.0, "10.000000"),
+    (20.0, "20.000000"),
+    (30.0, "30.000000"),
+    (40.0, "40.000000"),
     (50.0, "50.000000"),
+    (60.0, "60.000000"),
+    (70.0, "70.000000"),
+    (80.0, "80.000000"),
     (90.0, "90.000000"),
+    (95.0, "95.000000"),
     (99.0, "99.000000"),
+    (99.5, "99.500000"),
     (99.9, "99.900000"),
+    (99.95, "99.950000"),
     (99.99, "99.990000"),
 ];
 
-/// Index of p99 in [`LatencySummary::percentiles_ns`].
-pub const P99_INDEX: usize = 2;
+/// The percentiles the text report and the plot's axis name.
+pub const HEADLINE_PERCENTILES: [f64; 5] = [50.0, 90.0, 99.0, 99.9, 99.99];
 
-/// min/avg/max and [`PERCENTILES`] of a latency distribution, in nanoseconds.
+/// min/avg/stddev/max and [`PERCENTILES`] of a latency distribution, in
+/// nanoseconds.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LatencySummary {
     pub samples: u64,
     pub min_ns: u64,
     pub mean_ns: f64,
+    /// Standard deviation (fio's `stddev`).
+    pub stddev_ns: f64,
     pub max_ns: u64,
     /// Values at [`PERCENTILES`], same order.
     pub percentiles_ns: [u64; PERCENTILES.len()],
 }
 
 impl LatencySummary {
+    /// The value at percentile `p`, one of [`PERCENTILES`].
+    pub fn at(&self, p: f64) -> u64 {
+        let i = PERCENTILES.iter().position(|(q, _)| *q == p);
+        let i = i.unwrap_or_else(|| panic!("{p} is not one of PERCENTILES"));
+        self.percentiles_ns[i]
+    }
+
     pub fn p99_ns(&self) -> u64 {
-        self.percentiles_ns[P99_INDEX]
+        self.at(99.0)
     }
 
     /// Adds two distributions field by field (min+min, p99+p99, ...). This is
     /// NOT the distribution of the sum of two latencies; it is the stated
     /// approximation for fio's ack latency (write + fdatasync, reported
-    /// separately by fio).
+    /// separately by fio). The stddev is that of a sum of independent
+    /// latencies, sqrt(a^2 + b^2), under the same caveat.
     pub fn sum_fieldwise(&self, other: &LatencySummary) -> LatencySummary {
         let mut percentiles_ns = self.percentiles_ns;
         for (p, o) in percentiles_ns.iter_mut().zip(other.percentiles_ns) {
@@ -45,6 +69,7 @@ impl LatencySummary {
             samples: self.samples.min(other.samples),
             min_ns: self.min_ns.saturating_add(other.min_ns),
             mean_ns: self.mean_ns + other.mean_ns,
+            stddev_ns: self.stddev_ns.hypot(other.stddev_ns),
             max_ns: self.max_ns.saturating_add(other.max_ns),
             percentiles_ns,
         }
@@ -84,6 +109,7 @@ impl LatencyRecorder {
                 samples: 0,
                 min_ns: 0,
                 mean_ns: 0.0,
+                stddev_ns: 0.0,
                 max_ns: 0,
                 percentiles_ns: [0; PERCENTILES.len()],
             };
@@ -96,6 +122,7 @@ impl LatencyRecorder {
             samples: self.hist.len(),
             min_ns: self.hist.min(),
             mean_ns: self.hist.mean(),
+            stddev_ns: self.hist.stdev(),
             max_ns: self.hist.max(),
             percentiles_ns,
         }
@@ -325,11 +352,14 @@ mod tests {
         assert!(close(s.min_ns, 1_000));
         assert!(close(s.max_ns, 1_000_000));
         assert!((s.mean_ns - 500_500.0).abs() < 1_000.0);
-        assert!(close(s.percentiles_ns[0], 500_000));
-        assert!(close(s.percentiles_ns[1], 900_000));
+        assert!(close(s.at(50.0), 500_000));
+        assert!(close(s.at(90.0), 900_000));
         assert!(close(s.p99_ns(), 990_000));
-        assert!(close(s.percentiles_ns[3], 999_000));
-        assert!(close(s.percentiles_ns[4], 1_000_000));
+        assert!(close(s.at(99.9), 999_000));
+        assert!(close(s.at(99.99), 1_000_000));
+        assert!(close(s.at(1.0), 10_000));
+        // Uniform 1..1000 us: stddev = 1000 / sqrt(12) us.
+        assert!((s.stddev_ns - 288_675.0).abs() < 2_000.0, "{}", s.stddev_ns);
     }
 
     #[test]
