@@ -9,12 +9,15 @@
 
 use std::io;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// The pipe's write end, for the handler; -1 until [`install`].
 static PIPE_WRITE_FD: AtomicI32 = AtomicI32::new(-1);
+
+/// Set once a signal came: from then on the watcher owns the exit.
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
 /// What an interrupt must clean up.
 struct Registry {
@@ -115,6 +118,7 @@ fn watch(read_fd: libc::c_int) {
         }
         return; // The pipe failed: leave the default (no cleanup) behaviour.
     }
+    INTERRUPTED.store(true, Ordering::SeqCst);
     let signal = libc::c_int::from(byte);
     let name = if signal == libc::SIGINT {
         "SIGINT"
@@ -124,6 +128,15 @@ fn watch(read_fd: libc::c_int) {
     eprintln!("ringlog-bench: interrupted ({name}): stopping what the run started");
     cleanup();
     std::process::exit(128 + signal);
+}
+
+/// Parks the calling thread for good if an interrupt is being handled: the
+/// run's errors from the cleanup (a stopped server refusing connections)
+/// are its doing, and the watcher exits the process with the signal's code.
+pub fn wait_if_interrupted() {
+    while INTERRUPTED.load(Ordering::SeqCst) {
+        std::thread::park();
+    }
 }
 
 /// Stops the registered children, then removes the registered paths. Holds

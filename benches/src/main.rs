@@ -486,6 +486,7 @@ fn main() -> ExitCode {
         }
         (None, None) => Err(BenchError::Usage("give a job or --job-file".into())),
     };
+    interrupt::wait_if_interrupted();
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
