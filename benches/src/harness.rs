@@ -43,6 +43,10 @@ pub trait Job {
     const LABELS: [&'static str; 2];
     /// What the comparison run compares, when the job has one.
     const COMPARISON: Option<Comparison> = None;
+    /// How long our run is planned to take, for the status line's ETA.
+    fn planned(&self) -> Option<std::time::Duration> {
+        None
+    }
     /// Un-timed setup before the first rep (fill a store, start a server).
     fn start(&mut self) -> Result<(), BenchError> {
         Ok(())
@@ -101,7 +105,11 @@ fn ab_reps<J: Job>(job: &mut J, of: u32, compare: bool) -> Result<Vec<JobRep<J>>
     for n in 1..=of {
         let rep = RepNo { n, of };
         eprintln!("ringlog-bench: rep {n}/{of}: {}", J::LABELS[0]);
-        let ours = job.ours(rep)?;
+        let label = format!("{} rep {n}/{of}", J::LABELS[0]);
+        let status = crate::status::Status::start(label, job.planned());
+        let ours = job.ours(rep);
+        drop(status);
+        let ours = ours?;
         let theirs = if compare {
             eprintln!("ringlog-bench: rep {n}/{of}: {}", J::LABELS[1]);
             Some(job.theirs(rep, &ours)?)

@@ -36,6 +36,7 @@ mod report;
 mod server_bench;
 mod size;
 mod stats;
+mod status;
 
 use std::fs;
 use std::io::{self, Write as _};
@@ -76,6 +77,10 @@ struct Cli {
     /// of every run into this SVG file.
     #[arg(long, global = true)]
     plot: Option<PathBuf>,
+    /// Print the status line (elapsed, throughput, ETA) to stderr also when
+    /// it is not a terminal (on a terminal it is always shown).
+    #[arg(long, global = true)]
+    status: bool,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -469,6 +474,7 @@ fn fs_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> B
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    status::FORCED.store(cli.status, std::sync::atomic::Ordering::Relaxed);
     if let Err(e) = interrupt::install() {
         eprintln!("ringlog-bench: warning: no Ctrl-C cleanup (installing the handler: {e})");
     }
@@ -630,6 +636,10 @@ impl Job for AppendJob<'_> {
     const NAME: &'static str = "append";
     const LABELS: [&'static str; 2] = ["ringlog append", "fio append"];
     const COMPARISON: Option<Comparison> = Some(APPEND_VS_FIO);
+
+    fn planned(&self) -> Option<Duration> {
+        Some(self.cfg.ramp + self.cfg.duration)
+    }
 
     fn ours(&mut self, rep: RepNo) -> Result<AppendResult, BenchError> {
         let result = jobs::append::run(&self.cfg)?;
@@ -927,6 +937,10 @@ impl Job for FetchJob<'_> {
     const NAME: &'static str = "fetch";
     const LABELS: [&'static str; 2] = ["ringlog fetch", "fio fetch"];
     const COMPARISON: Option<Comparison> = Some(FETCH_VS_FIO);
+
+    fn planned(&self) -> Option<Duration> {
+        Some(self.cfg.ramp + self.cfg.duration)
+    }
 
     fn start(&mut self) -> Result<(), BenchError> {
         eprintln!(

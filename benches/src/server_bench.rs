@@ -223,6 +223,10 @@ impl Job for ProduceJob<'_> {
     const LABELS: [&'static str; 2] = ["produce", "append"];
     const COMPARISON: Option<Comparison> = Some(PRODUCE_VS_APPEND);
 
+    fn planned(&self) -> Option<Duration> {
+        Some(self.cfg.duration)
+    }
+
     fn start(&mut self) -> Result<(), BenchError> {
         if let Some(c) = &self.append_cfg {
             fs::create_dir(&c.dir).map_err(fs_err("create", &c.dir))?;

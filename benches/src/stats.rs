@@ -281,6 +281,7 @@ impl Timeline {
             self.buckets.resize(i + 1, 0);
         }
         self.buckets[i] += bytes;
+        crate::status::PROGRESS_BYTES.fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Adds another timeline with the same start (e.g. another thread's).
