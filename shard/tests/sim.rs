@@ -220,7 +220,14 @@ fn batch_opts(seed: u64) -> SimOptions {
 ///   quiet again, so it stays at purge generation 0 while R0 and R1, later
 ///   behind its retention, need a transfer: they refuse every offer of
 ///   R2's as a stale generation, and R2 cannot commit without them.
-const TRANSFER_OPEN_BUG_SEEDS: &[u64] = &[7_000_119, 7_000_212];
+/// - 9000071 and 9000152, fresh seeds outside the batch's range (so not
+///   skipped by it, only replayed): with transfers and purges on (either
+///   alone converges), 9000071 fails 'committed ops never cut' (R4 cuts
+///   above op 82 after a purge through op 56) and 9000152 'converges after
+///   healing' (two replicas at op 29, one of them wiped, the third at 83).
+///   Both are taken for the purge model's class (the purge is a
+///   per-replica admin action, not a replicated op) but are not analysed.
+const TRANSFER_OPEN_BUG_SEEDS: &[u64] = &[7_000_119, 7_000_212, 9_000_071, 9_000_152];
 
 /// Guards against: a replica whose peers retired the ops it needs (it
 /// lagged past their retention, or lost its disk) never catching up, and
@@ -238,7 +245,12 @@ fn transfer_seeds_converge_under_retention() {
     let mut total = sim::Counts::default();
     // Per way of lying: (seeds, hostile frames, charges) of its seeds.
     let mut lies = [(0u64, 0u64, 0u64); HOSTILITIES.len()];
-    let seeds = (7_000_000..7_000_000 + 256).filter(|s| !TRANSFER_OPEN_BUG_SEEDS.contains(s));
+    let batch = 7_000_000..7_000_000 + 256;
+    let skipped = TRANSFER_OPEN_BUG_SEEDS
+        .iter()
+        .filter(|&s| batch.contains(s))
+        .count();
+    let seeds = batch.filter(|s| !TRANSFER_OPEN_BUG_SEEDS.contains(s));
     for seed in seeds {
         let summary = sim::run(batch_opts(seed)).unwrap_or_else(|f| panic!("{f}"));
         total.add(&summary.counts);
@@ -258,8 +270,7 @@ fn transfer_seeds_converge_under_retention() {
         );
     }
     eprintln!(
-        "transfer batch ({} open-bug seeds skipped) in {:.1} s: {total}",
-        TRANSFER_OPEN_BUG_SEEDS.len(),
+        "transfer batch ({skipped} open-bug seeds skipped) in {:.1} s: {total}",
         started.elapsed().as_secs_f64()
     );
     let kinds = [
