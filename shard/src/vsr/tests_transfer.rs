@@ -67,6 +67,21 @@ fn settle_retired(c: &mut Cluster, retired: u8) {
     }
 }
 
+/// Three replicas with manual I/O; ops 1..=COMMITTED committed by R0 and
+/// R1 (which retire per `retired`) while R2 is cut off.
+fn committed_without_r2(retired: u8) -> Cluster {
+    let mut c = Cluster::new(3);
+    for r in 0..3 {
+        c.node(r).auto_io = false;
+    }
+    c.drop = Some(Box::new(|from, to, _| from == 2 || to == 2));
+    for token in 1..=COMMITTED {
+        c.append(0, token, token as u8);
+        settle_retired(&mut c, retired);
+    }
+    c
+}
+
 fn tick(c: &mut Cluster) {
     tick_retired(c, RETIRED_ON_R0_R1);
 }
@@ -125,15 +140,7 @@ fn install_snapshot(c: &mut Cluster) -> Anchor {
 /// links to the snapshot's last checksum) and only then acks.
 #[test]
 fn backup_whose_needed_ops_were_retired_catches_up_by_transfer_and_only_then_acks() {
-    let mut c = Cluster::new(3);
-    for r in 0..3 {
-        c.node(r).auto_io = false;
-    }
-    c.drop = Some(Box::new(|from, to, _| from == 2 || to == 2));
-    for token in 1..=COMMITTED {
-        c.append(0, token, token as u8);
-        settle(&mut c);
-    }
+    let mut c = committed_without_r2(RETIRED_ON_R0_R1);
     assert_eq!(c.r(0).commit(), COMMITTED);
     assert_eq!(c.r(2).op(), 0);
     // R2 comes back; R0 and R1 retired ops 1..=RETIRED_MAX meanwhile.
@@ -254,15 +261,7 @@ fn stale_or_unasked_range_evicted_starts_no_transfer() {
 /// 8000652).
 #[test]
 fn a_replica_transferring_a_retired_range_still_votes_in_a_view_change() {
-    let mut c = Cluster::new(3);
-    for r in 0..3 {
-        c.node(r).auto_io = false;
-    }
-    c.drop = Some(Box::new(|from, to, _| from == 2 || to == 2));
-    for token in 1..=COMMITTED {
-        c.append(0, token, token as u8);
-        settle(&mut c);
-    }
+    let mut c = committed_without_r2(RETIRED_ON_R0_R1);
     assert_eq!(c.r(0).commit(), COMMITTED);
     // R1 goes down for good, R0 restarts (its superblock holds its
     // commit: a store retires, and offers, only ops it knows committed),
@@ -352,15 +351,7 @@ fn a_replica_transferring_a_retired_range_still_votes_in_a_view_change() {
 /// first appended op ends the transfer and it acks like any backup.
 #[test]
 fn a_transferring_replica_repairs_from_a_peer_that_still_holds_the_ops() {
-    let mut c = Cluster::new(3);
-    for r in 0..3 {
-        c.node(r).auto_io = false;
-    }
-    c.drop = Some(Box::new(|from, to, _| from == 2 || to == 2));
-    for token in 1..=COMMITTED {
-        c.append(0, token, token as u8);
-        settle_retired(&mut c, RETIRED_ON_R0);
-    }
+    let mut c = committed_without_r2(RETIRED_ON_R0);
     // R2 restarts and learns the view, with its canonical headers, from
     // R0, which retired the ops R2 lacks; R1 still holds them.
     c.crash(2);
@@ -394,15 +385,7 @@ fn a_transferring_replica_repairs_from_a_peer_that_still_holds_the_ops() {
 /// for the transfer.
 #[test]
 fn a_rotated_repair_peer_gives_only_ops_the_canonical_headers_name() {
-    let mut c = Cluster::new(3);
-    for r in 0..3 {
-        c.node(r).auto_io = false;
-    }
-    c.drop = Some(Box::new(|from, to, _| from == 2 || to == 2));
-    for token in 1..=COMMITTED {
-        c.append(0, token, token as u8);
-        settle_retired(&mut c, RETIRED_ON_R0);
-    }
+    let mut c = committed_without_r2(RETIRED_ON_R0);
     c.drop = None;
     for _ in 0..200 {
         tick_retired(&mut c, RETIRED_ON_R0);
