@@ -6,27 +6,12 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::config;
+use common::{config, counter};
 use ringlog_shard::client::{batch_of, records, with_retry, Client};
 use ringlog_shard::server::{self, Hooks};
-
-fn counter(control: &Path, name: &str) -> u64 {
-    let reply = ringlog_shard::control::client::request(
-        control,
-        &serde_json::json!({ "cmd": "metrics" }),
-        Duration::from_secs(10),
-    )
-    .unwrap();
-    let text = reply["result"]["text"].as_str().unwrap().to_string();
-    text.lines()
-        .filter(|l| l.starts_with(&format!("{name}{{")))
-        .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
-        .sum()
-}
 
 /// (partition, offset) -> value of every acknowledged record.
 type Acked = BTreeMap<(u32, u64), Vec<u8>>;

@@ -4,27 +4,10 @@
 
 mod common;
 
-use std::path::Path;
-use std::time::Duration;
-
-use common::config;
+use common::{config, counter};
 use ringlog_shard::client::{batch_of, records, Client};
 use ringlog_shard::config::ServerConfig;
 use ringlog_shard::server::{self, Hooks};
-
-fn counter(control: &Path, name: &str) -> u64 {
-    let reply = ringlog_shard::control::client::request(
-        control,
-        &serde_json::json!({ "cmd": "metrics" }),
-        Duration::from_secs(10),
-    )
-    .unwrap();
-    let text = reply["result"]["text"].as_str().unwrap().to_string();
-    text.lines()
-        .filter(|l| l.starts_with(&format!("{name}{{")))
-        .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
-        .sum()
-}
 
 /// Every record of partition 0 of topic `t`, one fetch of `max_bytes` at a time;
 /// also the fetched bytes.
