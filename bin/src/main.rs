@@ -24,7 +24,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run a node (single node: ./data, 127.0.0.1:7420 by default).
-    Server(server_cmd::ServerArgs),
+    Server(Box<server_cmd::ServerArgs>),
     /// Query or steer a running node through its control socket.
     Ctl(ctl::CtlArgs),
     /// Append records: lines from stdin, or generated with --count/--size.
@@ -38,7 +38,7 @@ enum Command {
 fn main() {
     let cli = Cli::parse();
     let code = match cli.command {
-        Command::Server(a) => server_cmd::run(a),
+        Command::Server(a) => server_cmd::run(*a),
         Command::Ctl(a) => ctl::run(a),
         Command::Produce(a) => io_cmds::produce(a),
         Command::Consume(a) => io_cmds::consume(a),

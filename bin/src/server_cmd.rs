@@ -52,6 +52,22 @@ pub struct ServerArgs {
     /// Cross-shard mailbox capacity.
     #[arg(long)]
     mailbox_capacity: Option<String>,
+    /// Cluster name; unset: a single node.
+    #[arg(long)]
+    cluster_id: Option<String>,
+    /// This node's id among the peers.
+    #[arg(long)]
+    node_id: Option<String>,
+    /// A cluster node, this one included, as ID=IP:PORT (repeatable;
+    /// replaces the config file's `peers`).
+    #[arg(long = "peer", value_name = "ID=IP:PORT")]
+    peer: Vec<String>,
+    /// File holding the cluster secret (at least 32 bytes, mode 0600).
+    #[arg(long)]
+    cluster_secret_file: Option<String>,
+    /// Peer listen address [default: this node's `peers` address].
+    #[arg(long)]
+    peer_listen_addr: Option<String>,
     /// Rebuild topics.json from the partition directories on disk (when it
     /// was lost or is corrupt; a present file is kept as topics.json.replaced).
     #[arg(long)]
@@ -76,12 +92,22 @@ impl ServerArgs {
             ("group_commit_appends_max", &self.group_commit_appends_max),
             ("group_commit_delay_us", &self.group_commit_delay_us),
             ("mailbox_capacity", &self.mailbox_capacity),
+            ("cluster_id", &self.cluster_id),
+            ("node_id", &self.node_id),
+            ("cluster_secret_file", &self.cluster_secret_file),
+            ("peer_listen_addr", &self.peer_listen_addr),
         ];
         for (key, value) in named {
             if let Some(v) = value {
                 let v = if matches!(
                     key,
-                    "data_dir" | "listen" | "metrics_addr" | "control_socket"
+                    "data_dir"
+                        | "listen"
+                        | "metrics_addr"
+                        | "control_socket"
+                        | "cluster_id"
+                        | "cluster_secret_file"
+                        | "peer_listen_addr"
                 ) {
                     // Paths and addresses are strings whatever they look like.
                     format!("{v:?}")
@@ -90,6 +116,10 @@ impl ServerArgs {
                 };
                 out.push((key.to_string(), v));
             }
+        }
+        if !self.peer.is_empty() {
+            // One comma-separated string, as in RINGLOG_PEERS.
+            out.push(("peers".to_string(), format!("{:?}", self.peer.join(","))));
         }
         for kv in &self.set {
             let (k, v) = kv

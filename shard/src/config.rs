@@ -80,6 +80,20 @@ pub struct ServerConfig {
     pub log_level: String,
     /// Log line format on stderr.
     pub log_format: LogFormat,
+    /// Name of the cluster this node belongs to; empty = a single node (the
+    /// cluster keys below must then be left unset).
+    pub cluster_id: String,
+    /// This node's id among `peers`.
+    pub node_id: u32,
+    /// Every node of the cluster, this one included, as `ID=IP:PORT` (the
+    /// address other nodes dial for replication).
+    pub peers: Vec<String>,
+    /// File holding the cluster secret (at least 32 bytes, mode 0600 or
+    /// stricter): peers prove they hold it before any frame is accepted.
+    pub cluster_secret_file: PathBuf,
+    /// Where this node accepts peer connections; empty = its own `peers`
+    /// address.
+    pub peer_listen_addr: String,
 }
 
 /// `log_format`: human-readable lines, or one JSON object per line.
@@ -120,6 +134,11 @@ impl Default for ServerConfig {
             read_cache_bytes: 128 * 1024 * 1024,
             log_level: "info".into(),
             log_format: LogFormat::Text,
+            cluster_id: String::new(),
+            node_id: 0,
+            peers: Vec::new(),
+            cluster_secret_file: PathBuf::new(),
+            peer_listen_addr: String::new(),
         }
     }
 }
@@ -233,6 +252,7 @@ impl ServerConfig {
                 });
             }
         }
+        peers_from_list(&mut layered.table);
         let config: ServerConfig = match layered.table.clone().try_into() {
             Ok(c) => c,
             Err(e) => return Err(blame(&layered, e)),
@@ -315,6 +335,7 @@ impl ServerConfig {
                 ));
             }
         }
+        self.cluster()?;
         let store = self.store_config();
         store.validate().map_err(|e| {
             let msg = e.to_string();
@@ -353,6 +374,209 @@ impl ServerConfig {
             retention_ms: (self.retention_ms > 0).then_some(self.retention_ms),
             ..StoreConfig::default()
         }
+    }
+}
+
+/// Least bytes of a cluster secret (after trailing whitespace is cut).
+pub const CLUSTER_SECRET_BYTES_MIN: usize = 32;
+/// Longest `cluster_id`.
+pub const CLUSTER_ID_BYTES_MAX: usize = 64;
+
+/// The cluster keys, checked: present only when `cluster_id` is set.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClusterConfig {
+    pub cluster_id: String,
+    pub node_id: u32,
+    /// Every node, this one included.
+    pub peers: std::collections::BTreeMap<u32, std::net::SocketAddr>,
+    /// Where this node accepts peer connections.
+    pub listen: std::net::SocketAddr,
+    pub secret: ClusterSecret,
+}
+
+/// The key peers authenticate with, derived from the secret file's bytes
+/// (so a file of any length past the minimum gives a full-strength key).
+/// Debug never prints it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ClusterSecret(pub [u8; 32]);
+
+impl std::fmt::Debug for ClusterSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ClusterSecret(..)")
+    }
+}
+
+impl ClusterSecret {
+    /// Derives the key from secret bytes (trailing whitespace ignored, so
+    /// an editor's newline does not change the key).
+    pub fn from_bytes(bytes: &[u8]) -> ClusterSecret {
+        let end = bytes
+            .iter()
+            .rposition(|b| !b.is_ascii_whitespace())
+            .map_or(0, |i| i + 1);
+        ClusterSecret(blake3::derive_key(
+            "ringlog 2026 peer authentication key v1",
+            &bytes[..end],
+        ))
+    }
+
+    /// Reads and checks a secret file: present, at least
+    /// [`CLUSTER_SECRET_BYTES_MIN`] bytes, no permission for group or
+    /// others (a secret others can read proves nothing).
+    pub fn load(path: &Path) -> Result<ClusterSecret, String> {
+        use std::os::unix::fs::PermissionsExt;
+        let shown = path.display();
+        let meta = std::fs::metadata(path).map_err(|e| format!("cannot read {shown}: {e}"))?;
+        let mode = meta.permissions().mode() & 0o777;
+        if mode & 0o077 != 0 {
+            return Err(format!(
+                "{shown} has mode {mode:04o}: group or others may access it; chmod 600 it"
+            ));
+        }
+        let bytes = std::fs::read(path).map_err(|e| format!("cannot read {shown}: {e}"))?;
+        let len = bytes
+            .iter()
+            .rposition(|b| !b.is_ascii_whitespace())
+            .map_or(0, |i| i + 1);
+        if len < CLUSTER_SECRET_BYTES_MIN {
+            return Err(format!(
+                "{shown} holds {len} bytes; a cluster secret needs at least \
+                 {CLUSTER_SECRET_BYTES_MIN} (e.g. `head -c 32 /dev/urandom | base64 > FILE`)"
+            ));
+        }
+        Ok(ClusterSecret::from_bytes(&bytes))
+    }
+}
+
+impl ServerConfig {
+    /// The cluster keys checked (peers parsed, the secret read); None for a
+    /// single node. Errors name the key.
+    pub fn cluster(&self) -> Result<Option<ClusterConfig>, (&'static str, String)> {
+        if self.cluster_id.is_empty() {
+            return self.no_cluster_keys().map(|()| None);
+        }
+        if self.cluster_id.len() > CLUSTER_ID_BYTES_MAX
+            || !self
+                .cluster_id
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+        {
+            return Err((
+                "cluster_id",
+                format!(
+                    "{:?}: at most {CLUSTER_ID_BYTES_MAX} bytes of [A-Za-z0-9._-]",
+                    self.cluster_id
+                ),
+            ));
+        }
+        let peers = parse_peers(&self.peers)?;
+        let Some(own) = peers.get(&self.node_id) else {
+            return Err((
+                "node_id",
+                format!(
+                    "{} is not among `peers` (ids {:?}); list every node, this one included",
+                    self.node_id,
+                    peers.keys().collect::<Vec<_>>()
+                ),
+            ));
+        };
+        let listen = if self.peer_listen_addr.is_empty() {
+            *own
+        } else {
+            self.peer_listen_addr.parse().map_err(|_| {
+                (
+                    "peer_listen_addr",
+                    format!(
+                        "{:?} is not an address like 0.0.0.0:7421",
+                        self.peer_listen_addr
+                    ),
+                )
+            })?
+        };
+        if self.cluster_secret_file.as_os_str().is_empty() {
+            return Err((
+                "cluster_secret_file",
+                "a cluster needs a secret file: peers prove they hold it".into(),
+            ));
+        }
+        let secret = ClusterSecret::load(&self.cluster_secret_file)
+            .map_err(|m| ("cluster_secret_file", m))?;
+        Ok(Some(ClusterConfig {
+            cluster_id: self.cluster_id.clone(),
+            node_id: self.node_id,
+            peers,
+            listen,
+            secret,
+        }))
+    }
+
+    /// Without `cluster_id`, a cluster key set by mistake would silently run
+    /// a lone node: refuse it instead.
+    fn no_cluster_keys(&self) -> Result<(), (&'static str, String)> {
+        let set = [
+            ("node_id", self.node_id != 0),
+            ("peers", !self.peers.is_empty()),
+            (
+                "cluster_secret_file",
+                !self.cluster_secret_file.as_os_str().is_empty(),
+            ),
+            ("peer_listen_addr", !self.peer_listen_addr.is_empty()),
+        ];
+        match set.iter().find(|(_, on)| *on) {
+            Some((key, _)) => Err((
+                key,
+                "is set but `cluster_id` is not: set `cluster_id` to run in a cluster".into(),
+            )),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Parses `peers` entries `ID=IP:PORT`; ids and addresses must be unique.
+fn parse_peers(
+    entries: &[String],
+) -> Result<std::collections::BTreeMap<u32, std::net::SocketAddr>, (&'static str, String)> {
+    let mut peers = std::collections::BTreeMap::new();
+    if entries.is_empty() {
+        return Err(("peers", "a cluster needs its nodes: ID=IP:PORT each".into()));
+    }
+    for entry in entries {
+        let bad = |why: &str| ("peers", format!("{entry:?}: {why}"));
+        let (id, addr) = entry
+            .split_once('=')
+            .ok_or_else(|| bad("expected ID=IP:PORT, e.g. 1=127.0.0.1:7421"))?;
+        let id: u32 = id
+            .trim()
+            .parse()
+            .map_err(|_| bad("the node id is not a number"))?;
+        let addr: std::net::SocketAddr = addr
+            .trim()
+            .parse()
+            .map_err(|_| bad("not an address like 127.0.0.1:7421 (host names are not resolved)"))?;
+        if addr.port() == 0 {
+            return Err(bad("port 0 cannot be dialled"));
+        }
+        if peers.values().any(|a| *a == addr) {
+            return Err(bad("the address is listed twice"));
+        }
+        if peers.insert(id, addr).is_some() {
+            return Err(bad(&format!("node id {id} is listed twice")));
+        }
+    }
+    Ok(peers)
+}
+
+/// `peers` from the environment or a flag comes as one string of
+/// comma-separated entries; the config wants a list.
+fn peers_from_list(table: &mut toml::Table) {
+    if let Some(toml::Value::String(list)) = table.get("peers") {
+        let entries = list
+            .split(',')
+            .map(str::trim)
+            .filter(|e| !e.is_empty())
+            .map(|e| toml::Value::String(e.to_string()))
+            .collect();
+        table.insert("peers".into(), toml::Value::Array(entries));
     }
 }
 
@@ -470,5 +694,158 @@ mod tests {
         assert!(matches!(err, ConfigError::Syntax { .. }), "{err}");
         let err = ServerConfig::load(None, env(&[("RINGLOG_SHARDS", "x")]), &[]).unwrap_err();
         assert!(err.to_string().contains("RINGLOG_SHARDS"), "{err}");
+    }
+
+    fn secret_file(dir: &Path, text: &str, mode: u32) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let path = dir.join(format!("secret-{mode:o}-{}", text.len()));
+        std::fs::write(&path, text).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+        path
+    }
+
+    const SECRET: &str = "0123456789abcdef0123456789abcdef\n";
+
+    #[test]
+    fn without_cluster_keys_the_node_runs_alone() {
+        let c = ServerConfig::load(None, Vec::new(), &[]).unwrap();
+        assert_eq!(c.cluster(), Ok(None));
+        // A cluster key without cluster_id would silently run alone.
+        for (key, value) in [
+            ("node_id", "2"),
+            ("peers", "1=127.0.0.1:7421"),
+            ("cluster_secret_file", "/tmp/s"),
+            ("peer_listen_addr", "127.0.0.1:7421"),
+        ] {
+            let err =
+                ServerConfig::load(None, Vec::new(), &[(key.into(), value.into())]).unwrap_err();
+            let msg = err.to_string();
+            assert!(
+                msg.contains(&format!("`{key}`")) && msg.contains("cluster_id"),
+                "{msg}"
+            );
+        }
+    }
+
+    #[test]
+    fn cluster_keys_load_from_file_env_and_flags() {
+        let dir = tempfile::tempdir().unwrap();
+        let secret = secret_file(dir.path(), SECRET, 0o600);
+        let path = dir.path().join("c.toml");
+        std::fs::write(
+            &path,
+            format!(
+                "cluster_id = \"blue\"\nnode_id = 2\npeers = [\"1=127.0.0.1:7421\", \"2=127.0.0.1:7422\"]\ncluster_secret_file = {:?}\n",
+                secret.display().to_string()
+            ),
+        )
+        .unwrap();
+        let c = ServerConfig::load(Some(&path), Vec::new(), &[]).unwrap();
+        let cluster = c.cluster().unwrap().unwrap();
+        assert_eq!(cluster.node_id, 2);
+        assert_eq!(cluster.listen, "127.0.0.1:7422".parse().unwrap());
+        assert_eq!(cluster.peers.len(), 2);
+        assert_eq!(cluster.secret, ClusterSecret::from_bytes(SECRET.as_bytes()));
+        // Env and flags give the list as one comma-separated string.
+        let c = ServerConfig::load(
+            Some(&path),
+            env(&[(
+                "RINGLOG_PEERS",
+                "1=127.0.0.1:1, 2=127.0.0.1:2,3=127.0.0.1:3",
+            )]),
+            &[("peer_listen_addr".into(), "\"0.0.0.0:9\"".into())],
+        )
+        .unwrap();
+        let cluster = c.cluster().unwrap().unwrap();
+        assert_eq!(cluster.peers.len(), 3);
+        assert_eq!(cluster.listen, "0.0.0.0:9".parse().unwrap());
+    }
+
+    #[test]
+    fn cluster_errors_name_the_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let good = secret_file(dir.path(), SECRET, 0o600);
+        let short = secret_file(dir.path(), "tooshort\n", 0o600);
+        let readable = secret_file(dir.path(), SECRET, 0o644);
+        let missing = dir.path().join("absent");
+        let peers = "[\"1=127.0.0.1:7421\", \"2=127.0.0.1:7422\"]";
+        let cases: Vec<(String, &str, &str)> = vec![
+            (
+                format!("node_id = 3\npeers = {peers}"),
+                "node_id",
+                "not among",
+            ),
+            (
+                "peers = [\"1=127.0.0.1:1\", \"1=127.0.0.1:2\"]".into(),
+                "peers",
+                "listed twice",
+            ),
+            (
+                "peers = [\"1=127.0.0.1:1\", \"2=127.0.0.1:1\"]".into(),
+                "peers",
+                "listed twice",
+            ),
+            (
+                "peers = [\"1=localhost:1\"]".into(),
+                "peers",
+                "not an address",
+            ),
+            ("peers = [\"1:127.0.0.1:1\"]".into(), "peers", "ID=IP:PORT"),
+            (
+                "peers = [\"x=127.0.0.1:1\"]".into(),
+                "peers",
+                "not a number",
+            ),
+            ("peers = []".into(), "peers", "needs its nodes"),
+            (
+                format!("peers = {peers}\npeer_listen_addr = \"nope\""),
+                "peer_listen_addr",
+                "not an address",
+            ),
+        ];
+        let file = dir.path().join("c.toml");
+        let secret_line =
+            |p: &Path| format!("cluster_secret_file = {:?}\n", p.display().to_string());
+        let mut all: Vec<(String, &str, &str)> = cases
+            .into_iter()
+            .map(|(t, k, m)| (format!("{t}\n{}", secret_line(&good)), k, m))
+            .collect();
+        for (path, what) in [
+            (&missing, "cannot read"),
+            (&short, "at least 32"),
+            (&readable, "chmod 600"),
+        ] {
+            all.push((
+                format!("node_id = 1\npeers = {peers}\n{}", secret_line(path)),
+                "cluster_secret_file",
+                what,
+            ));
+        }
+        all.push((
+            format!("node_id = 1\npeers = {peers}\n"),
+            "cluster_secret_file",
+            "needs a secret",
+        ));
+        all.push((
+            format!("cluster_id = \"a b\"\nnode_id = 1\npeers = {peers}\n"),
+            "cluster_id",
+            "[A-Za-z0-9._-]",
+        ));
+        for (text, key, what) in all {
+            let mut text = text;
+            if !text.contains("node_id") {
+                text = format!("node_id = 1\n{text}");
+            }
+            if !text.contains("cluster_id") {
+                text = format!("cluster_id = \"blue\"\n{text}");
+            }
+            std::fs::write(&file, &text).unwrap();
+            let err = ServerConfig::load(Some(&file), Vec::new(), &[]).unwrap_err();
+            let msg = err.to_string();
+            assert!(
+                msg.contains(&format!("`{key}`")) && msg.contains(what),
+                "{text}: {msg}"
+            );
+        }
     }
 }
