@@ -715,7 +715,8 @@ impl Job for AppendJob<'_> {
         }
         notes.push(
             "ringlog pipelines like the shard's group commit: the next round's batches are \
-             appended (checked, copied, hashed) while the current round's write+fdatasync is in \
+             appended (restamped in place in a lent write buffer, checked, hashed; not copied) \
+             while the current round's write+fdatasync is in \
              the kernel, and submitted the moment it completes, so each partition's file sees one \
              write+fdatasync at a time, as fio's does (qd1), with ringlog's CPU per batch off the \
              device's critical path"

@@ -17,15 +17,23 @@
 //! Batches are built once per partition and restamped for each append
 //! (new base offset, op and previous checksum; the header checksum is
 //! recomputed, the body is not rehashed), which is what a primary does.
+//! They are appended in place ([`PartitionStore::append_owned`]): each sits
+//! in a write buffer lent by the partition's pool at the position it is
+//! written from, so the store does not copy it. A lent buffer that comes
+//! back from a completed flush still holds the partition's batch where the
+//! next one goes (whole-block batches always start a block), so it is only
+//! restamped; any other (fresh, or used at another position) is filled from
+//! the built batch first, as a connection's read would fill it. The store
+//! verifies every body before writing it, so a stale one fails the run.
 
 use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use ringlog_protocol::{restamp, BatchBuilder, BatchError, Record, Stamp, HEADER_LEN};
+use ringlog_protocol::{restamp, BatchBuilder, BatchError, BatchHeader, Record, Stamp, HEADER_LEN};
 use ringlog_storage::io::uring::UringBackend;
-use ringlog_storage::io::{BatchId, IoBackend, BLOCK_SIZE};
-use ringlog_storage::store::{PartitionStore, StoreConfig, StoreError};
+use ringlog_storage::io::{BatchBuf, BatchId, IoBackend, PoolExhausted, BLOCK_SIZE};
+use ringlog_storage::store::{PartitionStore, PoolConfig, StoreConfig, StoreError, StorePool};
 
 use crate::stats::{CpuMeter, LatencyRecorder, RunSummary, Timeline};
 
@@ -53,6 +61,8 @@ pub enum AppendError {
     Ring(#[source] std::io::Error),
     #[error(transparent)]
     Store(#[from] StoreError),
+    #[error("lending a write buffer failed: {0}")]
+    Pool(#[from] PoolExhausted),
 }
 
 #[derive(Debug, Clone)]
@@ -192,14 +202,20 @@ pub fn run(cfg: &AppendConfig) -> Result<AppendResult, AppendError> {
     let mut io = UringBackend::new(RING_ENTRIES).map_err(AppendError::Ring)?;
     let store_cfg = store_config(cfg);
     let mut stores = Vec::with_capacity(cfg.partitions as usize);
+    let mut pools = Vec::with_capacity(cfg.partitions as usize);
     for p in 0..cfg.partitions {
-        let store = PartitionStore::create(&mut io, &cfg.partition_dir(p), p, store_cfg.clone())?;
+        // A store's own (private) pool, kept to lend batch buffers from.
+        let dir = cfg.partition_dir(p);
+        let pool = StorePool::new(dir.join("recycle"), PoolConfig::private(&store_cfg));
+        let store = PartitionStore::create_in(&mut io, &dir, p, store_cfg.clone(), pool.clone())?;
         stores.push(store);
+        pools.push(pool);
     }
 
     let mut job = Job {
         io,
         stores,
+        pools,
         batches,
         ops: vec![0; cfg.partitions as usize],
         waiting: vec![VecDeque::with_capacity(2); cfg.partitions as usize],
@@ -263,7 +279,9 @@ pub fn run(cfg: &AppendConfig) -> Result<AppendResult, AppendError> {
 struct Job {
     io: UringBackend,
     stores: Vec<PartitionStore>,
-    /// One prebuilt batch per partition, restamped before each append.
+    /// Each store's pool, which lends the buffers batches are built in.
+    pools: Vec<StorePool>,
+    /// One prebuilt batch per partition: what each append's buffer holds.
     batches: Vec<Vec<u8>>,
     ops: Vec<u64>,
     /// Per partition, appends not durable yet: (next offset, append time).
@@ -315,9 +333,13 @@ impl Job {
             vsr_view: 0,
             prev_checksum: store.last_checksum(),
         };
-        restamp(&mut self.batches[i], &stamp)?;
+        let mut buf = self.pools[i].lend_batch(store.batch_lead_bytes())?;
+        fill_unless_held(&mut buf, &self.batches[i]);
+        restamp(buf.batch_mut(), &stamp)?;
         let appended_at = Instant::now();
-        let appended = store.append(&mut self.io, &self.batches[i])?;
+        let appended = store
+            .append_owned(&mut self.io, buf)
+            .map_err(|refused| refused.error)?;
         self.waiting[i].push_back((appended.next_offset, appended_at));
         debug_assert!(self.waiting[i].len() <= 2);
         // A roll or a full write buffer flushes inside the append.
@@ -402,6 +424,27 @@ impl Job {
     }
 }
 
+/// Makes `buf` hold `batch` (up to its stamp): as it is when the buffer
+/// already holds this partition's batch (its header decodes to the same
+/// length and body checksum), else by copying it in.
+fn fill_unless_held(buf: &mut BatchBuf, batch: &[u8]) {
+    let held = |buf: &BatchBuf| {
+        let (Ok(theirs), Ok(ours)) = (BatchHeader::decode(buf.batch()), BatchHeader::decode(batch))
+        else {
+            return false;
+        };
+        theirs.total_len() == ours.total_len() && theirs.body_checksum == ours.body_checksum
+    };
+    if batch.len() <= buf.batch_capacity() {
+        buf.set_batch_len(batch.len());
+        if held(buf) {
+            return;
+        }
+    }
+    buf.set_batch_len(0);
+    buf.extend_from_slice(batch);
+}
+
 /// Longest one wait in the ring blocks before the job reaps again: a
 /// bound on a stall, never a hang.
 const WAKE_TIMEOUT: Duration = Duration::from_millis(100);
@@ -458,6 +501,33 @@ mod tests {
             assert!(store.log_start_offset() > 0, "retention never ran");
             store.close(&mut io).unwrap();
         }
+    }
+
+    #[test]
+    fn a_buffer_is_filled_unless_it_holds_the_partitions_batch_already() {
+        let pool = ringlog_storage::io::SharedBufPool::new(2 * 4096, 1, 1);
+        let (batch, _) = build_batch(1, 4096, 100, 1_000).unwrap();
+        let mut buf = pool.try_lend_batch(0).unwrap();
+        fill_unless_held(&mut buf, &batch);
+        assert_eq!(buf.batch(), &batch[..], "a fresh buffer is filled");
+        // A restamp changes the header, not the body: still held, not
+        // copied again (a value byte flipped in the buffer stays flipped).
+        let last = batch.len() - 1;
+        buf.batch_mut()[last] ^= 0xFF;
+        restamp(
+            buf.batch_mut(),
+            &Stamp {
+                base_offset: 7,
+                ..Stamp::default()
+            },
+        )
+        .unwrap();
+        fill_unless_held(&mut buf, &batch);
+        assert_ne!(buf.batch()[last], batch[last], "held: not copied");
+        // Another partition's batch is not this one's.
+        let (other, _) = build_batch(2, 4096, 100, 1_000).unwrap();
+        fill_unless_held(&mut buf, &other);
+        assert_eq!(buf.batch(), &other[..]);
     }
 
     #[test]

@@ -1,11 +1,17 @@
-//! 4096-aligned, pre-touched I/O buffers and a bounded pool of them.
+//! 4096-aligned, pre-touched I/O buffers and bounded pools of them.
 //!
 //! O_DIRECT needs sector-aligned memory, and touching fresh pages costs about
 //! 8 us a page on these machines, so buffers are allocated once, zeroed (which
-//! touches every page) and recycled through [`BufPool`].
+//! touches every page) and recycled through [`BufPool`] (one thread) or
+//! [`SharedBufPool`] (any thread; a buffer goes home when dropped).
+//!
+//! [`BatchBuf`] is a buffer holding one batch at the position in its block
+//! where the batch will be written, so a store can write it as it is (no copy;
+//! see `PartitionStore::append_owned`).
 
 use std::alloc::{self, Layout};
 use std::ptr::NonNull;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Alignment of every I/O buffer, file offset and O_DIRECT length.
 pub const BLOCK_SIZE: usize = 4096;
@@ -26,6 +32,8 @@ pub struct AlignedBuf {
     ptr: NonNull<u8>,
     capacity: usize,
     len: usize,
+    /// The [`SharedBufPool`] the memory returns to when dropped, if any.
+    home: Option<Home>,
 }
 
 // SAFETY: AlignedBuf owns its allocation exclusively, like Vec<u8>.
@@ -47,6 +55,7 @@ impl AlignedBuf {
             ptr,
             capacity,
             len: 0,
+            home: None,
         }
     }
 
@@ -126,6 +135,17 @@ impl std::ops::DerefMut for AlignedBuf {
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
+        if let Some(home) = self.home.take() {
+            // The allocation moves into `bare`; `self` must not free it.
+            let bare = AlignedBuf {
+                ptr: self.ptr,
+                capacity: self.capacity,
+                len: 0,
+                home: None,
+            };
+            home.give_back(bare);
+            return;
+        }
         // SAFETY: allocated in `new` with exactly this layout.
         unsafe { alloc::dealloc(self.ptr.as_ptr(), Self::layout(self.capacity)) }
     }
@@ -207,6 +227,217 @@ impl BufPool {
     }
 }
 
+/// Where a [`SharedBufPool`] buffer returns when dropped, and whether it
+/// counts against the pool's lending bound.
+struct Home {
+    pool: Arc<Shared>,
+    lent: bool,
+}
+
+impl Home {
+    fn give_back(self, buf: AlignedBuf) {
+        let mut state = self.pool.lock();
+        if self.lent {
+            debug_assert!(state.lent > 0);
+            state.lent -= 1;
+        }
+        if state.free.len() < self.pool.idle_max {
+            state.free.push(buf);
+        }
+        // Else `buf` is dropped here (home None): freed.
+    }
+}
+
+struct Shared {
+    buf_size_bytes: usize,
+    idle_max: usize,
+    lent_max: usize,
+    state: Mutex<SharedState>,
+}
+
+struct SharedState {
+    /// Pre-touched buffers ready for reuse; at most `idle_max`.
+    free: Vec<AlignedBuf>,
+    /// Buffers out through [`SharedBufPool::try_lend`]; at most `lent_max`.
+    lent: usize,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, SharedState> {
+        // A panic while holding the lock cannot leave the free list or the
+        // count half-updated (each is one push/pop or one add), so the
+        // state is usable.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The lending bound of a [`SharedBufPool`] was hit: `lent_max` buffers are
+/// out. One comes back when a holder drops it (for a batch appended with
+/// `PartitionStore::append_owned`, when the flush that wrote it completed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("all {lent_max} lendable I/O buffers are in use: wait for a flush to complete")]
+pub struct PoolExhausted {
+    pub lent_max: usize,
+}
+
+/// A pool of equally sized, pre-touched buffers that any thread may take
+/// from; every buffer it hands out goes back to it when dropped, wherever
+/// that happens (a completed write, an error path, a dropped request).
+///
+/// Bounds: at most `idle_max` buffers are kept idle (the rest are freed on
+/// return), and at most `lent_max` are out through [`SharedBufPool::try_lend`]
+/// at once (the next one is refused with [`PoolExhausted`]), so callers that
+/// fill buffers from outside (a connection reading request bodies) hold at
+/// most `lent_max * buf_size_bytes`. [`SharedBufPool::take`] is for the
+/// owner's own bounded use (a store's write buffers) and never refuses.
+#[derive(Clone)]
+pub struct SharedBufPool(Arc<Shared>);
+
+impl std::fmt::Debug for SharedBufPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = self.0.lock();
+        f.debug_struct("SharedBufPool")
+            .field("buf_size_bytes", &self.0.buf_size_bytes)
+            .field("idle", &state.free.len())
+            .field("lent", &state.lent)
+            .finish()
+    }
+}
+
+impl SharedBufPool {
+    /// An empty pool of `buf_size_bytes` buffers (rounded up to a block):
+    /// buffers are allocated when first needed and kept once returned.
+    pub fn new(buf_size_bytes: usize, idle_max: usize, lent_max: usize) -> Self {
+        Self(Arc::new(Shared {
+            buf_size_bytes: align_up(buf_size_bytes as u64) as usize,
+            idle_max,
+            lent_max,
+            state: Mutex::new(SharedState {
+                free: Vec::new(),
+                lent: 0,
+            }),
+        }))
+    }
+
+    pub fn buf_size_bytes(&self) -> usize {
+        self.0.buf_size_bytes
+    }
+
+    pub fn lent_max(&self) -> usize {
+        self.0.lent_max
+    }
+
+    /// Buffers held idle (at most `idle_max`).
+    pub fn idle(&self) -> usize {
+        self.0.lock().free.len()
+    }
+
+    /// Buffers out through [`SharedBufPool::try_lend`] (at most `lent_max`).
+    pub fn lent(&self) -> usize {
+        self.0.lock().lent
+    }
+
+    /// A cleared buffer of `buf_size_bytes`, for the owner's bounded use;
+    /// it returns here when dropped.
+    pub fn take(&self) -> AlignedBuf {
+        self.get(false)
+    }
+
+    /// A cleared buffer of `buf_size_bytes` that counts against `lent_max`
+    /// until dropped; refused when `lent_max` are out.
+    pub fn try_lend(&self) -> Result<AlignedBuf, PoolExhausted> {
+        {
+            let mut state = self.0.lock();
+            if state.lent >= self.0.lent_max {
+                return Err(PoolExhausted {
+                    lent_max: self.0.lent_max,
+                });
+            }
+            state.lent += 1;
+        }
+        Ok(self.get(true))
+    }
+
+    /// [`SharedBufPool::try_lend`] as a [`BatchBuf`] for a batch that starts
+    /// `lead_bytes` into its block (the store's `batch_lead_bytes`).
+    pub fn try_lend_batch(&self, lead_bytes: usize) -> Result<BatchBuf, PoolExhausted> {
+        Ok(BatchBuf::new(self.try_lend()?, lead_bytes))
+    }
+
+    fn get(&self, lent: bool) -> AlignedBuf {
+        let reused = self.0.lock().free.pop();
+        // Allocating (and zeroing) happens outside the lock.
+        let mut buf = reused.unwrap_or_else(|| AlignedBuf::new(self.0.buf_size_bytes));
+        buf.clear();
+        buf.home = Some(Home {
+            pool: Arc::clone(&self.0),
+            lent,
+        });
+        buf
+    }
+}
+
+/// One batch in an aligned buffer, starting `lead_bytes` into it: where in
+/// its block the batch will sit on disk. A store whose log ends at that
+/// position in a block writes the buffer as it is, after copying the
+/// partial block before the batch (under a block) into the lead; otherwise
+/// it copies the batch (see `PartitionStore::append_owned`).
+#[derive(Debug)]
+pub struct BatchBuf {
+    /// `[0, lead_bytes)` is the lead, `[lead_bytes, len)` the batch.
+    buf: AlignedBuf,
+    lead_bytes: usize,
+}
+
+impl BatchBuf {
+    /// An empty batch in `buf`, to start `lead_bytes` (under a block) in.
+    pub fn new(mut buf: AlignedBuf, lead_bytes: usize) -> Self {
+        assert!(
+            lead_bytes < BLOCK_SIZE,
+            "lead {lead_bytes} is not under a block"
+        );
+        assert!(lead_bytes <= buf.capacity());
+        buf.set_len(lead_bytes);
+        Self { buf, lead_bytes }
+    }
+
+    pub fn lead_bytes(&self) -> usize {
+        self.lead_bytes
+    }
+
+    /// The most batch bytes the buffer holds.
+    pub fn batch_capacity(&self) -> usize {
+        self.buf.capacity() - self.lead_bytes
+    }
+
+    /// The batch bytes so far.
+    pub fn batch(&self) -> &[u8] {
+        &self.buf[self.lead_bytes..]
+    }
+
+    /// Sets the batch's length (bytes past the old length are zero or
+    /// stale, to be filled through [`BatchBuf::batch_mut`]); panics past
+    /// [`BatchBuf::batch_capacity`].
+    pub fn set_batch_len(&mut self, len_bytes: usize) {
+        self.buf.set_len(self.lead_bytes + len_bytes);
+    }
+
+    pub fn batch_mut(&mut self) -> &mut [u8] {
+        let lead = self.lead_bytes;
+        &mut self.buf[lead..]
+    }
+
+    /// Appends `bytes` to the batch; panics if they do not fit.
+    pub fn extend_from_slice(&mut self, bytes: &[u8]) {
+        self.buf.extend_from_slice(bytes);
+    }
+
+    /// The whole buffer: the lead, then the batch.
+    pub fn into_buf(self) -> AlignedBuf {
+        self.buf
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -244,5 +475,52 @@ mod tests {
         pool.put(a);
         pool.put(b);
         assert_eq!(pool.idle(), 1);
+    }
+
+    #[test]
+    fn shared_pool_refuses_past_its_lending_bound_until_a_buffer_is_dropped() {
+        let pool = SharedBufPool::new(8192, 1, 2);
+        let a = pool.try_lend().unwrap();
+        let b = pool.try_lend_batch(100).unwrap();
+        assert_eq!(pool.try_lend().unwrap_err(), PoolExhausted { lent_max: 2 });
+        // The owner's own takes are not lent: never refused.
+        let own = pool.take();
+        assert_eq!(pool.lent(), 2);
+        let b_ptr = b.batch().as_ptr() as usize - b.lead_bytes();
+        drop(b);
+        assert_eq!(pool.lent(), 1);
+        let c = pool
+            .try_lend()
+            .expect("a dropped buffer frees a lending slot");
+        assert_eq!(c.as_ptr() as usize, b_ptr, "reused, not reallocated");
+        drop((a, c, own));
+        assert_eq!(pool.lent(), 0);
+        assert_eq!(pool.idle(), 1, "idle buffers capped at idle_max");
+    }
+
+    #[test]
+    fn shared_pool_buffers_go_home_from_another_thread() {
+        let pool = SharedBufPool::new(4096, 4, 4);
+        let bufs: Vec<_> = (0..3).map(|_| pool.try_lend().unwrap()).collect();
+        std::thread::spawn(move || drop(bufs)).join().unwrap();
+        assert_eq!(pool.lent(), 0);
+        assert_eq!(pool.idle(), 3);
+        let reused = pool.take();
+        assert!(reused.is_empty());
+        assert_eq!(reused.capacity(), 4096);
+    }
+
+    #[test]
+    fn batch_buf_places_the_batch_after_its_lead() {
+        let pool = SharedBufPool::new(8192, 1, 1);
+        let mut b = pool.try_lend_batch(300).unwrap();
+        assert_eq!(b.batch_capacity(), 8192 - 300);
+        b.extend_from_slice(b"batch");
+        assert_eq!(b.batch(), b"batch");
+        b.set_batch_len(2);
+        b.batch_mut().copy_from_slice(b"xy");
+        let buf = b.into_buf();
+        assert_eq!(buf.len(), 302);
+        assert_eq!(&buf[300..], b"xy");
     }
 }

@@ -17,7 +17,9 @@ pub mod uring;
 use std::io;
 use std::path::{Path, PathBuf};
 
-pub use buf::{align_down, align_up, AlignedBuf, BufPool, BLOCK_SIZE};
+pub use buf::{
+    align_down, align_up, AlignedBuf, BatchBuf, BufPool, PoolExhausted, SharedBufPool, BLOCK_SIZE,
+};
 
 /// A file or directory opened through a backend. Only meaningful to the
 /// backend that returned it.

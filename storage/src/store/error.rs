@@ -215,3 +215,16 @@ impl StoreError {
         }
     }
 }
+
+/// [`PartitionStore::append_owned`] refused a batch: why, and the batch,
+/// untouched (nothing was accepted; retry after a `FlushInFlight`, or drop
+/// it, which sends a pooled buffer home).
+///
+/// [`PartitionStore::append_owned`]: super::PartitionStore::append_owned
+#[derive(Debug, thiserror::Error)]
+#[error("{error}")]
+pub struct AppendRefused {
+    #[source]
+    pub error: StoreError,
+    pub batch: crate::io::BatchBuf,
+}

@@ -64,11 +64,11 @@ mod walk;
 
 use std::path::{Path, PathBuf};
 
-use ringlog_protocol::BatchView;
+use ringlog_protocol::{BatchHeader, BatchView};
 
 pub use cache::ReadCacheStats;
 pub use config::StoreConfig;
-pub use error::{CutError, StoreError, TransferError};
+pub use error::{AppendRefused, CutError, StoreError, TransferError};
 pub use group::flush_all;
 pub use install::{Install, InstallBudget};
 pub use pool::{PoolConfig, StorePool, PRIVATE_READ_CACHE_BYTES_MAX};
@@ -76,7 +76,8 @@ pub use read::Fetched;
 pub use retention::RetentionOutcome;
 
 use crate::io::{
-    align_down, align_up, AlignedBuf, Completion, FileId, IoBackend, Op, OpenMode, Sqe, BLOCK_SIZE,
+    align_down, align_up, AlignedBuf, BatchBuf, Completion, FileId, IoBackend, Op, OpenMode, Sqe,
+    BLOCK_SIZE,
 };
 use crate::segment::{self, FlushTrailer, FrontierSlot, SealedIndex, SegmentHasher, SparseIndex};
 use crate::superblock::{
@@ -413,12 +414,73 @@ impl PartitionStore {
 
     /// Accepts a batch whose offsets the caller assigned. Not durable until a
     /// flush covering it completes. May roll the segment first (which
-    /// flushes), or flush when the write buffer is full.
+    /// flushes), or flush when the write buffer is full. The batch is copied
+    /// into the write buffer; [`PartitionStore::append_owned`] writes a
+    /// batch built in place without the copy.
     pub fn append(
         &mut self,
         io: &mut impl IoBackend,
         batch: &[u8],
     ) -> Result<Appended, StoreError> {
+        let h = self.admit(io, batch)?;
+        self.copy_in(&batch[..h.total_len()]);
+        Ok(self.accepted(&h))
+    }
+
+    /// [`PartitionStore::append`] of a batch the caller built in place in
+    /// an aligned buffer (one lent by [`StorePool::lend_batch`], for
+    /// instance), `batch.lead_bytes()` into its block. When that is where
+    /// the log ends in its block ([`PartitionStore::batch_lead_bytes`]) and
+    /// no other append is waiting for the next flush, the buffer becomes the
+    /// write buffer as it is: the partial block before the batch is copied
+    /// into its lead, the batch is not copied. Otherwise (a roll moved the
+    /// end, another append got there first) the batch is copied, as
+    /// `append` does, and the buffer is dropped (a pooled one goes home).
+    /// Bytes past the batch's encoded length are ignored. Refused batches
+    /// come back with the error, untouched.
+    pub fn append_owned(
+        &mut self,
+        io: &mut impl IoBackend,
+        mut batch: BatchBuf,
+    ) -> Result<Appended, AppendRefused> {
+        let h = match self.admit(io, batch.batch()) {
+            Ok(h) => h,
+            Err(error) => return Err(AppendRefused { error, batch }),
+        };
+        batch.set_batch_len(h.total_len());
+        // Room for the batch and for whatever the copy path appends behind
+        // it before the flush, trailer block included (see `prepare_flush`).
+        let room = batch.lead_bytes() + batch.batch_capacity()
+            >= self.config.write_buffer_bytes + BLOCK_SIZE;
+        let active = &mut self.active;
+        if active.pending.is_none() && batch.lead_bytes() == active.tail.len() && room {
+            debug_assert_eq!(
+                active.tail.len() as u64,
+                active.end_position % BLOCK_SIZE as u64
+            );
+            active.hasher.update(batch.batch());
+            let lead = batch.lead_bytes();
+            let mut buf = batch.into_buf();
+            buf.full_mut()[..lead].copy_from_slice(&active.tail);
+            active.pending = Some(buf);
+        } else {
+            self.copy_in(batch.batch());
+        }
+        Ok(self.accepted(&h))
+    }
+
+    /// Where in its block the next batch starts on disk (the log's end
+    /// modulo [`BLOCK_SIZE`]): the lead a batch built in place for
+    /// [`PartitionStore::append_owned`] should have. A roll before that
+    /// append starts a segment at lead 0.
+    pub fn batch_lead_bytes(&self) -> usize {
+        (self.active.end_position % BLOCK_SIZE as u64) as usize
+    }
+
+    /// The checks of an append, and what must happen before its bytes go
+    /// into the write buffer: a roll, a flush of a full write buffer, the
+    /// file's reservation. Returns the batch's header.
+    fn admit(&mut self, io: &mut impl IoBackend, batch: &[u8]) -> Result<BatchHeader, StoreError> {
         self.check_fenced()?;
         let pid = self.partition_id;
         let view = BatchView::parse(batch).map_err(|source| StoreError::InvalidBatch {
@@ -426,17 +488,17 @@ impl PartitionStore {
             source,
         })?;
         let h = *view.header();
-        let bytes = view.as_bytes();
+        let len_bytes = h.total_len();
         if h.partition_id != pid {
             return Err(StoreError::WrongPartition {
                 partition_id: pid,
                 batch_partition_id: h.partition_id,
             });
         }
-        if bytes.len() > self.config.batch_bytes_max() {
+        if len_bytes > self.config.batch_bytes_max() {
             return Err(StoreError::BatchTooLarge {
                 partition_id: pid,
-                len_bytes: bytes.len(),
+                len_bytes,
                 max_bytes: self.config.batch_bytes_max(),
             });
         }
@@ -454,16 +516,16 @@ impl PartitionStore {
                 actual: h.prev_checksum,
             });
         }
-        if self.append_waits_for_flush(bytes.len()) {
+        if self.append_waits_for_flush(len_bytes) {
             return Err(StoreError::FlushInFlight { partition_id: pid });
         }
-        let len = bytes.len() as u64;
-        if self.append_rolls(bytes.len()) {
+        let len = len_bytes as u64;
+        if self.append_rolls(len_bytes) {
             self.roll(io)?;
         } else if self.active.end_position + len > self.active.capacity_bytes {
-            return Err(self.no_room_error(bytes.len()));
+            return Err(self.no_room_error(len_bytes));
         }
-        if self.active.buffered_len() + bytes.len() > self.config.write_buffer_bytes {
+        if self.active.buffered_len() + len_bytes > self.config.write_buffer_bytes {
             self.flush(io)?;
         }
         // Room for this flush's trailer too (see `prepare_flush`).
@@ -472,6 +534,13 @@ impl PartitionStore {
             io,
             segment::trailer_write_end(end).min(self.active.capacity_bytes),
         )?;
+        Ok(h)
+    }
+
+    /// Copies an admitted batch's bytes into the write buffer (taking one
+    /// from the pool, with the partial tail block, if none is held) and
+    /// hashes them into the segment's checksums.
+    fn copy_in(&mut self, bytes: &[u8]) {
         let buffer_bytes = self.config.write_buffer_bytes;
         let active = &mut self.active;
         let pending = active.pending.get_or_insert_with(|| {
@@ -480,6 +549,22 @@ impl PartitionStore {
             buf
         });
         copy_hashed(pending, bytes, &mut active.hasher);
+    }
+
+    /// Books an admitted batch whose bytes are in the write buffer now: the
+    /// index, the accepted end, the chain.
+    fn accepted(&mut self, h: &BatchHeader) -> Appended {
+        let len = h.total_len() as u64;
+        let active = &mut self.active;
+        // The write buffer starts at the block of the flushing (or durable) end.
+        let start = self
+            .flushing
+            .as_ref()
+            .map_or(active.durable_position, |f| f.end_position);
+        debug_assert_eq!(
+            active.pending.as_ref().map(|p| p.len() as u64),
+            Some(active.end_position + len - align_down(start))
+        );
         let position = active.end_position;
         debug_assert!(position + len <= active.capacity_bytes);
         let relative = h.base_offset - active.base_offset;
@@ -497,10 +582,10 @@ impl PartitionStore {
             last_checksum: h.header_checksum,
             last_op: h.vsr_op,
         };
-        Ok(Appended {
+        Appended {
             base_offset: h.base_offset,
             next_offset: h.next_offset(),
-        })
+        }
     }
 
     /// Queues this partition's flush onto `sqes`: the data write, carrying

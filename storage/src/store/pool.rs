@@ -4,7 +4,10 @@
 //!
 //! A partition takes a write buffer on its first append after a flush and
 //! gives it back when that flush completed with nothing appended behind it,
-//! so an idle partition holds none; reads are synchronous on the shard's
+//! so an idle partition holds none. The same buffers are lent, bounded, to
+//! callers that build a batch in place for `PartitionStore::append_owned`
+//! ([`StorePool::lend_batch`]; the buffer becomes the write buffer and
+//! comes back when its flush completed); reads are synchronous on the shard's
 //! thread, so one read buffer serves every partition. Recycled segment files
 //! live in one directory per pool, bounded by a count per pool, not per
 //! partition. A store used on its own gets a private pool (its directory's
@@ -19,7 +22,9 @@ use std::rc::Rc;
 
 use super::cache::{CacheRead, ReadCache, ReadCacheStats};
 use super::StoreConfig;
-use crate::io::{AlignedBuf, BufPool, IoBackend, Op, OpenMode, Sqe, BLOCK_SIZE};
+use crate::io::{
+    AlignedBuf, BatchBuf, IoBackend, Op, OpenMode, PoolExhausted, SharedBufPool, Sqe, BLOCK_SIZE,
+};
 use crate::superblock::FILE_SIZE_BYTES;
 
 /// Bounds of a pool.
@@ -33,6 +38,12 @@ pub struct PoolConfig {
     /// more are allocated on demand and dropped on return. Buffers in use
     /// are at most two per partition with appends not yet durable.
     pub write_buffers_idle_max: usize,
+    /// Write buffers lent out at once for batches built in place
+    /// ([`StorePool::lend_batch`]), counted from the lend until the flush
+    /// that wrote the batch completed (or the buffer was dropped); one more
+    /// is refused with [`PoolExhausted`]. Bounds what callers filling
+    /// buffers from outside (request bodies) hold.
+    pub batch_buffers_lent_max: usize,
     /// Segment files kept for reuse in `recycle_dir`; the rest are unlinked.
     pub recycled_files_max: usize,
     /// A read buffer that grew past this (one huge batch) is not kept.
@@ -47,12 +58,18 @@ pub struct PoolConfig {
 /// before; a shard sizes its pool's cache (`read_cache_bytes`).
 pub const PRIVATE_READ_CACHE_BYTES_MAX: usize = 0;
 
+/// A private pool lends at most this many batch buffers at once: two per
+/// pipelined partition (one in the flush in flight, one being appended)
+/// and slack for a caller that builds ahead.
+pub const PRIVATE_BATCH_BUFFERS_LENT_MAX: usize = 4;
+
 impl PoolConfig {
     /// The bounds of a store's private pool.
     pub fn private(config: &StoreConfig) -> Self {
         Self {
             write_buffer_bytes: config.write_buffer_bytes,
             write_buffers_idle_max: 2,
+            batch_buffers_lent_max: PRIVATE_BATCH_BUFFERS_LENT_MAX,
             recycled_files_max: config.recycled_files_max,
             read_buffer_bytes_max: 2 * config.read_bytes_max,
             read_cache_bytes_max: PRIVATE_READ_CACHE_BYTES_MAX,
@@ -67,7 +84,8 @@ pub struct StorePool(Rc<RefCell<Inner>>);
 struct Inner {
     config: PoolConfig,
     recycle_dir: PathBuf,
-    write: BufPool,
+    /// Write buffers (shared with threads that fill lent ones).
+    write: SharedBufPool,
     read: Option<AlignedBuf>,
     /// Recycled files, all in `recycle_dir`; at most `recycled_files_max`.
     recycled: Vec<PathBuf>,
@@ -95,9 +113,10 @@ impl StorePool {
     pub fn new(recycle_dir: PathBuf, config: PoolConfig) -> Self {
         // A block past the data: a flush's trailer may need one more block
         // than its padding (see `segment::trailer_write_end`).
-        let write = BufPool::lazy(
+        let write = SharedBufPool::new(
             config.write_buffer_bytes + BLOCK_SIZE,
             config.write_buffers_idle_max,
+            config.batch_buffers_lent_max,
         );
         let read_cache = ReadCache::new(config.read_cache_bytes_max);
         Self(Rc::new(RefCell::new(Inner {
@@ -200,11 +219,30 @@ impl StorePool {
 
     /// A cleared write buffer of at least `size_bytes`.
     pub(super) fn take_write(&self, size_bytes: usize) -> AlignedBuf {
-        self.0.borrow_mut().write.get(size_bytes)
+        let inner = self.0.borrow();
+        if size_bytes <= inner.write.buf_size_bytes() {
+            return inner.write.take();
+        }
+        AlignedBuf::new(size_bytes)
     }
 
+    /// Done with a write buffer: a pooled one goes home (to the pool that
+    /// lent it, which may be another shard's), others are freed.
     pub(super) fn put_write(&self, buf: AlignedBuf) {
-        self.0.borrow_mut().write.put(buf);
+        drop(buf);
+    }
+
+    /// A write buffer lent for one batch built in place, to start
+    /// `lead_bytes` into its block (`PartitionStore::batch_lead_bytes`);
+    /// refused while [`PoolConfig::batch_buffers_lent_max`] are out.
+    pub fn lend_batch(&self, lead_bytes: usize) -> Result<BatchBuf, PoolExhausted> {
+        self.0.borrow().write.try_lend_batch(lead_bytes)
+    }
+
+    /// The write buffer pool itself, for lending from another thread (it
+    /// is `Send + Sync`; its buffers return to it from anywhere).
+    pub fn write_buffers(&self) -> SharedBufPool {
+        self.0.borrow().write.clone()
     }
 
     /// The read buffer (or a new one) of at least `size_bytes`.
