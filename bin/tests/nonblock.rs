@@ -140,8 +140,8 @@ impl Traced {
             .args(args)
             .output()
             .expect("run ctl");
-        let reply: serde_json::Value = serde_json::from_slice(&out.stdout)
-            .unwrap_or_else(|e| panic!("ctl {args:?}: {e}"));
+        let reply: serde_json::Value =
+            serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("ctl {args:?}: {e}"));
         assert_eq!(reply["ok"], true, "ctl {args:?}: {reply}");
         reply
     }

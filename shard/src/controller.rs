@@ -6,6 +6,10 @@
 //! Delete: remove it from topics.json (durable), publish, then drop the
 //! partitions on their owners; directories a crash leaves behind are garbage
 //! that boot removes.
+//!
+//! The file work (topics.json, the emptied topic directory) runs on the
+//! meta I/O thread (`meta_io`): this task awaits it, shard 0's thread never
+//! waits for a sync.
 
 use std::time::Duration;
 
@@ -13,6 +17,7 @@ use ringlog_protocol::wire::{valid_topic_name, ErrorCode, PARTITIONS_MAX};
 
 use crate::catalog::{TopicMeta, TopicState, TopicTable};
 use crate::handle::ShardHandle;
+use crate::meta_io::{MetaIoError, Task};
 use crate::ops::{MetaOp, Op, OpError, OpReply, Outcome};
 use crate::placement::shard_for;
 
@@ -26,8 +31,23 @@ pub(crate) async fn run(shard: &impl ShardHandle, op: MetaOp) -> Outcome {
     }
 }
 
-fn storage(e: impl std::fmt::Display) -> OpError {
-    OpError::new(ErrorCode::Storage, format!("topics.json: {e}"))
+/// Replaces topics.json with `table` on the meta I/O thread. A full disk is
+/// the retryable `disk_full`, a full queue `backpressure`.
+async fn store(shard: &impl ShardHandle, table: &TopicTable) -> Result<(), OpError> {
+    let task = Task::StoreTable {
+        data_dir: shard.config().data_dir.clone(),
+        table: table.clone(),
+    };
+    shard.meta_io().run(task).await.map_err(store_error)
+}
+
+fn store_error(e: MetaIoError) -> OpError {
+    let code = match (&e, e.raw_os_error()) {
+        (MetaIoError::Busy, _) => ErrorCode::Backpressure,
+        (_, Some(libc::ENOSPC)) => ErrorCode::DiskFull,
+        _ => ErrorCode::Storage,
+    };
+    OpError::new(code, format!("topics.json: {e}"))
 }
 
 /// `call` with bounded retries while the owner's mailbox is full.
@@ -61,7 +81,6 @@ async fn create(shard: &impl ShardHandle, topic: String, partitions: u32) -> Out
             format!("partition count {partitions} must be 1..={PARTITIONS_MAX}"),
         ));
     }
-    let data_dir = shard.config().data_dir.clone();
     let mut table = (*shard.catalog().snapshot()).clone();
     if table.topics.contains_key(&topic) {
         return Err(OpError::new(
@@ -82,7 +101,7 @@ async fn create(shard: &impl ShardHandle, topic: String, partitions: u32) -> Out
             state: TopicState::Creating,
         },
     );
-    table.store(&data_dir).map_err(storage)?;
+    store(shard, &table).await?;
     // Publish the creating state too, so id allocation stays monotonic for
     // the next create even if this one fails half-way.
     shard.catalog().publish(table.clone());
@@ -111,7 +130,7 @@ async fn create(shard: &impl ShardHandle, topic: String, partitions: u32) -> Out
     if let Some(meta) = table.topics.get_mut(&topic) {
         meta.state = TopicState::Ready;
     }
-    table.store(&data_dir).map_err(storage)?;
+    store(shard, &table).await?;
     shard.catalog().publish(table);
     tracing::info!(%topic, partitions, "topic created");
     Ok(OpReply::Empty)
@@ -126,7 +145,7 @@ async fn delete(shard: &impl ShardHandle, topic: String) -> Outcome {
             format!("no topic {topic:?}"),
         ));
     };
-    table.store(&data_dir).map_err(storage)?;
+    store(shard, &table).await?;
     shard.catalog().publish(table);
     let shards = shard.shard_count();
     for index in 0..meta.partitions {
@@ -138,9 +157,38 @@ async fn delete(shard: &impl ShardHandle, topic: String) -> Outcome {
         }
     }
     let dir = data_dir.join(crate::catalog::TOPICS_DIR).join(&topic);
-    if let Err(e) = std::fs::remove_dir(&dir) {
-        tracing::debug!(dir = %dir.display(), error = %e, "topic directory not removed");
+    if let Err(e) = shard.meta_io().run(Task::RemoveDir { path: dir }).await {
+        tracing::debug!(error = %e, "topic directory not removed");
     }
     tracing::info!(%topic, "topic deleted");
     Ok(OpReply::Empty)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::*;
+    use crate::catalog::CatalogError;
+
+    fn io_failure(errno: i32) -> MetaIoError {
+        MetaIoError::Catalog(CatalogError::Io {
+            what: "write",
+            path: PathBuf::from("/data/topics.json.tmp"),
+            source: std::io::Error::from_raw_os_error(errno),
+        })
+    }
+
+    /// What the ctl caller is told when topics.json cannot be replaced: a
+    /// full disk and a full queue are retryable, with the cause in the text.
+    #[test]
+    fn a_failed_topics_json_write_reaches_the_caller_typed() {
+        let full = store_error(io_failure(libc::ENOSPC));
+        assert_eq!(full.code, ErrorCode::DiskFull, "{full}");
+        assert!(full.to_string().contains("topics.json.tmp"), "{full}");
+        let eio = store_error(io_failure(libc::EIO));
+        assert_eq!(eio.code, ErrorCode::Storage, "{eio}");
+        assert_eq!(store_error(MetaIoError::Busy).code, ErrorCode::Backpressure);
+        assert_eq!(store_error(MetaIoError::Stopped).code, ErrorCode::Storage);
+    }
 }

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use crate::catalog::{Catalog, TopicTable};
 use crate::config::ServerConfig;
+use crate::meta_io;
 use crate::metrics::ShardMetrics;
 use crate::oneshot::Notify;
 use crate::ops::{Op, Outcome};
@@ -27,6 +28,8 @@ pub(crate) trait ShardHandle {
     fn is_stopping(&self) -> bool;
     /// Notified when shutdown starts.
     fn stop(&self) -> &Notify;
+    /// The thread doing the controller's file work (topics.json).
+    fn meta_io(&self) -> &meta_io::Client;
     /// Runs `op` on shard `owner` and waits for the outcome.
     fn call(&self, owner: usize, op: Op) -> impl Future<Output = Outcome>;
 }

@@ -14,6 +14,8 @@
 //!   [`client`] is the matching blocking client library.
 //! * [`transfer`] is state transfer between replicas: a pure receiver
 //!   session and serving side, and their storage executor.
+//! * [`meta_io`] is the thread that writes topics.json for the controller,
+//!   so shard 0 never waits for its fsyncs.
 //! * [`trash`] holds dropped partitions' directories (renamed in on the
 //!   ring) until its sweeper thread, owned by the server, removes them.
 pub mod catalog;
@@ -24,6 +26,7 @@ mod controller;
 pub mod eventfd;
 mod handle;
 pub mod mailbox;
+pub mod meta_io;
 pub mod metrics;
 pub mod net;
 pub mod oneshot;

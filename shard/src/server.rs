@@ -28,6 +28,7 @@ use crate::catalog::{Catalog, CatalogError, TopicState, TopicTable, TOPICS_DIR, 
 use crate::config::ServerConfig;
 use crate::control::{ControlContext, ControlServer, LogLevelHook, MetricsHttp};
 use crate::mailbox::mailbox;
+use crate::meta_io::MetaIo;
 use crate::metrics::ShardMetrics;
 use crate::shard::{self, ShardSetup, Shutdown, RECYCLE_DIR};
 use crate::trash::{Sweeper, TRASH_DIR};
@@ -93,6 +94,7 @@ pub struct Running {
     shutdown: Arc<Shutdown>,
     threads: Vec<JoinHandle<()>>,
     sweeper: Sweeper,
+    meta_io: MetaIo,
     control: ControlServer,
     metrics_http: Option<MetricsHttp>,
     _lock: std::fs::File,
@@ -124,6 +126,9 @@ pub fn start(config: ServerConfig, hooks: Hooks) -> Result<Running, ServerError>
         path: trash_dir,
         source,
     })?;
+    // The controller's topics.json writes run there, off shard 0's thread.
+    let meta_io =
+        MetaIo::start().map_err(|e| ServerError::Shard(format!("meta I/O thread: {e}")))?;
 
     let shards = config.shard_count();
     let addr: SocketAddr = config.listen.parse().map_err(|_| ServerError::Listen {
@@ -187,6 +192,7 @@ pub fn start(config: ServerConfig, hooks: Hooks) -> Result<Running, ServerError>
             core: (!cores.is_empty()).then(|| cores[id % cores.len()]),
             ready: ready_tx.clone(),
             trash: sweeper.poker(),
+            meta_io: meta_io.client(),
         };
         let handle = std::thread::Builder::new()
             .name(format!("ringlog-shard-{id}"))
@@ -277,6 +283,7 @@ pub fn start(config: ServerConfig, hooks: Hooks) -> Result<Running, ServerError>
         shutdown,
         threads,
         sweeper,
+        meta_io,
         control,
         metrics_http,
         _lock: lock,
@@ -335,6 +342,7 @@ impl Running {
         // The shards (holding the other pokers) are gone: the sweeper ends
         // after the sweep queued last, so a deleted topic is off the disk.
         self.sweeper.stop();
+        self.meta_io.stop();
         if !failed.is_empty() {
             return Err(ServerError::Shard(format!("shards {failed:?} panicked")));
         }

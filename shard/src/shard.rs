@@ -60,6 +60,7 @@ use crate::config::ServerConfig;
 use crate::eventfd::EventFd;
 use crate::handle::ShardHandle;
 use crate::mailbox::{MailboxRx, MailboxTx, SendError};
+use crate::meta_io;
 use crate::metrics::{self, ShardMetrics};
 use crate::oneshot::{self, Notify};
 use crate::ops::{
@@ -145,6 +146,8 @@ pub struct ShardSetup {
     pub ready: crossbeam_channel::Sender<Result<usize, String>>,
     /// Wakes the thread removing dropped partitions' directories.
     pub trash: Poker,
+    /// Where the controller (shard 0) sends its topics.json writes.
+    pub meta_io: meta_io::Client,
 }
 
 /// Where a reply goes, seen from the owning shard.
@@ -255,6 +258,7 @@ pub(crate) struct Shard<B: IoBackend = UringBackend> {
     pub stop: Notify,
     stopping: Cell<bool>,
     trash: Poker,
+    meta_io: meta_io::Client,
 }
 
 /// Runs a shard on the current thread until shutdown.
@@ -357,6 +361,10 @@ impl<B: IoBackend> ShardHandle for Shard<B> {
         &self.catalog
     }
 
+    fn meta_io(&self) -> &meta_io::Client {
+        &self.meta_io
+    }
+
     fn table(&self) -> Arc<TopicTable> {
         self.view.borrow_mut().get().clone()
     }
@@ -454,6 +462,7 @@ impl<B: IoBackend> Shard<B> {
             core,
             ready,
             trash,
+            meta_io,
         } = setup;
         let view = CatalogView::new(catalog.clone());
         let pool = shard_pool(&config, id);
@@ -487,6 +496,7 @@ impl<B: IoBackend> Shard<B> {
             stop: Notify::default(),
             stopping: Cell::new(false),
             trash,
+            meta_io,
         };
         (shard, listener, ready)
     }

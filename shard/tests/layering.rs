@@ -26,6 +26,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("ops", &[]),
     ("mailbox", &["eventfd", "ops"]),
     ("metrics", &["mailbox"]),
+    ("meta_io", &["catalog", "eventfd"]),
     (
         "partition",
         &["client", "config", "ops", "replica_io", "vsr"],
@@ -33,13 +34,16 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("trash", &[]),
     (
         "handle",
-        &["catalog", "config", "metrics", "oneshot", "ops"],
+        &["catalog", "config", "meta_io", "metrics", "oneshot", "ops"],
     ),
     (
         "net",
         &["catalog", "config", "handle", "metrics", "ops", "placement"],
     ),
-    ("controller", &["catalog", "handle", "ops", "placement"]),
+    (
+        "controller",
+        &["catalog", "handle", "meta_io", "ops", "placement"],
+    ),
     (
         "shard",
         &[
@@ -49,6 +53,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "eventfd",
             "handle",
             "mailbox",
+            "meta_io",
             "metrics",
             "net",
             "oneshot",
@@ -74,7 +79,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "server",
         &[
-            "catalog", "config", "control", "mailbox", "metrics", "net", "shard", "trash",
+            "catalog", "config", "control", "mailbox", "meta_io", "metrics", "net", "shard",
+            "trash",
         ],
     ),
 ];
@@ -362,4 +368,21 @@ fn the_shard_thread_makes_no_blocking_filesystem_call() {
         !runtime_uses(&code).contains(&"std::fs"),
         "shard.rs calls std::fs"
     );
+}
+
+/// The controller runs on shard 0's thread: its file work goes to the meta
+/// I/O thread (`meta_io`), never through a blocking call of its own.
+#[test]
+fn the_controller_makes_no_blocking_filesystem_call() {
+    let code = std::fs::read_to_string(src_dir().join("controller.rs")).expect("controller.rs");
+    for f in ["fn create(", "fn delete(", "meta_io().run("] {
+        assert!(code.contains(f), "{f} is no longer in controller.rs");
+    }
+    let used = runtime_uses(&code);
+    for banned in ["std::fs", "std::thread"] {
+        assert!(!used.contains(&banned), "controller.rs uses {banned}");
+    }
+    for call in [".store(&", "sync_dir(", "remove_dir("] {
+        assert!(!code.contains(call), "controller.rs calls {call}");
+    }
 }
