@@ -79,6 +79,7 @@ use crate::io::{
     align_down, align_up, AlignedBuf, BatchBuf, Completion, FileId, IoBackend, Op, OpenMode, Sqe,
     BLOCK_SIZE,
 };
+use crate::journal::{Journal, JournalKey};
 use crate::segment::{self, FlushTrailer, FrontierSlot, SealedIndex, SegmentHasher, SparseIndex};
 use crate::superblock::{
     half_for, Frontier, SealedSegment, Superblock, VsrState, COPIES, COPY_SIZE_BYTES,
@@ -225,6 +226,10 @@ pub struct PartitionStore {
     /// The highest op the replica said is committed (not durable; see
     /// `note_commit`).
     commit_noted: u64,
+    /// Segment bytes were written behind the journal (no fdatasync of the
+    /// segment yet): fdatasync before any superblock write or direct flush
+    /// claims them (see [`PartitionStore::sync_behind`]).
+    behind: bool,
 }
 
 impl PartitionStore {
@@ -316,6 +321,7 @@ impl PartitionStore {
             snapshot_seq: 0,
             installing: None,
             commit_noted: 0,
+            behind: false,
         };
         store.sync_dirs(io, &[&generation_dir])?;
         // No earlier state exists: all four copies at once.
@@ -604,12 +610,97 @@ impl PartitionStore {
     ///
     /// [`complete_flush`]: PartitionStore::complete_flush
     pub fn prepare_flush(&mut self, sqes: &mut Vec<Sqe>) -> Result<usize, StoreError> {
+        self.prepare_write(sqes, None)
+    }
+
+    /// [`prepare_flush`] for group commit through the shard's journal: when
+    /// the bytes accepted since the durable end fit `journal` (see
+    /// [`Journal::fits`]), they become one journal record and the segment
+    /// write goes without an fdatasync (written behind); the caller submits
+    /// the journal's write and fdatasync with these entries and completes
+    /// the flush with them plus [`Journal::durable_completion`]. Otherwise
+    /// (too large, no room, journal busy or fenced) it is a plain flush
+    /// with its own fdatasync.
+    ///
+    /// [`prepare_flush`]: PartitionStore::prepare_flush
+    /// [`Journal::fits`]: crate::journal::Journal::fits
+    /// [`Journal::durable_completion`]: crate::journal::Journal::durable_completion
+    pub fn prepare_flush_journaled(
+        &mut self,
+        sqes: &mut Vec<Sqe>,
+        journal: &mut Journal,
+    ) -> Result<usize, StoreError> {
+        let new_bytes = (self.active.end_position - self.active.durable_position) as usize;
+        if new_bytes == 0 || !journal.fits(new_bytes) {
+            return self.prepare_write(sqes, None);
+        }
+        self.prepare_write(sqes, Some(journal))
+    }
+
+    /// The active segment as journal records name it.
+    pub fn journal_key(&self) -> JournalKey {
+        JournalKey {
+            partition_id: self.partition_id,
+            sb_sequence: self.sb.sequence,
+            active_base: self.active.base_offset,
+            nonce: self.active.nonce,
+        }
+    }
+
+    /// An fdatasync of the active segment, for a journal checkpoint (see
+    /// `journal.rs`); None when fenced (its journal records must stay).
+    /// Only while no flush of this partition is in flight: it must cover
+    /// the completed writes behind the journal.
+    pub fn segment_sync_sqe(&self) -> Option<Sqe> {
+        (self.fenced.is_none()).then(|| {
+            Sqe::new(Op::Fdatasync {
+                file: self.active.file,
+            })
+        })
+    }
+
+    /// A journal checkpoint's fdatasync of this segment failed: fail-stop.
+    pub fn fence_segment_sync(&mut self, cause: &str) -> StoreError {
+        self.fence(format!(
+            "segment fdatasync for a journal checkpoint failed: {cause}"
+        ))
+    }
+
+    /// Makes the bytes written behind the journal durable in the segment
+    /// itself: before a superblock names a frontier, a roll seals the
+    /// segment, or a direct flush's records claim them. No-op when nothing
+    /// was written behind since.
+    fn sync_behind(&mut self, io: &mut impl IoBackend) -> Result<(), StoreError> {
+        if !self.behind {
+            return Ok(());
+        }
+        debug_assert!(self.flushing.is_none(), "sync behind a flush in flight");
+        let file = self.active.file;
+        match submit_checked(io, vec![Sqe::new(Op::Fdatasync { file })]) {
+            Ok(_) => {
+                self.behind = false;
+                Ok(())
+            }
+            Err((kind, e)) => {
+                Err(self.fence(format!("segment {kind} behind the journal failed: {e}")))
+            }
+        }
+    }
+
+    /// The flush's entries; with `journal`, its new bytes become a journal
+    /// record and no fdatasync is queued (see `prepare_flush_journaled`).
+    fn prepare_write(
+        &mut self,
+        sqes: &mut Vec<Sqe>,
+        journal: Option<&mut Journal>,
+    ) -> Result<usize, StoreError> {
         self.check_fenced()?;
         assert!(self.flushing.is_none(), "one flush at a time per partition");
         let before = sqes.len();
         if self.active.end_position == self.active.durable_position {
             return Ok(0);
         }
+        let key = self.journal_key();
         let trailer = self.flush_trailer();
         let active = &mut self.active;
         let end = active.end_position;
@@ -644,6 +735,11 @@ impl PartitionStore {
         };
         buf.set_len(written);
         debug_assert!(start + written as u64 <= active.capacity_bytes);
+        let journaled = journal.is_some();
+        if let Some(journal) = journal {
+            let from = (active.durable_position - start) as usize;
+            journal.add(key, active.durable_position, &buf[from..len]);
+        }
         sqes.push(Sqe::linked(Op::Write {
             file: active.file,
             offset: start,
@@ -660,9 +756,18 @@ impl PartitionStore {
             self.active.flushes_since_slot = 0;
         }
         debug_assert!(trailer.is_none_or(|t| t.slot_sequence == self.active.slot_sequence));
-        sqes.push(Sqe::new(Op::Fdatasync {
-            file: self.active.file,
-        }));
+        if journaled {
+            // The journal's fdatasync, not one of this segment, makes the
+            // bytes durable: nothing of this flush links past it.
+            if let Some(last) = sqes.last_mut() {
+                last.link_next = false;
+            }
+            self.behind = true;
+        } else {
+            sqes.push(Sqe::new(Op::Fdatasync {
+                file: self.active.file,
+            }));
+        }
         self.flushing = Some(Flushing {
             end_position: self.active.end_position,
             chain: self.chain,
@@ -850,13 +955,17 @@ impl PartitionStore {
     }
 
     /// Makes every accepted append durable.
+    /// Bytes written behind the journal are made durable in the segment
+    /// too (its fdatasync covers them), so a roll or close may rely on it.
     pub fn flush(&mut self, io: &mut impl IoBackend) -> Result<(), StoreError> {
         let mut sqes = Vec::with_capacity(2);
         if self.prepare_flush(&mut sqes)? == 0 {
-            return Ok(());
+            return self.sync_behind(io);
         }
         let completions = io.submit(sqes);
-        self.complete_flush(completions)
+        self.complete_flush(completions)?;
+        self.behind = false;
+        Ok(())
     }
 
     /// Makes VSR state (view, log view, commit, op) durable in the
@@ -1152,6 +1261,9 @@ impl PartitionStore {
         sb: &Superblock,
         copies: &[usize],
     ) -> Result<(), StoreError> {
+        // A frontier the superblock names must be durable in the segment,
+        // and records naming the old superblock are skipped at replay.
+        self.sync_behind(io)?;
         let sb_file = self.open_superblock(io)?;
         let sqes = self.superblock_sqes(sb_file, sb, copies);
         let result = submit_checked(io, sqes)

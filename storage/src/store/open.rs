@@ -101,6 +101,7 @@ use super::{
 use crate::io::{
     align_down, align_up, AlignedBuf, FileId, IoBackend, Op, OpenMode, Sqe, BLOCK_SIZE,
 };
+use crate::journal::ReplayRecord;
 use crate::segment::{self, FlushTrailer, FrontierSlot, SealedIndex, SegmentHasher, SparseIndex};
 use crate::superblock::{
     choose, half_for, SealedSegment, Superblock, COPY_SIZE_BYTES, FILE_SIZE_BYTES,
@@ -161,6 +162,7 @@ impl PartitionStore {
         roll_install_forward(io, pid, dir, &generation_dir, &sb)?;
 
         let sealed = open_sealed(io, pid, &generation_dir, &sb, (&config, &pool))?;
+        replay_journal(io, pid, &generation_dir, &sb, &pool)?;
         let (active, chain) = recover_active(io, pid, &generation_dir, &sb, (&config, &pool))?;
 
         let mut store = PartitionStore {
@@ -182,6 +184,7 @@ impl PartitionStore {
             snapshot_seq: 0,
             installing: None,
             commit_noted: 0,
+            behind: false,
         };
         let repair = copies_worth_repairing(&sb_bytes, &sb, chosen.copies_to_repair);
         if !repair.is_empty() {
@@ -606,6 +609,116 @@ fn frontier_record(
 }
 
 /// Opens the active segment's file; recreates it if it is a lost empty one.
+/// Writes the shard journal's live records of this partition's active
+/// segment (as the superblock names it: same superblock sequence, segment
+/// base and nonce) into the segment, in sequence order, and fdatasyncs it:
+/// after this the segment holds every append the journal made durable, and
+/// recovery proceeds as if it had been flushed directly. Records naming an
+/// older superblock state were made durable in the segment before that
+/// superblock was written, or were cut, purged or replaced on purpose: they
+/// are skipped. On failure the records go back to the pool (the next open
+/// tries again; a journal checkpoint cannot pass them meanwhile).
+fn replay_journal(
+    io: &mut impl IoBackend,
+    pid: u32,
+    generation_dir: &Path,
+    sb: &Superblock,
+    pool: &StorePool,
+) -> Result<usize, StoreError> {
+    let records = pool.take_journal_replay(pid);
+    if records.is_empty() {
+        return Ok(0);
+    }
+    let f = sb.frontier;
+    let mine: Vec<&ReplayRecord> = records
+        .iter()
+        .filter(|r| {
+            r.key.sb_sequence == sb.sequence
+                && r.key.nonce == f.active_nonce
+                && r.key.active_base == f.active_base
+        })
+        .collect();
+    let result = apply_journal(io, pid, generation_dir, sb, &mine);
+    match &result {
+        Ok(n) => tracing::info!(
+            partition = pid,
+            replayed = n,
+            skipped = records.len() - n,
+            "journal replayed"
+        ),
+        Err(_) => pool.return_journal_replay(pid, records),
+    }
+    result
+}
+
+fn apply_journal(
+    io: &mut impl IoBackend,
+    pid: u32,
+    generation_dir: &Path,
+    sb: &Superblock,
+    records: &[&ReplayRecord],
+) -> Result<usize, StoreError> {
+    if records.is_empty() {
+        return Ok(0);
+    }
+    let capacity = sb.frontier.active_capacity_bytes;
+    let path = segment::log_path(generation_dir, sb.frontier.active_base);
+    if let Some(r) = records
+        .iter()
+        .find(|r| r.position + r.bytes.len() as u64 > capacity)
+    {
+        let detail = format!(
+            "journal record {} of {} bytes at {} passes the segment's capacity {capacity}",
+            r.seq,
+            r.bytes.len(),
+            r.position
+        );
+        return Err(corruption(pid, &path, r.position, detail));
+    }
+    let (path, file) = open_active_file(io, pid, generation_dir, sb)?;
+    let written = write_runs(io, file, records)
+        .and_then(|()| submit_checked(io, vec![Sqe::new(Op::Fdatasync { file })]).map(|_| ()))
+        .map_err(|(kind, e)| StoreError::io(pid, kind, &path, e));
+    io.close(file);
+    written.map(|()| records.len())
+}
+
+/// Writes each run of contiguous records with one read-modify-write of the
+/// blocks it covers (records are byte ranges; O_DIRECT writes whole blocks).
+fn write_runs(
+    io: &mut impl IoBackend,
+    file: FileId,
+    records: &[&ReplayRecord],
+) -> Result<(), (&'static str, std::io::Error)> {
+    let mut i = 0;
+    while i < records.len() {
+        let start = records[i].position;
+        let mut end = start + records[i].bytes.len() as u64;
+        let mut j = i + 1;
+        while j < records.len() && records[j].position == end {
+            end += records[j].bytes.len() as u64;
+            j += 1;
+        }
+        let from = align_down(start);
+        let len = (align_up(end) - from) as usize;
+        let mut buf = read_range(io, file, from, len).map_err(|e| ("read", e))?;
+        // Past the end of the file reads as zeros (the buffer was zeroed).
+        buf.set_len(len);
+        for r in &records[i..j] {
+            let at = (r.position - from) as usize;
+            buf[at..at + r.bytes.len()].copy_from_slice(&r.bytes);
+        }
+        let write = Op::Write {
+            file,
+            offset: from,
+            buf,
+        };
+        submit_checked(io, vec![Sqe::new(write)])?;
+        i = j;
+    }
+    Ok(())
+}
+
 fn open_active_file(
     io: &mut impl IoBackend,
     pid: u32,

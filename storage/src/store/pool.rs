@@ -25,6 +25,7 @@ use super::StoreConfig;
 use crate::io::{
     AlignedBuf, BatchBuf, IoBackend, Op, OpenMode, PoolExhausted, SharedBufPool, Sqe, BLOCK_SIZE,
 };
+use crate::journal::ReplayRecord;
 use crate::superblock::FILE_SIZE_BYTES;
 
 /// Bounds of a pool.
@@ -95,6 +96,10 @@ struct Inner {
     read_cache: ReadCache,
     /// The next store instance's cache key (never reused).
     next_cache_key: u64,
+    /// Journal records found at the shard's boot, by partition, until that
+    /// partition opens and replays them (see `journal.rs`); bounded by the
+    /// journal's size.
+    journal_replay: HashMap<u32, Vec<ReplayRecord>>,
 }
 
 impl std::fmt::Debug for StorePool {
@@ -128,6 +133,7 @@ impl StorePool {
             read: None,
             recycled: Vec::new(),
             prefetched: HashMap::new(),
+            journal_replay: HashMap::new(),
         })))
     }
 
@@ -333,6 +339,51 @@ impl StorePool {
     /// The read cache's counters.
     pub fn read_cache_stats(&self) -> ReadCacheStats {
         self.0.borrow().read_cache.stats()
+    }
+
+    /// Hands the journal's live records (from [`Journal::open`]) to the
+    /// partitions that open from this pool: each replays its own before it
+    /// recovers (see `open.rs`).
+    ///
+    /// [`Journal::open`]: crate::journal::Journal::open
+    pub fn set_journal_replay(&self, records: Vec<ReplayRecord>) {
+        let mut inner = self.0.borrow_mut();
+        for r in records {
+            inner
+                .journal_replay
+                .entry(r.key.partition_id)
+                .or_default()
+                .push(r);
+        }
+    }
+
+    /// Whether some partition has not replayed its journal records yet: a
+    /// journal checkpoint must not pass them.
+    pub fn journal_replay_pending(&self) -> bool {
+        !self.0.borrow().journal_replay.is_empty()
+    }
+
+    /// Forgets the journal records of a partition that is gone for good.
+    pub fn discard_journal_replay(&self, partition_id: u32) {
+        self.0.borrow_mut().journal_replay.remove(&partition_id);
+    }
+
+    pub(super) fn take_journal_replay(&self, partition_id: u32) -> Vec<ReplayRecord> {
+        self.0
+            .borrow_mut()
+            .journal_replay
+            .remove(&partition_id)
+            .unwrap_or_default()
+    }
+
+    /// Gives back records a failed open did not replay (durably).
+    pub(super) fn return_journal_replay(&self, partition_id: u32, records: Vec<ReplayRecord>) {
+        if !records.is_empty() {
+            self.0
+                .borrow_mut()
+                .journal_replay
+                .insert(partition_id, records);
+        }
     }
 
     pub fn config(&self) -> PoolConfig {
