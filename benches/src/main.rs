@@ -53,7 +53,10 @@ use crate::jobs::fetch::{FetchConfig, FetchJobError, FetchResult, Pattern};
 use crate::jobs::produce::ClientJobError;
 use crate::jobs::server::ServerError;
 use crate::jobs::transfer::{Source, TransferConfig, TransferJobError, TransferResult};
-use crate::report::{Comparison, JobReport, Report, APPEND_VS_FIO, FETCH_VS_FIO, TRANSFER_VS_FIO};
+use crate::report::{
+    Comparison, JobReport, Report, TransferBaseline, APPEND_VS_FIO, FETCH_VS_FIO, TRANSFER_VS_FIO,
+    TRANSFER_VS_LOCKSTEP,
+};
 use crate::server_bench::{consume_report, partitions_report, produce_report};
 use crate::size::{parse_duration, parse_positive_duration, parse_size, Bytes, Secs};
 
@@ -329,8 +332,8 @@ struct TransferArgs {
     /// fio's bs): a multiple of 4096, at most 16m.
     #[arg(long, default_value = "1m", value_parser = parse_size)]
     chunk_size: u64,
-    /// Chunks in flight: up to N chunks are read from the source, then
-    /// written into the receiver (fio's iodepth).
+    /// Chunks the receiver keeps requested, on the wire or being written,
+    /// 2..=256 (fio's iodepth).
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=1024))]
     window: u32,
     /// Encoded bytes of each batch of the source's log.
@@ -339,6 +342,16 @@ struct TransferArgs {
     /// Value bytes of each record in a batch.
     #[arg(long, default_value = "1k", value_parser = parse_size)]
     record_size: u64,
+    /// Milliseconds every request and reply between the serving and the
+    /// receiving machine is held, each way (an in-process delay line, not
+    /// TCP; a round trip costs twice this).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=10_000))]
+    delay_ms: u64,
+    /// Compare with a lockstep pull at the same delay: one 256KiB chunk
+    /// requested, read, sent back and written before the next (the design
+    /// Apache Iggy ships), instead of fio.
+    #[arg(long, conflicts_with = "vs_fio")]
+    vs_lockstep: bool,
 }
 
 /// The server and client settings shared by `produce` and `consume`.
@@ -730,10 +743,11 @@ impl Job for AppendJob<'_> {
     }
 }
 
-/// Runs the transfer job (and fio) and cleans up; the report is not printed.
+/// Runs the transfer job (and fio or the lockstep pull) and cleans up; the
+/// report is not printed.
 fn transfer_report(
     args: &TransferArgs,
-) -> Result<Report<TransferResult, FioTransferResult>, BenchError> {
+) -> Result<Report<TransferResult, TransferBaseline>, BenchError> {
     let chunk_size = u32::try_from(args.chunk_size)
         .ok()
         .filter(|c| *c > 0 && c % 4096 == 0 && *c <= 16 << 20)
@@ -747,6 +761,12 @@ fn transfer_report(
     if args.size == 0 {
         return Err(BenchError::Usage("--size must be positive".into()));
     }
+    if args.window < 2 || args.window > 256 {
+        return Err(BenchError::Usage(format!(
+            "--window {} must be in 2..=256 (a window is never lockstep; --vs-lockstep runs that)",
+            args.window
+        )));
+    }
     let fio_version = fio_version(args.fio.vs_fio)?;
     let dir = &args.data.dir;
     let cfg = TransferConfig {
@@ -757,15 +777,18 @@ fn transfer_report(
         window: to_usize("--window", u64::from(args.window))?,
         batch_size: to_usize("--batch-size", args.batch_size)?,
         record_size: to_usize("--record-size", args.record_size)?,
+        delay: Duration::from_millis(args.delay_ms),
     };
+    let lockstep = args.vs_lockstep.then(|| cfg.lockstep());
     let read = FioFile::new(dir.join("fio-read.dat"));
     let write = FioFile::new(dir.join("fio-write.dat"));
-    let paths = vec![
+    let mut paths = vec![
         cfg.source_dir(),
         cfg.receiver_dir(),
         read.path.clone(),
         write.path.clone(),
     ];
+    paths.extend(lockstep.as_ref().map(|l| l.dir.clone()));
     let ws = Workspace::create(dir, args.data.keep, paths)?;
     let job = TransferJob {
         args,
@@ -774,10 +797,17 @@ fn transfer_report(
         read,
         write,
         source: None,
+        lockstep,
+        lockstep_source: None,
     };
-    harness::run(job, ws, args.rep.reps, args.fio.vs_fio)
+    if args.vs_lockstep {
+        harness::run(job, ws, args.rep.reps, true)
+    } else {
+        harness::run(TransferVsFio(job), ws, args.rep.reps, args.fio.vs_fio)
+    }
 }
 
+/// The transfer job compared with the lockstep pull (`--vs-lockstep`).
 struct TransferJob<'a> {
     args: &'a TransferArgs,
     cfg: TransferConfig,
@@ -786,25 +816,36 @@ struct TransferJob<'a> {
     write: FioFile,
     /// Filled by `start`.
     source: Option<Source>,
+    /// The lockstep pull's config and (if its chunk size differs from
+    /// ours) its own source, filled by `start`.
+    lockstep: Option<TransferConfig>,
+    lockstep_source: Option<Source>,
 }
 
-impl Job for TransferJob<'_> {
-    type Ours = TransferResult;
-    type Theirs = FioTransferResult;
-    const NAME: &'static str = "transfer";
-    const LABELS: [&'static str; 2] = ["ringlog transfer", "fio transfer"];
-    const COMPARISON: Option<Comparison> = Some(TRANSFER_VS_FIO);
+/// The transfer job compared with fio's copy (`--vs-fio`, or alone).
+struct TransferVsFio<'a>(TransferJob<'a>);
 
-    fn start(&mut self) -> Result<(), BenchError> {
+impl TransferJob<'_> {
+    fn fill(&mut self) -> Result<(), BenchError> {
         eprintln!(
             "ringlog-bench: filling the source with {} (un-timed)",
             Bytes(self.args.size)
         );
         self.source = Some(Source::fill(&self.cfg)?);
+        if let Some(l) = &self.lockstep {
+            if l.chunk_size != self.cfg.chunk_size {
+                eprintln!(
+                    "ringlog-bench: filling the lockstep source ({} chunks) with {} (un-timed)",
+                    Bytes(u64::from(l.chunk_size)),
+                    Bytes(self.args.size)
+                );
+                self.lockstep_source = Some(Source::fill(l)?);
+            }
+        }
         Ok(())
     }
 
-    fn ours(&mut self, rep: RepNo) -> Result<TransferResult, BenchError> {
+    fn windowed(&mut self, rep: RepNo) -> Result<TransferResult, BenchError> {
         let source = self.source.as_mut().expect(STARTED);
         let result = source.transfer(&self.cfg)?;
         if !(rep.last() && self.args.data.keep) {
@@ -813,7 +854,7 @@ impl Job for TransferJob<'_> {
         Ok(result)
     }
 
-    fn theirs(&mut self, _: RepNo, _: &TransferResult) -> Result<FioTransferResult, BenchError> {
+    fn fio(&mut self) -> Result<FioTransferResult, BenchError> {
         let size_bytes = self.source.as_ref().expect(STARTED).bytes();
         let (read_file, write_file) = (self.read.path.clone(), self.write.path.clone());
         let job = fio::TransferJob {
@@ -829,14 +870,82 @@ impl Job for TransferJob<'_> {
         Ok(job.run()?)
     }
 
-    fn stop(&mut self) -> Result<(), BenchError> {
-        match self.source.take() {
-            Some(source) => Ok(source.close()?),
-            None => Ok(()),
+    fn close(&mut self) -> Result<(), BenchError> {
+        let lockstep = self.lockstep_source.take().map(Source::close);
+        let main = self.source.take().map(Source::close);
+        lockstep.transpose()?;
+        main.transpose()?;
+        Ok(())
+    }
+}
+
+impl Job for TransferJob<'_> {
+    type Ours = TransferResult;
+    type Theirs = TransferBaseline;
+    const NAME: &'static str = "transfer";
+    const LABELS: [&'static str; 2] = ["ringlog windowed transfer", "lockstep transfer"];
+    const COMPARISON: Option<Comparison> = Some(TRANSFER_VS_LOCKSTEP);
+
+    fn start(&mut self) -> Result<(), BenchError> {
+        self.fill()
+    }
+
+    fn ours(&mut self, rep: RepNo) -> Result<TransferResult, BenchError> {
+        self.windowed(rep)
+    }
+
+    fn theirs(&mut self, rep: RepNo, _: &TransferResult) -> Result<TransferBaseline, BenchError> {
+        let cfg = self.lockstep.as_ref().expect("--vs-lockstep sets it");
+        let source = match self.lockstep_source.as_mut() {
+            Some(own) => own,
+            None => self.source.as_mut().expect(STARTED),
+        };
+        let result = source.lockstep(cfg)?;
+        if !(rep.last() && self.args.data.keep) {
+            remove_if_exists(&cfg.receiver_dir())?;
         }
+        Ok(TransferBaseline::Lockstep(result))
+    }
+
+    fn stop(&mut self) -> Result<(), BenchError> {
+        self.close()
     }
 
     fn header(&self) -> Header {
+        self.transfer_header()
+    }
+}
+
+impl Job for TransferVsFio<'_> {
+    type Ours = TransferResult;
+    type Theirs = TransferBaseline;
+    const NAME: &'static str = "transfer";
+    const LABELS: [&'static str; 2] = ["ringlog transfer", "fio transfer"];
+    const COMPARISON: Option<Comparison> = Some(TRANSFER_VS_FIO);
+
+    fn start(&mut self) -> Result<(), BenchError> {
+        self.0.fill()
+    }
+
+    fn ours(&mut self, rep: RepNo) -> Result<TransferResult, BenchError> {
+        self.0.windowed(rep)
+    }
+
+    fn theirs(&mut self, _: RepNo, _: &TransferResult) -> Result<TransferBaseline, BenchError> {
+        Ok(TransferBaseline::Fio(self.0.fio()?))
+    }
+
+    fn stop(&mut self) -> Result<(), BenchError> {
+        self.0.close()
+    }
+
+    fn header(&self) -> Header {
+        self.0.transfer_header()
+    }
+}
+
+impl TransferJob<'_> {
+    fn transfer_header(&self) -> Header {
         let args = self.args;
         let mut settings = vec![
             ("dir", self.cfg.dir.display().to_string()),
@@ -846,23 +955,47 @@ impl Job for TransferJob<'_> {
             ("window", args.window.to_string()),
             ("batch_size", Bytes(args.batch_size).to_string()),
             ("record_size", Bytes(args.record_size).to_string()),
+            ("delay_ms", args.delay_ms.to_string()),
             ("reps", args.rep.reps.to_string()),
         ];
         let mut notes = vec![
-            "the source is filled once, un-timed, and its active segment sealed; each rep \
-             transfers into a freshly created receiver (creation and close un-timed)"
+            "the source is filled once, un-timed, committed and its active segment sealed; each \
+             rep transfers into a freshly created receiver (creation and close un-timed)"
                 .to_owned(),
             format!(
-                "ringlog reads a window of --window {} chunks in one submission, then verifies \
-                 and writes them in one submission; reads and writes do not overlap",
+                "ringlog runs the replica's transfer machines (receiver and server) over the \
+                 pipelined executor, both stores on one io_uring ring: up to --window {} chunks \
+                 requested at once; the server reads the next chunks while earlier ones are on \
+                 the wire and being written",
                 args.window
             ),
+            format!(
+                "delay line: every request and reply is held {} ms each way in process (round \
+                 trip {} ms); not TCP (a transfer between two server processes needs the \
+                 replication transport, issue 11)",
+                args.delay_ms,
+                2 * args.delay_ms
+            ),
+            "receiver memory = peak bytes of chunk buffers the receiver held (its install's \
+             staging buffers: parked, being written, idle; plus a delivered chunk not yet \
+             staged), sampled after every staging op; a run over window x chunk size + 1 chunk \
+             fails"
+                .to_owned(),
         ];
+        if args.vs_lockstep {
+            notes.push(
+                "lockstep: one 256KiB chunk requested, read, sent back and written before the \
+                 next, over the same delay line (filled into a source of its own when \
+                 --chunk-size differs)"
+                    .to_owned(),
+            );
+        }
         if args.fio.vs_fio {
             settings.push(("fio_layout", layout_name(args.fio.fio_layout)));
             notes.push(format!(
-                "fio keeps iodepth={} I/Os in flight; ringlog also hashes every chunk on both \
-                 sides and parses every batch on the receiver",
+                "fio keeps iodepth={} I/Os in flight and reads everything before it writes; \
+                 ringlog also hashes every chunk on both sides and parses every batch on the \
+                 receiver",
                 args.window
             ));
             notes.push(match args.fio.fio_layout {
@@ -1114,6 +1247,8 @@ mod tests {
         assert!(!t.fio.vs_fio && !t.data.keep);
         assert_eq!(t.fio.fio_layout, FioLayout::Prewritten);
         assert_eq!(t.rep.output_format, OutputFormat::Text);
+        assert_eq!(t.delay_ms, 0);
+        assert!(!t.vs_lockstep);
 
         let t = transfer(
             "transfer --size 1g --chunk-size 256k --window 8 --vs-fio --output-format json",
@@ -1133,6 +1268,8 @@ mod tests {
             "--chunk-size 5000",
             "--chunk-size 32m",
             "--segment-size 4m --batch-size 8m",
+            "--window 1",
+            "--window 257",
         ] {
             let t = transfer(&format!("transfer --dir {} {bad}", dir.display()));
             let got = transfer_report(&t);
@@ -1159,9 +1296,12 @@ mod tests {
             assert_eq!(rep.ours.summary.bytes, 16 << 20);
             assert_eq!(rep.ours.artifacts, 4);
             assert_eq!(rep.ours.summary.ios, 64);
-            let fio = rep.theirs.as_ref().unwrap();
+            let Some(TransferBaseline::Fio(fio)) = rep.theirs.as_ref() else {
+                panic!("fio ran");
+            };
             assert_eq!(fio.read.bytes, 16 << 20);
             assert_eq!(fio.write.bytes, 16 << 20);
+            assert!(rep.ours.receiver_peak_bytes <= rep.ours.receiver_bound_bytes);
         }
         assert_has(
             &report.text(),
@@ -1176,8 +1316,52 @@ mod tests {
         let v = report.json();
         assert_eq!(v["ratios"]["throughput"]["reps"], 2);
         assert_eq!(v["jobs"][0]["transfer"]["io_bytes"], 16u64 << 20);
-        assert_eq!(v["jobs"][1]["engine"], "fio");
+        assert_eq!(v["jobs"][1]["baseline"], "fio");
+        assert!(v["jobs"][0]["receiver_peak_bytes"].is_u64());
         report::assert_fio_shape(&v, true, &["throughput", "p99_chunk_latency"]);
+    }
+
+    /// End to end with the delay line: the windowed transfer against the
+    /// lockstep 256 KiB pull at 2 ms each way (the CI smoke of
+    /// `--delay-ms` and `--vs-lockstep`).
+    #[test]
+    fn transfer_vs_lockstep_with_delay_smoke() {
+        let (_tmp, dir) = data_dir();
+        let args = transfer(&format!(
+            "transfer --dir {} --size 8m --segment-size 4m --chunk-size 512k --window 4 \
+             --batch-size 64k --delay-ms 2 --vs-lockstep --reps 1",
+            dir.display()
+        ));
+        let report = transfer_report(&args).unwrap();
+        assert!(!dir.exists(), "data dir is removed without --keep");
+        let rep = &report.reps[0];
+        assert_eq!(rep.ours.summary.bytes, 8 << 20);
+        assert_eq!(rep.ours.summary.ios, 16);
+        let Some(TransferBaseline::Lockstep(l)) = rep.theirs.as_ref() else {
+            panic!("the lockstep pull ran");
+        };
+        // Its own source, of 256 KiB chunks.
+        assert_eq!(l.summary.ios, 32);
+        assert_eq!(l.chunk_size, 256 << 10);
+        // 32 round trips of 4 ms against 4 of 2 MiB each: the window wins
+        // by far more than the noise of a shared machine.
+        let ratio = report.ratios().unwrap().throughput.median;
+        assert!(ratio > 2.0, "windowed/lockstep {ratio}");
+        assert_has(
+            &report.text(),
+            &[
+                "ringlog windowed transfer: bw=",
+                "lockstep transfer: bw=",
+                "delay 2 ms each way (in process, not TCP)",
+                "receiver memory: peak ",
+                "ratio throughput windowed/lockstep = ",
+            ],
+        );
+        assert_eq!(report.json()["jobs"][1]["baseline"], "lockstep");
+        assert!(
+            Cli::try_parse_from(["ringlog-bench", "transfer", "--vs-fio", "--vs-lockstep"])
+                .is_err()
+        );
     }
 
     #[test]

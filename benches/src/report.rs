@@ -13,7 +13,7 @@ use crate::jobs::consume::ConsumeResult;
 use crate::jobs::fetch::FetchResult;
 use crate::jobs::partitions::PartitionsOutcome;
 use crate::jobs::produce::ProduceResult;
-use crate::jobs::transfer::TransferResult;
+use crate::jobs::transfer::{Mode, TransferResult};
 use crate::plot::Series;
 use crate::size::Bytes;
 use crate::stats::{LatencySummary, RunSummary, Spread, HEADLINE_PERCENTILES, PERCENTILES};
@@ -33,14 +33,21 @@ pub const CPU_PER_MIB_NOTE: &str = "cpu per MiB = user + system CPU time over th
 
 /// How the transfer job's chunk latencies are measured, on both sides.
 pub const TRANSFER_LAT_NOTE: &str =
-    "ringlog chunk latency = read_chunks + accept_chunks of the chunk's window \
-     (one submission each); fio chunk latency = read lat + write lat at iodepth=--window, \
+    "ringlog chunk latency = its request sent to its staged write done (read, delay line both \
+     ways, verify, write); fio chunk latency = read lat + write lat at iodepth=--window, \
      each statistic summed (an approximation; fio's per-I/O latency includes queueing behind the \
      other I/Os in flight)";
 
 /// How the transfer job's throughput is computed, on both sides.
-pub const TRANSFER_BW_NOTE: &str = "throughput = log bytes / time; ringlog: open_snapshot through \
-     commit_install; fio: read job runtime + write job runtime (the write job's includes its end fsync)";
+pub const TRANSFER_BW_NOTE: &str = "throughput = log bytes / time; ringlog: the receiver's first \
+     request through commit_install; fio: read job runtime + write job runtime (the write job's \
+     includes its end fsync)";
+
+/// What the transfer job's lockstep comparison compares.
+pub const TRANSFER_LOCKSTEP_NOTE: &str = "windowed = the transfer machines with --window chunks \
+     requested at once; lockstep = one 256KiB chunk requested, read, sent back and written before \
+     the next (Apache Iggy's design); both over the same in-process delay line (--delay-ms each \
+     way), throughput = log bytes / (first request .. commit), chunk latency = request .. staged";
 
 /// How the produce job's ack latency is measured.
 pub const PRODUCE_ACK_NOTE: &str =
@@ -416,6 +423,16 @@ impl Measured for TransferResult {
         Some(&self.summary)
     }
     fn details(&self, out: &mut String) {
+        let mode = match self.mode {
+            Mode::Windowed => format!("windowed, {} chunks in flight", self.window),
+            Mode::Lockstep => "lockstep, one chunk at a time".to_owned(),
+        };
+        let _ = writeln!(
+            out,
+            "    {mode} of {}, delay {} ms each way (in process, not TCP)",
+            Bytes(u64::from(self.chunk_size)),
+            self.delay.as_millis()
+        );
         let _ = writeln!(
             out,
             "    {} artifacts in {} chunks; open {:.1} ms, chunks {:.3} s, commit {:.3} s",
@@ -425,14 +442,29 @@ impl Measured for TransferResult {
             self.phases.chunks.as_secs_f64(),
             self.phases.commit.as_secs_f64()
         );
-        lat_lines(out, "chunk lat (read+write)", &self.summary.lat);
-        lat_lines(out, "read_chunk lat", &self.read_lat);
-        lat_lines(out, "accept_chunk lat", &self.write_lat);
+        let _ = writeln!(
+            out,
+            "    receiver memory: peak {} in chunk buffers (measured), bound {} (window x chunk \
+             size + 1 chunk); {} chunks re-requested",
+            Bytes(self.receiver_peak_bytes),
+            Bytes(self.receiver_bound_bytes),
+            self.chunks_rerequested
+        );
+        lat_lines(out, "chunk lat (request..staged)", &self.summary.lat);
+        lat_lines(out, "read_chunks lat", &self.read_lat);
+        lat_lines(out, "stage (verify+write) lat", &self.write_lat);
     }
     fn fields(&self) -> Value {
         let ms = |d: std::time::Duration| d.as_secs_f64() * 1000.0;
         json!({
             "artifacts": self.artifacts,
+            "mode": match self.mode { Mode::Windowed => "windowed", Mode::Lockstep => "lockstep" },
+            "window": self.window,
+            "chunk_size": self.chunk_size,
+            "delay_ms": ms(self.delay),
+            "receiver_peak_bytes": self.receiver_peak_bytes,
+            "receiver_bound_bytes": self.receiver_bound_bytes,
+            "chunks_rerequested": self.chunks_rerequested,
             "phases_ms": {
                 "open": ms(self.phases.open),
                 "chunks": ms(self.phases.chunks),
@@ -441,6 +473,52 @@ impl Measured for TransferResult {
             "read_chunk": { "lat_ns": lat_json(&self.read_lat) },
             "accept_chunk": { "lat_ns": lat_json(&self.write_lat) },
         })
+    }
+}
+
+/// The comparison run of the transfer job: fio's copy, or the lockstep
+/// pull.
+#[derive(Debug, Clone)]
+pub enum TransferBaseline {
+    Fio(FioTransferResult),
+    Lockstep(TransferResult),
+}
+
+impl Measured for TransferBaseline {
+    const JOBNAME: &'static str = "transfer";
+    const SECTION: &'static str = "transfer";
+    const ENGINE: &'static str = "baseline";
+    fn summary(&self) -> Option<&RunSummary> {
+        match self {
+            TransferBaseline::Fio(f) => f.summary(),
+            TransferBaseline::Lockstep(l) => l.summary(),
+        }
+    }
+    fn cpu_run(&self) -> Option<&RunSummary> {
+        match self {
+            TransferBaseline::Fio(f) => f.cpu_run(),
+            TransferBaseline::Lockstep(l) => l.cpu_run(),
+        }
+    }
+    fn details(&self, out: &mut String) {
+        match self {
+            TransferBaseline::Fio(f) => f.details(out),
+            TransferBaseline::Lockstep(l) => l.details(out),
+        }
+    }
+    fn fields(&self) -> Value {
+        let (kind, mut fields) = match self {
+            TransferBaseline::Fio(f) => ("fio", f.fields()),
+            TransferBaseline::Lockstep(l) => ("lockstep", l.fields()),
+        };
+        fields["baseline"] = json!(kind);
+        fields
+    }
+    fn job_options(&self) -> Option<Map<String, Value>> {
+        match self {
+            TransferBaseline::Fio(f) => f.job_options(),
+            TransferBaseline::Lockstep(_) => None,
+        }
     }
 }
 
@@ -622,6 +700,14 @@ pub const TRANSFER_VS_FIO: Comparison = Comparison {
     latency: "chunk",
     cpu: false,
     notes: &[TRANSFER_BW_NOTE, TRANSFER_LAT_NOTE],
+};
+
+/// The transfer job against the lockstep pull at the same delay.
+pub const TRANSFER_VS_LOCKSTEP: Comparison = Comparison {
+    pair: "windowed/lockstep",
+    latency: "chunk",
+    cpu: false,
+    notes: &[TRANSFER_LOCKSTEP_NOTE],
 };
 
 /// The fetch job against fio's read/randread job.
@@ -1086,6 +1172,13 @@ mod tests {
                 chunks: Duration::from_millis(800),
                 commit: Duration::from_millis(199),
             },
+            mode: Mode::Windowed,
+            chunk_size: 1 << 20,
+            window: 4,
+            delay: Duration::ZERO,
+            receiver_peak_bytes: 4 << 20,
+            receiver_bound_bytes: 5 << 20,
+            chunks_rerequested: 0,
         }
     }
 
@@ -1130,7 +1223,7 @@ mod tests {
                 "note: a note",
                 "ringlog transfer: bw=",
                 "2 artifacts in 64 chunks; open 1.0 ms",
-                "chunk lat (read+write) percentiles (usec)",
+                "chunk lat (request..staged) percentiles (usec)",
                 "fio transfer: bw=163.3 MiB/s",
                 "    fio read: bw=",
                 "    fio write+end_fsync: bw=",

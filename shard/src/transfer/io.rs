@@ -11,16 +11,25 @@
 //! ops, so at most the active tail goes) and names the frontier before it.
 //! The lease still pins what the store opened; the server checks every
 //! requested key against the cut manifest, so the tail is never read.
+//!
+//! [`Pipeline`] runs a partition's chunk reads and staged writes without
+//! waiting for them (the ring's batches, reaped by the caller), so the
+//! serving side reads the next window while earlier chunks are on the
+//! wire, and the receiver pulls the next window while this one is being
+//! written; every other op runs as [`execute`] runs it, after the
+//! partition's I/O in flight has finished.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use ringlog_protocol::manifest::Manifest;
 use ringlog_protocol::BatchHeader;
-use ringlog_storage::io::IoBackend;
-use ringlog_storage::store::{Install, InstallBudget, PartitionStore, StoreError, TransferError};
+use ringlog_storage::io::{BatchId, BufPool, Completion, IoBackend};
+use ringlog_storage::store::{
+    ChunkReads, Install, InstallBudget, PartitionStore, StoreError, TransferError,
+};
 
-use super::types::{ChunkData, Fault, FaultKind, IoOutcome, TransferOp};
+use super::types::{ChunkData, Fault, FaultKind, IoId, IoOutcome, TransferOp};
 
 /// A shard's installs: at most `installs_max` at once (one per partition),
 /// within one disk reservation budget.
@@ -47,6 +56,12 @@ impl Installs {
 
     pub fn budget(&self) -> &InstallBudget {
         &self.budget
+    }
+
+    /// Chunk buffer bytes the shard's installs hold now (see
+    /// [`Install::buffered_bytes`]).
+    pub fn buffered_bytes(&self) -> u64 {
+        self.active.values().map(Install::buffered_bytes).sum()
     }
 }
 
@@ -106,6 +121,196 @@ pub fn execute(
             }
             Ok(IoOutcome::Done)
         }
+    }
+}
+
+/// Batches a caller reaped that belong to no pipeline asked: handed back
+/// to be routed to their owner.
+pub type Reaped = Vec<(BatchId, Vec<Completion>)>;
+
+/// What one of a [`Pipeline`]'s batches is.
+enum InFlight {
+    Read { id: IoId, reads: ChunkReads },
+    Stage { id: IoId },
+}
+
+/// One partition's transfer I/O on the shard's ring: chunk reads
+/// (serving) and staged writes (receiving) are queued without waiting and
+/// answered when their batch is reaped ([`Pipeline::complete`]); the
+/// other ops wait for those in flight ([`Pipeline::drain`]), then run as
+/// [`execute`] runs them, so an install's begin, commit or abort never
+/// overtakes its writes. In flight: at most what the machines ask for (the
+/// server's `reads_keys_max` keys per snapshot, the receiver's window of
+/// chunks).
+pub struct Pipeline {
+    in_flight: BTreeMap<BatchId, InFlight>,
+    /// Read buffers, reused once a chunk is copied out to the wire.
+    pool: BufPool,
+}
+
+impl Pipeline {
+    /// Keeps up to `buffers_max` idle read buffers of `chunk_bytes`.
+    pub fn new(chunk_bytes: u32, buffers_max: usize) -> Self {
+        Self {
+            in_flight: BTreeMap::new(),
+            pool: BufPool::lazy(chunk_bytes as usize, buffers_max),
+        }
+    }
+
+    /// Batches in flight.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.len()
+    }
+
+    pub fn owns(&self, batch: BatchId) -> bool {
+        self.in_flight.contains_key(&batch)
+    }
+
+    /// Runs or queues `op` (id `id`) of `store`'s partition; results ready
+    /// now go to `done`, and batches of other owners reaped while waiting
+    /// (see [`Pipeline::drain`]) to `foreign`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn start(
+        &mut self,
+        store: &mut PartitionStore,
+        io: &mut impl IoBackend,
+        installs: &mut Installs,
+        id: IoId,
+        op: &TransferOp,
+        now_ms: u64,
+        done: &mut Vec<(IoId, Result<IoOutcome, Fault>)>,
+        foreign: &mut Reaped,
+    ) {
+        match op {
+            TransferOp::ReadChunks { snapshot_id, keys } => {
+                let pairs: Vec<(u32, u32)> = keys.iter().map(|k| (k.artifact, k.chunk)).collect();
+                match store.start_read_chunks(io, *snapshot_id, &pairs, now_ms, &mut self.pool) {
+                    Ok(reads) => self.queue(reads.batch(), InFlight::Read { id, reads }, done),
+                    Err(e) => done.push((id, Err(fault(e)))),
+                }
+            }
+            TransferOp::AcceptChunks { chunks } => {
+                let pid = store.partition_id();
+                let Some(install) = installs.active.get_mut(&pid) else {
+                    return done.push((id, Err(no_install())));
+                };
+                let chunks: Vec<(u32, u32, &[u8])> = chunks
+                    .iter()
+                    .map(|(k, data)| (k.artifact, k.chunk, &data[..]))
+                    .collect();
+                match install.stage_chunks(io, &chunks) {
+                    // Parked ahead of the cursor: taken, nothing to write.
+                    Ok(None) => done.push((id, Ok(IoOutcome::Done))),
+                    Ok(Some(batch)) => self.queue(Some(batch), InFlight::Stage { id }, done),
+                    Err(e) => done.push((id, Err(fault(e)))),
+                }
+            }
+            TransferOp::OpenSnapshot { .. } | TransferOp::ReleaseSnapshot { .. } => {
+                // Leases only: reads in flight finish on their own.
+                done.push((id, execute(store, io, installs, op, now_ms)));
+            }
+            TransferOp::BeginInstall { .. }
+            | TransferOp::CommitInstall
+            | TransferOp::AbortInstall => {
+                self.drain(store, io, installs, done, foreign);
+                done.push((id, execute(store, io, installs, op, now_ms)));
+            }
+        }
+    }
+
+    fn queue(
+        &mut self,
+        batch: Option<BatchId>,
+        what: InFlight,
+        done: &mut Vec<(IoId, Result<IoOutcome, Fault>)>,
+    ) {
+        match batch {
+            Some(batch) => {
+                let replaced = self.in_flight.insert(batch, what);
+                debug_assert!(replaced.is_none(), "batch ids are unique per backend");
+            }
+            None => {
+                let id = match what {
+                    InFlight::Read { id, .. } | InFlight::Stage { id } => id,
+                };
+                done.push((id, Err(local("a queued window has no batch"))));
+            }
+        }
+    }
+
+    /// Answers the op of a reaped `batch` of this pipeline; false (the
+    /// completions dropped) for another owner's batch: check
+    /// [`Pipeline::owns`] first.
+    pub fn complete(
+        &mut self,
+        store: &PartitionStore,
+        installs: &mut Installs,
+        batch: BatchId,
+        completions: Vec<Completion>,
+        done: &mut Vec<(IoId, Result<IoOutcome, Fault>)>,
+    ) -> bool {
+        let Some(what) = self.in_flight.remove(&batch) else {
+            return false;
+        };
+        match what {
+            InFlight::Read { id, reads } => {
+                let result = reads.finish(completions).map(|bufs| {
+                    let chunks = bufs.iter().map(|b| ChunkData::from(&b[..])).collect();
+                    for buf in bufs {
+                        self.pool.put(buf);
+                    }
+                    IoOutcome::Chunks(chunks)
+                });
+                done.push((id, result.map_err(fault)));
+            }
+            InFlight::Stage { id } => {
+                let pid = store.partition_id();
+                let result = match installs.active.get_mut(&pid) {
+                    Some(install) => install
+                        .finish_staged(batch, completions)
+                        .map(|()| IoOutcome::Done)
+                        .map_err(fault),
+                    // Cannot happen: aborts and commits drain first.
+                    None => Err(no_install()),
+                };
+                done.push((id, result));
+            }
+        }
+        true
+    }
+
+    /// Waits for every batch of this pipeline in flight, answering each;
+    /// others reaped meanwhile go to `foreign`. Only before an op that must
+    /// not overtake them (an install's begin, commit or abort), so it waits
+    /// at most a window of I/O.
+    pub fn drain(
+        &mut self,
+        store: &PartitionStore,
+        io: &mut impl IoBackend,
+        installs: &mut Installs,
+        done: &mut Vec<(IoId, Result<IoOutcome, Fault>)>,
+        foreign: &mut Reaped,
+    ) {
+        while !self.in_flight.is_empty() {
+            let reaped = io.reap();
+            if reaped.is_empty() {
+                std::thread::yield_now();
+            }
+            for (batch, completions) in reaped {
+                if self.owns(batch) {
+                    self.complete(store, installs, batch, completions, done);
+                } else {
+                    foreign.push((batch, completions));
+                }
+            }
+        }
+    }
+}
+
+fn local(reason: &str) -> Fault {
+    Fault {
+        kind: FaultKind::Local,
+        reason: reason.into(),
     }
 }
 

@@ -1896,3 +1896,171 @@ fn a_receiver_crash_during_an_install_restarts_from_its_disk_and_completes() {
     );
     assert!(committed >= 1, "no crash after the commit point");
 }
+
+/// The pipelined executor: serving reads and staged writes stay in flight
+/// until reaped; an abort waits for the writes queued before it (their
+/// answers come first); a failed staged write in flight fails its accept
+/// and poisons the install, and the receiver's log stays as it was.
+#[test]
+fn the_pipeline_answers_queued_io_when_reaped_and_aborts_after_it() {
+    use super::io::Pipeline;
+    use ringlog_storage::io::IoBackend;
+    let mut src = Disk::new(300, "/src");
+    src.grow(60, 0, 1);
+    let m = snapshot_of(&mut src);
+    let mut dst = Disk::new(301, "/dst");
+    dst.grow(3, 0, 2);
+    let old = dst.batches();
+    let chunk = store_config().transfer_chunk_bytes;
+    let (mut srv, mut rx) = (Pipeline::new(chunk, 4), Pipeline::new(chunk, 0));
+    let mut done = Vec::new();
+    let mut foreign = io::Reaped::new();
+    let keys: Vec<ChunkKey> = (0..3)
+        .map(|c| ChunkKey {
+            artifact: 0,
+            chunk: c,
+        })
+        .collect();
+    let read = TransferOp::ReadChunks {
+        snapshot_id: m.snapshot_id,
+        keys: keys.clone(),
+    };
+    let (store, disk_io) = (&mut src.store, &mut src.io);
+    srv.start(
+        store,
+        disk_io,
+        &mut src.installs,
+        1,
+        &read,
+        NOW_MS,
+        &mut done,
+        &mut foreign,
+    );
+    assert!(done.is_empty(), "a read waits for its batch");
+    assert_eq!(srv.in_flight(), 1);
+    let mut chunks = Vec::new();
+    while chunks.is_empty() {
+        for (batch, c) in src.io.reap() {
+            assert!(srv.owns(batch));
+            srv.complete(&src.store, &mut src.installs, batch, c, &mut done);
+        }
+        if let Some((1, Ok(IoOutcome::Chunks(bufs)))) = done.pop() {
+            chunks = bufs;
+        }
+    }
+    assert_eq!(chunks.len(), 3);
+    let begin = TransferOp::BeginInstall {
+        manifest: Arc::new(m.clone()),
+    };
+    let (store, disk_io) = (&mut dst.store, &mut dst.io);
+    rx.start(
+        store,
+        disk_io,
+        &mut dst.installs,
+        1,
+        &begin,
+        NOW_MS,
+        &mut done,
+        &mut foreign,
+    );
+    assert_eq!(done.pop(), Some((1, Ok(IoOutcome::Done))));
+    // Chunk 0 staged, its write in flight; then the abort.
+    let accept = |i: usize| TransferOp::AcceptChunks {
+        chunks: vec![(keys[i], chunks[i].clone())],
+    };
+    let (store, disk_io) = (&mut dst.store, &mut dst.io);
+    rx.start(
+        store,
+        disk_io,
+        &mut dst.installs,
+        2,
+        &accept(0),
+        NOW_MS,
+        &mut done,
+        &mut foreign,
+    );
+    assert!(done.is_empty() && rx.in_flight() == 1);
+    let (store, disk_io) = (&mut dst.store, &mut dst.io);
+    let abort = TransferOp::AbortInstall;
+    rx.start(
+        store,
+        disk_io,
+        &mut dst.installs,
+        3,
+        &abort,
+        NOW_MS,
+        &mut done,
+        &mut foreign,
+    );
+    let ids: Vec<IoId> = done.iter().map(|(id, _)| *id).collect();
+    assert_eq!(ids, vec![2, 3], "the write's answer before the abort's");
+    assert!(done.iter().all(|(_, r)| r.is_ok()), "{done:?}");
+    assert!(foreign.is_empty() && rx.in_flight() == 0);
+    assert_eq!(dst.installs.active(), 0);
+    done.clear();
+
+    // Again, with the staged write failing on the disk.
+    let (store, disk_io) = (&mut dst.store, &mut dst.io);
+    rx.start(
+        store,
+        disk_io,
+        &mut dst.installs,
+        4,
+        &begin,
+        NOW_MS,
+        &mut done,
+        &mut foreign,
+    );
+    assert_eq!(done.pop(), Some((4, Ok(IoOutcome::Done))));
+    let nth = dst.io.op_count(FaultOp::Write);
+    dst.io.inject(FaultOp::Write, nth, DiskFault::Errno(5));
+    let (store, disk_io) = (&mut dst.store, &mut dst.io);
+    rx.start(
+        store,
+        disk_io,
+        &mut dst.installs,
+        5,
+        &accept(0),
+        NOW_MS,
+        &mut done,
+        &mut foreign,
+    );
+    while done.is_empty() {
+        for (batch, c) in dst.io.reap() {
+            rx.complete(&dst.store, &mut dst.installs, batch, c, &mut done);
+        }
+    }
+    let (id, failed) = done.pop().expect("answered");
+    assert_eq!(id, 5);
+    assert_eq!(failed.expect_err("EIO").kind, FaultKind::Local);
+    let (store, disk_io) = (&mut dst.store, &mut dst.io);
+    rx.start(
+        store,
+        disk_io,
+        &mut dst.installs,
+        6,
+        &accept(1),
+        NOW_MS,
+        &mut done,
+        &mut foreign,
+    );
+    let (_, poisoned) = done.pop().expect("refused at once");
+    assert!(poisoned
+        .expect_err("poisoned")
+        .reason
+        .contains("install abandoned"));
+    let commit = TransferOp::CommitInstall;
+    let (store, disk_io) = (&mut dst.store, &mut dst.io);
+    rx.start(
+        store,
+        disk_io,
+        &mut dst.installs,
+        7,
+        &commit,
+        NOW_MS,
+        &mut done,
+        &mut foreign,
+    );
+    assert!(done.pop().expect("answered").1.is_err(), "never commits");
+    assert_eq!(dst.batches(), old, "the receiver's log is unchanged");
+}

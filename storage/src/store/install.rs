@@ -41,7 +41,9 @@ use super::{
     new_nonce, submit_checked, table, write_new_file, ChainPoint, PartitionStore, SealedFile,
     StoreError, TransferError, STAGING_DIR,
 };
-use crate::io::{align_up, AlignedBuf, BufPool, FileId, IoBackend, Op, OpenMode, Sqe};
+use crate::io::{
+    align_up, AlignedBuf, BatchId, BufPool, Completion, FileId, IoBackend, Op, OpenMode, Sqe,
+};
 use crate::segment::{self, segment_checksum, SealedIndex, SparseIndex};
 use crate::superblock::{Frontier, SealedSegment, Superblock, TableRef};
 
@@ -185,6 +187,10 @@ pub struct Install {
     pool: BufPool,
     /// Staged writes that completed; the commit needs every chunk's.
     chunks_written: u64,
+    /// Batches of staged writes queued by [`Install::stage_chunks`] and
+    /// not finished yet: batch -> (chunks, buffer bytes). Their chunks
+    /// count against the window like parked ones.
+    writes_in_flight: BTreeMap<BatchId, (usize, u64)>,
     /// Why the install can no longer commit (a failed staged write or
     /// verification), once it cannot.
     poisoned: Option<String>,
@@ -240,6 +246,7 @@ impl Install {
             .sum();
         self.cursor.0 as usize == self.manifest.artifacts.len()
             && self.chunks_written == chunks as u64
+            && self.writes_in_flight.is_empty()
     }
 
     /// One chunk; see [`Install::accept_chunks`].
@@ -267,6 +274,114 @@ impl Install {
         io: &mut impl IoBackend,
         chunks: &[(u32, u32, &[u8])],
     ) -> Result<(), StoreError> {
+        let (sqes, refusal) = self.due_writes(io, chunks)?;
+        // Chunks verified above are past the cursor: write them even if a
+        // later one failed, so every buffer goes back to the pool.
+        let written = if sqes.is_empty() {
+            Ok(())
+        } else {
+            self.finish_writes(io.submit(sqes))
+        };
+        match (refusal, written) {
+            (Some(e), _) | (None, Err(e)) => Err(e),
+            (None, Ok(())) => Ok(()),
+        }
+    }
+
+    /// [`accept_chunks`](Install::accept_chunks) without waiting for the
+    /// staged writes: they are queued on the ring in one batch, returned
+    /// (None if no chunk came due), and the caller hands the batch's
+    /// completions, once reaped, to [`Install::finish_staged`]. Until then
+    /// the chunks count against the window as parked ones do, so a
+    /// receiver pulling the next window while this one is written holds at
+    /// most `window_chunks` chunk buffers. A refusal after some chunks were
+    /// verified writes those (blocking) before it returns, as
+    /// `accept_chunks` does.
+    pub fn stage_chunks(
+        &mut self,
+        io: &mut impl IoBackend,
+        chunks: &[(u32, u32, &[u8])],
+    ) -> Result<Option<BatchId>, StoreError> {
+        let (sqes, refusal) = self.due_writes(io, chunks)?;
+        if let Some(e) = refusal {
+            if !sqes.is_empty() {
+                // The refusal is the error to report; a failed write of
+                // these poisons the install as well.
+                let _ = self.finish_writes(io.submit(sqes));
+            }
+            return Err(e);
+        }
+        if sqes.is_empty() {
+            return Ok(None);
+        }
+        let bytes = sqes
+            .iter()
+            .map(|s| match &s.op {
+                Op::Write { buf, .. } => buf.capacity() as u64,
+                _ => 0,
+            })
+            .sum();
+        let count = sqes.len();
+        let batch = io.submit_nowait(sqes);
+        self.writes_in_flight.insert(batch, (count, bytes));
+        Ok(Some(batch))
+    }
+
+    /// Finishes a batch of [`Install::stage_chunks`] with its reaped
+    /// completions: counts the writes that landed; the first failure
+    /// poisons the install and is returned.
+    pub fn finish_staged(
+        &mut self,
+        batch: BatchId,
+        completions: Vec<Completion>,
+    ) -> Result<(), StoreError> {
+        let Some((count, _)) = self.writes_in_flight.remove(&batch) else {
+            let e = std::io::Error::other(format!("batch {} is not a staged write", batch.0));
+            return Err(StoreError::io(
+                self.partition_id,
+                "staged write",
+                &self.staging_dir,
+                e,
+            ));
+        };
+        if completions.len() != count {
+            let reason = format!(
+                "{} completions for {count} staged writes",
+                completions.len()
+            );
+            self.poisoned.get_or_insert(reason.clone());
+            let e = std::io::Error::other(reason);
+            return Err(StoreError::io(
+                self.partition_id,
+                "staged write",
+                &self.staging_dir,
+                e,
+            ));
+        }
+        self.finish_writes(completions)
+    }
+
+    /// Staged write batches queued and not finished.
+    pub fn writes_in_flight(&self) -> usize {
+        self.writes_in_flight.len()
+    }
+
+    /// Chunk buffer bytes the install holds now, counted from the buffers:
+    /// parked chunks, staged writes in flight and the pool's idle buffers.
+    pub fn buffered_bytes(&self) -> u64 {
+        let parked: u64 = self.ahead.values().map(|b| b.capacity() as u64).sum();
+        let writing: u64 = self.writes_in_flight.values().map(|&(_, b)| b).sum();
+        let idle = (self.pool.idle() * self.pool.buf_size_bytes()) as u64;
+        parked + writing + idle
+    }
+
+    /// Takes `chunks` and verifies every chunk now due, returning their
+    /// writes and the refusal that stopped it, if any.
+    fn due_writes(
+        &mut self,
+        io: &mut impl IoBackend,
+        chunks: &[(u32, u32, &[u8])],
+    ) -> Result<(Vec<Sqe>, Option<StoreError>), StoreError> {
         self.check_poisoned()?;
         for &(artifact, chunk, bytes) in chunks {
             self.take(artifact, chunk, bytes)?;
@@ -292,23 +407,14 @@ impl Install {
                 }
             }
         }
-        // Chunks verified above are past the cursor: write them even if a
-        // later one failed, so every buffer goes back to the pool.
-        let written = self.write_staged(io, sqes);
-        match (refusal, written) {
-            (Some(e), _) | (None, Err(e)) => Err(e),
-            (None, Ok(())) => Ok(()),
-        }
+        Ok((sqes, refusal))
     }
 
-    /// Submits staged writes and counts those that landed; the first failure
-    /// poisons the install and is returned.
-    fn write_staged(&mut self, io: &mut impl IoBackend, sqes: Vec<Sqe>) -> Result<(), StoreError> {
-        if sqes.is_empty() {
-            return Ok(());
-        }
+    /// Counts the staged writes of `completions` that landed; the first
+    /// failure poisons the install and is returned.
+    fn finish_writes(&mut self, completions: Vec<Completion>) -> Result<(), StoreError> {
         let mut failure = None;
-        for c in io.submit(sqes) {
+        for c in completions {
             match (&c.result, &c.op) {
                 (Ok(_), Op::Write { buf, .. }) => {
                     // Written: these bytes are staged data, no longer a
@@ -422,7 +528,10 @@ impl Install {
         if (artifact, chunk) < self.cursor || self.ahead.contains_key(&(artifact, chunk)) {
             return Ok(());
         }
-        if self.ahead.len() >= self.window_chunks {
+        // Chunks being written hold buffers too: together with the parked
+        // ones, at most a window.
+        let writing: usize = self.writes_in_flight.values().map(|&(n, _)| n).sum();
+        if self.ahead.len() + writing >= self.window_chunks {
             return Err(self.refusal(TransferError::OutsideWindow {
                 artifact,
                 chunk,
@@ -546,6 +655,7 @@ impl PartitionStore {
             batch_bytes_max: self.config.batch_bytes_max(),
             index_interval_bytes: self.config.index_interval_bytes,
             chunks_written: 0,
+            writes_in_flight: BTreeMap::new(),
             poisoned: None,
             _alive: alive.clone(),
             reservation,

@@ -74,6 +74,7 @@ pub use install::{Install, InstallBudget};
 pub use pool::{PoolConfig, StorePool, PRIVATE_READ_CACHE_BYTES_MAX};
 pub use read::Fetched;
 pub use retention::RetentionOutcome;
+pub use snapshot::ChunkReads;
 
 use crate::io::{
     align_down, align_up, AlignedBuf, BatchBuf, Completion, FileId, IoBackend, Op, OpenMode, Sqe,

@@ -18,8 +18,10 @@
 use ringlog_protocol::checksum;
 use ringlog_protocol::manifest::{Artifact, ArtifactKind, Manifest};
 
+use std::path::PathBuf;
+
 use super::{PartitionStore, StoreError, TransferError};
-use crate::io::{AlignedBuf, FileId, IoBackend, Op, Sqe};
+use crate::io::{align_up, AlignedBuf, BatchId, BufPool, Completion, FileId, IoBackend, Op, Sqe};
 use crate::segment;
 use crate::superblock::SealedSegment;
 
@@ -42,6 +44,7 @@ struct TailPrefix {
 }
 
 /// One chunk read planned: where, how long, what it must hash to.
+#[derive(Debug)]
 struct ChunkRead {
     file: FileId,
     base_offset: u64,
@@ -140,6 +143,55 @@ impl PartitionStore {
         chunks: &[(u32, u32)],
         now_ms: u64,
     ) -> Result<Vec<AlignedBuf>, StoreError> {
+        let plan = self.plan_window(id, chunks, now_ms)?;
+        let mut fresh = |len| AlignedBuf::new(len);
+        let sqes = read_sqes(&plan, &mut fresh);
+        let reads = ChunkReads {
+            partition_id: self.partition_id,
+            generation_dir: self.generation_dir.clone(),
+            plan,
+            batch: None,
+        };
+        reads.finish(io.submit(sqes))
+    }
+
+    /// [`read_chunks`](PartitionStore::read_chunks) without waiting: the
+    /// window's reads are queued on the ring in one batch (into buffers of
+    /// `pool`) and the caller hands the batch's completions, once reaped,
+    /// to [`ChunkReads::finish`]. A serving peer reads its next window this
+    /// way while the earlier chunks are on the wire and being written.
+    ///
+    /// The lease is renewed now; the segments stay pinned until it ends. A
+    /// read in flight when an install replaces the log (or retention
+    /// removes an unpinned segment) still completes (the ring holds the
+    /// file); its checksum then decides.
+    pub fn start_read_chunks(
+        &mut self,
+        io: &mut impl IoBackend,
+        id: u64,
+        chunks: &[(u32, u32)],
+        now_ms: u64,
+        pool: &mut BufPool,
+    ) -> Result<ChunkReads, StoreError> {
+        let plan = self.plan_window(id, chunks, now_ms)?;
+        let sqes = read_sqes(&plan, &mut |len| pool.get(len));
+        let batch = io.submit_nowait(sqes);
+        Ok(ChunkReads {
+            partition_id: self.partition_id,
+            generation_dir: self.generation_dir.clone(),
+            plan,
+            batch: Some(batch),
+        })
+    }
+
+    /// Checks snapshot `id` and renews its lease, then plans the reads of
+    /// `chunks`.
+    fn plan_window(
+        &mut self,
+        id: u64,
+        chunks: &[(u32, u32)],
+        now_ms: u64,
+    ) -> Result<Vec<ChunkRead>, StoreError> {
         self.check_fenced()?;
         self.expire_snapshots(now_ms);
         let lease_ms = self.config.snapshot_lease_ms;
@@ -158,44 +210,7 @@ impl PartitionStore {
                 Err(e) => return Err(self.transfer_error(e)),
             }
         }
-        let sqes = plan
-            .iter()
-            .map(|r| {
-                let buf = AlignedBuf::new(r.len);
-                Sqe::new(Op::Read {
-                    file: r.file,
-                    offset: r.offset,
-                    len: buf.capacity(),
-                    buf,
-                })
-            })
-            .collect();
-        let completions = io.submit(sqes);
-        let mut bufs = Vec::with_capacity(plan.len());
-        for (c, r) in completions.into_iter().zip(&plan) {
-            let (chunk, offset, len) = (r.chunk, r.offset, r.len);
-            let path = segment::log_path(&self.generation_dir, r.base_offset);
-            let n = c
-                .result
-                .map_err(|e| StoreError::io(self.partition_id, "read", &path, e))?;
-            let corrupt = |detail: String| StoreError::Corruption {
-                partition_id: self.partition_id,
-                segment: path.clone(),
-                position: offset,
-                detail,
-            };
-            let Some(mut buf) = c.op.into_buf() else {
-                return Err(corrupt(format!("chunk {chunk}: read returned no buffer")));
-            };
-            if n < len || checksum(&buf[..len]) != r.expected {
-                return Err(corrupt(format!(
-                    "chunk {chunk} does not match its recorded checksum"
-                )));
-            }
-            buf.set_len(len);
-            bufs.push(buf);
-        }
-        Ok(bufs)
+        Ok(plan)
     }
 
     /// Where chunk `chunk` of the lease's artifact `artifact` is and what
@@ -301,6 +316,92 @@ impl PartitionStore {
             source,
         }
     }
+}
+
+/// A window of chunk reads queued by
+/// [`PartitionStore::start_read_chunks`], to be finished with its batch's
+/// completions.
+#[derive(Debug)]
+pub struct ChunkReads {
+    partition_id: u32,
+    generation_dir: PathBuf,
+    plan: Vec<ChunkRead>,
+    /// None for a window read by a blocking submit.
+    batch: Option<BatchId>,
+}
+
+impl ChunkReads {
+    /// The ring batch holding the reads.
+    pub fn batch(&self) -> Option<BatchId> {
+        self.batch
+    }
+
+    /// Chunks in the window.
+    pub fn len(&self) -> usize {
+        self.plan.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.plan.is_empty()
+    }
+
+    /// Checks every completion of the window (in submission order, as a
+    /// backend returns them) and each chunk against its recorded checksum;
+    /// each buffer's length is its chunk's length.
+    pub fn finish(self, completions: Vec<Completion>) -> Result<Vec<AlignedBuf>, StoreError> {
+        if completions.len() != self.plan.len() {
+            let path = self.generation_dir.clone();
+            let e = std::io::Error::other(format!(
+                "{} completions for {} chunk reads",
+                completions.len(),
+                self.plan.len()
+            ));
+            return Err(StoreError::io(self.partition_id, "read", path, e));
+        }
+        let mut bufs = Vec::with_capacity(self.plan.len());
+        for (c, r) in completions.into_iter().zip(&self.plan) {
+            let (chunk, offset, len) = (r.chunk, r.offset, r.len);
+            let path = segment::log_path(&self.generation_dir, r.base_offset);
+            let n = c
+                .result
+                .map_err(|e| StoreError::io(self.partition_id, "read", &path, e))?;
+            let corrupt = |detail: String| StoreError::Corruption {
+                partition_id: self.partition_id,
+                segment: path.clone(),
+                position: offset,
+                detail,
+            };
+            let Some(mut buf) = c.op.into_buf() else {
+                return Err(corrupt(format!("chunk {chunk}: read returned no buffer")));
+            };
+            if n < len || checksum(&buf[..len]) != r.expected {
+                return Err(corrupt(format!(
+                    "chunk {chunk} does not match its recorded checksum"
+                )));
+            }
+            buf.set_len(len);
+            bufs.push(buf);
+        }
+        Ok(bufs)
+    }
+}
+
+/// One read per planned chunk, into a buffer from `buf_for(len)`; whole
+/// blocks (O_DIRECT), the chunk's checksum covers its length only.
+fn read_sqes(plan: &[ChunkRead], buf_for: &mut impl FnMut(usize) -> AlignedBuf) -> Vec<Sqe> {
+    plan.iter()
+        .map(|r| {
+            let buf = buf_for(r.len);
+            let len = align_up(r.len as u64) as usize;
+            debug_assert!(buf.capacity() >= len, "a read buffer holds its chunk");
+            Sqe::new(Op::Read {
+                file: r.file,
+                offset: r.offset,
+                len,
+                buf,
+            })
+        })
+        .collect()
 }
 
 /// A segment table entry as a manifest artifact.
