@@ -381,7 +381,8 @@ struct ServerClientArgs {
     /// Partitions of the topic [default: --connections].
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4096))]
     partitions: Option<u32>,
-    /// Client connections, one thread each, one request in flight each.
+    /// Client connections, one thread each (produce: --in-flight requests
+    /// each; consume: one fetch each).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
     connections: u32,
 }
@@ -413,6 +414,11 @@ struct ProduceArgs {
     /// report produce/append ratios.
     #[arg(long)]
     vs_append: bool,
+    /// Produce requests each connection keeps in flight (pipelined: the
+    /// next is sent before the last ack; the server reads up to its
+    /// requests_in_flight_max, 16 by default, at once).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    in_flight: u32,
 }
 
 #[derive(Debug, clap::Args)]

@@ -122,8 +122,10 @@ fn produce_config(
     a: &ServerClientArgs,
     duration: Duration,
     total_bytes: Option<u64>,
+    in_flight: u32,
 ) -> Result<ProduceConfig, BenchError> {
     let cfg = ProduceConfig {
+        in_flight,
         addr: String::new(),
         topic: a.topic.clone(),
         partitions: a.partitions(),
@@ -172,11 +174,18 @@ fn common_notes(a: &ServerClientArgs) -> Vec<String> {
             a.shards
         ));
     }
-    notes.push(
-        "each connection is one thread with one blocking client and one request in flight"
-            .to_owned(),
-    );
     notes
+}
+
+fn connection_note(in_flight: u32) -> String {
+    match in_flight {
+        1 => "each connection is one thread with one blocking client and one request in flight"
+            .to_owned(),
+        k => format!(
+            "each connection is one thread with one blocking client keeping {k} produce \
+             requests in flight (pipelined, acks in request order)"
+        ),
+    }
 }
 
 /// Runs the produce job (and the append job) and cleans up; the report is
@@ -185,7 +194,7 @@ pub(crate) fn produce_report(
     args: &ProduceArgs,
 ) -> Result<Report<ProduceResult, AppendResult>, BenchError> {
     let a = &args.common;
-    let cfg = produce_config(a, args.duration, args.size)?;
+    let cfg = produce_config(a, args.duration, args.size, args.in_flight)?;
     let append_cfg = args.vs_append.then(|| AppendConfig {
         dir: a.data.dir.join("append"),
         partitions: a.connections,
@@ -280,7 +289,11 @@ impl Job for ProduceJob<'_> {
             settings.push(("size", Bytes(size).to_string()));
         }
         settings.push(("reps", a.rep.reps.to_string()));
+        if args.in_flight > 1 {
+            settings.push(("in_flight", args.in_flight.to_string()));
+        }
         let mut notes = common_notes(a);
+        notes.push(connection_note(args.in_flight));
         notes.push(format!(
             "each rep produces into a new topic {}-<rep> with {} partitions (created before and \
              deleted after the timed run{})",
@@ -335,7 +348,7 @@ pub(crate) fn consume_report(
                 Bytes(args.fetch_bytes)
             ))
         })?;
-    let fill = produce_config(a, FILL_TIME_MAX, Some(args.size))?;
+    let fill = produce_config(a, FILL_TIME_MAX, Some(args.size), 1)?;
     let fio_version = match args.vs {
         Some(ConsumeVs::Fio) => Some(fio::version()?),
         _ => None,
@@ -537,6 +550,7 @@ impl Job for ConsumeJob<'_> {
             settings.push(("read_cache_bytes", Bytes(n).to_string()));
         }
         let mut notes = common_notes(a);
+        notes.push(connection_note(1));
         if let Some(filled) = &self.filled {
             notes.push(format!(
                 "the topic was filled un-timed with {} in {} produces ({} records, {:.1} MiB/s); \
@@ -794,6 +808,33 @@ mod tests {
         assert!(v["ratios"]["throughput"]["median"].as_f64().unwrap() > 0.0);
         assert_eq!(v["global options"]["connections"], "2");
         assert_fio_shape(&v, true, &["throughput", "p99_ack_latency"]);
+    }
+
+    /// `--in-flight 4`: each connection pipelines; the byte total, the
+    /// acks and the settings come out as without it.
+    #[test]
+    fn produce_pipelined_smoke() {
+        let (_tmp, dir) = data_dir();
+        let args = produce(&format!(
+            "produce --dir {} --shards 1 --connections 2 --segment-size 1m --duration 5 \
+             --size 2m --in-flight 4",
+            dir.display()
+        ));
+        assert_eq!(args.in_flight, 4);
+        let report = produce_report(&args).unwrap_or_else(|e| panic!("{e}"));
+        let p = &report.reps[0].ours;
+        assert_eq!(p.summary.bytes, 2 << 20);
+        assert_eq!(p.summary.ios, 32);
+        assert_eq!(p.summary.lat.samples, 32);
+        assert_eq!(p.records, 32 * u64::from(p.records_per_batch));
+        assert_has(
+            &report.text(),
+            &[
+                "in_flight=4",
+                "keeping 4 produce requests in flight (pipelined, acks in request order)",
+            ],
+        );
+        assert_eq!(report.json()["global options"]["in_flight"], "4");
     }
 
     /// Fills a topic on a started server and reads it back twice.

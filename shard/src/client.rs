@@ -1,6 +1,9 @@
 //! A blocking client for the ringlog wire protocol (used by the CLI, tests
-//! and benchmarks). One request at a time per connection; open several
-//! clients for parallelism.
+//! and benchmarks). [`Client::call`] and the typed calls send one request
+//! and wait for its reply; [`Client::send`] and [`Client::recv`] pipeline
+//! (several requests in flight, replies in request order, as many as the
+//! server's `requests_in_flight_max` read at once); open several clients
+//! for parallelism.
 //!
 //! ```no_run
 //! use ringlog_shard::client::{batch_of, Client};
@@ -10,6 +13,7 @@
 //! let page = c.fetch("events", 0, ack.base_offset, 1 << 20, 0).unwrap();
 //! ```
 
+use std::collections::VecDeque;
 use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::time::Duration;
@@ -102,6 +106,9 @@ impl ClientError {
 pub struct Client {
     stream: TcpStream,
     next_correlation: u32,
+    /// Correlations sent and not yet answered, oldest first (as many as
+    /// the caller pipelined).
+    pending: VecDeque<u32>,
     hello: HelloReply,
 }
 
@@ -122,6 +129,7 @@ impl Client {
         let mut c = Client {
             stream,
             next_correlation: 1,
+            pending: VecDeque::new(),
             hello: HelloReply {
                 version: PROTOCOL_VERSION,
                 frame_bytes_max: FRAME_BYTES_MAX,
@@ -148,8 +156,26 @@ impl Client {
         &self.hello
     }
 
-    /// Sends one request and waits for its reply.
+    /// Sends one request and waits for its reply. Replies to requests
+    /// pipelined before it ([`Client::send`]) must have been taken first.
     pub fn call(&mut self, req: &Request) -> Result<Body, ClientError> {
+        if !self.pending.is_empty() {
+            return Err(ClientError::Usage(format!(
+                "call with {} pipelined replies not taken (recv them first)",
+                self.pending.len()
+            )));
+        }
+        self.send(req)?;
+        self.recv()
+    }
+
+    /// Sends one request without waiting for its reply; returns its
+    /// correlation. The replies come back from [`Client::recv`] in request
+    /// order. The server reads up to its `requests_in_flight_max` ahead of
+    /// the replies it writes; past that, a client that writes more without
+    /// reading stalls once the socket buffers are full (with large fetch
+    /// replies, until the server's write stall timeout closes it).
+    pub fn send(&mut self, req: &Request) -> Result<u32, ClientError> {
         let correlation = self.next_correlation;
         // Correlation 0 is the server's: errors about the connection itself
         // (refused over the connection cap, bad frame, shutting down).
@@ -157,6 +183,20 @@ impl Client {
         let mut frame = Vec::new();
         req.encode(correlation, &mut frame)?;
         self.stream.write_all(&frame)?;
+        self.pending.push_back(correlation);
+        Ok(correlation)
+    }
+
+    /// Requests sent with [`Client::send`] whose reply was not taken yet.
+    pub fn in_flight(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Waits for the reply to the oldest request sent and not yet answered.
+    pub fn recv(&mut self) -> Result<Body, ClientError> {
+        let Some(&correlation) = self.pending.front() else {
+            return Err(ClientError::Usage("recv with no request in flight".into()));
+        };
         let reply = self.read_reply()?;
         if reply.correlation == 0 {
             if let Err((code, message)) = reply.result {
@@ -169,6 +209,7 @@ impl Client {
                 reply.correlation
             )));
         }
+        self.pending.pop_front();
         reply
             .result
             .map_err(|(code, message)| ClientError::Server { code, message })
@@ -245,6 +286,33 @@ impl Client {
         target: ProduceTarget,
         batch: Vec<u8>,
     ) -> Result<ProduceReply, ClientError> {
+        let req = self.produce_request(topic, target, batch)?;
+        produced(self.call(&req)?)
+    }
+
+    /// Sends a produce to a partition without waiting for its ack (see
+    /// [`Client::send`]); [`Client::recv_produced`] takes the ack.
+    pub fn send_produce(
+        &mut self,
+        topic: &str,
+        partition: u32,
+        batch: Vec<u8>,
+    ) -> Result<u32, ClientError> {
+        let req = self.produce_request(topic, ProduceTarget::Partition(partition), batch)?;
+        self.send(&req)
+    }
+
+    /// The ack of the oldest request in flight, which must be a produce.
+    pub fn recv_produced(&mut self) -> Result<ProduceReply, ClientError> {
+        produced(self.recv()?)
+    }
+
+    fn produce_request(
+        &self,
+        topic: &str,
+        target: ProduceTarget,
+        batch: Vec<u8>,
+    ) -> Result<Request, ClientError> {
         // 0: a server that announced no limit; it still checks its own.
         let max = self.hello.batch_bytes_max;
         if max > 0 && batch.len() > max as usize {
@@ -253,14 +321,11 @@ impl Client {
                 max,
             });
         }
-        match self.call(&Request::Produce {
+        Ok(Request::Produce {
             topic: topic.into(),
             target,
             batch,
-        })? {
-            Body::Produced(p) => Ok(p),
-            other => Err(ClientError::Unexpected(format!("{other:?}"))),
-        }
+        })
     }
 
     /// Durable batches from `offset`; with `wait_ms`, waits that long for
@@ -296,6 +361,13 @@ impl Client {
             partition,
         })
         .map(|_| ())
+    }
+}
+
+fn produced(body: Body) -> Result<ProduceReply, ClientError> {
+    match body {
+        Body::Produced(p) => Ok(p),
+        other => Err(ClientError::Unexpected(format!("{other:?}"))),
     }
 }
 

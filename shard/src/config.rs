@@ -66,6 +66,10 @@ pub struct ServerConfig {
     pub header_timeout_ms: u64,
     /// A connection with no request for this long is closed.
     pub idle_timeout_ms: u64,
+    /// Requests one connection may have read and not yet answered
+    /// (pipelining); at the bound the connection reads nothing more until
+    /// a reply is written. Replies go out in request order.
+    pub requests_in_flight_max: usize,
     /// Largest client frame body accepted.
     pub frame_bytes_max: u32,
     /// Long-poll fetches waiting per partition; more return at once.
@@ -128,6 +132,7 @@ impl Default for ServerConfig {
             shard_request_bytes_max: 256 * 1024 * 1024,
             header_timeout_ms: 10_000,
             idle_timeout_ms: 300_000,
+            requests_in_flight_max: 16,
             frame_bytes_max: 16 * 1024 * 1024,
             fetch_waiters_max: 256,
             fetch_wait_ms_max: 60_000,
@@ -292,6 +297,7 @@ impl ServerConfig {
         positive("retention_check_ms", self.retention_check_ms)?;
         positive("header_timeout_ms", self.header_timeout_ms)?;
         positive("idle_timeout_ms", self.idle_timeout_ms)?;
+        positive("requests_in_flight_max", self.requests_in_flight_max as u64)?;
         if self.listen.parse::<std::net::SocketAddr>().is_err() {
             return Err((
                 "listen",
@@ -682,6 +688,7 @@ mod tests {
             ),
             ("mailbox_bytes_max = 100\n", "mailbox_bytes_max"),
             ("idle_timeout_ms = 0\n", "idle_timeout_ms"),
+            ("requests_in_flight_max = 0\n", "requests_in_flight_max"),
             ("log_format = \"xml\"\n", "log_format"),
         ] {
             std::fs::write(&path, text).unwrap();

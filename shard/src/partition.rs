@@ -27,7 +27,7 @@ use std::collections::VecDeque;
 
 use ringlog_protocol::wire::{ErrorCode, FetchReply};
 use ringlog_protocol::{encode_header, BatchHeader, HEADER_LEN};
-use ringlog_storage::io::{align_down, Completion, IoBackend, Op, Sqe};
+use ringlog_storage::io::{Completion, IoBackend, Op, Sqe};
 use ringlog_storage::store::{PartitionStore, StoreConfig, StoreError, StorePool};
 
 use crate::ops::{OpError, PartitionStatus};
@@ -199,22 +199,14 @@ impl Partition {
         }
     }
 
-    /// Whether appending a batch of `len` bytes now would make the store
-    /// flush synchronously (its write buffer would overflow, or the segment
-    /// would roll) while a flush is in flight: such an append waits for the
-    /// completion. The buffer holds `[align_down(flush end), end)` plus the
-    /// batch and flushes when that exceeds `write_buffer_bytes`.
+    /// Whether appending a batch of `len` bytes now must wait for the flush
+    /// in flight: the store's own rule ([`PartitionStore::append_waits_for_flush`]),
+    /// so the shard holds exactly the appends the store would refuse.
     pub fn append_must_wait(&self, len: usize) -> bool {
-        let (Some(flush_end), State::Open(h)) = (self.flush_end, &self.state) else {
-            return false;
-        };
-        let store = &h.store;
-        let config = store.config();
-        let end = active_end(store);
-        let len = len as u64;
-        let buffered = end.saturating_sub(align_down(flush_end));
-        buffered + len > config.write_buffer_bytes as u64
-            || (end > 0 && end + len > store.active_capacity_bytes())
+        match &self.state {
+            State::Open(h) => h.store.append_waits_for_flush(len),
+            State::Unavailable(_) => false,
+        }
     }
 
     pub fn dir(&self) -> &Path {

@@ -1,9 +1,12 @@
 //! The produce job: `connections` threads, each with one blocking client,
-//! send produce requests of one prebuilt batch to a running server, one
-//! request in flight per connection. A produce's ack latency is the time from
-//! sending the request to the reply, which the server sends only once the
-//! batch is durable (after the fdatasync covering it).
+//! send produce requests of one prebuilt batch to a running server,
+//! `in_flight` requests in flight per connection (pipelined: the next is
+//! sent before the oldest is acknowledged; acks come back in request
+//! order). A produce's ack latency is the time from sending the request to
+//! the reply, which the server sends only once the batch is durable (after
+//! the fdatasync covering it).
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Barrier;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -53,6 +56,8 @@ pub struct ProduceConfig {
     pub partitions: u32,
     /// Client connections, one thread each.
     pub connections: u32,
+    /// Produce requests each connection keeps in flight (at least 1).
+    pub in_flight: u32,
     /// Encoded bytes of each batch, header included.
     pub batch_size: usize,
     /// Value bytes of each record.
@@ -192,6 +197,12 @@ pub fn run(cfg: &ProduceConfig) -> Result<ProduceResult, ClientJobError> {
     })
 }
 
+/// A produce sent and not yet acknowledged: where to, when first sent.
+struct Sent {
+    partition: u32,
+    first_sent: Instant,
+}
+
 fn produce_loop(
     cfg: &ProduceConfig,
     conn: u32,
@@ -201,6 +212,7 @@ fn produce_loop(
     reserved: &AtomicU64,
     failed: &AtomicBool,
 ) -> Result<Tally, ClientJobError> {
+    assert!(cfg.in_flight >= 1, "at least one request in flight");
     let start = Instant::now();
     let batch_bytes = batch.len() as u64;
     let mut t = Tally {
@@ -211,35 +223,54 @@ fn produce_loop(
         records: 0,
         retries: 0,
     };
-    for &partition in targets.iter().cycle() {
-        if start.elapsed() >= cfg.duration || failed.load(Ordering::Relaxed) {
-            break;
-        }
-        if let Some(total) = cfg.total_bytes {
-            if reserved.fetch_add(batch_bytes, Ordering::Relaxed) >= total {
+    let mut next_target = targets.iter().copied().cycle();
+    // Bound: `cfg.in_flight` entries, one per request the server owes.
+    let mut sent: VecDeque<Sent> = VecDeque::with_capacity(cfg.in_flight as usize);
+    let mut sending = true;
+    loop {
+        while sending && sent.len() < cfg.in_flight as usize {
+            let over = start.elapsed() >= cfg.duration
+                || failed.load(Ordering::Relaxed)
+                || cfg.total_bytes.is_some_and(|total| {
+                    reserved.fetch_add(batch_bytes, Ordering::Relaxed) >= total
+                });
+            let Some(partition) = next_target.next().filter(|_| !over) else {
+                sending = false;
                 break;
-            }
+            };
+            // Before the send: writing 1 MiB blocks until the server read
+            // most of it, and that is part of the ack latency.
+            let first_sent = Instant::now();
+            send(cfg, conn, &mut client, partition, batch)?;
+            sent.push_back(Sent {
+                partition,
+                first_sent,
+            });
         }
-        let sent = Instant::now();
-        let ack = loop {
-            // The client takes the batch by value; the copy is part of
-            // building the request, as it would be for any caller.
-            match client.produce(&cfg.topic, partition, batch.to_vec()) {
-                Ok(ack) => break ack,
-                Err(e) if e.is_retryable() && sent.elapsed() < RETRY_FOR => {
-                    t.retries += 1;
-                    std::thread::sleep(RETRY_BACKOFF);
-                }
-                Err(e) => {
-                    return Err(client_err(
-                        conn,
-                        format!("producing to {}/{partition}", cfg.topic),
-                    )(e))
-                }
+        let Some(oldest) = sent.pop_front() else {
+            break;
+        };
+        let partition = oldest.partition;
+        let ack = match client.recv_produced() {
+            Ok(ack) => ack,
+            // Refused (backpressure): sent again, behind the others in
+            // flight; its latency counts from the first send.
+            Err(e) if e.is_retryable() && oldest.first_sent.elapsed() < RETRY_FOR => {
+                t.retries += 1;
+                std::thread::sleep(RETRY_BACKOFF);
+                send(cfg, conn, &mut client, partition, batch)?;
+                sent.push_back(oldest);
+                continue;
+            }
+            Err(e) => {
+                return Err(client_err(
+                    conn,
+                    format!("producing to {}/{partition}", cfg.topic),
+                )(e))
             }
         };
         let acked = Instant::now();
-        t.lat.record(acked - sent);
+        t.lat.record(acked - oldest.first_sent);
         t.timeline.record(acked, batch_bytes);
         if ack.partition != partition || ack.next_offset <= ack.base_offset {
             return Err(ClientJobError::Check {
@@ -252,6 +283,24 @@ fn produce_loop(
         t.records += ack.next_offset - ack.base_offset;
     }
     Ok(t)
+}
+
+fn send(
+    cfg: &ProduceConfig,
+    conn: u32,
+    client: &mut Client,
+    partition: u32,
+    batch: &[u8],
+) -> Result<(), ClientJobError> {
+    // The client takes the batch by value; the copy is part of building
+    // the request, as it would be for any caller.
+    client
+        .send_produce(&cfg.topic, partition, batch.to_vec())
+        .map(drop)
+        .map_err(client_err(
+            conn,
+            format!("producing to {}/{partition}", cfg.topic),
+        ))
 }
 
 #[cfg(test)]

@@ -1,11 +1,13 @@
 //! Accepting client connections and serving one connection: read a frame,
-//! check it, dispatch it, write the reply. Requests on one connection are
-//! answered in order, one at a time; clients use several connections for
-//! parallelism.
+//! check it, dispatch it, write the reply. A connection pipelines: it reads
+//! the next request while earlier ones run, up to `requests_in_flight_max`
+//! read and unanswered (then it reads nothing until a reply is written), and
+//! writes replies strictly in request order (see [`Pipeline`]).
 //!
 //! Bounds, each from the config: at most `connections_per_shard_max`
 //! connections per shard (more are answered with Backpressure and closed);
-//! a connection idle for `idle_timeout_ms` between frames is closed; a
+//! a connection idle for `idle_timeout_ms` between frames is closed (after
+//! the replies it is still owed); a
 //! started frame must deliver its header within `header_timeout_ms`, and
 //! its body must make progress at least that often, or the connection is
 //! closed; so must a reply's write (a client that stops reading). A body is allocated as its bytes arrive (never more than twice
@@ -15,12 +17,14 @@
 //! body is read and discarded in small chunks and the request is answered
 //! with Backpressure, so the connection stays in sync and usable.
 
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use monoio::buf::{IoBuf, IoBufMut};
-use monoio::io::{AsyncReadRent, AsyncWriteRent};
+use monoio::io::{AsyncReadRent, AsyncWriteRent, OwnedReadHalf, OwnedWriteHalf, Splitable};
 use monoio::net::{TcpListener, TcpStream};
 use ringlog_protocol::wire::{
     decode_frame_header, Body, ErrorCode, HelloReply, Opcode, Reply, Request, WireError,
@@ -31,6 +35,7 @@ use super::budget::{ByteBudget, Charge};
 use crate::config::ServerConfig;
 use crate::handle::ShardHandle;
 use crate::metrics;
+use crate::oneshot::{self, Notify};
 
 pub(crate) async fn accept_loop<S: ShardHandle + 'static>(shard: Rc<S>, listener: TcpListener) {
     let budget = ByteBudget::new(shard.config().shard_request_bytes_max);
@@ -67,7 +72,7 @@ pub(crate) async fn accept_loop<S: ShardHandle + 'static>(shard: Rc<S>, listener
         monoio::spawn(async move {
             let _ = stream.set_nodelay(true);
             tracing::debug!(shard = s.id(), %peer, "connection");
-            serve(&*s, &b, stream).await;
+            serve(&s, &b, stream).await;
             s.metrics().connections_open.fetch_sub(1, Ordering::Relaxed);
         });
     }
@@ -85,7 +90,7 @@ async fn refuse(mut stream: TcpStream, stall: Duration) {
 }
 
 async fn write_reply(
-    stream: &mut TcpStream,
+    stream: &mut impl AsyncWriteRent,
     reply: &Reply,
     stall: Duration,
 ) -> std::io::Result<()> {
@@ -110,7 +115,7 @@ async fn write_reply(
 /// for `stall`: a client that stops reading cannot hold a reply (and its
 /// budget) forever.
 async fn write_within(
-    stream: &mut TcpStream,
+    stream: &mut impl AsyncWriteRent,
     mut buf: Vec<u8>,
     stall: Duration,
 ) -> std::io::Result<()> {
@@ -178,7 +183,7 @@ enum Frame {
 /// timeout (the runtime owns it until the cancelled read completes); the
 /// connection is closed then anyway.
 async fn read_some(
-    stream: &mut TcpStream,
+    stream: &mut impl AsyncReadRent,
     buf: Vec<u8>,
     end: usize,
     limit: Duration,
@@ -196,7 +201,7 @@ async fn read_frame(
     shard: &impl ShardHandle,
     budget: &Rc<ByteBudget>,
     limits: &Limits,
-    stream: &mut TcpStream,
+    stream: &mut impl AsyncReadRent,
 ) -> Frame {
     let m = shard.metrics();
     let counted = |stop: Stop, timeouts: &AtomicU64| {
@@ -245,7 +250,11 @@ async fn read_frame(
 }
 
 /// Reads `len` bytes, growing the buffer only as bytes arrive.
-async fn read_body(stream: &mut TcpStream, len: usize, stall: Duration) -> Result<Vec<u8>, Stop> {
+async fn read_body(
+    stream: &mut impl AsyncReadRent,
+    len: usize,
+    stall: Duration,
+) -> Result<Vec<u8>, Stop> {
     let mut body = Vec::with_capacity(len.min(BODY_CHUNK_BYTES));
     while body.len() < len {
         if body.len() == body.capacity() {
@@ -262,7 +271,7 @@ async fn read_body(stream: &mut TcpStream, len: usize, stall: Duration) -> Resul
 /// body's first 8 bytes (opcode u16, flags u16, correlation u32) so the
 /// refusal can be addressed.
 async fn discard_body(
-    stream: &mut TcpStream,
+    stream: &mut impl AsyncReadRent,
     len: usize,
     stall: Duration,
 ) -> Result<(u16, u32), Stop> {
@@ -326,105 +335,175 @@ fn count_write_error(shard: &impl ShardHandle, e: &std::io::Error) {
     }
 }
 
+/// A reply owed to the client, in request order: ready at once (answered
+/// without the shard: errors, Hello) or from its request's task.
+enum Owed {
+    Ready(Reply),
+    Running(oneshot::Receiver<Answered>),
+}
+
+/// A reply and the budget its request held, given back once it is written.
+type Answered = (Reply, Held);
+
+/// Budget a request holds until its reply is written: a produce's body, a
+/// fetch's reply room.
+type Held = (Option<Charge>, Option<Charge>);
+
+/// One connection's requests between being read and their reply being
+/// written. The reader pushes at the back, the writer pops at the front,
+/// so replies go out in request order whatever order requests finish in.
+/// Bound: `requests_in_flight_max` requests (queued plus the one whose
+/// reply is being written); at the bound the reader waits for a write.
+struct Pipeline {
+    owed: RefCell<VecDeque<Owed>>,
+    in_flight: Cell<usize>,
+    in_flight_max: usize,
+    /// Reader to writer: something was queued, or reading stopped.
+    queued: Notify,
+    /// Writer to reader: a reply was written (room in the bound).
+    written: Notify,
+    reading_stopped: Cell<bool>,
+}
+
+impl Pipeline {
+    fn new(in_flight_max: usize) -> Pipeline {
+        assert!(
+            in_flight_max > 0,
+            "requests_in_flight_max is validated positive"
+        );
+        Pipeline {
+            owed: RefCell::new(VecDeque::with_capacity(in_flight_max)),
+            in_flight: Cell::new(0),
+            in_flight_max,
+            queued: Notify::default(),
+            written: Notify::default(),
+            reading_stopped: Cell::new(false),
+        }
+    }
+
+    /// Waits until one more request fits the bound.
+    async fn room(&self) {
+        while self.in_flight.get() >= self.in_flight_max {
+            self.written.notified().await;
+        }
+    }
+
+    fn push(&self, owed: Owed) {
+        debug_assert!(self.in_flight.get() < self.in_flight_max);
+        self.in_flight.set(self.in_flight.get() + 1);
+        self.owed.borrow_mut().push_back(owed);
+        self.queued.notify();
+    }
+
+    fn stop_reading(&self) {
+        self.reading_stopped.set(true);
+        self.queued.notify();
+    }
+
+    /// The next owed reply, or None once reading stopped and all are out.
+    async fn next(&self) -> Option<Owed> {
+        loop {
+            if let Some(o) = self.owed.borrow_mut().pop_front() {
+                return Some(o);
+            }
+            if self.reading_stopped.get() {
+                return None;
+            }
+            self.queued.notified().await;
+        }
+    }
+
+    fn reply_written(&self) {
+        debug_assert!(self.in_flight.get() > 0);
+        self.in_flight.set(self.in_flight.get() - 1);
+        self.written.notify();
+    }
+}
+
 /// Serves one connection until it closes, errs, times out, or the shard
-/// stops.
-async fn serve(shard: &impl ShardHandle, budget: &Rc<ByteBudget>, mut stream: TcpStream) {
+/// stops. Requests are read while earlier ones run (up to
+/// `requests_in_flight_max`); replies are written in request order.
+async fn serve<S: ShardHandle + 'static>(
+    shard: &Rc<S>,
+    budget: &Rc<ByteBudget>,
+    stream: TcpStream,
+) {
+    let (mut rd, mut wr) = stream.into_split();
+    let pipeline = Pipeline::new(shard.config().requests_in_flight_max);
+    let stall = Duration::from_millis(shard.config().header_timeout_ms);
+    let mut reader = std::pin::pin!(read_requests(shard, budget, &mut rd, &pipeline));
+    let mut writer = std::pin::pin!(write_replies(&**shard, &mut wr, &pipeline, stall));
+    // The writer ends first on a failed write or a reply that closes the
+    // connection: nothing more is read. The reader ends first when the
+    // client is gone or sent a bad frame: the replies owed still go out.
+    let reader_ended = monoio::select! {
+        _ = &mut writer => false,
+        _ = &mut reader => true,
+    };
+    if reader_ended {
+        writer.await;
+    }
+}
+
+/// Reads requests and starts them, queueing their replies in order, until
+/// the client is gone, a frame is bad, or the shard stops.
+async fn read_requests<S: ShardHandle + 'static>(
+    shard: &Rc<S>,
+    budget: &Rc<ByteBudget>,
+    stream: &mut OwnedReadHalf<TcpStream>,
+    pipeline: &Pipeline,
+) {
     let limits = Limits::of(shard.config());
-    let frame_max = limits.frame_max;
     let mut greeted = false;
     loop {
+        pipeline.room().await;
         if shard.is_stopping() {
             let r = Reply::error(0, 0, ErrorCode::ShuttingDown, "server shutting down");
-            let _ = write_reply(&mut stream, &r, limits.header_timeout).await;
-            return;
+            pipeline.push(Owed::Ready(r));
+            break;
         }
-        let (body, body_charge) = match read_frame(shard, budget, &limits, &mut stream).await {
-            Frame::Body(b, c) => (b, c),
-            Frame::Gone => return,
+        match read_frame(&**shard, budget, &limits, stream).await {
+            Frame::Body(body, charge) => {
+                let owed = start_request(shard, budget, &limits, &mut greeted, body, charge);
+                pipeline.push(owed);
+            }
+            Frame::Gone => break,
             Frame::BadHeader(e) => {
                 metrics::inc(&shard.metrics().bad_frames_total);
-                let _ = write_reply(
-                    &mut stream,
-                    &Reply::error(0, 0, e.code(), e.to_string()),
-                    limits.header_timeout,
-                )
-                .await;
-                return;
+                pipeline.push(Owed::Ready(Reply::error(0, 0, e.code(), e.to_string())));
+                break;
             }
             Frame::OverBudget {
                 opcode,
                 correlation,
-            } => {
-                let reply = over_budget(shard, opcode, correlation);
-                if let Err(e) = write_reply(&mut stream, &reply, limits.header_timeout).await {
-                    count_write_error(shard, &e);
-                    return;
-                }
-                continue;
-            }
-        };
-        let mut _reply_charge = None;
-        let (correlation, opcode, decoded) = Request::decode(&body);
-        drop(body);
-        // Only a produce keeps its body's bytes (as the batch) until the
-        // reply; any other request's decoded form is small.
-        let _body_charge = matches!(decoded, Ok(Request::Produce { .. })).then_some(body_charge);
-        let reply = match decoded {
-            Err(e) => {
-                metrics::inc(&shard.metrics().bad_frames_total);
-                Reply::error(opcode, correlation, e.code(), e.to_string())
-            }
-            Ok(Request::Hello {
-                version_min,
-                version_max,
-                client,
-            }) => {
-                if (version_min..=version_max).contains(&PROTOCOL_VERSION) {
-                    greeted = true;
-                    tracing::debug!(%client, "hello");
-                    Reply::ok(
-                        Opcode::Hello,
-                        correlation,
-                        Body::Hello(HelloReply {
-                            version: PROTOCOL_VERSION,
-                            frame_bytes_max: frame_max,
-                            batch_bytes_max: shard.config().store_config().batch_bytes_max() as u32,
-                            shards: shard.shard_count() as u16,
-                        }),
-                    )
-                } else {
-                    Reply::error(
-                        opcode,
-                        correlation,
-                        ErrorCode::UnsupportedVersion,
-                        format!(
-                            "server speaks version {PROTOCOL_VERSION}, client asked for {version_min}..={version_max}"
-                        ),
-                    )
-                }
-            }
-            Ok(_) if !greeted => Reply::error(
-                opcode,
-                correlation,
-                ErrorCode::HandshakeRequired,
-                "the first request must be Hello",
-            ),
-            Ok(req) => match budget.try_charge(reply_room_bytes(&limits, &req)) {
-                Some(c) => {
-                    _reply_charge = Some(c);
-                    let latency = latency_histogram(shard.metrics(), &req);
-                    let started = Instant::now();
-                    let reply = super::dispatch::handle(shard, correlation, req).await;
-                    if let Some(h) = latency {
-                        h.record(started.elapsed().as_micros() as u64);
-                    }
-                    reply
-                }
-                None => over_budget(shard, opcode, correlation),
-            },
+            } => pipeline.push(Owed::Ready(over_budget(&**shard, opcode, correlation))),
+        }
+    }
+    pipeline.stop_reading();
+}
+
+/// Writes owed replies in order until none is left, a write fails, or a
+/// reply closes the connection.
+async fn write_replies(
+    shard: &impl ShardHandle,
+    stream: &mut OwnedWriteHalf<TcpStream>,
+    pipeline: &Pipeline,
+    stall: Duration,
+) {
+    while let Some(owed) = pipeline.next().await {
+        let (reply, held) = match owed {
+            Owed::Ready(r) => (r, (None, None)),
+            Owed::Running(rx) => rx.await.unwrap_or_else(|| {
+                // The request's task ended without answering (it panicked).
+                let r = Reply::error(0, 0, ErrorCode::Internal, "request lost its reply");
+                (r, (None, None))
+            }),
         };
         let closes = matches!(&reply.result, Err((code, _)) if code.closes_connection());
-        if let Err(e) = write_reply(&mut stream, &reply, limits.header_timeout).await {
+        let written = write_reply(stream, &reply, stall).await;
+        drop(held);
+        pipeline.reply_written();
+        if let Err(e) = written {
             count_write_error(shard, &e);
             return;
         }
@@ -432,4 +511,100 @@ async fn serve(shard: &impl ShardHandle, budget: &Rc<ByteBudget>, mut stream: Tc
             return;
         }
     }
+}
+
+/// Decodes one request body and answers it at once (bad body, Hello, no
+/// Hello yet, over budget) or starts it on its own task.
+fn start_request<S: ShardHandle + 'static>(
+    shard: &Rc<S>,
+    budget: &Rc<ByteBudget>,
+    limits: &Limits,
+    greeted: &mut bool,
+    body: Vec<u8>,
+    body_charge: Charge,
+) -> Owed {
+    let (correlation, opcode, decoded) = Request::decode(&body);
+    drop(body);
+    // Only a produce keeps its body's bytes (as the batch) until the
+    // reply; any other request's decoded form is small.
+    let body_charge = matches!(decoded, Ok(Request::Produce { .. })).then_some(body_charge);
+    let req = match decoded {
+        Err(e) => {
+            metrics::inc(&shard.metrics().bad_frames_total);
+            return Owed::Ready(Reply::error(opcode, correlation, e.code(), e.to_string()));
+        }
+        Ok(Request::Hello {
+            version_min,
+            version_max,
+            client,
+        }) => {
+            let reply = hello(
+                &**shard,
+                limits,
+                correlation,
+                opcode,
+                version_min,
+                version_max,
+            );
+            if reply.result.is_ok() {
+                *greeted = true;
+                tracing::debug!(%client, "hello");
+            }
+            return Owed::Ready(reply);
+        }
+        Ok(_) if !*greeted => {
+            return Owed::Ready(Reply::error(
+                opcode,
+                correlation,
+                ErrorCode::HandshakeRequired,
+                "the first request must be Hello",
+            ))
+        }
+        Ok(req) => req,
+    };
+    let Some(reply_charge) = budget.try_charge(reply_room_bytes(limits, &req)) else {
+        return Owed::Ready(over_budget(&**shard, opcode, correlation));
+    };
+    let (tx, rx) = oneshot::oneshot();
+    let shard = shard.clone();
+    monoio::spawn(async move {
+        let latency = latency_histogram(shard.metrics(), &req);
+        let started = Instant::now();
+        let reply = super::dispatch::handle(&*shard, correlation, req).await;
+        if let Some(h) = latency {
+            h.record(started.elapsed().as_micros() as u64);
+        }
+        tx.send((reply, (body_charge, Some(reply_charge))));
+    });
+    Owed::Running(rx)
+}
+
+fn hello(
+    shard: &impl ShardHandle,
+    limits: &Limits,
+    correlation: u32,
+    opcode: u16,
+    version_min: u16,
+    version_max: u16,
+) -> Reply {
+    if !(version_min..=version_max).contains(&PROTOCOL_VERSION) {
+        return Reply::error(
+            opcode,
+            correlation,
+            ErrorCode::UnsupportedVersion,
+            format!(
+                "server speaks version {PROTOCOL_VERSION}, client asked for {version_min}..={version_max}"
+            ),
+        );
+    }
+    Reply::ok(
+        Opcode::Hello,
+        correlation,
+        Body::Hello(HelloReply {
+            version: PROTOCOL_VERSION,
+            frame_bytes_max: limits.frame_max,
+            batch_bytes_max: shard.config().store_config().batch_bytes_max() as u32,
+            shards: shard.shard_count() as u16,
+        }),
+    )
 }
