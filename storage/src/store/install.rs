@@ -16,6 +16,10 @@
 //!    memory is bounded by the window, whatever the segment size.
 //!    A chunk is consumed once verified, so a failed staged write (or a
 //!    failed verification) poisons the install: only an abort is left.
+//!    [`Install::stage_chunks`] queues the writes without waiting (finished
+//!    by [`Install::finish_staged`]), so the next window can be pulled
+//!    while this one is written; chunks being written count against the
+//!    window as parked ones do.
 //! 3. [`PartitionStore::commit_install`] writes the indexes and the segment
 //!    table, fsyncs the staged files, renames the staging directory to the
 //!    next generation and fsyncs the partition directory (a submission of
