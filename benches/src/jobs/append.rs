@@ -201,16 +201,29 @@ pub fn run(cfg: &AppendConfig) -> Result<AppendResult, AppendError> {
 
     let mut io = UringBackend::new(RING_ENTRIES).map_err(AppendError::Ring)?;
     let store_cfg = store_config(cfg);
+    // Each partition's pool: its write buffers in an arena the ring
+    // registers (WRITE_FIXED: no page pinning per write), two of them: the
+    // one in the flush in flight and the one being appended to.
+    let pool_cfg = PoolConfig {
+        write_buffers_fixed: 2,
+        ..PoolConfig::private(&store_cfg)
+    };
     let mut stores = Vec::with_capacity(cfg.partitions as usize);
     let mut pools = Vec::with_capacity(cfg.partitions as usize);
     for p in 0..cfg.partitions {
         // A store's own (private) pool, kept to lend batch buffers from.
         let dir = cfg.partition_dir(p);
-        let pool = StorePool::new(dir.join("recycle"), PoolConfig::private(&store_cfg));
+        let pool = StorePool::new(dir.join("recycle"), pool_cfg.clone());
         let store = PartitionStore::create_in(&mut io, &dir, p, store_cfg.clone(), pool.clone())?;
         stores.push(store);
         pools.push(pool);
     }
+    // Refused (a warning says why): plain writes, which pin pages per I/O.
+    let regions = pools
+        .iter()
+        .filter_map(|p| p.write_buffers().fixed_region())
+        .collect();
+    io.register_fixed_buffers(regions);
 
     let mut job = Job {
         io,

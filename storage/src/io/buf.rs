@@ -241,7 +241,10 @@ impl Home {
             debug_assert!(state.lent > 0);
             state.lent -= 1;
         }
-        if state.free.len() < self.pool.idle_max {
+        if self.pool.arena.as_ref().is_some_and(|a| a.holds(&buf)) {
+            // Arena memory is never freed on its own: always kept.
+            state.fixed_free.push(buf);
+        } else if state.free.len() < self.pool.idle_max {
             state.free.push(buf);
         }
         // Else `buf` is dropped here (home None): freed.
@@ -252,14 +255,88 @@ struct Shared {
     buf_size_bytes: usize,
     idle_max: usize,
     lent_max: usize,
+    /// Buffers carved from one allocation that an io_uring backend may
+    /// register (see [`SharedBufPool::with_fixed`]); freed with the pool.
+    arena: Option<Arena>,
     state: Mutex<SharedState>,
 }
 
 struct SharedState {
-    /// Pre-touched buffers ready for reuse; at most `idle_max`.
+    /// The arena's buffers ready for reuse (all of them when none is out).
+    fixed_free: Vec<AlignedBuf>,
+    /// Heap buffers ready for reuse; at most `idle_max`.
     free: Vec<AlignedBuf>,
     /// Buffers out through [`SharedBufPool::try_lend`]; at most `lent_max`.
     lent: usize,
+}
+
+impl Drop for SharedState {
+    fn drop(&mut self) {
+        // The arena's buffers are slices of one allocation, freed by the
+        // arena itself: never one by one.
+        for buf in self.fixed_free.drain(..) {
+            std::mem::forget(buf);
+        }
+    }
+}
+
+/// One aligned allocation split into a pool's fixed buffers.
+struct Arena {
+    ptr: NonNull<u8>,
+    len_bytes: usize,
+}
+
+// SAFETY: the arena is plain memory owned by its pool; the buffers carved
+// from it are owned one at a time (see SharedBufPool::with_fixed).
+unsafe impl Send for Arena {}
+// SAFETY: the arena itself is never read or written through `&Arena`.
+unsafe impl Sync for Arena {}
+
+impl Arena {
+    fn holds(&self, buf: &AlignedBuf) -> bool {
+        let start = self.ptr.as_ptr() as usize;
+        let at = buf.as_ptr() as usize;
+        at >= start && at + buf.capacity() <= start + self.len_bytes
+    }
+}
+
+impl Drop for Arena {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `with_fixed` with exactly this layout; every
+        // buffer carved from it held an `Arc` to the pool, so none is left.
+        unsafe { alloc::dealloc(self.ptr.as_ptr(), AlignedBuf::layout(self.len_bytes)) }
+    }
+}
+
+/// A pool's arena, as an io_uring backend registers it (fixed buffers):
+/// holding it keeps the memory allocated, so a registration never outlives
+/// the pages it names.
+#[derive(Clone)]
+pub struct FixedRegion(Arc<Shared>);
+
+impl FixedRegion {
+    /// Start and length of the region.
+    pub fn as_raw(&self) -> (*const u8, usize) {
+        let arena = self.0.arena.as_ref().expect("a FixedRegion has an arena");
+        (arena.ptr.as_ptr(), arena.len_bytes)
+    }
+
+    /// Whether `len_bytes` from `ptr` lie inside the region.
+    pub fn contains(&self, ptr: *const u8, len_bytes: usize) -> bool {
+        let (start, len) = self.as_raw();
+        let (start, at) = (start as usize, ptr as usize);
+        at >= start && at + len_bytes <= start + len
+    }
+}
+
+impl std::fmt::Debug for FixedRegion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (ptr, len) = self.as_raw();
+        f.debug_struct("FixedRegion")
+            .field("ptr", &ptr)
+            .field("len_bytes", &len)
+            .finish()
+    }
 }
 
 impl Shared {
@@ -312,11 +389,64 @@ impl SharedBufPool {
             buf_size_bytes: align_up(buf_size_bytes as u64) as usize,
             idle_max,
             lent_max,
+            arena: None,
             state: Mutex::new(SharedState {
+                fixed_free: Vec::new(),
                 free: Vec::new(),
                 lent: 0,
             }),
         }))
+    }
+
+    /// [`SharedBufPool::new`] whose first `fixed_count` buffers are carved
+    /// from one allocation made now ([`SharedBufPool::fixed_region`]), which
+    /// an io_uring backend can register so writes from them skip pinning
+    /// pages per I/O. They are handed out first and never freed before the
+    /// pool; past them the pool allocates as `new` does. The arena's pages
+    /// are touched when the backend registers it (pinning faults them in)
+    /// or on first use.
+    pub fn with_fixed(
+        buf_size_bytes: usize,
+        fixed_count: usize,
+        idle_max: usize,
+        lent_max: usize,
+    ) -> Self {
+        let buf_size_bytes = align_up(buf_size_bytes as u64) as usize;
+        let len_bytes = buf_size_bytes * fixed_count.max(1);
+        let layout = AlignedBuf::layout(len_bytes);
+        // SAFETY: layout has non-zero size.
+        let raw = unsafe { alloc::alloc_zeroed(layout) };
+        let Some(ptr) = NonNull::new(raw) else {
+            alloc::handle_alloc_error(layout)
+        };
+        let fixed_free = (0..fixed_count)
+            .map(|i| AlignedBuf {
+                // SAFETY: slot i lies inside the arena (i < fixed_count).
+                ptr: unsafe { NonNull::new_unchecked(ptr.as_ptr().add(i * buf_size_bytes)) },
+                capacity: buf_size_bytes,
+                len: 0,
+                home: None,
+            })
+            .collect();
+        Self(Arc::new(Shared {
+            buf_size_bytes,
+            idle_max,
+            lent_max,
+            arena: Some(Arena { ptr, len_bytes }),
+            state: Mutex::new(SharedState {
+                fixed_free,
+                free: Vec::new(),
+                lent: 0,
+            }),
+        }))
+    }
+
+    /// The arena of [`SharedBufPool::with_fixed`], for a backend to register.
+    pub fn fixed_region(&self) -> Option<FixedRegion> {
+        self.0
+            .arena
+            .as_ref()
+            .map(|_| FixedRegion(Arc::clone(&self.0)))
     }
 
     pub fn buf_size_bytes(&self) -> usize {
@@ -365,7 +495,10 @@ impl SharedBufPool {
     }
 
     fn get(&self, lent: bool) -> AlignedBuf {
-        let reused = self.0.lock().free.pop();
+        let reused = {
+            let mut state = self.0.lock();
+            state.fixed_free.pop().or_else(|| state.free.pop())
+        };
         // Allocating (and zeroing) happens outside the lock.
         let mut buf = reused.unwrap_or_else(|| AlignedBuf::new(self.0.buf_size_bytes));
         buf.clear();
@@ -508,6 +641,32 @@ mod tests {
         let reused = pool.take();
         assert!(reused.is_empty());
         assert_eq!(reused.capacity(), 4096);
+    }
+
+    #[test]
+    fn fixed_buffers_come_first_and_always_go_home() {
+        let pool = SharedBufPool::with_fixed(4096, 2, 0, 4);
+        let region = pool.fixed_region().unwrap();
+        let a = pool.take();
+        let b = pool.try_lend().unwrap();
+        let heap = pool.take();
+        assert!(region.contains(a.as_ptr(), a.capacity()));
+        assert!(region.contains(b.as_ptr(), b.capacity()));
+        assert!(
+            !region.contains(heap.as_ptr(), heap.capacity()),
+            "past the arena: heap"
+        );
+        drop((a, b, heap));
+        // idle_max 0 frees the heap buffer, never an arena one.
+        assert_eq!(pool.idle(), 0);
+        let again = [pool.take(), pool.take()];
+        assert!(again
+            .iter()
+            .all(|x| region.contains(x.as_ptr(), x.capacity())));
+        // The region keeps the arena alive past the pool and its buffers.
+        drop(again);
+        drop(pool);
+        assert_eq!(region.as_raw().1, 2 * 4096);
     }
 
     #[test]

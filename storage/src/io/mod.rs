@@ -18,7 +18,8 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 pub use buf::{
-    align_down, align_up, AlignedBuf, BatchBuf, BufPool, PoolExhausted, SharedBufPool, BLOCK_SIZE,
+    align_down, align_up, AlignedBuf, BatchBuf, BufPool, FixedRegion, PoolExhausted, SharedBufPool,
+    BLOCK_SIZE,
 };
 
 /// A file or directory opened through a backend. Only meaningful to the

@@ -45,6 +45,12 @@ pub struct PoolConfig {
     /// is refused with [`PoolExhausted`]. Bounds what callers filling
     /// buffers from outside (request bodies) hold.
     pub batch_buffers_lent_max: usize,
+    /// Write buffers carved from one arena made up front, which an io_uring
+    /// backend can register as fixed buffers (`StorePool::write_buffers`,
+    /// `SharedBufPool::fixed_region`); 0: none (all from the heap, on
+    /// demand). They are kept for the pool's life, beyond
+    /// `write_buffers_idle_max`.
+    pub write_buffers_fixed: usize,
     /// Segment files kept for reuse in `recycle_dir`; the rest are unlinked.
     pub recycled_files_max: usize,
     /// A read buffer that grew past this (one huge batch) is not kept.
@@ -71,6 +77,7 @@ impl PoolConfig {
             write_buffer_bytes: config.write_buffer_bytes,
             write_buffers_idle_max: 2,
             batch_buffers_lent_max: PRIVATE_BATCH_BUFFERS_LENT_MAX,
+            write_buffers_fixed: 0,
             recycled_files_max: config.recycled_files_max,
             read_buffer_bytes_max: 2 * config.read_bytes_max,
             read_cache_bytes_max: PRIVATE_READ_CACHE_BYTES_MAX,
@@ -118,11 +125,20 @@ impl StorePool {
     pub fn new(recycle_dir: PathBuf, config: PoolConfig) -> Self {
         // A block past the data: a flush's trailer may need one more block
         // than its padding (see `segment::trailer_write_end`).
-        let write = SharedBufPool::new(
-            config.write_buffer_bytes + BLOCK_SIZE,
-            config.write_buffers_idle_max,
-            config.batch_buffers_lent_max,
-        );
+        let size_bytes = config.write_buffer_bytes + BLOCK_SIZE;
+        let write = match config.write_buffers_fixed {
+            0 => SharedBufPool::new(
+                size_bytes,
+                config.write_buffers_idle_max,
+                config.batch_buffers_lent_max,
+            ),
+            fixed => SharedBufPool::with_fixed(
+                size_bytes,
+                fixed,
+                config.write_buffers_idle_max,
+                config.batch_buffers_lent_max,
+            ),
+        };
         let read_cache = ReadCache::new(config.read_cache_bytes_max);
         Self(Rc::new(RefCell::new(Inner {
             read_cache,
