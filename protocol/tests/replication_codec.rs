@@ -73,6 +73,11 @@ fn chain(env: &Envelope, first_op: u64, views: &[u32], sizes: &[u8]) -> Vec<Vec<
     out
 }
 
+/// The head checksum a suffix implies (its last header's; 0 when empty).
+fn last_checksum(suffix: &[BatchHeader]) -> u64 {
+    suffix.last().map_or(0, |h| h.header_checksum)
+}
+
 fn headers(batches: &[Vec<u8>]) -> Vec<BatchHeader> {
     batches
         .iter()
@@ -264,17 +269,20 @@ fn samples() -> Vec<Spec> {
         Spec::DoViewChange(DoViewChange {
             log_view: 6,
             op: 23,
+            head_checksum: last_checksum(&suffix),
             commit: 21,
             suffix: suffix.clone(),
         }),
         Spec::DoViewChange(DoViewChange {
             log_view: 0,
             op: 0,
+            head_checksum: 0,
             commit: 0,
             suffix: vec![],
         }),
         Spec::StartView(StartView {
             op: 23,
+            head_checksum: last_checksum(&suffix),
             commit: 22,
             nonce: 77,
             suffix,
@@ -488,6 +496,7 @@ fn spec(env: Envelope) -> impl Strategy<Value = Spec> {
                     Spec::DoViewChange(DoViewChange {
                         log_view,
                         op: first_op + len as u64 - 1,
+                        head_checksum: last_checksum(&headers(&log)),
                         commit,
                         suffix: headers(&log),
                     })
@@ -500,6 +509,7 @@ fn spec(env: Envelope) -> impl Strategy<Value = Spec> {
                 let op = first_op + len as u64 - 1;
                 Spec::StartView(StartView {
                     op,
+                    head_checksum: last_checksum(&headers(&log)),
                     commit: op - (nonce % (len as u64)),
                     nonce,
                     suffix: headers(&log),
@@ -805,7 +815,7 @@ fn body_bytes_max_is_enforced() {
 }
 
 /// Byte offset of the count field in a DoViewChange / StartView body.
-const SUFFIX_COUNT_AT: usize = HEADER_LEN + 24;
+const SUFFIX_COUNT_AT: usize = HEADER_LEN + 32;
 const PREPARES_COUNT_AT: usize = HEADER_LEN + 8;
 
 #[test]
@@ -847,8 +857,8 @@ fn suffix_headers_max_is_enforced() {
             refuse(&bad),
             ReplicationError::BodySize {
                 command,
-                body_len: 32,
-                expected: 32 + 1000 * 96
+                body_len: 40,
+                expected: 40 + 1000 * 96
             }
         );
     }
@@ -1129,12 +1139,16 @@ fn start_view_raw(env: &Envelope, headers: &[[u8; 96]], op: u64) -> Vec<u8> {
         env,
         &Spec::StartView(StartView {
             op: 0,
+            head_checksum: 0,
             commit: 0,
             nonce: 1,
             suffix: vec![],
         }),
     );
     put_u64(&mut bytes, HEADER_LEN, op);
+    if let Some(last) = headers.last() {
+        bytes[HEADER_LEN + 8..HEADER_LEN + 16].copy_from_slice(&last[8..16]);
+    }
     bytes[SUFFIX_COUNT_AT..SUFFIX_COUNT_AT + 4]
         .copy_from_slice(&(headers.len() as u32).to_le_bytes());
     for h in headers {
@@ -1246,7 +1260,7 @@ fn suffix_must_be_a_valid_run_ending_at_op() {
     ));
     // A corrupted header inside the suffix (message checksum resealed).
     let mut bad = start_view_raw(&ENV, &h, 23);
-    bad[HEADER_LEN + 32 + 96 + 40] ^= 1;
+    bad[HEADER_LEN + 40 + 96 + 40] ^= 1;
     let bad = resealed(bad, |_| {});
     assert!(matches!(
         refuse(&bad),
@@ -1297,7 +1311,7 @@ fn do_view_change_rules() {
             ..
         }
     ));
-    for (at, field) in [(4, "log_view reserved"), (28, "suffix reserved")] {
+    for (at, field) in [(4, "log_view reserved"), (36, "suffix reserved")] {
         let err = refuse(&resealed(bytes.clone(), |b| b[HEADER_LEN + at] = 1));
         assert_eq!(err, ReplicationError::NonZeroReserved { field });
     }
@@ -1306,7 +1320,9 @@ fn do_view_change_rules() {
 #[test]
 fn start_view_rules() {
     let bytes = sample_bytes(Command::StartView);
-    let err = refuse(&resealed(bytes.clone(), |b| put_u64(b, HEADER_LEN + 8, 24)));
+    let err = refuse(&resealed(bytes.clone(), |b| {
+        put_u64(b, HEADER_LEN + 16, 24)
+    }));
     assert!(matches!(
         err,
         ReplicationError::Invalid {
@@ -1315,7 +1331,16 @@ fn start_view_rules() {
             ..
         }
     ));
-    let err = refuse(&resealed(bytes, |b| b[HEADER_LEN + 28] = 1));
+    // A head checksum that is not the suffix's last header's.
+    let err = refuse(&resealed(bytes.clone(), |b| b[HEADER_LEN + 8] ^= 1));
+    assert!(matches!(
+        err,
+        ReplicationError::Mismatch {
+            field: "head_checksum",
+            ..
+        }
+    ));
+    let err = refuse(&resealed(bytes, |b| b[HEADER_LEN + 36] = 1));
     assert_eq!(
         err,
         ReplicationError::NonZeroReserved {
@@ -1438,11 +1463,13 @@ fn encoder_refuses_what_the_decoder_refuses() {
         Body::DoViewChange(DoViewChange {
             log_view: ENV.view + 1,
             op: 0,
+            head_checksum: 0,
             commit: 0,
             suffix: vec![],
         }),
         Body::StartView(StartView {
             op: 20,
+            head_checksum: last_checksum(&headers(&log)),
             commit: 20,
             nonce: 0,
             suffix: headers(&log),

@@ -203,31 +203,32 @@ fn batch_opts(seed: u64) -> SimOptions {
 }
 
 /// Seeds of the transfer batch that hit an open bug; skipped by the batch,
-/// replayed by `open_bug_transfer_batch_seeds_with_purges`. Both were
-/// found when the voter-freeze fix changed the batch's trajectories, and
-/// both come from a purge, not from a transferring replica's vote:
-/// - 7000212 ('cuts the store accepts'): R1 and R2 are purged through op
-///   255 and reboot with empty journals; R0, down then, reboots with ops
-///   to 257, its superblock commit at 250 (it lags) though its store sealed
-///   ops through 254 (sealed = committed). R2's StartView (op 255) carries
-///   no header, so nothing vouches for R0's ops above its commit and
-///   `cut_point` cuts above 250, into sealed data (the store refuses:
-///   nothing is lost). A boot commit counting the sealed ops, or a
-///   StartView vouching for its head when its journal is empty, would fix
-///   it.
+/// replayed by `open_bug_transfer_batch_seeds_with_purges`. Both come from
+/// the purge model (a per-replica admin action, not a replicated op):
 /// - 7000119 ('converges after healing'): purge 1 through op 143 purges
 ///   the backups R0 and R1; the primary R2, to be purged last, is never
 ///   quiet again, so it stays at purge generation 0 while R0 and R1, later
 ///   behind its retention, need a transfer: they refuse every offer of
 ///   R2's as a stale generation, and R2 cannot commit without them.
-/// - 9000071 and 9000152, fresh seeds outside the batch's range (so not
-///   skipped by it, only replayed): with transfers and purges on (either
-///   alone converges), 9000071 fails 'committed ops never cut' (R4 cuts
-///   above op 82 after a purge through op 56) and 9000152 'converges after
-///   healing' (two replicas at op 29, one of them wiped, the third at 83).
-///   Both are taken for the purge model's class (the purge is a
-///   per-replica admin action, not a replicated op) but are not analysed.
-const TRANSFER_OPEN_BUG_SEEDS: &[u64] = &[7_000_119, 7_000_212, 9_000_071, 9_000_152];
+/// - 9000152, a fresh seed outside the batch's range (so not skipped by
+///   it, only replayed): 'converges after healing' (two replicas at op 29,
+///   one of them wiped, the third at 83).
+const TRANSFER_OPEN_BUG_SEEDS: &[u64] = &[7_000_119, 9_000_152];
+
+/// Seeds that failed 'cuts the store accepts' (7000212) and 'committed ops
+/// never cut' (9000071) with transfers, purges and a hostile peer: a
+/// replica rebooted from a purged store (its journal only an anchor) became
+/// primary, its StartView carried no header, so nothing vouched for a
+/// backup's ops above the backup's lagging commit and it cut them (sealed
+/// ones in 7000212, refused by the store; a committed one in 9000071).
+/// StartView and DoViewChange now carry their head's checksum
+/// (`vsr::tests::start_view_from_an_empty_journal_vouches_for_its_head`).
+#[test]
+fn pinned_transfer_seeds_empty_journal_head_vouched() {
+    for seed in [7_000_212, 9_000_071] {
+        sim::run(batch_opts(seed)).unwrap_or_else(|f| panic!("seed {seed}: {f}"));
+    }
+}
 
 /// Guards against: a replica whose peers retired the ops it needs (it
 /// lagged past their retention, or lost its disk) never catching up, and

@@ -16,8 +16,8 @@ use crate::reader::{usize_from, Reader};
 const PREPARE_FIXED: usize = 16;
 const PREPARE_OK_LEN: usize = 16;
 const COMMIT_LEN: usize = 16;
-const DO_VIEW_CHANGE_FIXED: usize = 32;
-const START_VIEW_FIXED: usize = 32;
+const DO_VIEW_CHANGE_FIXED: usize = 40;
+const START_VIEW_FIXED: usize = 40;
 const REQUEST_START_VIEW_LEN: usize = 8;
 const REQUEST_PREPARES_LEN: usize = 16;
 const PREPARES_FIXED: usize = 16;
@@ -328,11 +328,13 @@ fn decode_do_view_change(
     let log_view = f.u32()?;
     f.zero_u32("log_view reserved")?;
     let op = f.u64()?;
+    let head_checksum = f.u64()?;
     let commit = f.u64()?;
     let suffix = decode_suffix(&mut f, limits)?;
     let dvc = DoViewChange {
         log_view,
         op,
+        head_checksum,
         commit,
         suffix,
     };
@@ -350,7 +352,32 @@ fn check_do_view_change(env: &Envelope, dvc: &DoViewChange) -> Result<(), Replic
             "is above the message's view",
         ));
     }
-    check_suffix(command, env, dvc.log_view, dvc.op, &dvc.suffix)
+    check_suffix(command, env, dvc.log_view, dvc.op, &dvc.suffix)?;
+    check_head(command, dvc.op, dvc.head_checksum, &dvc.suffix)
+}
+
+/// The head checksum is the suffix's last header's, and 0 for op 0.
+fn check_head(
+    command: Command,
+    op: u64,
+    head_checksum: u64,
+    suffix: &[BatchHeader],
+) -> Result<(), ReplicationError> {
+    match suffix.last() {
+        Some(last) if last.header_checksum != head_checksum => Err(ReplicationError::Mismatch {
+            command,
+            field: "head_checksum",
+            message: head_checksum,
+            batch: last.header_checksum,
+        }),
+        None if op == 0 && head_checksum != 0 => Err(invalid(
+            command,
+            "head_checksum",
+            head_checksum,
+            "is not 0 at op 0",
+        )),
+        _ => Ok(()),
+    }
 }
 
 fn decode_start_view(
@@ -360,11 +387,13 @@ fn decode_start_view(
 ) -> Result<StartView, ReplicationError> {
     let mut f = Fields::new(Command::StartView, body, START_VIEW_FIXED, false)?;
     let op = f.u64()?;
+    let head_checksum = f.u64()?;
     let commit = f.u64()?;
     let nonce = f.u64()?;
     let suffix = decode_suffix(&mut f, limits)?;
     let sv = StartView {
         op,
+        head_checksum,
         commit,
         nonce,
         suffix,
@@ -378,7 +407,8 @@ fn check_start_view(env: &Envelope, sv: &StartView) -> Result<(), ReplicationErr
     if sv.commit > sv.op {
         return Err(invalid(command, "commit", sv.commit, "is above op"));
     }
-    check_suffix(command, env, env.view, sv.op, &sv.suffix)
+    check_suffix(command, env, env.view, sv.op, &sv.suffix)?;
+    check_head(command, sv.op, sv.head_checksum, &sv.suffix)
 }
 
 fn decode_prepares<'a>(
@@ -537,12 +567,12 @@ pub(super) fn encode(
             check_do_view_change(env, dvc)?;
             out.extend_from_slice(&dvc.log_view.to_le_bytes());
             out.extend_from_slice(&0u32.to_le_bytes());
-            put_u64s(out, &[dvc.op, dvc.commit]);
+            put_u64s(out, &[dvc.op, dvc.head_checksum, dvc.commit]);
             encode_suffix(Command::DoViewChange, &dvc.suffix, out)?;
         }
         Body::StartView(sv) => {
             check_start_view(env, sv)?;
-            put_u64s(out, &[sv.op, sv.commit, sv.nonce]);
+            put_u64s(out, &[sv.op, sv.head_checksum, sv.commit, sv.nonce]);
             encode_suffix(Command::StartView, &sv.suffix, out)?;
         }
         Body::RequestStartView(r) => put_u64s(out, &[r.nonce]),

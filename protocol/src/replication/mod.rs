@@ -33,9 +33,10 @@
 //! PrepareOk        u64 op, u64 prepare_checksum
 //! Commit           u64 commit, u64 commit_checksum
 //! StartViewChange  (empty)
-//! DoViewChange     u32 log_view, u32 reserved, u64 op, u64 commit,
+//! DoViewChange     u32 log_view, u32 reserved, u64 op, u64 head_checksum,
+//!                  u64 commit, u32 count, u32 reserved, headers
+//! StartView        u64 op, u64 head_checksum, u64 commit, u64 nonce,
 //!                  u32 count, u32 reserved, headers
-//! StartView        u64 op, u64 commit, u64 nonce, u32 count, u32 reserved, headers
 //! RequestStartView u64 nonce
 //! RequestPrepares  u64 op_min, u64 op_max            (inclusive range)
 //! Prepares         u64 commit, u32 count, u32 reserved, count x batch
@@ -270,6 +271,10 @@ pub struct DoViewChange {
     pub log_view: u32,
     /// The sender's highest op.
     pub op: u64,
+    /// `header_checksum` of op `op` (0 when `op` is 0): vouches for the
+    /// chain below `op` even when the suffix is empty (a journal rebooted
+    /// from a purged or installed store holds only its anchor).
+    pub head_checksum: u64,
     /// The sender's commit number (not bounded by `op`: a replica may know
     /// ops are committed before it holds them).
     pub commit: u64,
@@ -281,6 +286,9 @@ pub struct DoViewChange {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StartView {
     pub op: u64,
+    /// `header_checksum` of op `op` (0 when `op` is 0), as in
+    /// [`DoViewChange::head_checksum`].
+    pub head_checksum: u64,
     /// At most `op`: the new primary holds every committed op.
     pub commit: u64,
     /// Echoes a RequestStartView's nonce (0 when unsolicited), so a

@@ -92,6 +92,7 @@ fn encode_refuses_a_suffix_header_with_a_stale_checksum() {
         envelope: ENV,
         body: Body::StartView(StartView {
             op: 4,
+            head_checksum: h.header_checksum,
             commit: 3,
             nonce: 0,
             suffix: vec![h],

@@ -175,7 +175,17 @@ pub(super) struct Ack {
 pub(super) struct Dvc {
     pub log_view: u32,
     pub op: u64,
+    pub head_checksum: u64,
     pub commit: u64,
+    pub suffix: Vec<BatchHeader>,
+}
+
+/// A StartView's fields: `head` is (op, head_checksum).
+#[derive(Debug, Clone)]
+pub(super) struct Sv {
+    pub head: (u64, u64),
+    pub commit: u64,
+    pub nonce: u64,
     pub suffix: Vec<BatchHeader>,
 }
 
@@ -1152,12 +1162,14 @@ impl Replica {
             Body::DoViewChange(wire::DoViewChange {
                 log_view,
                 op,
+                head_checksum,
                 commit,
                 suffix,
             }) => {
                 let dvc = Dvc {
                     log_view,
                     op,
+                    head_checksum,
                     commit,
                     suffix,
                 };
@@ -1165,10 +1177,19 @@ impl Replica {
             }
             Body::StartView(wire::StartView {
                 op,
+                head_checksum,
                 commit,
                 nonce,
                 suffix,
-            }) => self.on_start_view(from, view, op, commit, nonce, suffix, out),
+            }) => {
+                let sv = Sv {
+                    head: (op, head_checksum),
+                    commit,
+                    nonce,
+                    suffix,
+                };
+                self.on_start_view(from, view, sv, out)
+            }
             Body::RequestStartView(wire::RequestStartView { nonce }) => {
                 self.on_request_start_view(from, view, nonce, out)
             }

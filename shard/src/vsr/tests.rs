@@ -695,6 +695,47 @@ fn shorter_suffix_from_newer_log_view_beats_longer_older() {
     assert_eq!(c.nodes[0].headers()[1].header_checksum, checksum);
 }
 
+/// Guards against: a new primary whose journal is empty (rebooted from a
+/// purged store: only its anchor, no header) vouching for nothing in its
+/// StartView, so a backup holding the same head op above its own lagging
+/// commit cuts it, committed op and all (sim seeds 7000212, 9000071). The
+/// StartView names its head's checksum, which vouches for the chain below.
+#[test]
+fn start_view_from_an_empty_journal_vouches_for_its_head() {
+    let mut c = Cluster::new(3);
+    for tag in 1..=3 {
+        c.append(0, u64::from(tag), tag);
+        c.settle();
+    }
+    c.tick(4);
+    assert_eq!((c.r(1).commit(), c.r(2).commit()), (3, 3), "all committed");
+    let head = *c.node(1).headers().last().expect("R1 holds op 3");
+    let anchor = Anchor {
+        op: head.vsr_op,
+        checksum: head.header_checksum,
+        next_offset: head.next_offset(),
+    };
+    c.crash(0);
+    // R1, the next view's primary, reboots on its anchor alone; R2's
+    // superblock commit lags its log (the superblock is written lazily).
+    let durable = c.node(1).vsr;
+    c.node(1).replica = Replica::restart(config(3, 1), 5, durable, anchor, &[]).expect("config");
+    c.node(1).ops.clear();
+    c.node(2).vsr.commit = 2;
+    c.restart(2);
+    // Both restarted: they join a view change after their unanswered
+    // rounds of RequestStartView.
+    c.tick_until(3000, |c| {
+        c.normal_primary(1) && c.r(2).status() == Status::Normal
+    });
+    let cut = c.nodes[2]
+        .events
+        .iter()
+        .find(|e| matches!(e, Event::Truncated { op } if *op < 3));
+    assert_eq!(cut, None, "R2 cut committed op 3");
+    assert_eq!(c.r(2).checksum_at(3), Some(head.header_checksum));
+}
+
 /// Guards against: the old primary's uncommitted tail surviving (or being
 /// served) after it rejoins a newer view: it must cut above commit.
 #[test]
@@ -1577,6 +1618,7 @@ fn duplicate_do_view_change_not_counted_twice() {
         body: Body::DoViewChange(wire::DoViewChange {
             log_view: 0,
             op: 1,
+            head_checksum: c.nodes[2].headers()[0].header_checksum,
             commit: 1,
             suffix: c.nodes[2].headers(),
         }),

@@ -8,7 +8,7 @@
 
 use ringlog_protocol::batch::BatchHeader;
 
-use super::replica::{Ack, Dvc, Phase, Replica, T};
+use super::replica::{Ack, Dvc, Phase, Replica, Sv, T};
 use ringlog_protocol::replication as wire;
 
 use super::types::*;
@@ -153,10 +153,14 @@ impl Replica {
             .map(|e| e.header)
             .take_while(|h| h.vsr_view <= log_view)
             .collect();
-        let op = suffix.last().map_or(self.log.base().op, |h| h.vsr_op);
+        let base = self.log.base();
+        let (op, head_checksum) = suffix
+            .last()
+            .map_or((base.op, base.checksum), |h| (h.vsr_op, h.header_checksum));
         Dvc {
             log_view,
             op,
+            head_checksum,
             commit: self.commit,
             suffix,
         }
@@ -167,6 +171,7 @@ impl Replica {
         Body::DoViewChange(wire::DoViewChange {
             log_view: d.log_view,
             op: d.op,
+            head_checksum: d.head_checksum,
             commit: d.commit,
             suffix: d.suffix,
         })
@@ -229,7 +234,8 @@ impl Replica {
         };
         let commit_max = self.dvcs.values().map(|d| d.commit).max().unwrap_or(0);
         let commit_floor = commit_max.max(self.commit);
-        if !self.adopt(from, canonical.op, &canonical.suffix, commit_floor, out) {
+        let head = (canonical.op, canonical.head_checksum);
+        if !self.adopt(from, head, &canonical.suffix, commit_floor, out) {
             return;
         }
         self.commit_max = self.commit_max.max(commit_max);
@@ -238,19 +244,21 @@ impl Replica {
     }
 
     /// Makes our log a prefix of the canonical log (`suffix`, ending at
-    /// `op`, held by `from`): keeps our ops up to the highest one the
-    /// suffix vouches for (a matching checksum vouches for the whole chain
-    /// below it) or our commit, cuts the rest, then repairs from `from`.
+    /// `head` = (op, its checksum), held by `from`): keeps our ops up to the
+    /// highest one the head or the suffix vouches for (a matching checksum
+    /// vouches for the whole chain below it) or our commit, cuts the rest,
+    /// then repairs from `from`.
     /// Refuses (false) when the canonical log ends below `commit_floor` or
     /// below our commit: it cannot hold every committed op.
     fn adopt(
         &mut self,
         from: u8,
-        op: u64,
+        head: (u64, u64),
         suffix: &[BatchHeader],
         commit_floor: u64,
         out: &mut Outbox,
     ) -> bool {
+        let op = head.0;
         if op < commit_floor.max(self.commit) {
             let reason = "canonical log ends below a committed op";
             out.event(Event::Dropped {
@@ -259,7 +267,7 @@ impl Replica {
             });
             return false;
         }
-        let (cut, vouched) = self.cut_point(op, suffix);
+        let (cut, vouched) = self.cut_point(head, suffix);
         debug_assert!(cut >= self.commit && cut <= self.log.op());
         self.truncate_to(cut, out);
         self.unverified_above = (cut > vouched).then_some(vouched);
@@ -286,14 +294,21 @@ impl Replica {
     /// cutting them would leave them on fewer replicas than a quorum.
     /// Returns (cut, vouched): ops in `vouched + 1..=cut` are kept
     /// unverified, and not committed until verified.
-    fn cut_point(&self, op: u64, suffix: &[BatchHeader]) -> (u64, u64) {
+    fn cut_point(&self, head: (u64, u64), suffix: &[BatchHeader]) -> (u64, u64) {
+        let (op, head_checksum) = head;
         let own = self.log.op();
-        let vouched = self.vouched_op(suffix).min(op);
+        let vouched = self.vouched_op(head, suffix).min(op);
         let mut contradicted = suffix
             .iter()
             .filter(|h| h.vsr_op <= own)
             .find(|h| self.log.checksum_at(h.vsr_op) != Some(h.header_checksum))
             .map(|h| h.vsr_op);
+        if contradicted.is_none()
+            && op <= own
+            && self.log.checksum_at(op).is_some_and(|c| c != head_checksum)
+        {
+            contradicted = Some(op);
+        }
         if let Some(first) = suffix.first() {
             let below = first.vsr_op.saturating_sub(1);
             let known = self.log.checksum_at(below);
@@ -309,11 +324,17 @@ impl Replica {
         }
     }
 
-    /// The highest op of our log that `suffix` shows is canonical; at
-    /// least our commit (committed ops are in every canonical log).
-    fn vouched_op(&self, suffix: &[BatchHeader]) -> u64 {
+    /// The highest op of our log that `head` or `suffix` shows is
+    /// canonical; at least our commit (committed ops are in every canonical
+    /// log). The head vouches even with no suffix: a new primary rebooted
+    /// from a purged store holds only its anchor, and without it a backup
+    /// holding the same op above its own commit would cut it.
+    fn vouched_op(&self, head: (u64, u64), suffix: &[BatchHeader]) -> u64 {
         let own = self.log.op();
         let mut vouched = self.commit.min(own);
+        if head.0 <= own && self.log.checksum_at(head.0) == Some(head.1) {
+            vouched = vouched.max(head.0);
+        }
         if let Some(first) = suffix.first() {
             let below = first.vsr_op.saturating_sub(1);
             if below <= own && self.log.checksum_at(below) == Some(first.prev_checksum) {
@@ -383,8 +404,10 @@ impl Replica {
     }
 
     fn send_start_view(&mut self, to: u8, nonce: u64, out: &mut Outbox) {
+        let head = self.log.head();
         let body = Body::StartView(wire::StartView {
-            op: self.log.op(),
+            op: head.op,
+            head_checksum: head.checksum,
             commit: self.commit,
             nonce,
             suffix: self.log.headers(),
@@ -392,17 +415,14 @@ impl Replica {
         self.send(out, to, body);
     }
 
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn on_start_view(
-        &mut self,
-        from: u8,
-        view: u32,
-        op: u64,
-        commit: u64,
-        nonce: u64,
-        suffix: Vec<BatchHeader>,
-        out: &mut Outbox,
-    ) {
+    pub(super) fn on_start_view(&mut self, from: u8, view: u32, sv: Sv, out: &mut Outbox) {
+        let Sv {
+            head,
+            commit,
+            nonce,
+            suffix,
+        } = sv;
+        let op = head.0;
         let reason = if from != self.primary_of(view) {
             "not from the view's primary"
         } else if view < self.view || (view == self.view && self.status == Status::Normal) {
@@ -424,7 +444,7 @@ impl Replica {
         let (view_was, log_view_was) = (self.view, self.log_view);
         self.view = view;
         self.log_view = view;
-        if !self.adopt(from, op, &suffix, self.commit, out) {
+        if !self.adopt(from, head, &suffix, self.commit, out) {
             // Keep our durable identity: this StartView contradicts it.
             self.view = view_was;
             self.log_view = log_view_was;
