@@ -192,6 +192,9 @@ impl Cluster {
         self.rates = FaultRates::calm();
         self.net.heal();
         self.purge.drop_request();
+        if let Some(h) = self.hostile.as_mut() {
+            h.heal();
+        }
         for node in &mut self.nodes {
             node.disarm_crash();
             node.set_disk_faults(Default::default());

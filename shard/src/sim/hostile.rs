@@ -62,6 +62,8 @@ pub struct Hostile {
     lied_offers: BTreeSet<(u8, u64)>,
     /// The first manifest it offered (`StaleOffers` replays it).
     first_offer: Option<Manifest>,
+    /// False from the liveness phase on ([`Hostile::heal`]).
+    lying: bool,
 }
 
 impl Hostile {
@@ -82,7 +84,18 @@ impl Hostile {
             last_offer: None,
             lied_offers: BTreeSet::new(),
             first_offer: None,
+            lying: true,
         })
+    }
+
+    /// The liveness phase heals every fault, the lies included: a wipe and
+    /// retention can leave the hostile peer the only replica holding what
+    /// another needs, and no receiver can get data only a liar serves
+    /// (seed 9000152). The lies it told stay remembered, so one still in
+    /// flight must be refused as before.
+    pub fn heal(&mut self) {
+        self.lying = false;
+        self.last_offer = None;
     }
 
     /// Notes a request the hostile server received.
@@ -163,7 +176,7 @@ impl Cluster {
     ) -> Result<Vec<u8>, Violation> {
         let segment_bytes = self.segment_bytes;
         let lie = match self.hostile.as_mut() {
-            Some(h) if h.replica == r && !msg.for_receiver() => None,
+            Some(h) if h.replica == r && (!msg.for_receiver() || !h.lying) => None,
             Some(h) if h.replica == r => {
                 if matches!(msg, XMsg::SnapshotOffer(_)) {
                     h.last_offer = Some((to, msg.clone()));
@@ -180,6 +193,7 @@ impl Cluster {
             .map_err(|e| violation("messages encode", format!("R{r} transfer: {e}")))?;
         let undecodable = self.hostile.as_ref().is_some_and(|h| {
             h.replica == r
+                && h.lying
                 && h.mode == Hostility::UndecodableManifests
                 && matches!(msg, XMsg::SnapshotOffer(o) if matches!(o.offer, Offer::Snapshot(_)))
         });
@@ -208,7 +222,7 @@ impl Cluster {
             h.first_offer = None;
             return Ok(());
         }
-        if h.mode != Hostility::EndlessReOffers {
+        if h.mode != Hostility::EndlessReOffers || !h.lying {
             return Ok(());
         }
         let Some((to, msg)) = h.last_offer.clone() else {
@@ -286,6 +300,46 @@ mod tests {
             .expect("another peer's snapshot");
         c.check_not_a_lie(other, 77, liar)
             .expect("offered to another");
+    }
+
+    /// Guards against: the liveness phase keeping a liar's lies on (it may
+    /// hold the only copy a receiver needs; seed 9000152): once healed it
+    /// sends its chunks as they are and re-offers nothing.
+    #[test]
+    fn a_healed_hostile_peer_tells_no_more_lies() {
+        let seed = (0..)
+            .find(|&s| {
+                Hostile::draw(s, 3, true).is_some_and(|h| h.mode == Hostility::GarbageChunks)
+            })
+            .expect("some seed draws garbage chunks");
+        let mut opts = SimOptions::new(seed);
+        opts.transfers = true;
+        opts.hostile = true;
+        let mut c = Cluster::new(&opts, 3).expect("cluster");
+        let liar = c.hostile.as_ref().expect("hostile at R = 3").replica;
+        let to = (liar + 1) % 3;
+        let chunk = XMsg::Chunk {
+            snapshot_id: 5,
+            key: ringlog_protocol::replication::ChunkKey {
+                artifact: 0,
+                chunk: 0,
+            },
+            data: vec![7u8; 64].into(),
+        };
+        let mut honest = Vec::new();
+        chunk
+            .to_wire(CLUSTER_ID, PARTITION_ID, liar, 0)
+            .encode(&mut honest)
+            .expect("encodes");
+        let lied = c.transfer_frame(liar, to, &chunk, 0).expect("frame");
+        assert_ne!(lied, honest, "garbage before the heal");
+        assert_eq!(c.counts.hostile_frames, 1);
+        if let Some(h) = c.hostile.as_mut() {
+            h.heal();
+        }
+        let sent = c.transfer_frame(liar, to, &chunk, 0).expect("frame");
+        assert_eq!(sent, honest, "a lie after the heal");
+        assert_eq!(c.counts.hostile_frames, 1);
     }
 
     /// Guards against: a group with no honest peer for some replica (R = 1)

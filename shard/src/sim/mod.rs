@@ -16,7 +16,8 @@
 //!
 //! A run is a safety phase (`ticks` ticks of faults, the checker after
 //! every step: see [`checker`]) then a liveness phase: the network heals,
-//! faults stop, every replica boots, and the group must converge (one
+//! faults stop (a hostile transfer server stops lying), every replica
+//! boots, and the group must converge (one
 //! view, all normal, everything acknowledged committed everywhere and read
 //! back byte-identical from every store) within [`LIVENESS_TICKS_MAX`].
 
