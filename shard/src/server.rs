@@ -6,7 +6,8 @@
 //! directories it does not reference (garbage from deleted topics), start
 //! the trash sweeper (see `trash`), bind
 //! the client port once (shared by the shards, exclusive to this process),
-//! start the pinned shard threads (each opens its partitions), finish
+//! and in a cluster the peer port (the replication transport runs on shard
+//! 0 and stops with it), start the pinned shard threads (each opens its partitions), finish
 //! topics a crash left half-created, open the control socket (0600 from the
 //! start), then print one `ready` line on stdout.
 //!
@@ -30,6 +31,7 @@ use crate::control::{ControlContext, ControlServer, LogLevelHook, MetricsHttp};
 use crate::mailbox::mailbox;
 use crate::meta_io::MetaIo;
 use crate::metrics::ShardMetrics;
+use crate::net::peer::{PeerFrame, PeerLimits, PeerSetup, PeerSink};
 use crate::shard::{self, ShardSetup, Shutdown, RECYCLE_DIR};
 use crate::trash::{Sweeper, TRASH_DIR};
 
@@ -71,6 +73,13 @@ pub enum ServerError {
     NoDirectIo { path: PathBuf, fs: String },
     #[error("shard startup failed: {0}")]
     Shard(String),
+    #[error("config key `{key}`: {message}")]
+    Cluster { key: &'static str, message: String },
+    #[error("peer listen address {addr}: {source}")]
+    PeerListen {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
 }
 
 /// What the binary passes besides the config.
@@ -154,6 +163,7 @@ pub fn start(config: ServerConfig, hooks: Hooks) -> Result<Running, ServerError>
             source,
         })?;
 
+    let mut peer = peer_setup(&config, shards)?;
     let config = Arc::new(config);
     let catalog = Arc::new(Catalog::new(table.clone()));
     let mut txs = Vec::with_capacity(shards);
@@ -193,6 +203,7 @@ pub fn start(config: ServerConfig, hooks: Hooks) -> Result<Running, ServerError>
             ready: ready_tx.clone(),
             trash: sweeper.poker(),
             meta_io: meta_io.client(),
+            peer: if id == 0 { peer.take() } else { None },
         };
         let handle = std::thread::Builder::new()
             .name(format!("ringlog-shard-{id}"))
@@ -288,6 +299,47 @@ pub fn start(config: ServerConfig, hooks: Hooks) -> Result<Running, ServerError>
         metrics_http,
         _lock: lock,
     })
+}
+
+/// Frames from peers while no replica consumes them: the transport counts
+/// them (`frames_delivered_total`); here they are dropped.
+struct NoReplicaYet;
+
+impl PeerSink for NoReplicaYet {
+    fn deliver(&self, from: u32, frame: PeerFrame) {
+        tracing::debug!(
+            from,
+            partition_id = frame.partition_id,
+            bytes = frame.payload().len(),
+            "peer frame dropped: replicas are not wired to the transport yet"
+        );
+    }
+}
+
+/// The replication transport's setup for a cluster node (None alone): the
+/// peer address bound here, once and exclusively, so a bad or taken address
+/// stops the boot. It runs on shard 0 (see `net::peer`).
+fn peer_setup(config: &ServerConfig, shards: usize) -> Result<Option<PeerSetup>, ServerError> {
+    let cluster = match config.cluster() {
+        Ok(Some(c)) => c,
+        Ok(None) => return Ok(None),
+        Err((key, message)) => return Err(ServerError::Cluster { key, message }),
+    };
+    let addr = cluster.listen;
+    let err = |source| ServerError::PeerListen { addr, source };
+    let listener = crate::net::bind_shared(addr, 1).map_err(err)?.remove(0);
+    let incarnation = crate::net::peer::new_incarnation().map_err(err)?;
+    tracing::info!(node = cluster.node_id, cluster = %cluster.cluster_id, peer_addr = %addr,
+        incarnation, "cluster node");
+    Ok(Some(PeerSetup {
+        cluster,
+        listener,
+        limits: PeerLimits::new(config.frame_bytes_max),
+        shard_count: u16::try_from(shards).unwrap_or(u16::MAX),
+        incarnation,
+        sink: Box::new(NoReplicaYet),
+        stats: Arc::default(),
+    }))
 }
 
 /// Starts `GET /metrics` on `addr` (validated by the config); none if empty.

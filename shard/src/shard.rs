@@ -148,6 +148,9 @@ pub struct ShardSetup {
     pub trash: Poker,
     /// Where the controller (shard 0) sends its topics.json writes.
     pub meta_io: meta_io::Client,
+    /// The replication transport, on the one shard that runs it (shard 0
+    /// in a cluster; none for a single node).
+    pub peer: Option<crate::net::peer::PeerSetup>,
 }
 
 /// Where a reply goes, seen from the owning shard.
@@ -262,8 +265,9 @@ pub(crate) struct Shard<B: IoBackend = UringBackend> {
 }
 
 /// Runs a shard on the current thread until shutdown.
-pub fn run(setup: ShardSetup) {
+pub fn run(mut setup: ShardSetup) {
     let id = setup.id;
+    let peer_setup = setup.peer.take();
     if let Some(c) = setup.core {
         if !core_affinity::set_for_current(c) {
             tracing::warn!(shard = id, core = c.id, "could not pin shard thread");
@@ -306,6 +310,10 @@ pub fn run(setup: ShardSetup) {
             Ok(r) => r,
             Err(e) => return fail(&ready, format!("shard {id}: storage eventfd: {e}")),
         };
+        let peer = match peer_setup.map(crate::net::peer::start).transpose() {
+            Ok(p) => p,
+            Err(e) => return fail(&ready, format!("shard {id}: peer listener: {e}")),
+        };
         let _ = ready.send(Ok(opened));
         monoio::spawn(shard.clone().wake_task(reader));
         monoio::spawn(shard.clone().storage_task(storage_reader));
@@ -315,6 +323,9 @@ pub fn run(setup: ShardSetup) {
             monoio::spawn(shard.clone().meta_task());
         }
         crate::net::accept_loop(shard.clone(), listener).await;
+        if let Some(p) = &peer {
+            p.shutdown().await;
+        }
         shard.finish().await;
     });
 }
@@ -463,6 +474,8 @@ impl<B: IoBackend> Shard<B> {
             ready,
             trash,
             meta_io,
+            // Taken by `run` before the shard is built.
+            peer: _,
         } = setup;
         let view = CatalogView::new(catalog.clone());
         let pool = shard_pool(&config, id);

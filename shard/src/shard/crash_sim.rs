@@ -83,6 +83,7 @@ pub(super) fn shard_with(
         ready: crossbeam_channel::bounded(1).0,
         trash: crate::trash::channel().0,
         meta_io: crate::meta_io::channel().0,
+        peer: None,
     };
     Shard::new(setup, io, EventFd::new().expect("eventfd")).0
 }
