@@ -212,7 +212,17 @@ fn batch_opts(seed: u64) -> SimOptions {
 ///   R2's as a stale generation (rightly: it holds purged ops), and R2
 ///   cannot commit without them. A purge replicated in the log (applied
 ///   at commit) would fix it; not done yet.
-const TRANSFER_OPEN_BUG_SEEDS: &[u64] = &[7_000_119];
+/// - 9100137, from a fresh batch of 1000 (9100000..9101000; outside the
+///   batch's range, only replayed): 'converges after healing' with
+///   transfers + hostile, purges on or off, before and after the
+///   head-checksum fix. R0 (wiped) and R2 (op 113) both need a transfer
+///   from R1 (op 132, retired below 123); R0 is the hostile server
+///   (inflated sizes). From its transfer's start (tick 1225) R2 only asks
+///   (every ~11 ticks, R1 and R0 in turn) and rotates: no offer, refusal or
+///   failed attempt in its trace for ~2800 ticks. Not analysed further
+///   (flat ~11-tick retries look like transient refusals: R1's bound on
+///   open snapshots, held by R0's receiver?).
+const TRANSFER_OPEN_BUG_SEEDS: &[u64] = &[7_000_119, 9_100_137];
 
 /// Seeds that failed 'cuts the store accepts' (7000212) and 'committed ops
 /// never cut' (9000071) with transfers, purges and a hostile peer: a
