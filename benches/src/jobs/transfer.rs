@@ -504,7 +504,38 @@ impl Run {
             }
         }
         let cpu = cpu.usage();
+        self.settle(src, dst)?;
         Ok(self.result(start, cpu))
+    }
+
+    /// After the commit (un-timed): delivers what is still on the line (the
+    /// receiver's ReleaseSnapshot) and finishes the I/O in flight, so the
+    /// source holds no snapshot into the next rep.
+    fn settle(
+        &mut self,
+        src: &mut Source,
+        dst: &mut PartitionStore,
+    ) -> Result<(), TransferJobError> {
+        let deadline = Instant::now() + TRANSFER_TIMEOUT;
+        while !self.line.is_empty() || self.srv_pipe.in_flight() + self.rx_pipe.in_flight() > 0 {
+            if Instant::now() > deadline {
+                return Err(TransferJobError::Failed(
+                    "the transfer did not settle".into(),
+                ));
+            }
+            self.deliver(deadline);
+            for (batch, completions) in src.io.reap() {
+                self.route(src, dst, batch, completions);
+            }
+            self.pump(src, dst);
+            src.wake.wait(TICK);
+        }
+        match src.store.snapshots_open() {
+            0 => Ok(()),
+            n => Err(TransferJobError::Failed(format!(
+                "{n} snapshots still open on the source after the transfer"
+            ))),
+        }
     }
 
     /// Delivers the messages due by `now`.
@@ -888,6 +919,9 @@ mod tests {
             assert!(r.receiver_peak_bytes >= 2 * (256 << 10));
             assert!(r.receiver_peak_bytes <= r.receiver_bound_bytes);
             assert_eq!(r.receiver_bound_bytes, 4 * (256 << 10));
+            // The receiver's release reached the server: no snapshot is
+            // left to pile up over the reps (they did, once 4 were open).
+            assert_eq!(source.store.snapshots_open(), 0);
             std::fs::remove_dir_all(c.receiver_dir()).unwrap();
         }
         let l = TransferConfig {

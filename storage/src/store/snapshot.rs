@@ -262,6 +262,11 @@ impl PartitionStore {
         })
     }
 
+    /// Snapshots open now (gone ones too, until released or expired).
+    pub fn snapshots_open(&self) -> usize {
+        self.snapshots.len()
+    }
+
     /// Ends a snapshot, unpinning its segments.
     pub fn release_snapshot(&mut self, id: u64) {
         self.snapshots.retain(|l| l.id != id);

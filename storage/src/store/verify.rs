@@ -54,11 +54,17 @@ impl LogVerifier {
                     self.batch_len(&self.carry)?
                 };
                 let take = (target - self.carry.len()).min(bytes.len());
+                // One allocation for the whole batch, kept for the next
+                // (bounded by batch_bytes_max): no regrowth per batch.
+                self.carry.reserve(target - self.carry.len());
                 self.carry.extend_from_slice(&bytes[..take]);
                 bytes = &bytes[take..];
                 if self.carry.len() == target && target > HEADER_LEN {
                     let batch = std::mem::take(&mut self.carry);
-                    self.accept(&batch)?;
+                    let accepted = self.accept(&batch);
+                    self.carry = batch;
+                    self.carry.clear();
+                    accepted?;
                 }
                 continue;
             }
@@ -68,6 +74,7 @@ impl LogVerifier {
             }
             let len = self.batch_len(bytes)?;
             if bytes.len() < len {
+                self.carry.reserve(len);
                 self.carry.extend_from_slice(bytes);
                 return Ok(());
             }
