@@ -4,6 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
+use ringlog_storage::journal::JournalConfig;
 use ringlog_storage::store::StoreConfig;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -80,6 +81,17 @@ pub struct ServerConfig {
     /// (shared by the shard's partitions, oldest evicted first): fetches
     /// within it are served without device reads. 0 = off.
     pub read_cache_bytes: u64,
+    /// How a shard's turn makes small appends durable: `journal` = one
+    /// write and one fdatasync of the shard's journal for every partition
+    /// touched (segments written behind, checkpointed); `partition` = one
+    /// write and one fdatasync per touched partition.
+    pub group_commit: GroupCommit,
+    /// Size of each shard's journal file (`<data_dir>/journal/`), 256 KiB
+    /// to 1 GiB; checkpointed when half full.
+    pub journal_bytes: u64,
+    /// A partition's bytes of one turn above this skip the journal and go
+    /// to its segment with its own fdatasync.
+    pub journal_append_bytes_max: usize,
     /// tracing filter (e.g. "info", "ringlog_shard=debug").
     pub log_level: String,
     /// Log line format on stderr.
@@ -98,6 +110,15 @@ pub struct ServerConfig {
     /// Where this node accepts peer connections; empty = its own `peers`
     /// address.
     pub peer_listen_addr: String,
+}
+
+/// `group_commit`: see [`ServerConfig::group_commit`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GroupCommit {
+    #[default]
+    Journal,
+    Partition,
 }
 
 /// `log_format`: human-readable lines, or one JSON object per line.
@@ -137,6 +158,9 @@ impl Default for ServerConfig {
             fetch_waiters_max: 256,
             fetch_wait_ms_max: 60_000,
             read_cache_bytes: 128 * 1024 * 1024,
+            group_commit: GroupCommit::default(),
+            journal_bytes: ringlog_storage::journal::JOURNAL_BYTES_DEFAULT,
+            journal_append_bytes_max: ringlog_storage::journal::JOURNAL_APPEND_BYTES_MAX_DEFAULT,
             log_level: "info".into(),
             log_format: LogFormat::Text,
             cluster_id: String::new(),
@@ -295,6 +319,11 @@ impl ServerConfig {
             self.group_commit_appends_max as u64,
         )?;
         positive("retention_check_ms", self.retention_check_ms)?;
+        if let Some(j) = self.journal_config() {
+            if let Err(e) = j.validate() {
+                return Err(("journal_bytes", e.to_string()));
+            }
+        }
         positive("header_timeout_ms", self.header_timeout_ms)?;
         positive("idle_timeout_ms", self.idle_timeout_ms)?;
         positive("requests_in_flight_max", self.requests_in_flight_max as u64)?;
@@ -372,6 +401,12 @@ impl ServerConfig {
     }
 
     /// Settings of each partition store.
+    /// The shard journal's bounds, if `group_commit = "journal"`.
+    pub fn journal_config(&self) -> Option<JournalConfig> {
+        (self.group_commit == GroupCommit::Journal)
+            .then(|| JournalConfig::sized(self.journal_bytes, self.journal_append_bytes_max))
+    }
+
     pub fn store_config(&self) -> StoreConfig {
         StoreConfig {
             segment_size_bytes: self.segment_size_bytes,

@@ -28,6 +28,7 @@ use std::collections::VecDeque;
 use ringlog_protocol::wire::{ErrorCode, FetchReply};
 use ringlog_protocol::{encode_header, BatchHeader, HEADER_LEN};
 use ringlog_storage::io::{Completion, IoBackend, Op, Sqe};
+use ringlog_storage::journal::Journal;
 use ringlog_storage::store::{PartitionStore, StoreConfig, StoreError, StorePool};
 
 use crate::ops::{OpError, PartitionStatus};
@@ -129,6 +130,54 @@ impl Partition {
         io: &mut impl IoBackend,
         sqes: &mut Vec<Sqe>,
     ) -> Result<usize, StoreError> {
+        self.prepare_flush_via(io, sqes, None)
+    }
+
+    /// [`Partition::prepare_flush`] through the shard's journal: small
+    /// bytes become a journal record and the segment write goes without an
+    /// fdatasync (see `PartitionStore::prepare_flush_journaled`); the
+    /// completions then need [`Journal::durable_completion`] appended.
+    pub fn prepare_flush_journaled(
+        &mut self,
+        io: &mut impl IoBackend,
+        sqes: &mut Vec<Sqe>,
+        journal: &mut Journal,
+    ) -> Result<usize, StoreError> {
+        self.prepare_flush_via(io, sqes, Some(journal))
+    }
+
+    /// Bytes accepted but not yet in a flush (0 while one is in flight or
+    /// the partition is unavailable).
+    pub fn unflushed_bytes(&self) -> u64 {
+        match (&self.state, self.flush_end) {
+            (State::Open(h), None) => h.store.unflushed_bytes(),
+            _ => 0,
+        }
+    }
+
+    /// The fdatasync of the active segment a journal checkpoint needs; None
+    /// when unavailable or fenced (its journal records must stay).
+    pub fn segment_sync_sqe(&self) -> Option<Sqe> {
+        match &self.state {
+            State::Open(h) => h.store.segment_sync_sqe(),
+            State::Unavailable(_) => None,
+        }
+    }
+
+    /// A journal checkpoint's fdatasync of this segment failed: fail-stop.
+    pub fn fence_segment_sync(&mut self, cause: &str) {
+        if let State::Open(h) = &mut self.state {
+            let e = h.store.fence_segment_sync(cause);
+            tracing::error!(partition_id = self.id, error = %e, "partition fenced");
+        }
+    }
+
+    fn prepare_flush_via(
+        &mut self,
+        io: &mut impl IoBackend,
+        sqes: &mut Vec<Sqe>,
+        journal: Option<&mut Journal>,
+    ) -> Result<usize, StoreError> {
         if self.flush_end.is_some() {
             return Ok(0);
         }
@@ -136,7 +185,10 @@ impl Partition {
             return Ok(0);
         };
         let end = active_end(&h.store);
-        let prepared = h.store.prepare_flush(sqes);
+        let prepared = match journal {
+            Some(j) => h.store.prepare_flush_journaled(sqes, j),
+            None => h.store.prepare_flush(sqes),
+        };
         match prepared {
             Ok(n) if n > 0 => self.flush_end = Some(end),
             // Nothing to write: whatever the replica waits for is durable

@@ -80,6 +80,18 @@ pub enum ServerError {
         addr: SocketAddr,
         source: std::io::Error,
     },
+    /// A journal of a run with another shard count holds records of
+    /// partitions this run would place on other shards.
+    #[error(
+        "journal {path} is from a run with {shards} shards (this one has {ours}): it may hold \
+         acknowledged appends only its shard replays; start once with shards = {shards} and stop \
+         cleanly (which removes it), then change the shard count"
+    )]
+    ForeignJournal {
+        path: PathBuf,
+        shards: usize,
+        ours: usize,
+    },
 }
 
 /// What the binary passes besides the config.
@@ -131,6 +143,7 @@ pub fn start(config: ServerConfig, hooks: Hooks) -> Result<Running, ServerError>
     // first; it works beside the boot, not before it.
     let trash_dir = data_dir.join(TRASH_DIR);
     prepare_recycle_dirs(&data_dir, &trash_dir, config.shard_count())?;
+    check_journals(&data_dir, config.shard_count())?;
     let sweeper = Sweeper::start(trash_dir.clone()).map_err(|source| ServerError::DataDir {
         path: trash_dir,
         source,
@@ -551,6 +564,44 @@ fn prepare_recycle_dirs(data_dir: &Path, trash: &Path, shards: usize) -> Result<
         let to = trash.join(format!("{RECYCLE_DIR}-{name}"));
         if let Err(e) = std::fs::rename(entry.path(), &to) {
             tracing::warn!(dir = %entry.path().display(), error = %e, "moving a stale recycle directory into the trash");
+        }
+    }
+    Ok(())
+}
+
+/// Makes `<data_dir>/journal/` and refuses to start over a journal left by
+/// a run with another shard count (see [`ServerError::ForeignJournal`]);
+/// a clean stop removes the journals, so only a crash leaves one.
+fn check_journals(data_dir: &Path, shards: usize) -> Result<(), ServerError> {
+    let dir = data_dir.join(crate::shard::JOURNAL_DIR);
+    let dir_err = |source| ServerError::DataDir {
+        path: dir.clone(),
+        source,
+    };
+    std::fs::create_dir_all(&dir).map_err(dir_err)?;
+    // Its name is durable before a shard puts a journal in it.
+    std::fs::File::open(data_dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|source| ServerError::DataDir {
+            path: data_dir.into(),
+            source,
+        })?;
+    for entry in std::fs::read_dir(&dir).map_err(dir_err)?.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let count = name
+            .strip_prefix("shard-")
+            .and_then(|rest| rest.split_once("-of-"))
+            .and_then(|(_, n)| n.parse::<usize>().ok());
+        match count {
+            Some(n) if n == shards => {}
+            Some(n) => {
+                return Err(ServerError::ForeignJournal {
+                    path: entry.path(),
+                    shards: n,
+                    ours: shards,
+                })
+            }
+            None => tracing::warn!(path = %entry.path().display(), "not a journal; ignored"),
         }
     }
     Ok(())

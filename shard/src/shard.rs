@@ -52,7 +52,8 @@ use std::time::{Duration, Instant};
 
 use ringlog_protocol::wire::{ErrorCode, ProduceReply};
 use ringlog_storage::io::uring::UringBackend;
-use ringlog_storage::io::{BatchId, IoBackend};
+use ringlog_storage::io::{BatchId, Completion, IoBackend, Op as StorageOp, Sqe};
+use ringlog_storage::journal::{Journal, JournalError};
 use ringlog_storage::store::{PoolConfig, StorePool};
 
 use crate::catalog::{Catalog, CatalogView, TopicState, TopicTable};
@@ -188,12 +189,32 @@ struct Core<B: IoBackend> {
     /// steps, so a tick costs O(these), not O(partitions). A cluster of one
     /// that is Normal is never in it.
     ticking: BTreeSet<u32>,
+    /// The shard's journal (`group_commit = "journal"`): one write and one
+    /// fdatasync per turn for every partition's small appends.
+    journal: Option<Journal>,
+    /// Partitions with small appends waiting for the journal write in
+    /// flight to complete (one at a time); flushed by the next one. At most
+    /// one entry per partition.
+    journal_waiting: Vec<u32>,
+    /// The journal checkpoint in flight, if any.
+    checkpoint: Option<(BatchId, CheckpointStep)>,
+}
+
+/// A journal checkpoint's two submissions (a linked chain would not stop at
+/// a failed fdatasync).
+enum CheckpointStep {
+    /// The fdatasyncs of these partitions' active segments.
+    Segments(Vec<u32>),
+    /// The journal header naming the new tail, and its fdatasync.
+    Header,
 }
 
 /// One group commit in flight: the partitions it flushes, with how many
-/// ring entries each queued (in submission order).
+/// ring entries each queued and whether through the journal (in
+/// submission order), then the journal's own entries.
 struct Flight {
-    parts: Vec<(u32, usize)>,
+    parts: Vec<(u32, usize, bool)>,
+    journal_entries: usize,
     started: Instant,
 }
 
@@ -496,6 +517,9 @@ impl<B: IoBackend> Shard<B> {
                 flights: HashMap::new(),
                 lanes: HashMap::new(),
                 ticking: BTreeSet::new(),
+                journal: None,
+                journal_waiting: Vec::new(),
+                checkpoint: None,
             }),
             queue: RefCell::new(VecDeque::new()),
             turn: Notify::default(),
@@ -519,6 +543,15 @@ impl<B: IoBackend> Shard<B> {
     fn open_owned_partitions(&self) -> usize {
         let table = self.table();
         let mut core = self.core.borrow_mut();
+        let Core { io, pool, .. } = &mut *core;
+        // The server made the recycle root and cleared foreign shards' dirs.
+        let recycle_dir = pool.recycle_dir();
+        if let Err(e) = pool.load_recycled(io) {
+            // Recycling is an optimisation: without it segments start empty.
+            tracing::warn!(shard = self.id, dir = %recycle_dir.display(), error = %e, "recycled segment files not loaded");
+        }
+        let journal = self.open_journal(io, pool);
+        core.journal = journal;
         let Core {
             io,
             pool,
@@ -526,12 +559,6 @@ impl<B: IoBackend> Shard<B> {
             ticking,
             ..
         } = &mut *core;
-        // The server made the recycle root and cleared foreign shards' dirs.
-        let recycle_dir = pool.recycle_dir();
-        if let Err(e) = pool.load_recycled(io) {
-            // Recycling is an optimisation: without it segments start empty.
-            tracing::warn!(shard = self.id, dir = %recycle_dir.display(), error = %e, "recycled segment files not loaded");
-        }
         let owned: Vec<(&String, u32, u32, bool)> = table
             .topics
             .iter()
@@ -562,7 +589,63 @@ impl<B: IoBackend> Shard<B> {
             }
             pool.clear_prefetched();
         }
+        // Records of partitions no topic holds any more are dead; those of
+        // partitions another shard owns (a changed shard count) stay, and
+        // keep checkpoints off (see `server::check_journals`).
+        let known: std::collections::HashSet<u32> = table
+            .topics
+            .values()
+            .flat_map(|m| m.first_partition_id..m.first_partition_id + m.partitions)
+            .collect();
+        for pid in pool.journal_replay_pids() {
+            if !known.contains(&pid) {
+                pool.discard_journal_replay(pid);
+            }
+        }
+        if pool.journal_replay_pending() {
+            tracing::error!(shard = self.id, "journal records of partitions not opened here: checkpoints stay off until they open");
+        }
         partitions.len()
+    }
+
+    /// Opens this shard's journal (`<data_dir>/journal/shard-<id>-of-<n>`)
+    /// and hands its live records to `pool` for the partitions to replay.
+    /// Without one (`group_commit = "partition"`, or it failed to open:
+    /// logged) every flush has its own fdatasync.
+    fn open_journal(&self, io: &mut B, pool: &StorePool) -> Option<Journal> {
+        let config = self.config.journal_config()?;
+        let dir = self.config.data_dir.join(JOURNAL_DIR);
+        let path = dir.join(journal_file_name(self.id, self.shard_count()));
+        let opened = Journal::open(io, &path, config).and_then(|(j, records)| {
+            // The file's name must be durable before anything is in it.
+            let synced = io.open_dir(&dir).and_then(|d| {
+                let done = io.submit(vec![Sqe::new(StorageOp::Fsync { file: d })]);
+                io.close(d);
+                done.into_iter().try_for_each(|c| c.result.map(|_| ()))
+            });
+            match synced {
+                Ok(()) => Ok((j, records)),
+                Err(source) => {
+                    j.close(io);
+                    Err(JournalError::Io {
+                        what: "fsync directory",
+                        path: dir.clone(),
+                        source,
+                    })
+                }
+            }
+        });
+        match opened {
+            Ok((journal, records)) => {
+                tracing::info!(shard = self.id, path = %path.display(), records = records.len(), "journal open");
+                pool.set_journal_replay(records);
+                Some(journal)
+            }
+            Err(e) => {
+                tracing::error!(shard = self.id, error = %e, "journal unavailable: flushing each partition directly");
+                None
+            }
+        }
     }
 
     fn respond(&self, reply: Responder, outcome: Outcome) {
@@ -698,11 +781,34 @@ impl<B: IoBackend> Shard<B> {
             );
         }
         let mut core = self.core.borrow_mut();
-        let Core { io, partitions, .. } = &mut *core;
+        let Core {
+            io,
+            partitions,
+            journal,
+            pool,
+            checkpoint,
+            ..
+        } = &mut *core;
+        let mut closed_all = true;
         for (_, p) in partitions.drain() {
             let (topic, index) = (p.topic.clone(), p.index);
             if let Err(e) = p.close(io) {
+                closed_all = false;
                 tracing::error!(%topic, partition = index, error = %e, "close failed");
+            }
+        }
+        // Every partition closed (flushed, its segment fdatasynced, its
+        // superblock written): the journal holds nothing the next boot
+        // needs, which frees the next boot to run another shard count.
+        if let Some(j) = journal.take() {
+            let idle = closed_all && !j.writing() && checkpoint.is_none();
+            let path = j.path().to_path_buf();
+            j.close(io);
+            if idle && !pool.journal_replay_pending() {
+                let done = io.submit(vec![Sqe::new(StorageOp::Unlink { path: path.clone() })]);
+                if let Some(Err(e)) = done.into_iter().next().map(|c| c.result) {
+                    tracing::warn!(path = %path.display(), error = %e, "removing the journal after a clean stop");
+                }
             }
         }
         tracing::info!(shard = self.id, "shard stopped");
@@ -730,6 +836,16 @@ pub(crate) const RECYCLE_DIR: &str = "recycle";
 
 /// The pool of shard `id`: recycled files in `<data_dir>/recycle/<id>`,
 /// bounded per shard by `recycled_files_max`.
+/// Where the shards' journals live, under the data directory.
+pub(crate) const JOURNAL_DIR: &str = "journal";
+
+/// Shard `id`'s journal file when the node runs `shards` shards: a journal
+/// holds records of the partitions its shard owns, which a different shard
+/// count would place elsewhere (see `server::check_journals`).
+pub(crate) fn journal_file_name(id: usize, shards: usize) -> String {
+    format!("shard-{id}-of-{shards}")
+}
+
 fn shard_pool(config: &ServerConfig, id: usize) -> StorePool {
     let store = config.store_config();
     let dir = config.data_dir.join(RECYCLE_DIR).join(id.to_string());

@@ -67,7 +67,7 @@
 //! - `journal_append_bytes_max`: a partition's bytes for one turn above
 //!   this (default 64 KiB) go straight to its segment with its own
 //!   fdatasync, as without a journal.
-//! - `journal_turn_bytes_max` (default 4 MiB, at most an eighth of the
+//! - `journal_turn_bytes_max` (default 4 MiB, at most a quarter of the
 //!   ring) and `journal_turn_records_max` (default 4096) bound one turn's
 //!   write; a partition that does not fit flushes directly.
 
@@ -127,6 +127,20 @@ impl Default for JournalConfig {
 }
 
 impl JournalConfig {
+    /// A journal of `journal_bytes` whose turns take appends up to
+    /// `append_bytes_max`: the turn bound is the default, or a quarter of
+    /// a smaller ring (so a checkpoint at half full leaves room for turns).
+    pub fn sized(journal_bytes: u64, append_bytes_max: usize) -> Self {
+        let quarter = journal_bytes.saturating_sub(DATA_START) / 4;
+        let quarter = (quarter - quarter % BLOCK_SIZE as u64) as usize;
+        Self {
+            journal_bytes,
+            append_bytes_max,
+            turn_bytes_max: JOURNAL_TURN_BYTES_MAX_DEFAULT.min(quarter),
+            ..Self::default()
+        }
+    }
+
     pub fn validate(&self) -> Result<(), JournalError> {
         let fail = |m: String| Err(JournalError::Config(m));
         if !(JOURNAL_BYTES_MIN..=JOURNAL_BYTES_MAX).contains(&self.journal_bytes)
@@ -138,11 +152,11 @@ impl JournalConfig {
             ));
         }
         let ring = self.journal_bytes - DATA_START;
-        if self.turn_bytes_max < BLOCK_SIZE || self.turn_bytes_max as u64 > ring / 8 {
+        if self.turn_bytes_max < BLOCK_SIZE || self.turn_bytes_max as u64 > ring / 4 {
             return fail(format!(
-                "journal_turn_bytes_max {} must be in [{BLOCK_SIZE}, journal ring / 8 = {}]",
+                "journal_turn_bytes_max {} must be in [{BLOCK_SIZE}, journal ring / 4 = {}]",
                 self.turn_bytes_max,
-                ring / 8
+                ring / 4
             ));
         }
         if self.append_bytes_max + RECORD_HEADER_BYTES + 8 > self.turn_bytes_max {
@@ -526,6 +540,11 @@ impl Journal {
     /// acknowledged, before an earlier one).
     pub fn accepts(&self) -> bool {
         self.fenced.is_none() && !self.in_flight
+    }
+
+    /// Whether a journal write is in flight (not fenced).
+    pub fn writing(&self) -> bool {
+        self.in_flight && self.fenced.is_none()
     }
 
     /// Whether a record of `len_bytes` fits this turn: small enough

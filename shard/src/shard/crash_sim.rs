@@ -40,6 +40,9 @@ fn config() -> ServerConfig {
         segment_size_bytes: 32 * 1024,
         write_buffer_bytes: 8 * 1024,
         group_commit_appends_max: 6,
+        // Small, so the workload checkpoints the journal.
+        journal_bytes: 256 * 1024,
+        journal_append_bytes_max: 16 * 1024,
         ..ServerConfig::default()
     }
 }
@@ -133,10 +136,15 @@ pub(super) fn setup(seed: u64) -> Shard<SimBackend> {
 pub(super) fn data_dir(seed: u64) -> SimBackend {
     let mut io = SimBackend::new(seed);
     io.create_dir(Path::new("/data")).expect("mkdir");
-    let root = io.open_dir(Path::new("/")).expect("open /");
-    let done = io.submit(vec![Sqe::new(IoOp::Fsync { file: root })]);
-    assert!(done.iter().all(|c| c.result.is_ok()));
-    io.close(root);
+    // What the server makes before the shards start (the journal's dir).
+    io.create_dir(&Path::new("/data").join(super::JOURNAL_DIR))
+        .expect("mkdir");
+    for dir in ["/", "/data"] {
+        let root = io.open_dir(Path::new(dir)).expect("open dir");
+        let done = io.submit(vec![Sqe::new(IoOp::Fsync { file: root })]);
+        assert!(done.iter().all(|c| c.result.is_ok()));
+        io.close(root);
+    }
     io
 }
 
@@ -304,6 +312,10 @@ struct Coverage {
 /// Returns the crash points checked and what the clean run covered.
 fn crash_everywhere(seed: u64) -> (u64, Coverage) {
     let s = setup(seed);
+    assert!(
+        s.core.borrow().journal.is_some(),
+        "the journal is what this runs"
+    );
     let setup_ops = s.core.borrow().io.ops_count();
     let acked = collect(drive(&s, seed), "clean run");
     let coverage = Coverage {

@@ -10,25 +10,97 @@ use super::crash_sim::{batch, data_dir, shard_with, FIRST_ID};
 use super::turn_tests::queue;
 use super::*;
 use crate::catalog::TopicState;
+use crate::config::GroupCommit;
 
 /// Bounds the drain loop: far more wake-ups than any test needs.
 const DRAIN_ROUNDS_MAX: usize = 10_000;
 
 /// Small segments and write buffers: a sim disk holds every byte in memory.
+/// One fdatasync per partition (`group_commit = "partition"`), which most
+/// tests here are about; `journaled` is the shard journal.
 fn config() -> ServerConfig {
     ServerConfig {
         data_dir: "/data".into(),
         group_commit_appends_max: 256,
         segment_size_bytes: 256 * 1024,
         write_buffer_bytes: 64 * 1024,
+        group_commit: GroupCommit::Partition,
         ..ServerConfig::default()
     }
 }
 
+fn journaled() -> ServerConfig {
+    ServerConfig {
+        group_commit: GroupCommit::Journal,
+        journal_bytes: 1024 * 1024,
+        ..config()
+    }
+}
+
 fn open(partitions: u32, seed: u64) -> Shard<SimBackend> {
-    let s = shard_with(data_dir(seed), TopicState::Creating, partitions, config());
+    open_with(partitions, seed, config())
+}
+
+fn open_with(partitions: u32, seed: u64, config: ServerConfig) -> Shard<SimBackend> {
+    let s = shard_with(data_dir(seed), TopicState::Creating, partitions, config);
     assert_eq!(s.open_owned_partitions(), partitions as usize);
     s
+}
+
+/// 100 produces to eight partitions in one turn with the journal: ONE
+/// fdatasync for all of them (the partitions' segment writes go behind
+/// it), where `group_commit = "partition"` costs eight (checked too).
+#[test]
+fn the_appends_of_one_turn_across_partitions_share_one_journal_fdatasync() {
+    for (config, want) in [(journaled(), 1), (config(), 8)] {
+        let s = open_with(8, 1, config);
+        let warm: Vec<_> = (0..8).map(|i| produce(&s, FIRST_ID + i, 0)).collect();
+        settle_all(&s);
+        for rx in &warm {
+            produced(rx);
+        }
+        let before = syncs(&s);
+        let rxs: Vec<_> = (0..100u32)
+            .map(|i| produce(&s, FIRST_ID + i % 8, u64::from(i) + 1))
+            .collect();
+        assert_eq!(s.run_turn(Instant::now()), 100, "one turn takes them all");
+        settle_all(&s);
+        assert_eq!(
+            syncs(&s) - before,
+            want,
+            "fdatasyncs for one turn of 8 partitions"
+        );
+        for rx in rxs {
+            produced(&rx);
+        }
+    }
+}
+
+/// EIO on the journal's fdatasync: every produce it carried, on every
+/// partition, is refused as fenced (fail-stop), naming the journal.
+#[test]
+fn a_failed_journal_fdatasync_fences_every_partition_it_carried() {
+    let s = open_with(2, 3, journaled());
+    let at = syncs(&s);
+    s.core
+        .borrow_mut()
+        .io
+        .inject(FaultOp::Sync, at, Fault::Errno(libc::EIO));
+    let pids = [FIRST_ID, FIRST_ID + 1];
+    let rxs: Vec<Vec<_>> = pids
+        .iter()
+        .map(|&pid| (0..3).map(|i| produce(&s, pid, i)).collect())
+        .collect();
+    settle_all(&s);
+    for list in &rxs {
+        for rx in list {
+            let e = refused(rx);
+            assert_eq!(e.code, ErrorCode::PartitionFenced, "{e}");
+            assert!(e.message.contains("journal"), "{e}");
+        }
+    }
+    let core = s.core.borrow();
+    assert!(core.journal.as_ref().is_some_and(|j| j.fenced().is_some()));
 }
 
 /// Runs turns and storage completions until no flush is in flight.

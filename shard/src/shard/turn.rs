@@ -208,6 +208,7 @@ impl<B: IoBackend> Shard<B> {
                 replies.push((reply, outcome));
             }
             Op::DropPartition { partition_id } => {
+                pool.discard_journal_replay(partition_id);
                 if let Some(mut p) = partitions.remove(&partition_id) {
                     // Produces the replica answered already (made durable
                     // by the flush this drop waited for) are answered so;
@@ -281,7 +282,12 @@ impl<B: IoBackend> Shard<B> {
     /// After applying work: queues one flush per touched partition that has
     /// none in flight, all in one ring submission that nobody waits for
     /// (group commit), then acknowledges whatever is durable already and
-    /// answers long-poll fetches.
+    /// answers long-poll fetches. With the journal, the small flushes of
+    /// every partition share ONE journal write and ONE fdatasync in that
+    /// submission (their segment writes go behind it); while a journal
+    /// write is in flight, small flushes wait for the next one
+    /// (`journal_waiting`), so turns are durable, and acknowledged, in
+    /// order.
     pub(super) fn commit(&self, core: &mut Core<B>, out: &mut Applied) {
         if out.touched.is_empty() {
             return;
@@ -295,20 +301,41 @@ impl<B: IoBackend> Shard<B> {
             if p.needs_tick() {
                 core.ticking.insert(pid);
             }
-            match p.prepare_flush(&mut core.io, &mut sqes) {
+            if waits_for_journal(core.journal.as_ref(), p) {
+                if !core.journal_waiting.contains(&pid) {
+                    core.journal_waiting.push(pid);
+                }
+                continue;
+            }
+            let before = core.journal.as_ref().map_or(0, Journal::turn_records);
+            let prepared = match core.journal.as_mut() {
+                Some(j) => p.prepare_flush_journaled(&mut core.io, &mut sqes, j),
+                None => p.prepare_flush(&mut core.io, &mut sqes),
+            };
+            match prepared {
                 Ok(0) => {}
-                Ok(n) => parts.push((pid, n)),
+                Ok(n) => {
+                    let after = core.journal.as_ref().map_or(0, Journal::turn_records);
+                    parts.push((pid, n, after > before));
+                }
                 // Fenced: `settle` answers its appends with the cause.
                 Err(e) => tracing::debug!(partition_id = pid, error = %e, "no flush"),
             }
         }
+        let journal_entries = core
+            .journal
+            .as_mut()
+            .map_or(0, |j| j.prepare_write(&mut sqes));
         if !parts.is_empty() {
+            let direct = parts.iter().filter(|(_, _, journaled)| !journaled).count();
+            let fsyncs = direct + usize::from(journal_entries > 0);
             let id = core.io.submit_nowait(sqes);
-            metrics::inc(&self.metrics.fsyncs_total);
+            metrics::add(&self.metrics.fsyncs_total, fsyncs as u64);
             core.flights.insert(
                 id,
                 Flight {
                     parts,
+                    journal_entries,
                     started: out.now,
                 },
             );
@@ -318,6 +345,81 @@ impl<B: IoBackend> Shard<B> {
             self.metrics.group_commit_appends.record(settled as u64);
         }
         self.serve_waiters(core, &out.touched, &mut out.replies);
+    }
+
+    /// Starts a journal checkpoint if one is due (the ring past half full,
+    /// no journal write in flight, every partition with records replayed):
+    /// first the fdatasyncs of the active segments with live records.
+    fn start_checkpoint(&self, core: &mut Core<B>) {
+        let Some(journal) = core.journal.as_mut() else {
+            return;
+        };
+        if core.checkpoint.is_some()
+            || !journal.checkpoint_due()
+            || core.pool.journal_replay_pending()
+        {
+            return;
+        }
+        let pids = journal.begin_checkpoint();
+        let mut sqes = Vec::with_capacity(pids.len());
+        let mut synced = Vec::with_capacity(pids.len());
+        for pid in pids {
+            // A dropped partition's records are dead.
+            let Some(p) = core.partitions.get(&pid) else {
+                continue;
+            };
+            match p.segment_sync_sqe() {
+                Some(sqe) => {
+                    sqes.push(sqe);
+                    synced.push(pid);
+                }
+                None => {
+                    journal.abandon_checkpoint(format!("partition {pid} is fenced or unavailable"));
+                    return;
+                }
+            }
+        }
+        let id = core.io.submit_nowait(sqes);
+        metrics::add(&self.metrics.fsyncs_total, synced.len() as u64);
+        core.checkpoint = Some((id, CheckpointStep::Segments(synced)));
+    }
+
+    /// Takes a checkpoint step's completions: after the segments, the
+    /// header; after the header, the ring space is free.
+    fn on_checkpoint(
+        &self,
+        core: &mut Core<B>,
+        step: CheckpointStep,
+        completions: Vec<Completion>,
+    ) {
+        let Some(journal) = core.journal.as_mut() else {
+            return;
+        };
+        match step {
+            CheckpointStep::Segments(pids) => {
+                for (pid, c) in pids.iter().zip(&completions) {
+                    if let Err(e) = &c.result {
+                        if let Some(p) = core.partitions.get_mut(pid) {
+                            p.fence_segment_sync(&e.to_string());
+                        }
+                        journal.abandon_checkpoint(format!(
+                            "partition {pid}: segment fdatasync failed: {e}"
+                        ));
+                        return;
+                    }
+                }
+                let mut sqes = Vec::with_capacity(2);
+                journal.prepare_checkpoint_commit(&mut sqes);
+                let id = core.io.submit_nowait(sqes);
+                metrics::inc(&self.metrics.fsyncs_total);
+                core.checkpoint = Some((id, CheckpointStep::Header));
+            }
+            CheckpointStep::Header => {
+                if let Err(e) = journal.complete_checkpoint(completions) {
+                    tracing::error!(shard = self.id, error = %e, "journal checkpoint failed");
+                }
+            }
+        }
     }
 
     /// Answers the pending produces of `pids` the replicas replied to
@@ -350,7 +452,8 @@ impl<B: IoBackend> Shard<B> {
             // Nothing in flight will answer them (cannot happen: every
             // append is followed by a flush, answered by the next group
             // commit); never leave a producer hanging.
-            if !lane.acks.is_empty() && !p.flush_in_flight() {
+            let waiting = core.journal_waiting.contains(pid);
+            if !lane.acks.is_empty() && !p.flush_in_flight() && !waiting {
                 let e = OpError::new(ErrorCode::Storage, "append not durable");
                 for (_, reply) in lane.acks.drain() {
                     metrics::inc(&self.metrics.append_errors_total);
@@ -399,6 +502,50 @@ impl<B: IoBackend> Shard<B> {
         acked
     }
 
+    /// Completes one group commit's flushes: the journal's write first (its
+    /// entries come last in the submission), then each partition's, a
+    /// journaled one with the journal's fdatasync as its own (so a failed
+    /// one fences every partition it carried).
+    fn complete_flight(
+        &self,
+        core: &mut Core<B>,
+        flight: Flight,
+        completions: Vec<Completion>,
+        done: &mut Vec<u32>,
+    ) {
+        let mut completions = completions;
+        let journal_done = match core.journal.as_mut() {
+            Some(j) if flight.journal_entries > 0 => {
+                let at = completions.len().saturating_sub(flight.journal_entries);
+                let result = j.complete_write(completions.split_off(at));
+                if let Err(e) = &result {
+                    tracing::error!(shard = self.id, error = %e, "journal write failed");
+                }
+                Some(result)
+            }
+            _ => None,
+        };
+        let mut completions = completions.into_iter();
+        for (pid, n, journaled) in flight.parts {
+            let mut mine: Vec<Completion> = completions.by_ref().take(n).collect();
+            if journaled {
+                match (core.journal.as_ref(), &journal_done) {
+                    (Some(j), Some(result)) => mine.push(j.durable_completion(result)),
+                    _ => unreachable!("a journaled flush rides a journal write"),
+                }
+            }
+            match core.partitions.get_mut(&pid) {
+                Some(p) => {
+                    if let Err(e) = p.complete_flush(&mut core.io, mine) {
+                        tracing::error!(shard = self.id, partition_id = pid, error = %e, "flush failed");
+                    }
+                }
+                None => tracing::error!(partition_id = pid, "flushed partition is gone"),
+            }
+            done.push(pid);
+        }
+    }
+
     /// Reaps finished group commits: completes each partition's flush (a
     /// failure fences it), runs the work parked behind those flushes, queues
     /// the next flush of partitions that took appends meanwhile, and
@@ -414,25 +561,26 @@ impl<B: IoBackend> Shard<B> {
             }
             let mut done: Vec<u32> = Vec::new();
             for (id, completions) in reaped {
+                if core.checkpoint.as_ref().is_some_and(|(cp, _)| *cp == id) {
+                    if let Some((_, step)) = core.checkpoint.take() {
+                        self.on_checkpoint(core, step, completions);
+                    }
+                    continue;
+                }
                 let Some(flight) = core.flights.remove(&id) else {
                     tracing::warn!(shard = self.id, batch = ?id, "completion of an unknown flush");
                     continue;
                 };
                 let elapsed_us = now.saturating_duration_since(flight.started).as_micros() as u64;
                 self.metrics.fsync_latency_us.record(elapsed_us);
-                let mut completions = completions.into_iter();
-                for (pid, n) in flight.parts {
-                    let mine = completions.by_ref().take(n);
-                    match core.partitions.get_mut(&pid) {
-                        Some(p) => {
-                            if let Err(e) = p.complete_flush(&mut core.io, mine) {
-                                tracing::error!(shard = self.id, partition_id = pid, error = %e, "flush failed");
-                            }
-                        }
-                        None => tracing::error!(partition_id = pid, "flushed partition is gone"),
-                    }
-                    done.push(pid);
-                }
+                self.complete_flight(core, flight, completions, &mut done);
+            }
+            // The next journal write may go: what waited for it flushes now
+            // (after a checkpoint started at the head, if one is due).
+            if core.journal.as_ref().is_some_and(|j| !j.writing()) {
+                self.start_checkpoint(core);
+                // A fenced journal takes nothing: these flush directly.
+                done.append(&mut core.journal_waiting);
             }
             for &pid in &done {
                 out.touch(pid);
@@ -558,7 +706,7 @@ impl<B: IoBackend> Shard<B> {
         for (&pid, p) in partitions.iter_mut() {
             match p.prepare_checkpoint(&mut sqes) {
                 Ok(0) => {}
-                Ok(n) => parts.push((pid, n)),
+                Ok(n) => parts.push((pid, n, false)),
                 Err(e) => tracing::debug!(partition_id = pid, error = %e, "no checkpoint"),
             }
         }
@@ -569,9 +717,21 @@ impl<B: IoBackend> Shard<B> {
                 id,
                 Flight {
                     parts,
+                    journal_entries: 0,
                     started: now,
                 },
             );
         }
     }
+}
+
+/// Whether `p`'s flush must wait for the journal write in flight: its bytes
+/// are small enough for the journal, and one journal write is in flight at
+/// a time (so a later turn is never acknowledged before an earlier one).
+fn waits_for_journal(journal: Option<&Journal>, p: &Partition) -> bool {
+    let Some(j) = journal else {
+        return false;
+    };
+    let bytes = p.unflushed_bytes();
+    j.writing() && bytes > 0 && bytes <= j.config().append_bytes_max as u64
 }

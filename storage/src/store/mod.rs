@@ -638,6 +638,11 @@ impl PartitionStore {
         self.prepare_write(sqes, Some(journal))
     }
 
+    /// Bytes accepted since the durable end (what the next flush writes).
+    pub fn unflushed_bytes(&self) -> u64 {
+        self.active.end_position - self.active.durable_position
+    }
+
     /// The active segment as journal records name it.
     pub fn journal_key(&self) -> JournalKey {
         JournalKey {

@@ -379,6 +379,11 @@ impl StorePool {
         !self.0.borrow().journal_replay.is_empty()
     }
 
+    /// The partitions whose journal records wait for them to open.
+    pub fn journal_replay_pids(&self) -> Vec<u32> {
+        self.0.borrow().journal_replay.keys().copied().collect()
+    }
+
     /// Forgets the journal records of a partition that is gone for good.
     pub fn discard_journal_replay(&self, partition_id: u32) {
         self.0.borrow_mut().journal_replay.remove(&partition_id);
