@@ -38,7 +38,15 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ),
     (
         "net",
-        &["catalog", "config", "handle", "metrics", "ops", "placement"],
+        &[
+            "catalog",
+            "config",
+            "handle",
+            "metrics",
+            "oneshot",
+            "ops",
+            "placement",
+        ],
     ),
     (
         "controller",

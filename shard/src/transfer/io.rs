@@ -292,10 +292,7 @@ impl Pipeline {
         foreign: &mut Reaped,
     ) {
         while !self.in_flight.is_empty() {
-            let reaped = io.reap();
-            if reaped.is_empty() {
-                std::thread::yield_now();
-            }
+            let reaped = io.reap_waiting(DRAIN_WAIT);
             for (batch, completions) in reaped {
                 if self.owns(batch) {
                     self.complete(store, installs, batch, completions, done);
@@ -306,6 +303,10 @@ impl Pipeline {
         }
     }
 }
+
+/// How long [`Pipeline::drain`] waits in the backend per round when none
+/// of the I/O in flight has finished (it waits in the ring, not spinning).
+const DRAIN_WAIT: std::time::Duration = std::time::Duration::from_millis(10);
 
 fn local(reason: &str) -> Fault {
     Fault {

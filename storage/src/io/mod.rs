@@ -166,6 +166,14 @@ pub trait IoBackend {
     /// whose ops have all finished (batches in any order), each with one
     /// completion per op in the batch's order.
     fn reap(&mut self) -> Vec<(BatchId, Vec<Completion>)>;
+    /// [`IoBackend::reap`], but when nothing has finished it may first wait
+    /// up to `timeout` for the ops in flight (the io_uring backend waits in
+    /// the ring) instead of returning at once: for a caller that must wait
+    /// for its own batches and would otherwise spin.
+    fn reap_waiting(&mut self, timeout: std::time::Duration) -> Vec<(BatchId, Vec<Completion>)> {
+        let _ = timeout;
+        self.reap()
+    }
     /// Batches of [`IoBackend::submit_nowait`] not handed back by `reap` yet.
     fn batches_running(&self) -> usize;
 }

@@ -850,6 +850,10 @@ impl IoBackend for UringBackend {
     /// Batches may finish in any order; those of one call come in submission
     /// order. It reaps what the kernel completed, resubmits continuations and
     /// retries, and returns.
+    fn reap_waiting(&mut self, timeout: std::time::Duration) -> Vec<(BatchId, Vec<Completion>)> {
+        self.wait_and_reap(timeout)
+    }
+
     fn reap(&mut self) -> Vec<(BatchId, Vec<Completion>)> {
         self.run_deferred();
         self.drain_cq(None);
