@@ -14,6 +14,7 @@ use crate::meta_io;
 use crate::metrics::ShardMetrics;
 use crate::oneshot::Notify;
 use crate::ops::{Op, Outcome};
+use crate::reply_pool::ReplyPool;
 
 pub(crate) trait ShardHandle {
     /// This shard's index.
@@ -30,6 +31,8 @@ pub(crate) trait ShardHandle {
     fn stop(&self) -> &Notify;
     /// The thread doing the controller's file work (topics.json).
     fn meta_io(&self) -> &meta_io::Client;
+    /// The server's fetch reply buffers (a sent reply's goes back here).
+    fn reply_pool(&self) -> &ReplyPool;
     /// Runs `op` on shard `owner` and waits for the outcome.
     fn call(&self, owner: usize, op: Op) -> impl Future<Output = Outcome>;
 }

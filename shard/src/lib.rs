@@ -11,7 +11,8 @@
 //! * [`net`] speaks the client protocol (`ringlog_protocol::wire`);
 //!   it and the controller reach their shard through `handle`'s trait,
 //!   never `shard` itself (the layering is checked by tests/layering.rs);
-//!   [`client`] is the matching blocking client library.
+//!   [`client`] is the matching blocking client library; fetch replies
+//!   are sent from buffers of the server's [`reply_pool`].
 //! * [`transfer`] is state transfer between replicas: a pure receiver
 //!   session and serving side, and their storage executor.
 //! * [`meta_io`] is the thread that writes topics.json for the controller,
@@ -34,6 +35,7 @@ pub mod ops;
 pub mod partition;
 pub mod placement;
 pub mod replica_io;
+pub mod reply_pool;
 pub mod server;
 pub mod shard;
 pub mod sim;

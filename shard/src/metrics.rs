@@ -120,6 +120,13 @@ pub struct ShardMetrics {
     pub read_cache_misses_total: AtomicU64,
     pub read_cache_served_bytes_total: AtomicU64,
     pub read_cache_bytes: AtomicU64,
+    /// Fetch reply buffers this shard allocated because the server's pool
+    /// (`reply_pool`) had none idle: flat while consumers are served from
+    /// kept buffers.
+    pub reply_buffers_allocated_total: AtomicU64,
+    /// Sent replies' buffers this shard let go (the pool full, or one grown
+    /// past its size bound).
+    pub reply_buffers_dropped_total: AtomicU64,
 }
 
 impl Default for ShardMetrics {
@@ -150,6 +157,8 @@ impl Default for ShardMetrics {
             read_cache_misses_total: AtomicU64::new(0),
             read_cache_served_bytes_total: AtomicU64::new(0),
             read_cache_bytes: AtomicU64::new(0),
+            reply_buffers_allocated_total: AtomicU64::new(0),
+            reply_buffers_dropped_total: AtomicU64::new(0),
         }
     }
 }
@@ -322,6 +331,16 @@ const COUNTERS: &[CounterRow] = &[
         "ringlog_read_cache_served_bytes",
         "Bytes fetches got from the read cache",
         |m| &m.read_cache_served_bytes_total,
+    ),
+    (
+        "ringlog_reply_buffers_allocated",
+        "Fetch reply buffers allocated because none was idle in the reply pool",
+        |m| &m.reply_buffers_allocated_total,
+    ),
+    (
+        "ringlog_reply_buffers_dropped",
+        "Sent fetch reply buffers not kept (reply pool full or buffer over its size bound)",
+        |m| &m.reply_buffers_dropped_total,
     ),
 ];
 

@@ -359,17 +359,18 @@ impl Partition {
             h.answer_flushes(io);
         }
     }
-    /// Durable batches from `offset`.
+    /// Durable batches from `offset`, in `buf` (a reused reply buffer).
     pub fn fetch(
         &mut self,
         io: &mut impl IoBackend,
         offset: u64,
         max_bytes: u32,
+        buf: Vec<u8>,
     ) -> Result<FetchReply, OpError> {
         let index = self.index;
         let store = self.store_or_err()?;
         let fetched = store
-            .read(io, offset, max_bytes as usize)
+            .read_into(io, offset, max_bytes as usize, buf)
             .map_err(store_error)?;
         Ok(FetchReply {
             partition: index,
@@ -900,7 +901,7 @@ mod tests {
         let mut offset = 0;
         let mut seen = 0u64;
         while offset < records_in {
-            let f = p.fetch(&mut io, offset, 1 << 20).unwrap();
+            let f = p.fetch(&mut io, offset, 1 << 20, Vec::new()).unwrap();
             for r in records(&f.batches).unwrap() {
                 assert_eq!(r.offset, seen);
                 seen += 1;

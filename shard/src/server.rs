@@ -32,6 +32,7 @@ use crate::mailbox::mailbox;
 use crate::meta_io::MetaIo;
 use crate::metrics::ShardMetrics;
 use crate::net::peer::{PeerFrame, PeerLimits, PeerSetup, PeerSink};
+use crate::reply_pool::ReplyPool;
 use crate::shard::{self, ShardSetup, Shutdown, RECYCLE_DIR};
 use crate::trash::{Sweeper, TRASH_DIR};
 
@@ -200,6 +201,7 @@ pub fn start(config: ServerConfig, hooks: Hooks) -> Result<Running, ServerError>
     } else {
         Vec::new()
     };
+    let reply_pool = Arc::new(ReplyPool::for_shards(shards));
     let (ready_tx, ready_rx) = crossbeam_channel::bounded(shards);
     let mut threads = Vec::with_capacity(shards);
     for (id, (rx, listener)) in rxs.into_iter().zip(listeners).enumerate() {
@@ -217,6 +219,7 @@ pub fn start(config: ServerConfig, hooks: Hooks) -> Result<Running, ServerError>
             trash: sweeper.poker(),
             meta_io: meta_io.client(),
             peer: if id == 0 { peer.take() } else { None },
+            reply_pool: reply_pool.clone(),
         };
         let handle = std::thread::Builder::new()
             .name(format!("ringlog-shard-{id}"))

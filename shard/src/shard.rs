@@ -69,6 +69,7 @@ use crate::ops::{
 };
 use crate::partition::Partition;
 use crate::placement::shard_for;
+use crate::reply_pool::ReplyPool;
 use crate::trash::{self, Poker};
 use crate::vsr::Token;
 
@@ -152,6 +153,8 @@ pub struct ShardSetup {
     /// The replication transport, on the one shard that runs it (shard 0
     /// in a cluster; none for a single node).
     pub peer: Option<crate::net::peer::PeerSetup>,
+    /// Fetch reply buffers, shared by the server's shards.
+    pub reply_pool: Arc<ReplyPool>,
 }
 
 /// Where a reply goes, seen from the owning shard.
@@ -283,6 +286,7 @@ pub(crate) struct Shard<B: IoBackend = UringBackend> {
     stopping: Cell<bool>,
     trash: Poker,
     meta_io: meta_io::Client,
+    reply_pool: Arc<ReplyPool>,
 }
 
 /// Runs a shard on the current thread until shutdown.
@@ -413,6 +417,10 @@ impl<B: IoBackend> ShardHandle for Shard<B> {
         &self.stop
     }
 
+    fn reply_pool(&self) -> &ReplyPool {
+        &self.reply_pool
+    }
+
     /// Runs `op` on shard `owner` and waits for the outcome: locally through
     /// the turn queue, or through the owner's mailbox.
     async fn call(&self, owner: usize, op: Op) -> Outcome {
@@ -497,6 +505,7 @@ impl<B: IoBackend> Shard<B> {
             meta_io,
             // Taken by `run` before the shard is built.
             peer: _,
+            reply_pool,
         } = setup;
         let view = CatalogView::new(catalog.clone());
         let pool = shard_pool(&config, id);
@@ -534,6 +543,7 @@ impl<B: IoBackend> Shard<B> {
             stopping: Cell::new(false),
             trash,
             meta_io,
+            reply_pool,
         };
         (shard, listener, ready)
     }

@@ -24,6 +24,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("sim", &["replica_io", "transfer", "vsr"]),
     ("transfer", &["vsr"]),
     ("ops", &[]),
+    ("reply_pool", &[]),
     ("mailbox", &["eventfd", "ops"]),
     ("metrics", &["mailbox"]),
     ("meta_io", &["catalog", "eventfd"]),
@@ -34,7 +35,15 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("trash", &[]),
     (
         "handle",
-        &["catalog", "config", "meta_io", "metrics", "oneshot", "ops"],
+        &[
+            "catalog",
+            "config",
+            "meta_io",
+            "metrics",
+            "oneshot",
+            "ops",
+            "reply_pool",
+        ],
     ),
     (
         "net",
@@ -46,6 +55,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "oneshot",
             "ops",
             "placement",
+            "reply_pool",
         ],
     ),
     (
@@ -68,6 +78,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "ops",
             "partition",
             "placement",
+            "reply_pool",
             "trash",
             "vsr",
         ],
@@ -87,7 +98,15 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "server",
         &[
-            "catalog", "config", "control", "mailbox", "meta_io", "metrics", "net", "shard",
+            "catalog",
+            "config",
+            "control",
+            "mailbox",
+            "meta_io",
+            "metrics",
+            "net",
+            "reply_pool",
+            "shard",
             "trash",
         ],
     ),

@@ -417,3 +417,60 @@ fn a_fixed_history_reads_the_same_with_and_without_the_cache() {
     }
     assert!(hot.read_cache_stats().hits > 0);
 }
+
+/// Every read from the log start into one reused buffer of `capacity`
+/// bytes: each answer equals `read`'s, and the buffer is reallocated only
+/// when an answer does not fit it.
+fn read_into_reused(
+    io: &mut SimBackend,
+    store: &mut PartitionStore,
+    capacity: usize,
+    max_bytes: usize,
+) -> usize {
+    let mut buf = Vec::with_capacity(capacity);
+    let mut offset = store.log_start_offset();
+    let mut reads = 0;
+    while offset < store.durable().next_offset {
+        let want = store.read(io, offset, max_bytes).unwrap();
+        let at = buf.as_ptr();
+        let fits = want.bytes.len() <= buf.capacity();
+        let got = store.read_into(io, offset, max_bytes, buf).unwrap();
+        assert_eq!(got, want, "at offset {offset}");
+        if fits {
+            assert_eq!(got.bytes.as_ptr(), at, "a reply that fits was reallocated");
+        }
+        offset = got.next_offset;
+        buf = got.bytes;
+        reads += 1;
+    }
+    reads
+}
+
+#[test]
+fn read_into_writes_the_same_bytes_into_the_callers_buffer_hot_and_cold() {
+    for cache_bytes in [CACHE_BYTES, 0] {
+        let mut io = SimBackend::new(9);
+        let mut store = create_cached(&mut io, dir("/into"), PID, small_config(), cache_bytes);
+        append(&mut io, &mut store, 60, 9);
+        let reads_before = io.op_count(FaultOp::Read);
+        // Reads of many batches, of one, and a buffer smaller than a batch
+        // (it grows, then is reused).
+        for (capacity, max_bytes) in [(64 << 10, 1 << 20), (4096, 1), (16, 8 << 10)] {
+            assert!(read_into_reused(&mut io, &mut store, capacity, max_bytes) > 1);
+        }
+        let device_reads = io.op_count(FaultOp::Read) - reads_before;
+        assert_eq!(device_reads == 0, cache_bytes > 0, "{device_reads} reads");
+    }
+}
+
+#[test]
+fn a_read_that_misses_the_cache_leaves_no_cached_bytes_in_the_buffer() {
+    // A cache of 64 KiB keeps only the newest ~30 batches: reads from the
+    // start miss and go to the device, tail reads hit.
+    let mut io = SimBackend::new(10);
+    let mut store = create_cached(&mut io, dir("/miss"), PID, small_config(), 64 << 10);
+    append(&mut io, &mut store, 120, 10);
+    read_into_reused(&mut io, &mut store, 1 << 20, 1 << 20);
+    let stats = store.read_cache_stats();
+    assert!(stats.misses > 0 && stats.hits > 0, "{stats:?}");
+}

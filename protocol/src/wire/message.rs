@@ -1,6 +1,6 @@
 //! Requests and replies: typed messages and their (strict) codecs.
 
-use super::frame::encode_frame;
+use super::frame::{encode_frame, FRAME_HEADER_LEN};
 use super::{ErrorCode, WireError, KEY_BYTES_MAX, TOPIC_NAME_BYTES_MAX, WIRE_MAGIC};
 use crate::reader::{usize_from, Reader};
 
@@ -10,6 +10,12 @@ pub const RESPONSE_BIT: u16 = 0x8000;
 const MESSAGE_HEADER_LEN: usize = 8;
 /// Error messages are cut to this many bytes on the wire.
 const ERROR_MESSAGE_BYTES_MAX: usize = 1024;
+/// Bytes of a fetch reply's fields before its batches: partition, three
+/// offsets, the batches' length.
+const FETCH_FIELDS_LEN: usize = 4 + 3 * 8 + 4;
+/// Bytes of an Ok fetch reply frame before its batches (see
+/// [`Reply::encode_fetch_head`]).
+pub const FETCH_REPLY_HEAD_LEN: usize = FRAME_HEADER_LEN + MESSAGE_HEADER_LEN + FETCH_FIELDS_LEN;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u16)]
@@ -404,6 +410,33 @@ impl Reply {
         }
         encode_frame(&w.buf, out);
         Ok(())
+    }
+
+    /// The frame of an Ok fetch reply up to its batches: `head` followed by
+    /// `f.batches` is byte for byte what [`Reply::encode`] writes for it, so
+    /// a server sends the batches from the buffer they were read into
+    /// instead of copying them into a frame (the checksum covers them).
+    pub fn encode_fetch_head(
+        correlation: u32,
+        f: &FetchReply,
+    ) -> Result<[u8; FETCH_REPLY_HEAD_LEN], WireError> {
+        let opcode = Opcode::Fetch as u16 | RESPONSE_BIT;
+        let mut w = Writer::message(opcode, ErrorCode::Ok as u16, correlation);
+        w.u32(f.partition);
+        w.u64(f.next_offset);
+        w.u64(f.log_start_offset);
+        w.u64(f.high_watermark);
+        w.u32(len_u32("batches", f.batches.len())?);
+        let body_len = len_u32("fetch reply", w.buf.len() + f.batches.len())?;
+        let mut sum = crate::checksum::Hasher::new();
+        sum.update(&w.buf);
+        sum.update(&f.batches);
+        let mut head = [0u8; FETCH_REPLY_HEAD_LEN];
+        head[..4].copy_from_slice(&body_len.to_le_bytes());
+        head[4..FRAME_HEADER_LEN].copy_from_slice(&sum.finish().to_le_bytes());
+        debug_assert_eq!(w.buf.len(), FETCH_REPLY_HEAD_LEN - FRAME_HEADER_LEN);
+        head[FRAME_HEADER_LEN..].copy_from_slice(&w.buf);
+        Ok(head)
     }
 
     /// Decodes a verified response frame body.

@@ -57,7 +57,7 @@ pub use error::{ErrorCode, WireError};
 pub use frame::{decode_frame_header, encode_frame, FrameHeader, FRAME_HEADER_LEN};
 pub use message::{
     Body, FetchReply, HelloReply, Opcode, PartitionInfo, ProduceReply, ProduceTarget, Reply,
-    Request, TopicDescription, TopicSummary, RESPONSE_BIT,
+    Request, TopicDescription, TopicSummary, FETCH_REPLY_HEAD_LEN, RESPONSE_BIT,
 };
 
 /// "RLWP" as little-endian bytes: identifies a ringlog client.

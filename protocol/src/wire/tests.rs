@@ -251,3 +251,26 @@ fn topic_names_and_key_routing() {
     }
     assert!(ErrorCode::from_u16(22).is_none());
 }
+
+#[test]
+fn a_fetch_head_then_its_batches_is_the_encoded_reply() {
+    for len in [0usize, 1, 33, 240, 4096, 1 << 20] {
+        let f = FetchReply {
+            partition: 3,
+            next_offset: 1 << 40,
+            log_start_offset: 7,
+            high_watermark: u64::MAX,
+            batches: (0..len).map(|i| (i * 31 + 5) as u8).collect(),
+        };
+        let mut want = Vec::new();
+        Reply::ok(Opcode::Fetch, 77, Body::Fetched(f.clone()))
+            .encode(&mut want)
+            .unwrap();
+        let head = Reply::encode_fetch_head(77, &f).unwrap();
+        let mut got = head.to_vec();
+        got.extend_from_slice(&f.batches);
+        assert_eq!(got, want, "{len} bytes of batches");
+        let decoded = Reply::decode(open(&got).unwrap()).unwrap();
+        assert_eq!(decoded.result, Ok(Body::Fetched(f)));
+    }
+}

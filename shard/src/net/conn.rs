@@ -36,6 +36,7 @@ use crate::config::ServerConfig;
 use crate::handle::ShardHandle;
 use crate::metrics;
 use crate::oneshot::{self, Notify};
+use crate::reply_pool::Put;
 
 pub(crate) async fn accept_loop<S: ShardHandle + 'static>(shard: Rc<S>, listener: TcpListener) {
     let budget = ByteBudget::new(shard.config().shard_request_bytes_max);
@@ -108,36 +109,75 @@ async fn write_reply(
             .encode(&mut out)
             .map_err(|e| std::io::Error::other(e.to_string()))?;
     }
-    write_within(stream, out, stall).await
+    write_within(stream, out, stall).await.0
+}
+
+/// Sends `reply`. A fetch's batches go out from the buffer the shard read
+/// them into, after a head that frames them (no copy into a frame); the
+/// buffer then goes back to the server's reply pool, whether or not the
+/// client took the reply.
+async fn send_reply(
+    shard: &impl ShardHandle,
+    stream: &mut impl AsyncWriteRent,
+    reply: Reply,
+    stall: Duration,
+) -> std::io::Result<()> {
+    let f = match reply.result {
+        Ok(Body::Fetched(f)) => f,
+        result => return write_reply(stream, &Reply { result, ..reply }, stall).await,
+    };
+    let head = match Reply::encode_fetch_head(reply.correlation, &f) {
+        Ok(head) => head,
+        // Too long to frame: write_reply answers with the encoding error.
+        Err(_) => {
+            let reply = Reply::ok(Opcode::Fetch, reply.correlation, Body::Fetched(f));
+            return write_reply(stream, &reply, stall).await;
+        }
+    };
+    let (sent, _) = write_within(stream, head.to_vec(), stall).await;
+    let (sent, batches) = match sent {
+        Ok(()) => write_within(stream, f.batches, stall).await,
+        Err(e) => (Err(e), Some(f.batches)),
+    };
+    if let Some(buf) = batches {
+        if shard.reply_pool().put(buf) == Put::Dropped {
+            metrics::inc(&shard.metrics().reply_buffers_dropped_total);
+        }
+    }
+    sent
 }
 
 /// Writes all of `buf`, failing with TimedOut if the peer takes no bytes
 /// for `stall`: a client that stops reading cannot hold a reply (and its
-/// budget) forever.
+/// budget) forever. Hands the buffer back unless a write timed out (the
+/// runtime keeps it until the cancelled write completes).
 async fn write_within(
     stream: &mut impl AsyncWriteRent,
     mut buf: Vec<u8>,
     stall: Duration,
-) -> std::io::Result<()> {
+) -> (std::io::Result<()>, Option<Vec<u8>>) {
     let mut pos = 0;
     while pos < buf.len() {
         let end = buf.len();
         match monoio::time::timeout(stall, stream.write(buf.slice(pos..end))).await {
             Err(_) => {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    "client stopped reading",
-                ))
+                let e = std::io::Error::new(std::io::ErrorKind::TimedOut, "client stopped reading");
+                return (Err(e), None);
             }
-            Ok((Ok(0), _)) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok((Ok(0), slice)) => {
+                return (
+                    Err(std::io::ErrorKind::WriteZero.into()),
+                    Some(slice.into_inner()),
+                )
+            }
             Ok((Ok(n), slice)) => {
                 buf = slice.into_inner();
                 pos += n;
             }
-            Ok((Err(e), _)) => return Err(e),
+            Ok((Err(e), slice)) => return (Err(e), Some(slice.into_inner())),
         }
     }
-    Ok(())
+    (Ok(()), Some(buf))
 }
 
 /// Scratch for discarding a body that did not fit the budget.
@@ -496,7 +536,7 @@ async fn write_replies(
             }),
         };
         let closes = matches!(&reply.result, Err((code, _)) if code.closes_connection());
-        let written = write_reply(stream, &reply, stall).await;
+        let written = send_reply(shard, stream, reply, stall).await;
         drop(held);
         pipeline.reply_written();
         if let Err(e) = written {

@@ -87,6 +87,7 @@ pub(super) fn shard_with(
         trash: crate::trash::channel().0,
         meta_io: crate::meta_io::channel().0,
         peer: None,
+        reply_pool: Arc::new(crate::reply_pool::ReplyPool::for_shards(1)),
     };
     Shard::new(setup, io, EventFd::new().expect("eventfd")).0
 }
@@ -220,7 +221,7 @@ fn read_back(s: &Shard<SimBackend>, pid: u32, label: &str) -> BTreeMap<u64, Vec<
     let mut offset = p.store().map(|st| st.log_start_offset()).unwrap_or(0);
     while offset < end {
         let f = p
-            .fetch(io, offset, 1 << 20)
+            .fetch(io, offset, 1 << 20, Vec::new())
             .unwrap_or_else(|e| panic!("{label}: fetch {pid}@{offset}: {e:?}"));
         assert!(f.next_offset > offset, "{label}: fetch made no progress");
         let mut rest = &f.batches[..];

@@ -145,7 +145,8 @@ impl<B: IoBackend> Shard<B> {
                         return;
                     }
                 }
-                let outcome = p.fetch(io, offset, max_bytes).map(|f| {
+                let buf = self.reply_buffer(max_bytes);
+                let outcome = p.fetch(io, offset, max_bytes, buf).map(|f| {
                     metrics::inc(&self.metrics.fetches_total);
                     metrics::add(&self.metrics.fetch_bytes_total, f.batches.len() as u64);
                     metrics::set_read_cache(&self.metrics, &pool.read_cache_stats());
@@ -605,6 +606,16 @@ impl<B: IoBackend> Shard<B> {
         self.flushed.notify();
     }
 
+    /// A buffer for a fetch reply of up to `max_bytes`, from the server's
+    /// pool (the connection sending the reply gives it back).
+    fn reply_buffer(&self, max_bytes: u32) -> Vec<u8> {
+        let (buf, fresh) = self.reply_pool.take(max_bytes as usize);
+        if fresh {
+            metrics::inc(&self.metrics.reply_buffers_allocated_total);
+        }
+        buf
+    }
+
     /// Answers long-poll fetches whose data became durable.
     pub(super) fn serve_waiters(
         &self,
@@ -626,7 +637,10 @@ impl<B: IoBackend> Shard<B> {
                 list.drain(..).partition(|w| w.offset < hwm);
             *list = waiting;
             for w in ready {
-                let outcome = p.fetch(io, w.offset, w.max_bytes).map(OpReply::Fetched);
+                let buf = self.reply_buffer(w.max_bytes);
+                let outcome = p
+                    .fetch(io, w.offset, w.max_bytes, buf)
+                    .map(OpReply::Fetched);
                 replies.push((w.reply, outcome));
             }
         }

@@ -297,24 +297,28 @@ impl ReadCache {
 
     /// The answer a disk read of `r` gives (whole batches from the one
     /// holding `from_offset`, at least one, then while they fit
-    /// `max_bytes`, stopping at `end_offset`), if every batch of it is
-    /// held; None (a miss) otherwise.
-    pub(super) fn read(&mut self, r: &CacheRead) -> Option<(Vec<u8>, u64)> {
+    /// `max_bytes`, stopping at `end_offset`), written to the empty `out`
+    /// (the caller's reused buffer) and its next offset, if every batch of
+    /// it is held; None (a miss, `out` left empty) otherwise.
+    pub(super) fn read(&mut self, r: &CacheRead, out: &mut Vec<u8>) -> Option<u64> {
         debug_assert!(r.from_offset < r.end_offset);
-        let found = self.lookup(r);
-        match &found {
-            Some((bytes, _)) => {
+        debug_assert!(out.is_empty());
+        let found = self.lookup(r, out);
+        match found {
+            Some(_) => {
                 self.stats.hits += 1;
-                self.stats.served_bytes += bytes.len() as u64;
+                self.stats.served_bytes += out.len() as u64;
             }
-            None => self.stats.misses += 1,
+            None => {
+                out.clear();
+                self.stats.misses += 1;
+            }
         }
         found
     }
 
-    fn lookup(&self, r: &CacheRead) -> Option<(Vec<u8>, u64)> {
+    fn lookup(&self, r: &CacheRead, out: &mut Vec<u8>) -> Option<u64> {
         let index = self.by_key.get(&r.key)?;
-        let mut out = Vec::new();
         let mut next = r.from_offset;
         while next < r.end_offset {
             let (_, &sequence) = index.range(..=next).next_back()?;
@@ -327,14 +331,14 @@ impl ReadCache {
                 let (base, bytes) = entry.batch(i);
                 debug_assert!(out.is_empty() || base == next);
                 if !out.is_empty() && out.len() + bytes.len() > r.max_bytes {
-                    return Some((out, next));
+                    return Some(next);
                 }
                 out.extend_from_slice(bytes);
                 next = entry.batches[i].next_offset;
                 i += 1;
             }
         }
-        Some((out, next))
+        Some(next)
     }
 }
 
@@ -368,12 +372,25 @@ mod tests {
     }
 
     fn read(c: &mut ReadCache, key: u64, from: u64, end: u64) -> Option<(Vec<u8>, u64)> {
-        c.read(&CacheRead {
+        read_max(c, key, from, end, 1 << 20)
+    }
+
+    fn read_max(
+        c: &mut ReadCache,
+        key: u64,
+        from: u64,
+        end: u64,
+        max_bytes: usize,
+    ) -> Option<(Vec<u8>, u64)> {
+        let r = CacheRead {
             key,
             from_offset: from,
             end_offset: end,
-            max_bytes: 1 << 20,
-        })
+            max_bytes,
+        };
+        let mut out = Vec::new();
+        let next = c.read(&r, &mut out)?;
+        Some((out, next))
     }
 
     #[test]
@@ -414,6 +431,46 @@ mod tests {
         assert!(read(&mut c, 1, 0, 24).is_none());
         assert!(read(&mut c, 1, 2, 24).is_none());
         assert!(read(&mut c, 1, 22, 24).is_some());
+    }
+
+    #[test]
+    fn a_read_spanning_entries_writes_them_back_to_back_into_the_callers_buffer() {
+        // A 64 KiB bound: entries of at most 16 KiB, so these flushes of
+        // about 11 KiB each make one entry apiece.
+        let mut c = ReadCache::new(64 * 1024);
+        for flush in 0..3 {
+            c.insert(5, flush * 10, &batches(flush * 10, 10, 1000));
+        }
+        assert_eq!(c.entries.len(), 3);
+        let r = CacheRead {
+            key: 5,
+            from_offset: 4,
+            end_offset: 30,
+            max_bytes: 1 << 20,
+        };
+        let mut out = Vec::with_capacity(64 * 1024);
+        let at = out.as_ptr();
+        assert_eq!(c.read(&r, &mut out), Some(30));
+        assert_eq!(out, batches(4, 26, 1000));
+        assert_eq!(out.as_ptr(), at, "the reply fits: no new buffer");
+        // max_bytes stops it inside the second entry, at a batch boundary.
+        let one = batches(0, 1, 1000).len();
+        out.clear();
+        let r = CacheRead {
+            max_bytes: 8 * one,
+            ..r
+        };
+        assert_eq!(c.read(&r, &mut out), Some(12));
+        assert_eq!(out, batches(4, 8, 1000));
+        // A miss (offsets past the held ones) leaves the buffer empty.
+        out.clear();
+        let r = CacheRead {
+            from_offset: 25,
+            end_offset: 40,
+            ..r
+        };
+        assert_eq!(c.read(&r, &mut out), None);
+        assert!(out.is_empty());
     }
 
     #[test]

@@ -332,9 +332,10 @@ impl StorePool {
         self.0.borrow_mut().read_cache.insert(key, base, bytes);
     }
 
-    /// A read answered from memory (bytes, next offset), or None.
-    pub(super) fn cache_read(&self, r: &CacheRead) -> Option<(Vec<u8>, u64)> {
-        self.0.borrow_mut().read_cache.read(r)
+    /// A read answered from memory into the empty `out`: its next offset,
+    /// or None (`out` left empty).
+    pub(super) fn cache_read(&self, r: &CacheRead, out: &mut Vec<u8>) -> Option<u64> {
+        self.0.borrow_mut().read_cache.read(r, out)
     }
 
     /// A tail cut of store `key` at `offset`.

@@ -29,6 +29,22 @@ impl PartitionStore {
         from_offset: u64,
         max_bytes: usize,
     ) -> Result<Fetched, StoreError> {
+        self.read_into(io, from_offset, max_bytes, Vec::new())
+    }
+
+    /// [`read`](PartitionStore::read) into `out` (cleared first): the
+    /// batches are copied once, from the read cache or the read buffer,
+    /// into the caller's buffer, which comes back as `Fetched::bytes`. A
+    /// server reuses these buffers, so a reply does not fault in fresh
+    /// pages; `out` grows only if the answer does not fit its capacity.
+    pub fn read_into(
+        &mut self,
+        io: &mut impl IoBackend,
+        from_offset: u64,
+        max_bytes: usize,
+        mut out: Vec<u8>,
+    ) -> Result<Fetched, StoreError> {
+        out.clear();
         self.check_fenced()?;
         let pid = self.partition_id;
         let start = self.log_start_offset();
@@ -43,13 +59,16 @@ impl PartitionStore {
         }
         if from_offset == end {
             return Ok(Fetched {
-                bytes: Vec::new(),
+                bytes: out,
                 next_offset: end,
             });
         }
         let max_bytes = max_bytes.min(self.config.read_bytes_max);
-        if let Some(fetched) = self.read_cached(from_offset, max_bytes) {
-            return Ok(fetched);
+        if let Some(next_offset) = self.read_cached(from_offset, max_bytes, &mut out) {
+            return Ok(Fetched {
+                bytes: out,
+                next_offset,
+            });
         }
         let (base, file, limit, position) = if from_offset >= self.active.base_offset {
             let a = &self.active;
@@ -73,7 +92,6 @@ impl PartitionStore {
                 s.index.position_for(relative),
             )
         };
-        let mut out = Vec::new();
         let mut next_offset = from_offset;
         // One read covers the distance from the indexed batch and the bytes
         // wanted, in the common case.
@@ -127,10 +145,11 @@ impl PartitionStore {
         })
     }
 
-    /// The read from the read cache, if it holds every batch of it; it
+    /// The read from the read cache into the empty `out`, if it holds
+    /// every batch of it (the next offset; else None, `out` left empty); it
     /// stops where a disk read would: at the end of the segment holding
     /// `from_offset` (the durable end for the active one).
-    fn read_cached(&self, from_offset: u64, max_bytes: usize) -> Option<Fetched> {
+    fn read_cached(&self, from_offset: u64, max_bytes: usize, out: &mut Vec<u8>) -> Option<u64> {
         if !self.pool.cache_enabled() {
             return None;
         }
@@ -142,13 +161,13 @@ impl PartitionStore {
                 .partition_point(|s| s.meta.end_offset <= from_offset);
             self.sealed[i].meta.end_offset
         };
-        let (bytes, next_offset) = self.pool.cache_read(&CacheRead {
+        let read = CacheRead {
             key: self.cache_key,
             from_offset,
             end_offset,
             max_bytes,
-        })?;
-        Some(Fetched { bytes, next_offset })
+        };
+        self.pool.cache_read(&read, out)
     }
 
     /// Hands the batches a completed flush made durable to the read cache:
