@@ -110,7 +110,14 @@ pub struct Client {
     /// the caller pipelined).
     pending: VecDeque<u32>,
     hello: HelloReply,
+    /// Reply bodies are read into this buffer, kept across replies (up to
+    /// [`RX_KEPT_BYTES_MAX`]): a fresh zeroed one per 1 MiB fetch reply
+    /// faulted in and cleared every page before the socket filled it.
+    rx: Vec<u8>,
 }
+
+/// The largest reply body buffer a client keeps for the next reply.
+pub const RX_KEPT_BYTES_MAX: usize = 16 << 20;
 
 impl Client {
     /// Connects and performs the handshake. A failed connect names `addr`.
@@ -136,6 +143,7 @@ impl Client {
                 batch_bytes_max: 0,
                 shards: 0,
             },
+            rx: Vec::new(),
         };
         let body = c.call(&Request::Hello {
             version_min: PROTOCOL_VERSION,
@@ -223,9 +231,10 @@ impl Client {
 
     /// Reads one reply frame.
     pub fn read_reply(&mut self) -> Result<Reply, ClientError> {
-        read_reply(
+        read_reply_with(
             &mut self.stream,
             self.hello.frame_bytes_max.max(FRAME_BYTES_MAX),
+            &mut self.rx,
         )
     }
 
@@ -373,13 +382,36 @@ fn produced(body: Body) -> Result<ProduceReply, ClientError> {
 
 /// Reads and decodes one reply frame from `stream`.
 pub fn read_reply(stream: &mut impl Read, frame_bytes_max: u32) -> Result<Reply, ClientError> {
+    read_reply_with(stream, frame_bytes_max, &mut Vec::new())
+}
+
+/// [`read_reply`] through `body`, a buffer the caller keeps across
+/// replies: it is filled straight from the socket (not zeroed first) and
+/// let go if it grew past [`RX_KEPT_BYTES_MAX`].
+fn read_reply_with(
+    stream: &mut impl Read,
+    frame_bytes_max: u32,
+    body: &mut Vec<u8>,
+) -> Result<Reply, ClientError> {
     let mut head = [0u8; FRAME_HEADER_LEN];
     stream.read_exact(&mut head)?;
     let header = decode_frame_header(&head, frame_bytes_max)?;
-    let mut body = vec![0u8; header.body_len as usize];
-    stream.read_exact(&mut body)?;
-    header.verify(&body)?;
-    Ok(Reply::decode(&body)?)
+    let len = header.body_len as usize;
+    body.clear();
+    body.reserve_exact(len);
+    let got = stream.by_ref().take(len as u64).read_to_end(body)?;
+    let decoded = if got < len {
+        Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into())
+    } else {
+        header
+            .verify(body)
+            .map_err(ClientError::from)
+            .and_then(|()| Ok(Reply::decode(body)?))
+    };
+    if body.capacity() > RX_KEPT_BYTES_MAX {
+        *body = Vec::new();
+    }
+    decoded
 }
 
 /// Builds one batch holding `values` (no keys, timestamps now).
@@ -452,6 +484,54 @@ pub fn with_retry<T>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn frame(reply: &Reply) -> Vec<u8> {
+        let mut out = Vec::new();
+        reply.encode(&mut out).unwrap();
+        out
+    }
+
+    fn fetched(correlation: u32, batches_len: usize) -> Reply {
+        Reply::ok(
+            ringlog_protocol::wire::Opcode::Fetch,
+            correlation,
+            Body::Fetched(FetchReply {
+                partition: 0,
+                next_offset: 9,
+                log_start_offset: 0,
+                high_watermark: 9,
+                batches: vec![correlation as u8; batches_len],
+            }),
+        )
+    }
+
+    #[test]
+    fn a_kept_body_buffer_reads_the_same_replies_and_is_bounded() {
+        let replies = [
+            fetched(1, 1 << 20),
+            fetched(2, 100),
+            fetched(3, RX_KEPT_BYTES_MAX + 1),
+            fetched(4, 1 << 20),
+        ];
+        let wire: Vec<u8> = replies.iter().flat_map(frame).collect();
+        let mut stream = std::io::Cursor::new(wire);
+        let mut body = Vec::new();
+        let mut kept = Vec::new();
+        for want in &replies {
+            let got = read_reply_with(&mut stream, FRAME_BYTES_MAX, &mut body).unwrap();
+            assert_eq!(&got, want);
+            kept.push(body.capacity());
+        }
+        // Kept after 1 MiB and reused for the small reply; let go after
+        // the one over the bound.
+        assert!(kept[0] > 1 << 20 && kept[1] == kept[0], "{kept:?}");
+        assert_eq!(kept[2], 0);
+        // A frame cut short is an error, not a shorter reply.
+        let mut cut = frame(&fetched(5, 4096));
+        cut.truncate(cut.len() - 1);
+        let e = read_reply_with(&mut std::io::Cursor::new(cut), FRAME_BYTES_MAX, &mut body);
+        assert!(matches!(e, Err(ClientError::Io(_))), "{e:?}");
+    }
 
     #[test]
     fn disk_full_is_retryable_and_explained() {
