@@ -26,6 +26,7 @@ mod controller;
 pub mod eventfd;
 mod handle;
 pub mod mailbox;
+pub mod meta;
 pub mod meta_io;
 pub mod metrics;
 pub mod net;

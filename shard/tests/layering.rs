@@ -19,6 +19,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("eventfd", &[]),
     ("oneshot", &[]),
     ("placement", &[]),
+    ("meta", &["vsr"]),
     ("vsr", &[]),
     ("replica_io", &["vsr"]),
     ("sim", &["replica_io", "transfer", "vsr"]),
