@@ -22,7 +22,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("meta", &["vsr"]),
     ("vsr", &[]),
     ("replica_io", &["vsr"]),
-    ("sim", &["replica_io", "transfer", "vsr"]),
+    ("sim", &["meta", "replica_io", "transfer", "vsr"]),
     ("transfer", &["vsr"]),
     ("ops", &[]),
     ("mailbox", &["eventfd", "ops"]),
