@@ -31,5 +31,5 @@ pub use host::{diff, HostError, LocalAction, LocalPartition, MetaHost, Role, Rou
 pub use snapshot::{SnapshotError, SNAPSHOT_BYTES_MAX};
 pub use table::{
     shard_for, Applied, Change, MetaError, MetaTable, NodeId, NodesError, Outcome, Placement,
-    Refusal, Topic, META_PARTITION_ID, NODES_MAX, TOPICS_MAX,
+    Refusal, Topic, CLUSTER_PARTITIONS_MAX, META_PARTITION_ID, NODES_MAX, TOPICS_MAX,
 };

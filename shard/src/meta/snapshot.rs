@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 use ringlog_protocol::wire::{valid_topic_name, PARTITIONS_MAX, TOPIC_NAME_BYTES_MAX};
 
 use super::codec::{get_name, put_name, Cursor, NameError, Short};
-use super::table::{MetaTable, Topic, NODES_MAX, TOPICS_MAX};
+use super::table::{MetaTable, Topic, CLUSTER_PARTITIONS_MAX, NODES_MAX, TOPICS_MAX};
 
 /// "RLMT" as little-endian bytes.
 pub const SNAPSHOT_MAGIC: u32 = 0x544D_4C52;
@@ -160,12 +160,16 @@ fn decode_body(c: &mut Cursor<'_>) -> Result<MetaTable, SnapshotError> {
     if c.remaining() != 0 {
         return Err(invalid(format!("{} bytes after the topics", c.remaining())));
     }
-    Ok(MetaTable {
+    let table = MetaTable {
         version,
         nodes,
         next_partition_id,
         topics,
-    })
+    };
+    if table.partitions_total() > CLUSTER_PARTITIONS_MAX {
+        return Err(invalid(format!("{} partitions", table.partitions_total())));
+    }
+    Ok(table)
 }
 
 fn decode_topic(c: &mut Cursor<'_>, nodes: usize) -> Result<(String, Topic), SnapshotError> {

@@ -34,6 +34,9 @@ pub type NodeId = u32;
 pub const NODES_MAX: usize = 32;
 /// Topics in the table at most: bounds the table and its snapshot.
 pub const TOPICS_MAX: usize = 4096;
+/// Partitions of all topics together at most: bounds the placement a host
+/// computes per applied op.
+pub const CLUSTER_PARTITIONS_MAX: u64 = 65_536;
 /// The metadata group's own partition id: data partitions stay below it.
 pub const META_PARTITION_ID: u32 = u32::MAX;
 
@@ -72,6 +75,12 @@ pub enum Refusal {
     InvalidName { name: String },
     #[error("the table holds {max} topics already")]
     TopicsFull { max: usize },
+    #[error("{requested} more partitions would pass the cluster's {max} ({total} now)")]
+    ClusterPartitions {
+        requested: u32,
+        total: u64,
+        max: u64,
+    },
     #[error("partition ids exhausted")]
     PartitionIdsExhausted,
     #[error("undecodable command: {0}")]
@@ -182,6 +191,11 @@ impl MetaTable {
         self.next_partition_id
     }
 
+    /// Partitions of all topics together.
+    pub fn partitions_total(&self) -> u64 {
+        self.topics.values().map(|t| u64::from(t.partitions)).sum()
+    }
+
     /// Whether `cmd` would apply to the table as it is now (a host's early
     /// answer; the applied outcome is the one that counts).
     pub fn check(&self, cmd: &Command) -> Result<(), Refusal> {
@@ -226,6 +240,15 @@ impl MetaTable {
         }
         if self.topics.len() >= TOPICS_MAX {
             return Err(Refusal::TopicsFull { max: TOPICS_MAX });
+        }
+        let total = self.partitions_total();
+        if total + u64::from(partitions) > CLUSTER_PARTITIONS_MAX {
+            let max = CLUSTER_PARTITIONS_MAX;
+            return Err(Refusal::ClusterPartitions {
+                requested: partitions,
+                total,
+                max,
+            });
         }
         let end = u64::from(self.next_partition_id) + u64::from(partitions);
         if end > u64::from(META_PARTITION_ID) {
@@ -274,6 +297,7 @@ impl MetaTable {
             }
         };
         debug_assert!(self.topics.len() <= TOPICS_MAX);
+        debug_assert!(self.partitions_total() <= CLUSTER_PARTITIONS_MAX);
         Ok(change)
     }
 

@@ -512,3 +512,73 @@ fn host_install_diffs_and_refuses_stale_or_foreign() {
         "a refused install changed the table"
     );
 }
+
+/// The largest table: TOPICS_MAX topics with the longest names, all the
+/// cluster's partitions.
+fn full_table() -> MetaTable {
+    let mut t = MetaTable::new(&(0..NODES_MAX as u32).collect::<Vec<_>>()).expect("nodes");
+    let per_topic = (CLUSTER_PARTITIONS_MAX / TOPICS_MAX as u64) as u32;
+    for i in 0..TOPICS_MAX {
+        let mut name = format!("{i:05}");
+        name.push_str(&"n".repeat(ringlog_protocol::wire::TOPIC_NAME_BYTES_MAX - name.len()));
+        let topic = Topic {
+            first_partition_id: i as u32 * per_topic,
+            partitions: per_topic,
+            replication_factor: NODES_MAX as u8,
+            purge_generation: u64::MAX,
+        };
+        t.topics.insert(name, topic);
+    }
+    t.next_partition_id = TOPICS_MAX as u32 * per_topic;
+    t
+}
+
+/// Its snapshot fits SNAPSHOT_BYTES_MAX and decodes; a header claiming
+/// more is refused before anything is read.
+#[test]
+fn the_largest_snapshot_fits_its_bound() {
+    let t = full_table();
+    assert_eq!(t.partitions_total(), CLUSTER_PARTITIONS_MAX);
+    assert_eq!(
+        t.check(&create("zz", 1, 1)),
+        Err(Refusal::TopicsFull { max: TOPICS_MAX })
+    );
+    let bytes = t.encode_snapshot();
+    assert!(bytes.len() <= SNAPSHOT_BYTES_MAX, "{} bytes", bytes.len());
+    assert_eq!(MetaTable::decode_snapshot(&bytes).as_ref(), Ok(&t));
+    let mut claim = bytes[..20].to_vec();
+    claim[8..12].copy_from_slice(&(SNAPSHOT_BYTES_MAX as u32 + 1).to_le_bytes());
+    assert!(matches!(
+        MetaTable::decode_snapshot(&claim),
+        Err(SnapshotError::Length { body_len, .. }) if body_len == SNAPSHOT_BYTES_MAX + 1
+    ));
+}
+
+/// Guards against: a table whose placement a host recomputes per op
+/// growing without bound.
+#[test]
+fn cluster_partition_cap_is_refused() {
+    let mut t = table3();
+    let big = Topic {
+        first_partition_id: 0,
+        partitions: (CLUSTER_PARTITIONS_MAX - 2) as u32,
+        replication_factor: 1,
+        purge_generation: 0,
+    };
+    t.topics.insert("big".into(), big);
+    t.next_partition_id = (CLUSTER_PARTITIONS_MAX - 2) as u32;
+    let refused = Refusal::ClusterPartitions {
+        requested: 3,
+        total: CLUSTER_PARTITIONS_MAX - 2,
+        max: CLUSTER_PARTITIONS_MAX,
+    };
+    assert_eq!(t.check(&create("more", 3, 1)), Err(refused));
+    assert_eq!(t.check(&create("more", 2, 1)), Ok(()));
+    let mut over = t.clone();
+    over.topics.get_mut("big").expect("big").partitions += 3;
+    over.next_partition_id += 3;
+    assert!(matches!(
+        MetaTable::decode_snapshot(&over.encode_snapshot()),
+        Err(SnapshotError::Invalid(_))
+    ));
+}

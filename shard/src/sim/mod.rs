@@ -20,6 +20,11 @@
 //! boots, and the group must converge (one
 //! view, all normal, everything acknowledged committed everywhere and read
 //! back byte-identical from every store) within [`LIVENESS_TICKS_MAX`].
+//!
+//! [`run_meta`] runs the same group as the cluster metadata group: its
+//! client submits metadata commands through each node's
+//! [`crate::meta::MetaHost`], and every node applies its committed ops to
+//! its table, checked after every step (`cluster/meta.rs`).
 
 pub mod checker;
 pub mod cluster;
