@@ -74,3 +74,25 @@ fn metadata_seed_replays_exactly() {
     assert_eq!(a.1, b.1);
     assert_eq!(a.0.counts, b.0.counts);
 }
+
+/// More seeds, on demand (`RINGLOG_META_SEED`, `RINGLOG_META_COUNT`):
+/// `cargo test --release -p ringlog-shard --test meta_sim -- --ignored --nocapture`.
+#[test]
+#[ignore = "a long batch, run by hand"]
+fn metadata_group_more_seeds() {
+    let var = |name: &str, default: u64| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    let start = var("RINGLOG_META_SEED", 12_000_000);
+    let count = var("RINGLOG_META_COUNT", 2_000);
+    let (runs, counts, meta, groups) = run_batch(start..start + count);
+    println!(
+        "{runs} metadata seeds from {start} ({} of 3, {} of 5): {counts}",
+        groups[0], groups[1]
+    );
+    println!("  {meta}");
+    assert_eq!(runs, count);
+}
