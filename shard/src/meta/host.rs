@@ -10,8 +10,11 @@
 //!   the diff of this node's placement before and after. The same diff
 //!   follows a snapshot install ([`MetaHost::install`]).
 //!
-//! The metadata group's replicas are the cluster's nodes in id order:
-//! replica index `i` is the `i`-th smallest node id.
+//! The metadata group's replicas are [`MetaTable::group_nodes`]: the
+//! cluster's nodes in id order (less the last of an even count), replica
+//! index `i` the `i`-th smallest node id. A node outside the group (the
+//! last of an even count) would follow the table without a vote: not
+//! built yet.
 
 use std::collections::BTreeMap;
 
@@ -133,7 +136,7 @@ impl MetaHost {
 
     /// The node that is replica `index` of the metadata group.
     pub fn node_of_replica(&self, index: u8) -> Option<NodeId> {
-        self.table.nodes().get(usize::from(index)).copied()
+        self.table.group_nodes().get(usize::from(index)).copied()
     }
 
     /// What to do with command `cmd` (request `request_id`) that reached

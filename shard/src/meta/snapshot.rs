@@ -187,7 +187,7 @@ fn decode_topic(c: &mut Cursor<'_>, nodes: usize) -> Result<(String, Topic), Sna
         purge_generation: c.u64("purge generation")?,
     };
     let rf = usize::from(t.replication_factor);
-    if t.partitions == 0 || t.partitions > PARTITIONS_MAX || rf == 0 || rf > nodes {
+    if t.partitions == 0 || t.partitions > PARTITIONS_MAX || rf.is_multiple_of(2) || rf > nodes {
         return Err(invalid(format!("topic {name:?}: {t:?}")));
     }
     Ok((name.to_string(), t))

@@ -67,7 +67,8 @@ pub enum Refusal {
     DuplicateTopic { name: String },
     #[error("no topic {name:?}")]
     UnknownTopic { name: String },
-    #[error("replication factor {requested} must be 1..={nodes} (the node count)")]
+    /// A VSR group has an odd number of replicas.
+    #[error("replication factor {requested} must be odd, 1..={nodes} (the node count)")]
     ReplicationFactor { requested: u8, nodes: usize },
     #[error("partition count {requested} must be 1..={max}")]
     Partitions { requested: u32, max: u32 },
@@ -183,6 +184,14 @@ impl MetaTable {
         &self.nodes
     }
 
+    /// The metadata group's replicas, replica index order: the nodes in id
+    /// order, less the last one of an even count (a VSR group is odd).
+    pub fn group_nodes(&self) -> &[NodeId] {
+        let odd = self.nodes.len() - (1 - self.nodes.len() % 2);
+        debug_assert!(odd % 2 == 1 && odd <= self.nodes.len());
+        &self.nodes[..odd]
+    }
+
     pub fn topics(&self) -> &BTreeMap<String, Topic> {
         &self.topics
     }
@@ -231,7 +240,7 @@ impl MetaTable {
             let (requested, max) = (partitions, PARTITIONS_MAX);
             return Err(Refusal::Partitions { requested, max });
         }
-        if rf == 0 || usize::from(rf) > self.nodes.len() {
+        if rf.is_multiple_of(2) || usize::from(rf) > self.nodes.len() {
             let nodes = self.nodes.len();
             return Err(Refusal::ReplicationFactor {
                 requested: rf,

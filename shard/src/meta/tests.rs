@@ -105,6 +105,7 @@ fn refusals_are_typed_and_still_consume_the_op() {
         create("a", 1, 1),
         create("b", 1, 4),
         create("b", 1, 0),
+        create("b", 1, 2),
         create("b", 0, 1),
         create("b", PARTITIONS_MAX + 1, 1),
         create("bad/name", 1, 1),
@@ -121,6 +122,10 @@ fn refusals_are_typed_and_still_consume_the_op() {
         },
         Refusal::ReplicationFactor {
             requested: 0,
+            nodes: 3,
+        },
+        Refusal::ReplicationFactor {
+            requested: 2,
             nodes: 3,
         },
         Refusal::Partitions {
@@ -224,15 +229,19 @@ fn nodes_are_checked() {
     );
     assert_eq!(MetaTable::new(&[4, 2, 4]), Err(NodesError::Duplicate(4)));
     assert_eq!(table3().nodes(), [10, 20, 30]);
+    assert_eq!(table3().group_nodes(), [10, 20, 30]);
+    let four = MetaTable::new(&[4, 3, 2, 1]).expect("nodes");
+    assert_eq!(four.group_nodes(), [1, 2, 3], "a VSR group is odd");
+    assert_eq!(MetaTable::new(&[9]).expect("nodes").group_nodes(), [9]);
 }
 
 /// The stated rule: rf nodes from position `id mod N`, wrapping; shard
 /// `id mod shards`.
 #[test]
 fn placement_is_round_robin_from_the_partition_id() {
-    let mut t = table3();
+    let mut t = MetaTable::new(&[50, 40, 30, 20, 10]).expect("nodes");
     results(
-        t.apply(&committed(1, &[create("x", 1, 1), create("a", 4, 2)]))
+        t.apply(&committed(1, &[create("x", 1, 1), create("a", 4, 3)]))
             .expect("op 1"),
     );
     let p = t.placement();
@@ -250,15 +259,15 @@ fn placement_is_round_robin_from_the_partition_id() {
     assert_eq!(
         groups,
         [
-            ("a", 0, 1, vec![20, 30]),
-            ("a", 1, 2, vec![30, 10]),
-            ("a", 2, 3, vec![10, 20]),
-            ("a", 3, 4, vec![20, 30]),
+            ("a", 0, 1, vec![20, 30, 40]),
+            ("a", 1, 2, vec![30, 40, 50]),
+            ("a", 2, 3, vec![40, 50, 10]),
+            ("a", 3, 4, vec![50, 10, 20]),
             ("x", 0, 0, vec![10]),
         ]
     );
     let on_10: Vec<u32> = t.placement_for(10).into_keys().collect();
-    assert_eq!(on_10, [0, 2, 3]);
+    assert_eq!(on_10, [0, 3, 4]);
     assert_eq!(
         (0..5).map(|p| shard_for(p, 2)).collect::<Vec<_>>(),
         [0, 1, 0, 1, 0]
@@ -362,7 +371,7 @@ fn role(status: Status, view: u32, replica: u8) -> Role {
 #[test]
 fn host_routes_to_the_primary() {
     let host = MetaHost::new(20, 2, GROUP, busy_table()).expect("host");
-    let cmd = create("new", 1, 2);
+    let cmd = create("new", 1, 3);
     // Replica 1 (node 20) is view 1's primary.
     let batch = host
         .route(9, &cmd, role(Status::Normal, 1, 1))
@@ -423,10 +432,10 @@ fn ids(actions: &[LocalAction]) -> Vec<(char, u32, u16)> {
 #[test]
 fn host_lists_local_actions_per_applied_op() {
     let mut host = MetaHost::new(10, 2, GROUP, table3()).expect("host");
-    let op1 = committed(1, &[create("a", 4, 2)]);
+    let op1 = committed(1, &[create("a", 4, 1)]);
     let (_, actions) = host.apply(&op1).expect("op 1");
-    // a: ids 0..4, groups [10,20] [20,30] [30,10] [10,20].
-    assert_eq!(ids(&actions), [('c', 0, 0), ('c', 2, 0), ('c', 3, 1)]);
+    // a: ids 0..4 on nodes 10, 20, 30, 10.
+    assert_eq!(ids(&actions), [('c', 0, 0), ('c', 3, 1)]);
     assert_eq!(host.apply(&op1).expect("again").1, []);
     let op2 = committed(
         2,
@@ -434,7 +443,7 @@ fn host_lists_local_actions_per_applied_op() {
     );
     let (_, actions) = host.apply(&op2).expect("op 2");
     // b: id 4, group [20]: not here.
-    assert_eq!(ids(&actions), [('p', 0, 0), ('p', 2, 0), ('p', 3, 1)]);
+    assert_eq!(ids(&actions), [('p', 0, 0), ('p', 3, 1)]);
     let refused = committed(3, &[create("a", 1, 1)]);
     assert_eq!(host.apply(&refused).expect("op 3").1, []);
     let op4 = committed(
@@ -442,11 +451,8 @@ fn host_lists_local_actions_per_applied_op() {
         &[Command::DeleteTopic { name: "a".into() }, create("c", 1, 3)],
     );
     let (_, actions) = host.apply(&op4).expect("op 4");
-    assert_eq!(
-        ids(&actions),
-        [('d', 0, 0), ('d', 2, 0), ('d', 3, 1), ('c', 5, 1)]
-    );
-    let LocalAction::Create(c) = &actions[3] else {
+    assert_eq!(ids(&actions), [('d', 0, 0), ('d', 3, 1), ('c', 5, 1)]);
+    let LocalAction::Create(c) = &actions[2] else {
         panic!("create")
     };
     assert_eq!(
@@ -524,7 +530,7 @@ fn full_table() -> MetaTable {
         let topic = Topic {
             first_partition_id: i as u32 * per_topic,
             partitions: per_topic,
-            replication_factor: NODES_MAX as u8,
+            replication_factor: NODES_MAX as u8 - 1,
             purge_generation: u64::MAX,
         };
         t.topics.insert(name, topic);

@@ -161,10 +161,12 @@ fn draw_command(rng: &mut Rng, n: u8) -> Command {
     };
     match rng.below(4) {
         0 | 1 => {
+            // Odd and at most n, but for the refused 0, 2 and n + 2.
             let replication_factor = match rng.below(10) {
                 0 => 0,
-                1 => n + 1,
-                _ => 1 + rng.below(u64::from(n)) as u8,
+                1 => 2,
+                2 => n + 2,
+                _ => 1 + 2 * rng.below(u64::from(n).div_ceil(2)) as u8,
             };
             let partitions = 1 + rng.below(PARTITIONS_PER_TOPIC_MAX) as u32;
             Command::CreateTopic {
