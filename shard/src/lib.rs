@@ -15,6 +15,10 @@
 //!   are sent from buffers of the server's [`reply_pool`].
 //! * [`transfer`] is state transfer between replicas: a pure receiver
 //!   session and serving side, and their storage executor.
+//! * [`meta`] is the cluster metadata group's state machine: the table of
+//!   topics, partitions and placement that committed ops of its own VSR
+//!   group build, its snapshot, and the pure host driver a node runs
+//!   beside the group's replica (not wired into the server yet).
 //! * [`meta_io`] is the thread that writes topics.json for the controller,
 //!   so shard 0 never waits for its fsyncs.
 //! * [`trash`] holds dropped partitions' directories (renamed in on the
@@ -27,6 +31,7 @@ mod controller;
 pub mod eventfd;
 mod handle;
 pub mod mailbox;
+pub mod meta;
 pub mod meta_io;
 pub mod metrics;
 pub mod net;

@@ -28,6 +28,9 @@ pub use purge::Purges;
 #[path = "hostile.rs"]
 mod hostile;
 pub use hostile::{Hostile, Hostility, HOSTILITIES};
+#[path = "meta.rs"]
+mod meta;
+pub use meta::{MetaCounts, MetaSim};
 
 pub const CLUSTER_ID: u128 = 0x5eed_c1a5;
 /// Deliveries and storage completions per tick at most (the rest wait).
@@ -95,6 +98,8 @@ pub struct Cluster {
     /// The seed's hostile transfer server ([`SimOptions::hostile`]).
     pub hostile: Option<Hostile>,
     segment_bytes: u64,
+    /// A metadata group's run ([`Cluster::enable_meta`]).
+    pub meta: Option<MetaSim>,
 }
 
 impl Cluster {
@@ -148,6 +153,7 @@ impl Cluster {
             purge: Purges::default(),
             hostile: Hostile::draw(seed, n, opts.hostile),
             segment_bytes: opts.segment_bytes,
+            meta: None,
         })
     }
 
@@ -463,7 +469,7 @@ impl Cluster {
         self.trace
             .line(self.tick, format_args!("R{r} boot wiped {}", node.wiped));
         self.checker.booted(r, 0);
-        Ok(())
+        self.meta_booted(r, wipe)
     }
 
     fn client_append(&mut self) -> Result<(), Violation> {
@@ -481,7 +487,13 @@ impl Cluster {
         self.client.next_token += 1;
         let token = self.client.next_token;
         let len = 8 + self.rng.below(300) as usize;
-        let batch = client_batch(token, len);
+        let batch = match self.meta.is_some() {
+            false => client_batch(token, len),
+            true => match self.meta_batch(to, token) {
+                Some(batch) => batch,
+                None => return Ok(()),
+            },
+        };
         let body = batch[HEADER_LEN..].to_vec();
         self.client.in_flight.insert(token, (to, body));
         self.counts.appends += 1;
@@ -515,6 +527,11 @@ impl Cluster {
             return Ok(());
         };
         self.checker.after_step(r, replica)?;
+        self.meta_after_step(r)?;
+        let node = &mut self.nodes[usize::from(r)];
+        let Some(replica) = node.replica.as_ref() else {
+            return Ok(());
+        };
         let d = replica.durable();
         let m = &mut node.durable_max;
         m.view = m.view.max(d.view);
@@ -539,6 +556,9 @@ impl Cluster {
         match output {
             Output::Send { to, msg } => self.send(r, to, msg),
             Output::Io { id, op } => {
+                if let StorageOp::Append { batch, .. } = &op {
+                    self.meta_appended(batch);
+                }
                 let node = &mut self.nodes[usize::from(r)];
                 if matches!(op, StorageOp::PersistVsr(s) if !s.wiped) {
                     node.unwipe_asked = true;
@@ -722,7 +742,7 @@ impl Cluster {
         }
         self.counts.ops_read_back += ops.len() as u64;
         self.counts.acks_retired += retired;
-        Ok(())
+        self.meta_check_final()
     }
 }
 

@@ -20,6 +20,11 @@
 //! boots, and the group must converge (one
 //! view, all normal, everything acknowledged committed everywhere and read
 //! back byte-identical from every store) within [`LIVENESS_TICKS_MAX`].
+//!
+//! [`run_meta`] runs the same group as the cluster metadata group: its
+//! client submits metadata commands through each node's
+//! [`crate::meta::MetaHost`], and every node applies its committed ops to
+//! its table, checked after every step (`cluster/meta.rs`).
 
 pub mod checker;
 pub mod cluster;
@@ -32,6 +37,7 @@ use std::fmt;
 
 use checker::Violation;
 use cluster::Cluster;
+pub use cluster::MetaCounts;
 use faults::FaultRates;
 
 /// Ticks of the safety phase unless asked otherwise.
@@ -341,6 +347,26 @@ pub fn replicas_for(seed: u64) -> u8 {
 
 /// Runs one seed: the safety phase, then the liveness phase.
 pub fn run(opts: SimOptions) -> Result<Summary, Box<SimFailure>> {
+    run_with(opts, false).map(|(summary, _)| summary)
+}
+
+/// Runs one seed of a metadata group (`cluster/meta.rs`): of 3 or 5
+/// replicas (drawn from the seed unless given), without transfers,
+/// purges or hostile peers.
+pub fn run_meta(mut opts: SimOptions) -> Result<(Summary, MetaCounts), Box<SimFailure>> {
+    let drawn = if replicas_for(opts.seed) == 5 { 5 } else { 3 };
+    opts.replicas = Some(opts.replicas.filter(|&n| n == 3 || n == 5).unwrap_or(drawn));
+    opts.transfers = false;
+    opts.purges = false;
+    opts.hostile = false;
+    let (summary, meta) = run_with(opts, true)?;
+    Ok((summary, meta.unwrap_or_default()))
+}
+
+fn run_with(
+    opts: SimOptions,
+    meta: bool,
+) -> Result<(Summary, Option<MetaCounts>), Box<SimFailure>> {
     let replicas = opts.replicas.unwrap_or_else(|| replicas_for(opts.seed));
     let fail = |c: Option<&Cluster>, v: Violation| {
         Box::new(SimFailure {
@@ -357,6 +383,9 @@ pub fn run(opts: SimOptions) -> Result<Summary, Box<SimFailure>> {
         })
     };
     let mut cluster = Cluster::new(&opts, replicas).map_err(|v| fail(None, v))?;
+    if meta {
+        cluster.enable_meta().map_err(|v| fail(None, v))?;
+    }
     if !opts.faults {
         cluster.calm_faults();
     }
@@ -366,7 +395,7 @@ pub fn run(opts: SimOptions) -> Result<Summary, Box<SimFailure>> {
     let liveness_ticks = liveness.map_err(|v| fail(Some(&cluster), v))?;
     let mut counts = cluster.counts;
     cluster.fill_network_counts(&mut counts);
-    Ok(Summary {
+    let summary = Summary {
         seed: opts.seed,
         replicas,
         ticks: opts.ticks,
@@ -374,5 +403,6 @@ pub fn run(opts: SimOptions) -> Result<Summary, Box<SimFailure>> {
         trace_hash: cluster.trace.hash(),
         counts,
         rates: cluster.drawn.clone(),
-    })
+    };
+    Ok((summary, cluster.meta.map(|m| m.counts)))
 }
