@@ -24,6 +24,10 @@ use crate::{BenchError, GroupCommitArgs};
 /// How long one control request for the server's metrics may take.
 const METRICS_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The un-timed warm-up before each run stops after this long at most (it
+/// stops after one batch per partition first).
+const WARMUP_TIME_MAX: Duration = Duration::from_secs(120);
+
 pub const SPREAD_VS_ONE: Comparison = Comparison {
     pair: "spread/one",
     latency: "ack",
@@ -150,6 +154,14 @@ impl GroupCommitJob<'_> {
             .expect("group-commit starts its server");
         let topic = format!("{}-{}-{side}", self.args.common.topic, rep.n);
         produce::create_topic(&target.addr, &topic, partitions)?;
+        // Un-timed: every partition's first append provisions its segment.
+        produce::run(&ProduceConfig {
+            topic: topic.clone(),
+            partitions,
+            duration: WARMUP_TIME_MAX,
+            total_bytes: Some(u64::from(partitions) * self.cfg.batch_size as u64),
+            ..self.cfg.clone()
+        })?;
         let disk = DiskFlushes::of(&self.args.common.data.dir);
         let (before, flushes_before) = (ServerCounters::read(&control)?, disk.read());
         let produced = produce::run(&ProduceConfig {
@@ -191,6 +203,7 @@ impl Job for GroupCommitJob<'_> {
             .group_commit
             .iter()
             .map(|m| format!("group_commit={m}"))
+            .chain(self.args.sets.iter().cloned())
             .collect();
         let target = Target::new(a, &a.server_dir(), &sets)?;
         self.cfg.addr = target.addr.clone();
@@ -229,6 +242,9 @@ impl Job for GroupCommitJob<'_> {
             ("duration", Secs(args.duration).to_string()),
             ("reps", a.rep.reps.to_string()),
         ]);
+        if !args.sets.is_empty() {
+            settings.push(("set", args.sets.join(",")));
+        }
         let mut notes = common_notes(a);
         notes.push(format!(
             "each producer is one thread with one blocking client and one request in flight; \
@@ -236,6 +252,11 @@ impl Job for GroupCommitJob<'_> {
              {}-<rep>-one (1 partition), created before and deleted after it",
             a.topic, a.connections, a.topic
         ));
+        notes.push(
+            "before each timed run, an un-timed warm-up of about one batch per partition \
+             (a new partition's first append provisions its segment file on the shard thread)"
+                .to_owned(),
+        );
         Header {
             settings,
             fio_version: None,

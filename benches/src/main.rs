@@ -442,6 +442,10 @@ struct GroupCommitArgs {
     /// The started server's `group_commit` mode [default: the server's].
     #[arg(long, value_parser = ["journal", "partition"])]
     group_commit: Option<String>,
+    /// More config overrides for the started server (KEY=VALUE, as
+    /// `ringlog server --set`; repeatable), e.g. journal_bytes=256m.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    sets: Vec<String>,
 }
 
 #[derive(Debug, clap::Args)]
