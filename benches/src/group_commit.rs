@@ -441,9 +441,11 @@ mod tests {
                 assert!(run.produce.summary.ios > 0);
                 assert_eq!(run.produce.records_per_batch, 1);
                 // Every acknowledged batch was appended in the run, and
-                // each append waited for an fdatasync.
+                // acknowledged only after an fdatasync (maintenance may
+                // add some: frontier records of idle partitions).
                 assert!(run.appends >= run.produce.summary.ios, "{run:?}");
-                assert!(run.fsyncs > 0 && run.fsyncs <= run.appends, "{run:?}");
+                assert!(run.fsyncs > 0, "{run:?}");
+                assert!(run.batches_per_fsync().is_finite(), "{run:?}");
             }
             assert_has(
                 &report.text(),
