@@ -27,6 +27,7 @@
 //! latency percentiles of every run ([`plot`]).
 
 mod fio;
+mod group_commit;
 mod harness;
 mod interrupt;
 mod jobfile;
@@ -113,6 +114,10 @@ enum Command {
     /// directory's disk use, produces to every partition round-robin
     /// (checking every ack); fails if a target is missed.
     Partitions(PartitionsArgs),
+    /// Group commit at scale: small batches from N producers into N
+    /// partitions against the same into one partition, on one started
+    /// server: throughput, batches per fdatasync, device flushes per second.
+    GroupCommit(GroupCommitArgs),
 }
 
 /// Where a job's data goes, and whether it stays.
@@ -422,6 +427,28 @@ struct ProduceArgs {
 }
 
 #[derive(Debug, clap::Args)]
+struct GroupCommitArgs {
+    /// --connections is the producers; the partitions are set per side.
+    #[command(flatten)]
+    common: ServerClientArgs,
+    /// Length of each run, spread and one each (5s, 500ms; a bare number
+    /// is seconds).
+    #[arg(long, default_value = "5", value_parser = parse_positive_duration)]
+    duration: Duration,
+    /// Records per batch (of --record-size each); sets the batch size
+    /// (--batch-size is not used).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    records: u32,
+    /// The started server's `group_commit` mode [default: the server's].
+    #[arg(long, value_parser = ["journal", "partition"])]
+    group_commit: Option<String>,
+    /// More config overrides for the started server (KEY=VALUE, as
+    /// `ringlog server --set`; repeatable), e.g. journal_bytes=256m.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    sets: Vec<String>,
+}
+
+#[derive(Debug, clap::Args)]
 struct ConsumeArgs {
     #[command(flatten)]
     common: ServerClientArgs,
@@ -479,6 +506,8 @@ enum BenchError {
     Usage(String),
     #[error("{0}")]
     Mismatch(String),
+    #[error("server metrics: {0}")]
+    Metrics(String),
     #[error("writing the report: {0}")]
     Output(#[source] io::Error),
 }
@@ -537,6 +566,10 @@ fn run_command(command: Command) -> Result<(OutputFormat, Box<dyn JobReport>), B
         Command::Consume(a) => (a.common.rep.output_format, Box::new(consume_report(&a)?)),
         Command::Fetch(a) => (a.rep.output_format, Box::new(fetch_report(&a)?)),
         Command::Partitions(a) => (a.output_format, Box::new(partitions_report(&a)?)),
+        Command::GroupCommit(a) => (
+            a.common.rep.output_format,
+            Box::new(group_commit::group_commit_report(&a)?),
+        ),
     })
 }
 

@@ -27,18 +27,19 @@ use crate::{
 const FILL_TIME_MAX: Duration = Duration::from_secs(24 * 3600);
 
 /// The server a run talks to: one at `--addr`, or one started here.
-struct Target {
-    addr: String,
+pub(crate) struct Target {
+    pub(crate) addr: String,
     started: Option<ServerProcess>,
 }
 
 impl Target {
     /// Connects to `--addr` or starts a server in `dir` (`--dir`/server
-    /// unless a job runs two), with `read_cache_bytes` per shard if given.
-    fn new(
+    /// unless a job runs two), with the config overrides `sets`
+    /// (`key=value`, as `ringlog server --set` takes them).
+    pub(crate) fn new(
         a: &ServerClientArgs,
         dir: &Path,
-        read_cache_bytes: Option<u64>,
+        sets: &[String],
     ) -> Result<Target, BenchError> {
         if let Some(addr) = &a.addr {
             return Ok(Target {
@@ -62,8 +63,8 @@ impl Target {
             "--set".to_owned(),
             format!("write_buffer_bytes={}", store.write_buffer_bytes),
         ];
-        if let Some(n) = read_cache_bytes {
-            extra.extend(["--set".to_owned(), format!("read_cache_bytes={n}")]);
+        for set in sets {
+            extra.extend(["--set".to_owned(), set.clone()]);
         }
         let s = ServerProcess::start(&bin, dir, a.shards, &extra)?;
         let pid = s.pid().map_or(String::new(), |p| format!(" (pid {p})"));
@@ -74,8 +75,13 @@ impl Target {
         })
     }
 
+    /// The started server's control socket (None with `--addr`).
+    pub(crate) fn control_socket(&self) -> Option<PathBuf> {
+        self.started.as_ref().map(ServerProcess::control_socket)
+    }
+
     /// Stops a started server (SIGTERM, exit status checked).
-    fn stop(self) -> Result<(), BenchError> {
+    pub(crate) fn stop(self) -> Result<(), BenchError> {
         match self.started {
             Some(s) => Ok(s.stop()?),
             None => Ok(()),
@@ -85,7 +91,7 @@ impl Target {
 
 /// Checks the settings both jobs share; creates `--dir` and the workspace
 /// holding the started server's directory and `extra`.
-fn workspace(
+pub(crate) fn workspace(
     a: &ServerClientArgs,
     extra: Option<&std::path::Path>,
 ) -> Result<Workspace, BenchError> {
@@ -118,7 +124,7 @@ fn workspace(
 
 /// The produce config of `a`, its batch checked: a batch that cannot be
 /// built is a usage error, found before anything starts.
-fn produce_config(
+pub(crate) fn produce_config(
     a: &ServerClientArgs,
     duration: Duration,
     total_bytes: Option<u64>,
@@ -143,7 +149,7 @@ fn produce_config(
 }
 
 /// Settings both jobs print.
-fn common_settings(a: &ServerClientArgs) -> Vec<(&'static str, String)> {
+pub(crate) fn common_settings(a: &ServerClientArgs) -> Vec<(&'static str, String)> {
     let mut settings = Vec::new();
     match &a.addr {
         Some(addr) => settings.push(("addr", addr.clone())),
@@ -163,7 +169,7 @@ fn common_settings(a: &ServerClientArgs) -> Vec<(&'static str, String)> {
     settings
 }
 
-fn common_notes(a: &ServerClientArgs) -> Vec<String> {
+pub(crate) fn common_notes(a: &ServerClientArgs) -> Vec<String> {
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     let mut notes = Vec::new();
     if a.addr.is_none() {
@@ -177,7 +183,7 @@ fn common_notes(a: &ServerClientArgs) -> Vec<String> {
     notes
 }
 
-fn connection_note(in_flight: u32) -> String {
+pub(crate) fn connection_note(in_flight: u32) -> String {
     match in_flight {
         1 => "each connection is one thread with one blocking client and one request in flight"
             .to_owned(),
@@ -241,7 +247,7 @@ impl Job for ProduceJob<'_> {
             fs::create_dir(&c.dir).map_err(fs_err("create", &c.dir))?;
         }
         let a = &self.args.common;
-        let target = Target::new(a, &a.server_dir(), None)?;
+        let target = Target::new(a, &a.server_dir(), &[])?;
         self.cfg.addr = target.addr.clone();
         self.target = Some(target);
         Ok(())
@@ -374,6 +380,14 @@ pub(crate) fn consume_report(
     harness::run(job, ws, a.rep.reps, args.vs.is_some())
 }
 
+/// The `--set` of a read cache of `bytes` per shard, if given.
+fn read_cache_set(bytes: Option<u64>) -> Vec<String> {
+    bytes
+        .map(|n| format!("read_cache_bytes={n}"))
+        .into_iter()
+        .collect()
+}
+
 /// Where `consume --vs cold` starts its second server.
 fn cold_server_dir(a: &ServerClientArgs) -> PathBuf {
     a.data.dir.join("server-cold")
@@ -461,7 +475,7 @@ impl Job for ConsumeJob<'_> {
     fn start(&mut self) -> Result<(), BenchError> {
         let a = &self.args.common;
         let cache = consume_read_cache_bytes(self.args.vs, self.args.size);
-        let target = Target::new(a, &a.server_dir(), cache)?;
+        let target = Target::new(a, &a.server_dir(), &read_cache_set(cache))?;
         self.fill.addr = target.addr.clone();
         self.target = Some(target);
         let mut created = false;
@@ -469,7 +483,7 @@ impl Job for ConsumeJob<'_> {
         self.topic_created = created;
         self.filled = Some(filled?);
         if self.args.vs == Some(ConsumeVs::Cold) {
-            let target = Target::new(a, &cold_server_dir(a), Some(0))?;
+            let target = Target::new(a, &cold_server_dir(a), &read_cache_set(Some(0)))?;
             let addr = target.addr.clone();
             self.cold = Some(ColdServer {
                 target,

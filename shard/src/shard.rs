@@ -77,10 +77,16 @@ use crate::vsr::Token;
 const STORAGE_RING_ENTRIES: u32 = 256;
 /// Controller requests queued at once; more get Backpressure.
 const META_QUEUE_MAX: usize = 64;
-/// Write buffers a shard keeps pre-touched for its partitions while none
-/// needs them (write_buffer_bytes each); beyond it they are allocated on
-/// demand and freed on return.
-const WRITE_BUFFERS_IDLE_MAX: usize = 16;
+/// Memory a shard's pool may keep in idle write buffers (pre-touched,
+/// write_buffer_bytes each). The pool keeps no more idle than its recent
+/// peak of buffers in use needs (`SharedBufPool`), so this is a ceiling,
+/// not a reservation: 64 partitions with appends pending hold 64 buffers
+/// in use (4 MiB each by default), and a bound below that made every turn
+/// allocate and zero the rest afresh.
+const WRITE_BUFFERS_IDLE_BYTES_MAX: usize = 1 << 30;
+/// Idle write buffers kept whatever their size (the byte bound above
+/// allows fewer only for buffers over 64 MiB).
+const WRITE_BUFFERS_IDLE_MIN: usize = 16;
 /// Partitions whose superblocks boot reads in one submission (64 KiB each).
 const BOOT_PREFETCH_PARTITIONS: usize = 64;
 /// How often deadlines of waiting fetches are checked.
@@ -856,13 +862,22 @@ pub(crate) fn journal_file_name(id: usize, shards: usize) -> String {
     format!("shard-{id}-of-{shards}")
 }
 
+/// The idle write buffers a shard's pool keeps at most:
+/// [`WRITE_BUFFERS_IDLE_BYTES_MAX`] of them, at least
+/// [`WRITE_BUFFERS_IDLE_MIN`].
+fn write_buffers_idle_max(config: &ServerConfig) -> usize {
+    // A pooled buffer is a block larger than the data it holds.
+    let buf_bytes = config.write_buffer_bytes.max(1) + ringlog_storage::io::BLOCK_SIZE;
+    (WRITE_BUFFERS_IDLE_BYTES_MAX / buf_bytes).max(WRITE_BUFFERS_IDLE_MIN)
+}
+
 fn shard_pool(config: &ServerConfig, id: usize) -> StorePool {
     let store = config.store_config();
     let dir = config.data_dir.join(RECYCLE_DIR).join(id.to_string());
     StorePool::new(
         dir,
         PoolConfig {
-            write_buffers_idle_max: WRITE_BUFFERS_IDLE_MAX,
+            write_buffers_idle_max: write_buffers_idle_max(config),
             read_cache_bytes_max: usize::try_from(config.read_cache_bytes).unwrap_or(usize::MAX),
             ..PoolConfig::private(&store)
         },

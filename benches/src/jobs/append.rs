@@ -39,7 +39,7 @@ use crate::stats::{CpuMeter, LatencyRecorder, RunSummary, Timeline};
 
 /// Encoded size of a record with an empty key, no headers and an empty value
 /// (length field included); matches the protocol's record layout.
-const RECORD_OVERHEAD_BYTES: usize = 4 + 4 + 4 + 4 + 2 + 2 + 4;
+pub const RECORD_OVERHEAD_BYTES: usize = 4 + 4 + 4 + 4 + 2 + 2 + 4;
 
 /// io_uring SQ entries for the job's backend.
 pub const RING_ENTRIES: u32 = 256;

@@ -89,6 +89,7 @@ pub struct ServerProcess {
     /// `host:port` the server listens on (from its ready line).
     pub addr: String,
     stderr_path: PathBuf,
+    control: PathBuf,
 }
 
 impl ServerProcess {
@@ -171,6 +172,7 @@ impl ServerProcess {
             child: Some(child),
             addr: String::new(),
             stderr_path,
+            control,
         };
         let started = Instant::now();
         let line = match rx.recv_timeout(START_TIMEOUT) {
@@ -210,6 +212,11 @@ impl ServerProcess {
             why: why.to_owned(),
             stderr: self.stderr(),
         }
+    }
+
+    /// The server's control socket (`ringlog ctl --socket`).
+    pub fn control_socket(&self) -> PathBuf {
+        self.control.clone()
     }
 
     /// The server's stderr so far.

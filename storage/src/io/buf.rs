@@ -241,15 +241,23 @@ impl Home {
             debug_assert!(state.lent > 0);
             state.lent -= 1;
         }
+        debug_assert!(state.out > 0, "a buffer came home that never left");
+        state.out -= 1;
         if self.pool.arena.as_ref().is_some_and(|a| a.holds(&buf)) {
             // Arena memory is never freed on its own: always kept.
             state.fixed_free.push(buf);
-        } else if state.free.len() < self.pool.idle_max {
+        } else if state.keeps_idle(self.pool.idle_max) {
             state.free.push(buf);
         }
         // Else `buf` is dropped here (home None): freed.
     }
 }
+
+/// Takes over which a pool's demand (its peak of buffers out) is measured:
+/// idle buffers beyond the peak of the last full window and the current one
+/// are freed as they come back, so a pool whose load fell gives its memory
+/// back within two windows of takes.
+pub const DEMAND_WINDOW_TAKES: u32 = 4096;
 
 struct Shared {
     buf_size_bytes: usize,
@@ -268,6 +276,54 @@ struct SharedState {
     free: Vec<AlignedBuf>,
     /// Buffers out through [`SharedBufPool::try_lend`]; at most `lent_max`.
     lent: usize,
+    /// Fresh buffers allocated (and zeroed, touching every page) so far:
+    /// what a warm pool must not keep doing.
+    allocated_total: u64,
+    /// Buffers handed out (taken or lent) and not back yet.
+    out: usize,
+    /// The most buffers out at once in the current demand window, and in
+    /// the last full one (see [`DEMAND_WINDOW_TAKES`]).
+    out_peak: usize,
+    out_peak_last: usize,
+    /// Takes since the current window began.
+    window_takes: u32,
+}
+
+impl SharedState {
+    fn new(fixed_free: Vec<AlignedBuf>) -> Self {
+        Self {
+            fixed_free,
+            free: Vec::new(),
+            lent: 0,
+            allocated_total: 0,
+            out: 0,
+            out_peak: 0,
+            out_peak_last: 0,
+            window_takes: 0,
+        }
+    }
+
+    /// Books a buffer handed out: the demand peak, the window.
+    fn hand_out(&mut self) {
+        self.out += 1;
+        self.out_peak = self.out_peak.max(self.out);
+        self.window_takes += 1;
+        if self.window_takes >= DEMAND_WINDOW_TAKES {
+            self.out_peak_last = self.out_peak;
+            self.out_peak = self.out;
+            self.window_takes = 0;
+        }
+        debug_assert!(self.out <= self.out_peak);
+    }
+
+    /// Whether a heap buffer coming back is kept idle: at most `idle_max`
+    /// are, and no more than the recent peak out would need again (every
+    /// buffer of the pool, idle or out, counted).
+    fn keeps_idle(&self, idle_max: usize) -> bool {
+        let demand = self.out_peak.max(self.out_peak_last);
+        let held = self.free.len() + self.fixed_free.len() + self.out;
+        self.free.len() < idle_max && held < demand
+    }
 }
 
 impl Drop for SharedState {
@@ -361,11 +417,14 @@ pub struct PoolExhausted {
 /// from; every buffer it hands out goes back to it when dropped, wherever
 /// that happens (a completed write, an error path, a dropped request).
 ///
-/// Bounds: at most `idle_max` buffers are kept idle (the rest are freed on
-/// return), and at most `lent_max` are out through [`SharedBufPool::try_lend`]
-/// at once (the next one is refused with [`PoolExhausted`]), so callers that
-/// fill buffers from outside (a connection reading request bodies) hold at
-/// most `lent_max * buf_size_bytes`. [`SharedBufPool::take`] is for the
+/// Bounds: at most `idle_max` buffers are kept idle, and no more than the
+/// pool's recent peak of buffers out needs (the rest are freed on return;
+/// see [`DEMAND_WINDOW_TAKES`]), so a warm pool serves a steady load
+/// without allocating yet gives memory back when the load falls. At most
+/// `lent_max` are out through [`SharedBufPool::try_lend`] at once (the next
+/// one is refused with [`PoolExhausted`]), so callers that fill buffers
+/// from outside (a connection reading request bodies) hold at most
+/// `lent_max * buf_size_bytes`. [`SharedBufPool::take`] is for the
 /// owner's own bounded use (a store's write buffers) and never refuses.
 #[derive(Clone)]
 pub struct SharedBufPool(Arc<Shared>);
@@ -390,11 +449,7 @@ impl SharedBufPool {
             idle_max,
             lent_max,
             arena: None,
-            state: Mutex::new(SharedState {
-                fixed_free: Vec::new(),
-                free: Vec::new(),
-                lent: 0,
-            }),
+            state: Mutex::new(SharedState::new(Vec::new())),
         }))
     }
 
@@ -433,11 +488,7 @@ impl SharedBufPool {
             idle_max,
             lent_max,
             arena: Some(Arena { ptr, len_bytes }),
-            state: Mutex::new(SharedState {
-                fixed_free,
-                free: Vec::new(),
-                lent: 0,
-            }),
+            state: Mutex::new(SharedState::new(fixed_free)),
         }))
     }
 
@@ -465,6 +516,11 @@ impl SharedBufPool {
     /// Buffers out through [`SharedBufPool::try_lend`] (at most `lent_max`).
     pub fn lent(&self) -> usize {
         self.0.lock().lent
+    }
+
+    /// Fresh heap buffers allocated so far (not reused from the pool).
+    pub fn allocated_total(&self) -> u64 {
+        self.0.lock().allocated_total
     }
 
     /// A cleared buffer of `buf_size_bytes`, for the owner's bounded use;
@@ -497,7 +553,10 @@ impl SharedBufPool {
     fn get(&self, lent: bool) -> AlignedBuf {
         let reused = {
             let mut state = self.0.lock();
-            state.fixed_free.pop().or_else(|| state.free.pop())
+            let reused = state.fixed_free.pop().or_else(|| state.free.pop());
+            state.allocated_total += u64::from(reused.is_none());
+            state.hand_out();
+            reused
         };
         // Allocating (and zeroing) happens outside the lock.
         let mut buf = reused.unwrap_or_else(|| AlignedBuf::new(self.0.buf_size_bytes));
@@ -667,6 +726,42 @@ mod tests {
         drop(again);
         drop(pool);
         assert_eq!(region.as_raw().1, 2 * 4096);
+    }
+
+    /// Ten buffers out at once, all back: all ten kept (the peak needs
+    /// them), reused by the next ten takes, no fresh allocation; a pool
+    /// bounded at four keeps four and frees the rest.
+    #[test]
+    fn shared_pool_keeps_what_its_peak_needs_up_to_idle_max() {
+        for (idle_max, kept) in [(100, 10), (4, 4)] {
+            let pool = SharedBufPool::new(4096, idle_max, 0);
+            let bufs: Vec<_> = (0..10).map(|_| pool.take()).collect();
+            assert_eq!(pool.allocated_total(), 10);
+            drop(bufs);
+            assert_eq!(pool.idle(), kept, "idle_max {idle_max}");
+            let again: Vec<_> = (0..10).map(|_| pool.take()).collect();
+            assert_eq!(pool.allocated_total(), 10 + (10 - kept) as u64);
+            drop(again);
+        }
+    }
+
+    /// After a peak of ten, a load of one buffer at a time for two demand
+    /// windows: the pool frees the idle buffers it no longer needs, one a
+    /// return, down to the one it does.
+    #[test]
+    fn shared_pool_gives_idle_buffers_back_when_its_demand_falls() {
+        let pool = SharedBufPool::new(4096, 100, 0);
+        drop((0..10).map(|_| pool.take()).collect::<Vec<_>>());
+        assert_eq!(pool.idle(), 10);
+        for _ in 0..DEMAND_WINDOW_TAKES {
+            drop(pool.take());
+        }
+        assert_eq!(pool.idle(), 10, "the last window's peak still counts");
+        for _ in 0..DEMAND_WINDOW_TAKES + 10 {
+            drop(pool.take());
+        }
+        assert_eq!(pool.idle(), 1);
+        assert_eq!(pool.allocated_total(), 10, "the one-at-a-time load reused");
     }
 
     #[test]
