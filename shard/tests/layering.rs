@@ -31,6 +31,10 @@ const ALLOWED: &[(&str, &[&str])] = &[
         "partition",
         &["client", "config", "ops", "replica_io", "vsr"],
     ),
+    (
+        "peer_route",
+        &["catalog", "mailbox", "metrics", "net", "ops", "placement"],
+    ),
     ("trash", &[]),
     (
         "handle",
@@ -87,7 +91,15 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "server",
         &[
-            "catalog", "config", "control", "mailbox", "meta_io", "metrics", "net", "shard",
+            "catalog",
+            "config",
+            "control",
+            "mailbox",
+            "meta_io",
+            "metrics",
+            "net",
+            "peer_route",
+            "shard",
             "trash",
         ],
     ),

@@ -1,0 +1,349 @@
+//! A replicated partition across three real server processes on
+//! 127.0.0.1: produce is acknowledged at a quorum, every node serves the
+//! same bytes up to its commit, a SIGKILLed backup catches up by repair
+//! after a restart, and a SIGKILLed primary is replaced by a view change.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use common::*;
+use ringlog_protocol::wire::ErrorCode;
+use ringlog_shard::client::{batch_of, records, Client, ClientError};
+
+const TOPIC: &str = "replicated";
+const PARTITIONS: u32 = 2;
+/// Records per produced batch.
+const PER_BATCH: usize = 4;
+/// A new primary must take over within this after the old one is killed
+/// (the replicas' primary-silent timeout is 30 ticks of 20 ms; the rest is
+/// the view change and reconnects).
+const FAILOVER_MAX: Duration = Duration::from_secs(10);
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+struct Cluster {
+    dir: tempfile::TempDir,
+    secret: PathBuf,
+    peers: Vec<String>,
+    nodes: BTreeMap<u32, Server>,
+}
+
+impl Cluster {
+    fn start(n: u32) -> Cluster {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let secret = dir.path().join("secret");
+        std::fs::write(&secret, "k".repeat(40)).unwrap();
+        std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let peers = (1..=n)
+            .map(|id| format!("{id}=127.0.0.1:{}", free_port()))
+            .collect();
+        let mut c = Cluster {
+            dir,
+            secret,
+            peers,
+            nodes: BTreeMap::new(),
+        };
+        for id in 1..=n {
+            c.boot(id);
+        }
+        c
+    }
+
+    fn data_dir(&self, id: u32) -> PathBuf {
+        self.dir.path().join(format!("n{id}"))
+    }
+
+    /// Starts (or restarts, on its data dir) node `id`.
+    fn boot(&mut self, id: u32) {
+        let data = self.data_dir(id);
+        std::fs::create_dir_all(&data).unwrap();
+        let id_text = id.to_string();
+        let mut args = vec![
+            "--cluster-id",
+            "test",
+            "--node-id",
+            &id_text,
+            "--cluster-secret-file",
+            self.secret.to_str().unwrap(),
+        ];
+        for p in &self.peers {
+            args.extend(["--peer", p.as_str()]);
+        }
+        self.nodes.insert(id, Server::start(&data, &args));
+    }
+
+    fn addr(&self, id: u32) -> Option<String> {
+        self.nodes.get(&id).map(|s| s.addr.clone())
+    }
+
+    fn kill(&mut self, id: u32) {
+        if let Some(mut s) = self.nodes.remove(&id) {
+            s.kill9();
+        }
+    }
+}
+
+/// Produces `batch` to the partition's primary: starts at `*at`, follows
+/// a not-primary refusal to the node it names, and rotates through the
+/// live nodes on a connection failure or an unknown outcome. Returns the
+/// acknowledged (base, next) offsets and whether an earlier attempt's
+/// outcome is unknown (the connection broke, or the primary lost its view
+/// with the op in flight): such a batch may be stored twice, as any
+/// producer without idempotence sees.
+fn produce_following(
+    cluster: &Cluster,
+    at: &mut u32,
+    partition: u32,
+    batch: &[u8],
+    deadline: Instant,
+) -> (u64, u64, bool) {
+    let mut uncertain = false;
+    let ids: Vec<u32> = cluster.nodes.keys().copied().collect();
+    loop {
+        assert!(
+            Instant::now() < deadline,
+            "no primary took the produce in time"
+        );
+        let Some(addr) = cluster.addr(*at) else {
+            *at = next_node(&ids, *at);
+            continue;
+        };
+        let result =
+            Client::connect(&addr).and_then(|mut c| c.produce(TOPIC, partition, batch.to_vec()));
+        match result {
+            Ok(ack) => return (ack.base_offset, ack.next_offset, uncertain),
+            Err(e) => match e.primary_node() {
+                Some(node) if node != *at && cluster.nodes.contains_key(&node) => *at = node,
+                _ => {
+                    if !(e.is_retryable()
+                        || e.code() == Some(ErrorCode::NotPrimary)
+                        || transient(&e))
+                    {
+                        panic!("produce to node {at}: {e}");
+                    }
+                    uncertain |= !matches!(e, ClientError::Connect { .. })
+                        && e.code() != Some(ErrorCode::NotPrimary)
+                        && !e.is_retryable();
+                    *at = next_node(&ids, *at);
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            },
+        }
+    }
+}
+
+/// Errors a produce may meet while nodes die and views change.
+fn transient(e: &ClientError) -> bool {
+    matches!(e, ClientError::Connect { .. } | ClientError::Io(_))
+        || e.code() == Some(ErrorCode::PartitionUnavailable)
+            && e.to_string().contains("outcome unknown")
+}
+
+fn next_node(ids: &[u32], at: u32) -> u32 {
+    let i = ids
+        .iter()
+        .position(|&n| n == at)
+        .map_or(0, |i| (i + 1) % ids.len());
+    ids[i]
+}
+
+/// The partition's raw batches from offset 0 up to `end`, as node `addr`
+/// serves them, waiting (bounded) until its high watermark reaches `end`.
+fn read_up_to(addr: &str, partition: u32, end: u64, limit: Duration) -> Vec<u8> {
+    let deadline = Instant::now() + limit;
+    let mut client = Client::connect(addr).unwrap();
+    loop {
+        let page = client.fetch(TOPIC, partition, 0, 1, 0).unwrap();
+        if page.high_watermark >= end {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{addr} partition {partition}: high watermark {} never reached {end}",
+            page.high_watermark
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut out = Vec::new();
+    let mut offset = 0;
+    while offset < end {
+        let page = client.fetch(TOPIC, partition, offset, 1 << 20, 0).unwrap();
+        assert!(
+            page.next_offset > offset,
+            "fetch made no progress at {offset}"
+        );
+        out.extend_from_slice(&page.batches);
+        offset = page.next_offset;
+    }
+    out
+}
+
+/// What each acknowledged produce was: partition -> base offset ->
+/// (values, whether an earlier attempt's outcome was unknown).
+type Acks = BTreeMap<u32, BTreeMap<u64, (Vec<Vec<u8>>, bool)>>;
+
+/// Every acknowledged record is in `bytes` at its offset with its value,
+/// and only there unless an earlier attempt of its batch had an unknown
+/// outcome; returns the number of records `bytes` holds.
+fn check_acked(bytes: &[u8], acked: &BTreeMap<u64, (Vec<Vec<u8>>, bool)>) -> usize {
+    let got: BTreeMap<u64, Vec<u8>> = records(bytes)
+        .unwrap()
+        .into_iter()
+        .map(|r| (r.offset, r.value))
+        .collect();
+    let mut seen = std::collections::HashSet::new();
+    for (base, (values, uncertain)) in acked {
+        for (i, v) in values.iter().enumerate() {
+            let at = base + i as u64;
+            assert_eq!(
+                got.get(&at),
+                Some(v),
+                "acknowledged record at {at} missing or wrong"
+            );
+            if !uncertain {
+                assert!(seen.insert(v.clone()), "record {at} acknowledged twice");
+            }
+        }
+    }
+    // No acknowledged value appears at a second offset.
+    let mut count = BTreeMap::new();
+    for v in got.values() {
+        *count.entry(v.clone()).or_insert(0) += 1;
+    }
+    for v in &seen {
+        assert_eq!(
+            count.get(v),
+            Some(&1),
+            "an acknowledged record is stored twice"
+        );
+    }
+    got.len()
+}
+
+fn produce_batches(
+    cluster: &Cluster,
+    at: &mut u32,
+    acks: &mut Acks,
+    range: std::ops::Range<usize>,
+) {
+    for b in range {
+        let partition = (b % PARTITIONS as usize) as u32;
+        let values: Vec<Vec<u8>> = (0..PER_BATCH).map(|i| value(0, b, i, 100)).collect();
+        let refs: Vec<&[u8]> = values.iter().map(Vec::as_slice).collect();
+        let batch = batch_of(&refs).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let (base, next, uncertain) = produce_following(cluster, at, partition, &batch, deadline);
+        assert_eq!(next - base, PER_BATCH as u64);
+        let prev = acks
+            .entry(partition)
+            .or_default()
+            .insert(base, (values, uncertain));
+        assert!(prev.is_none(), "offset {base} acknowledged twice");
+    }
+}
+
+/// The commit end every live node must reach: the highest acknowledged.
+fn acked_end(acks: &Acks, partition: u32) -> u64 {
+    acks.get(&partition)
+        .and_then(|m| m.iter().next_back())
+        .map_or(0, |(base, (v, _))| base + v.len() as u64)
+}
+
+/// Every live node serves byte-identical batches up to the acknowledged
+/// end, holding every acknowledged record exactly once.
+fn check_identical(cluster: &Cluster, acks: &Acks, limit: Duration) {
+    for p in 0..PARTITIONS {
+        let end = acked_end(acks, p);
+        let mut first: Option<(u32, Vec<u8>)> = None;
+        for (&id, node) in &cluster.nodes {
+            let bytes = read_up_to(&node.addr, p, end, limit);
+            let n = check_acked(&bytes, &acks[&p]);
+            assert_eq!(
+                n as u64, end,
+                "node {id} partition {p}: records up to {end}"
+            );
+            match &first {
+                None => first = Some((id, bytes)),
+                Some((other, b)) => assert!(
+                    *b == bytes,
+                    "partition {p}: node {id} differs from node {other}"
+                ),
+            }
+        }
+    }
+}
+
+fn create_everywhere(cluster: &Cluster) {
+    for node in cluster.nodes.values() {
+        node.client().create_topic(TOPIC, PARTITIONS).unwrap();
+    }
+}
+
+/// The role each node reports for partition `p` (`ctl partitions`).
+fn roles(cluster: &Cluster, p: u32) -> BTreeMap<u32, String> {
+    cluster
+        .nodes
+        .iter()
+        .map(|(&id, node)| {
+            let d = node.client().describe_topic(TOPIC).unwrap();
+            let part = d.partitions.iter().find(|x| x.partition == p).unwrap();
+            (id, format!("{:?}", part))
+        })
+        .collect()
+}
+
+#[test]
+fn a_replicated_partition_survives_a_killed_backup_and_a_killed_primary() {
+    let mut cluster = Cluster::start(3);
+    create_everywhere(&cluster);
+    let mut acks = Acks::new();
+    // Node 1 is replica 0: the primary of view 0.
+    let mut at = 1;
+    produce_batches(&cluster, &mut at, &mut acks, 0..60);
+    assert_eq!(at, 1, "the first primary is node 1");
+    check_identical(&cluster, &acks, Duration::from_secs(10));
+
+    // A produce to a backup is refused, naming the primary.
+    let batch = batch_of(&[b"to a backup".as_slice()]).unwrap();
+    let e = cluster.nodes[&2]
+        .client()
+        .produce(TOPIC, 0, batch)
+        .unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::NotPrimary), "{e}");
+    assert_eq!(e.primary_node(), Some(1), "{e}");
+
+    // SIGKILL a backup mid-produce: a quorum of 2 goes on.
+    produce_batches(&cluster, &mut at, &mut acks, 60..80);
+    cluster.kill(3);
+    produce_batches(&cluster, &mut at, &mut acks, 80..160);
+    assert_eq!(at, 1, "the primary stayed");
+    check_identical(&cluster, &acks, Duration::from_secs(10));
+
+    // It restarts, learns the view, repairs what it missed.
+    cluster.boot(3);
+    produce_batches(&cluster, &mut at, &mut acks, 160..170);
+    check_identical(&cluster, &acks, Duration::from_secs(30));
+    eprintln!("roles after the backup rejoined: {:?}", roles(&cluster, 0));
+
+    // SIGKILL the primary: a view change elects another; produce resumes.
+    cluster.kill(1);
+    let killed = Instant::now();
+    at = 2;
+    produce_batches(&cluster, &mut at, &mut acks, 170..171);
+    let failover = killed.elapsed();
+    eprintln!("failover: first produce acknowledged {failover:?} after the primary was killed");
+    assert!(failover < FAILOVER_MAX, "failover took {failover:?}");
+    assert_ne!(at, 1);
+    produce_batches(&cluster, &mut at, &mut acks, 171..220);
+    check_identical(&cluster, &acks, Duration::from_secs(10));
+}
