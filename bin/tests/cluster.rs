@@ -230,12 +230,15 @@ fn check_acked(bytes: &[u8], acked: &BTreeMap<u64, (Vec<Vec<u8>>, bool)>) -> usi
     got.len()
 }
 
+/// Produces batches `range` (following the primary); returns when and by
+/// which node each was acknowledged.
 fn produce_batches(
     cluster: &Cluster,
     at: &mut u32,
     acks: &mut Acks,
     range: std::ops::Range<usize>,
-) {
+) -> Vec<(Instant, u32)> {
+    let mut times = Vec::with_capacity(range.len());
     for b in range {
         let partition = (b % PARTITIONS as usize) as u32;
         let values: Vec<Vec<u8>> = (0..PER_BATCH).map(|i| value(0, b, i, 100)).collect();
@@ -249,7 +252,9 @@ fn produce_batches(
             .or_default()
             .insert(base, (values, uncertain));
         assert!(prev.is_none(), "offset {base} acknowledged twice");
+        times.push((Instant::now(), *at));
     }
+    times
 }
 
 /// The commit end every live node must reach: the highest acknowledged.
@@ -289,27 +294,32 @@ fn create_everywhere(cluster: &Cluster) {
     }
 }
 
-/// The role each node reports for partition `p` (`ctl partitions`).
-fn roles(cluster: &Cluster, p: u32) -> BTreeMap<u32, String> {
-    cluster
-        .nodes
-        .iter()
-        .map(|(&id, node)| {
-            let d = node.client().describe_topic(TOPIC).unwrap();
-            let part = d.partitions.iter().find(|x| x.partition == p).unwrap();
-            (id, format!("{:?}", part))
-        })
-        .collect()
+/// SIGKILLs node `id` after `delay`, from another thread, so the kill
+/// lands while the caller is producing.
+fn kill_later(cluster: &Cluster, id: u32, delay: Duration) -> std::thread::JoinHandle<()> {
+    let pid = cluster.nodes[&id].child.as_ref().unwrap().id() as i32;
+    std::thread::spawn(move || {
+        std::thread::sleep(delay);
+        // SAFETY: plain kill(2) on a child process of this test.
+        unsafe {
+            libc::kill(pid, libc::SIGKILL);
+        }
+    })
 }
 
-#[test]
-fn a_replicated_partition_survives_a_killed_backup_and_a_killed_primary() {
+/// A kill moment derived from `seed`: 0-45 ms into a produce run (one
+/// run of 100 produces takes longer than that even on an idle machine).
+fn moment(seed: u64, salt: u64) -> Duration {
+    Duration::from_millis((seed.wrapping_mul(0x9e37_79b9) ^ salt) % 10 * 5)
+}
+
+fn run_seed(seed: u64) {
     let mut cluster = Cluster::start(3);
     create_everywhere(&cluster);
     let mut acks = Acks::new();
     // Node 1 is replica 0: the primary of view 0.
     let mut at = 1;
-    produce_batches(&cluster, &mut at, &mut acks, 0..60);
+    produce_batches(&cluster, &mut at, &mut acks, 0..40);
     assert_eq!(at, 1, "the first primary is node 1");
     check_identical(&cluster, &acks, Duration::from_secs(10));
 
@@ -323,27 +333,57 @@ fn a_replicated_partition_survives_a_killed_backup_and_a_killed_primary() {
     assert_eq!(e.primary_node(), Some(1), "{e}");
 
     // SIGKILL a backup mid-produce: a quorum of 2 goes on.
-    produce_batches(&cluster, &mut at, &mut acks, 60..80);
+    let killer = kill_later(&cluster, 3, moment(seed, 1));
+    let started = Instant::now();
+    produce_batches(&cluster, &mut at, &mut acks, 40..140);
+    let took = started.elapsed();
+    assert!(
+        took > moment(seed, 1),
+        "the backup died after the run ({took:?})"
+    );
+    killer.join().unwrap();
     cluster.kill(3);
-    produce_batches(&cluster, &mut at, &mut acks, 80..160);
+    produce_batches(&cluster, &mut at, &mut acks, 140..150);
     assert_eq!(at, 1, "the primary stayed");
     check_identical(&cluster, &acks, Duration::from_secs(10));
 
     // It restarts, learns the view, repairs what it missed.
     cluster.boot(3);
-    produce_batches(&cluster, &mut at, &mut acks, 160..170);
+    produce_batches(&cluster, &mut at, &mut acks, 150..160);
     check_identical(&cluster, &acks, Duration::from_secs(30));
-    eprintln!("roles after the backup rejoined: {:?}", roles(&cluster, 0));
 
-    // SIGKILL the primary: a view change elects another; produce resumes.
+    // SIGKILL the primary mid-produce: a view change elects another and
+    // produce resumes through it.
+    let killer = kill_later(&cluster, 1, moment(seed, 2));
+    let started = Instant::now();
+    let mut times = produce_batches(&cluster, &mut at, &mut acks, 160..260);
+    assert!(
+        started.elapsed() > moment(seed, 2),
+        "the primary died after the run"
+    );
+    killer.join().unwrap();
+    let killed_at = started + moment(seed, 2);
     cluster.kill(1);
-    let killed = Instant::now();
-    at = 2;
-    produce_batches(&cluster, &mut at, &mut acks, 170..171);
-    let failover = killed.elapsed();
-    eprintln!("failover: first produce acknowledged {failover:?} after the primary was killed");
-    assert!(failover < FAILOVER_MAX, "failover took {failover:?}");
+    times.extend(produce_batches(&cluster, &mut at, &mut acks, 260..261));
     assert_ne!(at, 1);
-    produce_batches(&cluster, &mut at, &mut acks, 171..220);
+    // The first acknowledgement by another node.
+    let (first, node) = times.iter().find(|(_, n)| *n != 1).copied().unwrap();
+    let failover = first.saturating_duration_since(killed_at);
+    eprintln!("seed {seed}: first produce acknowledged by node {node} {failover:?} after the primary was killed");
+    assert!(failover < FAILOVER_MAX, "failover took {failover:?}");
+    produce_batches(&cluster, &mut at, &mut acks, 261..300);
     check_identical(&cluster, &acks, Duration::from_secs(10));
+
+    // The old primary rejoins (its uncommitted tail, if any, cut) and
+    // serves the same bytes.
+    cluster.boot(1);
+    produce_batches(&cluster, &mut at, &mut acks, 300..310);
+    check_identical(&cluster, &acks, Duration::from_secs(30));
+}
+
+#[test]
+fn a_replicated_partition_survives_a_killed_backup_and_a_killed_primary() {
+    for seed in [1, 2, 3] {
+        run_seed(seed);
+    }
 }

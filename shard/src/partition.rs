@@ -1278,3 +1278,191 @@ mod tests {
         assert!(p.prepare_flush(&mut io, &mut Vec::new()).is_err());
     }
 }
+
+#[cfg(test)]
+mod replicated_tests {
+    use super::*;
+    use crate::client::batch_of;
+    use crate::config::ServerConfig;
+    use ringlog_storage::io::uring::UringBackend;
+
+    const GROUP: u128 = 0xfeed;
+
+    fn replication(replica: u8, group_id: u128) -> Replication {
+        let addrs = (1..=3u32)
+            .map(|n| (n, SocketAddr::from(([127, 0, 0, 1], 7000 + n as u16))))
+            .collect();
+        Replication {
+            nodes: vec![1, 2, 3],
+            replica,
+            group_id,
+            addrs,
+        }
+    }
+
+    /// Replica `replica` of a fresh three-node group in `dir`.
+    fn open(dir: &Path, io: &mut UringBackend, replica: u8, group_id: u128) -> Partition {
+        let config = ServerConfig::default().store_config();
+        let pool = StorePool::new(
+            dir.join(format!("recycle{replica}")),
+            ringlog_storage::store::PoolConfig::private(&config),
+        );
+        let pdir = dir.join(format!("r{replica}"));
+        let repl = Some(replication(replica, group_id));
+        let p = Partition::open_replicated(io, &pool, &pdir, "t", 0, 7, config, true, repl);
+        assert!(p.status(0).fault.is_none(), "{:?}", p.status(0).fault);
+        p
+    }
+
+    /// Runs `p`'s flush to completion, if it has one to run.
+    fn flush(io: &mut UringBackend, p: &mut Partition) {
+        let mut sqes = Vec::new();
+        if p.prepare_flush(io, &mut sqes).unwrap() > 0 {
+            let completions = io.submit(sqes);
+            p.complete_flush(io, completions).unwrap();
+        }
+    }
+
+    /// Flushes every partition and carries their messages, until quiet.
+    /// `cut` (node) receives nothing while set.
+    fn pump(io: &mut UringBackend, parts: &mut [Partition], cut: Option<u32>) -> usize {
+        let mut carried = 0;
+        loop {
+            let mut mail = Vec::new();
+            for (i, p) in parts.iter_mut().enumerate() {
+                flush(io, p);
+                let mut sends = Vec::new();
+                p.take_sends(&mut sends);
+                mail.extend(sends.into_iter().map(|(to, m)| (i as u32 + 1, to, m)));
+            }
+            if mail.is_empty() {
+                return carried;
+            }
+            for (from, to, payload) in mail {
+                if Some(to) == cut {
+                    continue;
+                }
+                carried += 1;
+                parts[to as usize - 1].deliver(io, from, &payload).unwrap();
+            }
+        }
+    }
+
+    fn one_batch(seed: u8) -> Vec<u8> {
+        batch_of(&[[seed; 50].as_slice(), [seed; 60].as_slice()]).unwrap()
+    }
+
+    /// The host's part of replication: a produce is answered only once a
+    /// quorum holds it durably; backups serve only committed records; a
+    /// backup refuses a produce naming the primary's node.
+    #[test]
+    fn a_produce_is_acknowledged_at_a_quorum_and_backups_serve_only_commits() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut io = UringBackend::new(64).unwrap();
+        let mut parts: Vec<Partition> = (0..3)
+            .map(|r| open(dir.path(), &mut io, r, GROUP))
+            .collect();
+        assert_eq!(parts[0].status(0).role, "primary");
+        assert_eq!(parts[1].status(0).role, "backup");
+        let token = parts[0].produce(&mut io, one_batch(1)).unwrap();
+        // Durable on the primary alone: not acknowledged.
+        flush(&mut io, &mut parts[0]);
+        assert_eq!(parts[0].take_replies().count(), 0);
+        let mut sends = Vec::new();
+        parts[0].take_sends(&mut sends);
+        assert_eq!(sends.iter().map(|(to, _)| *to).collect::<Vec<_>>(), [2, 3]);
+        // Node 2 takes the prepare; node 3 is cut off.
+        parts[1].deliver(&mut io, 1, &sends[0].1).unwrap();
+        flush(&mut io, &mut parts[1]);
+        assert!(parts[1].store().unwrap().durable().next_offset == 2);
+        assert_eq!(parts[1].high_watermark(), Some(0), "durable, not committed");
+        assert!(parts[1]
+            .fetch(&mut io, 0, 1 << 20)
+            .unwrap()
+            .batches
+            .is_empty());
+        pump(&mut io, &mut parts, Some(3));
+        let replies: Vec<Reply> = parts[0].take_replies().collect();
+        assert_eq!(replies.len(), 1);
+        assert_eq!(replies[0].0, token);
+        let app = replies[0].1.clone().unwrap();
+        assert_eq!((app.base_offset, app.next_offset), (0, 2));
+        assert_eq!(parts[0].high_watermark(), Some(2));
+        // The commit reaches the backup with the next heartbeat.
+        for _ in 0..10 {
+            parts[0].tick(&mut io);
+            pump(&mut io, &mut parts, Some(3));
+        }
+        assert_eq!(parts[1].high_watermark(), Some(2));
+        let f = parts[1].fetch(&mut io, 0, 1 << 20).unwrap();
+        assert_eq!(
+            f.batches,
+            parts[0].fetch(&mut io, 0, 1 << 20).unwrap().batches
+        );
+        assert_eq!(f.next_offset, 2);
+        // A backup refuses, naming the primary.
+        let e = parts[1].produce(&mut io, one_batch(2)).unwrap_err();
+        assert_eq!(e.code, ErrorCode::NotPrimary, "{e}");
+        assert!(e.message.contains("primary_node=1"), "{e}");
+        assert!(e.message.contains("127.0.0.1:7001"), "{e}");
+    }
+
+    /// A message of another replica group, from a node other than the one
+    /// the sender claims to be, or that does not decode, is not stepped.
+    #[test]
+    fn messages_of_another_group_sender_or_garbage_are_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut io = UringBackend::new(64).unwrap();
+        let mut primary = open(dir.path(), &mut io, 0, GROUP);
+        let mut backup = open(dir.path(), &mut io, 1, GROUP);
+        let other = tempfile::tempdir().unwrap();
+        let mut stranger = open(other.path(), &mut io, 1, GROUP + 1);
+        primary.produce(&mut io, one_batch(3)).unwrap();
+        let mut sends = Vec::new();
+        primary.take_sends(&mut sends);
+        let prepare = sends[0].1.clone();
+        assert!(matches!(
+            stranger.deliver(&mut io, 1, &prepare),
+            Err(PeerDrop::WrongGroup { got: GROUP, .. })
+        ));
+        assert!(matches!(
+            backup.deliver(&mut io, 3, &prepare),
+            Err(PeerDrop::WrongSender {
+                node: 3,
+                claimed: 0
+            })
+        ));
+        let mut garbled = prepare.clone();
+        let last = garbled.len() - 1;
+        garbled[last] ^= 1;
+        assert!(matches!(
+            backup.deliver(&mut io, 1, &garbled),
+            Err(PeerDrop::Undecodable(_))
+        ));
+        // None of those reached the replica: its log is empty still.
+        assert_eq!(backup.store().unwrap().chain().next_offset, 0);
+        backup.deliver(&mut io, 1, &prepare).unwrap();
+        assert_eq!(backup.store().unwrap().chain().next_offset, 2);
+        // A cluster-of-one partition takes no peer messages at all.
+        let lone_dir = tempfile::tempdir().unwrap();
+        let config = ServerConfig::default().store_config();
+        let pool = StorePool::new(
+            lone_dir.path().join("recycle"),
+            ringlog_storage::store::PoolConfig::private(&config),
+        );
+        let mut lone = Partition::open(
+            &mut io,
+            &pool,
+            &lone_dir.path().join("p"),
+            "t",
+            0,
+            7,
+            config,
+            true,
+        );
+        assert_eq!(
+            lone.deliver(&mut io, 1, &prepare),
+            Err(PeerDrop::NotReplicated)
+        );
+    }
+}
