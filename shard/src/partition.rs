@@ -62,6 +62,12 @@ impl Replication {
     fn replica_config(&self, id: u32, store: &StoreConfig) -> ReplicaConfig {
         let mut cfg = ReplicaConfig::new(id, self.nodes.len() as u8, self.replica);
         cfg.drain_every_bytes = store.uncommitted_headroom_bytes.map(|h| h / 3);
+        // A restarted replica asks for the view with backoff (10, 20, 40
+        // ticks, plus jitter): after 3 unanswered rounds (1.4-2.8 s at the
+        // shard's 20 ms tick) it joins a view change itself. The default 8
+        // rounds take 16-32 s, which a cluster restarted whole (nobody
+        // Normal to answer) would wait out.
+        cfg.recovering_attempts_max = RECOVERING_ATTEMPTS_MAX;
         cfg
     }
 
@@ -100,6 +106,10 @@ pub enum PeerDrop {
     #[error("state transfer message ({0:?}) not handled on the server yet")]
     Transfer(wire::Command),
 }
+
+/// Unanswered RequestStartView rounds before a restarted replica joins a
+/// view change (see `Replication::replica_config`).
+const RECOVERING_ATTEMPTS_MAX: u32 = 3;
 
 /// Committed ops a restarted replicated partition keeps in its journal
 /// (headers read at boot; the rest is read from the segments on repair).
