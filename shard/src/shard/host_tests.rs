@@ -291,3 +291,50 @@ fn ten_thousand_idle_partitions_cost_no_ticks() {
     assert_eq!(s.tick_replicas(Instant::now()), 1);
     assert_eq!(s.tick_replicas(Instant::now()), 0);
 }
+
+/// A shard other than 0 sends its replicas' messages through shard 0's
+/// mailbox (bound: its capacity, here 2): a full one drops the message and
+/// counts it; nothing blocks and nothing queues elsewhere.
+#[test]
+fn replica_messages_from_another_shard_go_through_shard_0_and_a_full_mailbox_drops_them() {
+    let (tx0, rx0) = crate::mailbox::mailbox(2, 1 << 20, 2).expect("mailbox");
+    let (tx1, rx1) = crate::mailbox::mailbox(16, 1 << 20, 16).expect("mailbox");
+    let setup = ShardSetup {
+        id: 1,
+        config: Arc::new(config()),
+        catalog: Arc::new(Catalog::new(TopicTable::default())),
+        peers: Arc::new(vec![tx0, tx1]),
+        rx: rx1,
+        metrics: Arc::default(),
+        shutdown: Arc::default(),
+        listener: std::net::TcpListener::bind("127.0.0.1:0").expect("bind"),
+        core: None,
+        ready: crossbeam_channel::bounded(1).0,
+        trash: crate::trash::channel().0,
+        meta_io: crate::meta_io::channel().0,
+        peer: None,
+    };
+    let s = Shard::new(setup, data_dir(7), EventFd::new().expect("eventfd")).0;
+    for i in 0..3u8 {
+        s.send_to_peer(2, 9, vec![i; 16]);
+    }
+    let drops = s.metrics.peer_drops_total.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(drops, 1, "the third message did not fit");
+    for i in 0..2u8 {
+        match rx0.try_recv().map(|e| (e.op, e.reply)) {
+            Some((
+                Op::PeerSend {
+                    to,
+                    partition_id,
+                    payload,
+                },
+                ReplyTo::Nobody,
+            )) => {
+                assert_eq!((to, partition_id), (2, 9));
+                assert_eq!(payload, vec![i; 16]);
+            }
+            other => panic!("expected a peer send, got {other:?}"),
+        }
+    }
+    assert!(rx0.try_recv().is_none());
+}

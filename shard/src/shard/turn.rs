@@ -405,7 +405,7 @@ impl<B: IoBackend> Shard<B> {
     /// Queues one replication message for node `to`: on the transport if
     /// this shard runs it, else through shard 0's mailbox. A full queue or
     /// mailbox drops it (counted; VSR retransmits).
-    fn send_to_peer(&self, to: u32, partition_id: u32, payload: Vec<u8>) {
+    pub(super) fn send_to_peer(&self, to: u32, partition_id: u32, payload: Vec<u8>) {
         if let Some(t) = self.transport.borrow().as_ref() {
             if let Err(e) = t.send(to, partition_id, &payload) {
                 metrics::inc(&self.metrics.peer_drops_total);
