@@ -22,12 +22,20 @@ const PER_BATCH: usize = 4;
 /// the view change and reconnects).
 const FAILOVER_MAX: Duration = Duration::from_secs(10);
 
+/// A free port below the kernel's ephemeral range (32768 and up by
+/// default): a peer port freed by a SIGKILL must not be taken meanwhile by
+/// some connection's source port, or the node could not restart on it.
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    use std::sync::atomic::{AtomicU16, Ordering};
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let salt = (std::process::id() % 100) as u16 * 50;
+    loop {
+        // At most 20_000 + 4_950 + 6_999 < 32_768.
+        let port = 20_000 + salt + NEXT.fetch_add(1, Ordering::Relaxed) % 7_000;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
 }
 
 struct Cluster {
@@ -342,6 +350,26 @@ fn run_seed(seed: u64) {
         .unwrap_err();
     assert_eq!(e.code(), Some(ErrorCode::NotPrimary), "{e}");
     assert_eq!(e.primary_node(), Some(1), "{e}");
+    if seed == 1 {
+        // The CLI says so too, with what to do.
+        let out = std::process::Command::new(BIN)
+            .args([
+                "produce",
+                TOPIC,
+                "--addr",
+                &cluster.nodes[&2].addr,
+                "--count",
+                "1",
+            ])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{stderr}");
+        assert!(
+            stderr.contains("not_primary") && stderr.contains("primary_node=1"),
+            "{stderr}"
+        );
+    }
 
     // SIGKILL a backup mid-produce: a quorum of 2 goes on.
     let killer = kill_later(&cluster, 3, moment(seed, 1));

@@ -318,7 +318,10 @@ fn replica_messages_from_another_shard_go_through_shard_0_and_a_full_mailbox_dro
     for i in 0..3u8 {
         s.send_to_peer(2, 9, vec![i; 16]);
     }
-    let drops = s.metrics.peer_drops_total.load(std::sync::atomic::Ordering::Relaxed);
+    let drops = s
+        .metrics
+        .peer_drops_total
+        .load(std::sync::atomic::Ordering::Relaxed);
     assert_eq!(drops, 1, "the third message did not fit");
     for i in 0..2u8 {
         match rx0.try_recv().map(|e| (e.op, e.reply)) {
