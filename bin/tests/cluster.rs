@@ -136,27 +136,23 @@ fn produce_following(
         };
         let result =
             Client::connect(&addr).and_then(|mut c| c.produce(TOPIC, partition, batch.to_vec()));
-        match result {
+        let e = match result {
             Ok(ack) => return (ack.base_offset, ack.next_offset, uncertain),
-            Err(e) => match {
-                last = format!("node {at}: {e}");
-                e.primary_node()
-            } {
-                Some(node) if node != *at && cluster.nodes.contains_key(&node) => *at = node,
-                _ => {
-                    if !(e.is_retryable()
-                        || e.code() == Some(ErrorCode::NotPrimary)
-                        || transient(&e))
-                    {
-                        panic!("produce to node {at}: {e}");
-                    }
-                    uncertain |= !matches!(e, ClientError::Connect { .. })
-                        && e.code() != Some(ErrorCode::NotPrimary)
-                        && !e.is_retryable();
-                    *at = next_node(&ids, *at);
-                    std::thread::sleep(Duration::from_millis(50));
+            Err(e) => e,
+        };
+        last = format!("node {at}: {e}");
+        match e.primary_node() {
+            Some(node) if node != *at && cluster.nodes.contains_key(&node) => *at = node,
+            _ => {
+                if !(e.is_retryable() || e.code() == Some(ErrorCode::NotPrimary) || transient(&e)) {
+                    panic!("produce to node {at}: {e}");
                 }
-            },
+                uncertain |= !matches!(e, ClientError::Connect { .. })
+                    && e.code() != Some(ErrorCode::NotPrimary)
+                    && !e.is_retryable();
+                *at = next_node(&ids, *at);
+                std::thread::sleep(Duration::from_millis(50));
+            }
         }
     }
 }
@@ -435,7 +431,7 @@ fn a_cluster_killed_whole_restarts_with_every_acknowledged_record() {
         .collect();
     // Whatever this run gets acknowledged before the kills must survive.
     let partial = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        let mut at = 1;
+        let at = 1;
         let mut acks = Acks::new();
         let deadline = Instant::now() + Duration::from_millis(500);
         for b in 30..1000 {

@@ -1,6 +1,15 @@
 //! One partition on its owning shard: its store and its replica.
 //!
-//! The replica ([`crate::vsr::Replica`], a cluster of one here, booted by
+//! Replicated (a [`Replication`]: a topic of a cluster), the replica is one
+//! of R: created fresh it starts in view 0, reopened it restarts
+//! Recovering ([`replica_io::recover`]); messages from peers come in
+//! through [`Partition::deliver`] (checked: group id, sender, limits) and
+//! go out through [`Partition::take_sends`]; a produce is answered at
+//! commit, a backup refuses it naming the primary (`not_primary`), and
+//! reads stop at the commit ([`Partition::high_watermark`]). The store
+//! then keeps an uncommitted headroom, so rolls seal committed ops only.
+//!
+//! Alone, the replica ([`crate::vsr::Replica`], a cluster of one, booted by
 //! [`replica_io::recover_lone`]) sequences: [`Partition::produce`] checks
 //! what it can from the header, stamps the partition id and hands the
 //! batch to the replica, which stamps offset, op, view and chain link and

@@ -7,7 +7,8 @@
 //! the trash sweeper (see `trash`), bind
 //! the client port once (shared by the shards, exclusive to this process),
 //! and in a cluster the peer port (the replication transport runs on shard
-//! 0 and stops with it), start the pinned shard threads (each opens its partitions), finish
+//! 0 and stops with it; what it receives goes to the owning shards through
+//! `peer_route`), start the pinned shard threads (each opens its partitions), finish
 //! topics a crash left half-created, open the control socket (0600 from the
 //! start), then print one `ready` line on stdout.
 //!

@@ -29,11 +29,17 @@
 //! for that partition, until the flush in flight completed. Reads, opening
 //! partitions and the maintenance ops stay synchronous on the same ring.
 //!
-//! Each partition hosts its replica, a cluster of one (see `partition`):
-//! the replica sequences produces; its flushes are answered by the
-//! partition's group commit, and its replies acknowledge the producers.
-//! A tick steps only the replicas with a timeout armed (none, at R = 1
-//! while Normal).
+//! Each partition hosts its replica (see `partition`): a cluster of one on
+//! a single node, a member of an R-node group for a topic replicated in a
+//! cluster. The replica sequences produces; its flushes are answered by
+//! the partition's group commit, and its replies acknowledge the
+//! producers (a replicated one's at commit, on a quorum). Replication
+//! messages arrive as `Op::PeerMessage` work and what the replicas send is
+//! routed after each turn, tick and completion (see `peer_route`); a
+//! message or tick for a partition with a flush in flight waits for it
+//! (it may make the replica cut or persist, synchronous flushes in the
+//! store). A tick steps only the replicas with a timeout armed (none, at
+//! R = 1 while Normal; every replicated one: heartbeats, primary-silent).
 //!
 //! This file is the runtime: the thread, the monoio tasks, the clock.
 //! What a turn does to the partitions is in `shard/turn.rs`, which gets the
