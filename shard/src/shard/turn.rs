@@ -159,6 +159,12 @@ impl<B: IoBackend> Shard<B> {
             }
             Op::Purge { partition_id } => {
                 let outcome = match partitions.get_mut(&partition_id) {
+                    // The store's purge bypasses the replica: on one node
+                    // alone it would fork the group's log.
+                    Some(p) if p.is_replicated() => Err(OpError::new(
+                        ErrorCode::PartitionUnavailable,
+                        "purge of a replicated partition is not supported yet",
+                    )),
                     Some(p) => p.purge(io).map(|()| OpReply::Empty),
                     None => Err(unknown_partition(partition_id)),
                 };
