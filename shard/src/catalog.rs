@@ -41,6 +41,15 @@ pub struct TopicMeta {
     /// Partition `i` has stable id `first_partition_id + i`.
     pub first_partition_id: u32,
     pub state: TopicState,
+    /// Replicas of each partition: 1 on a single node; in a cluster every
+    /// node, ordered by node id, replica index = position (see
+    /// `placement::group_id`). Files written before it existed read 1.
+    #[serde(default = "single_replica")]
+    pub replication_factor: u8,
+}
+
+fn single_replica() -> u8 {
+    1
 }
 
 impl TopicMeta {
@@ -201,6 +210,7 @@ impl TopicTable {
                     partitions,
                     first_partition_id: first,
                     state: TopicState::Ready,
+                    replication_factor: 1,
                 },
             );
         }
@@ -351,6 +361,7 @@ mod tests {
                 partitions: 3,
                 first_partition_id: 0,
                 state: TopicState::Ready,
+                replication_factor: 1,
             },
         );
         t.store(dir.path()).unwrap();

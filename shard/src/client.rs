@@ -75,6 +75,25 @@ impl ClientError {
         self.code().is_some_and(ErrorCode::is_retryable)
     }
 
+    /// For a not-primary refusal: the node id of the partition's primary
+    /// (the server names it `primary_node=ID`). The caller maps the id to
+    /// that node's client address and produces there: until cluster
+    /// metadata is hosted, nodes know each other's peer addresses only.
+    pub fn primary_node(&self) -> Option<u32> {
+        let ClientError::Server {
+            code: ErrorCode::NotPrimary,
+            message,
+        } = self
+        else {
+            return None;
+        };
+        let rest = &message[message.find("primary_node=")? + "primary_node=".len()..];
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        rest[..digits].parse().ok()
+    }
+
     /// What a person should know or do about this error, if anything
     /// beyond its message.
     pub fn advice(&self) -> Option<&'static str> {
@@ -93,6 +112,10 @@ impl ClientError {
             ErrorCode::DiskFull => Some(
                 "the server's disk is full: nothing was written and reads keep working; \
                  appends resume once space is freed (retention, purge, or more disk)",
+            ),
+            ErrorCode::NotPrimary => Some(
+                "this node holds a backup of the partition: produce to the node named \
+                 primary_node (its client address), or retry here after a view change",
             ),
             ErrorCode::PartitionFenced => Some(
                 "the partition stopped after an I/O error (fail-stop); see the server log; \
@@ -483,6 +506,31 @@ pub fn with_retry<T>(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_not_primary_refusal_names_the_primary_node() {
+        use super::{ClientError, ErrorCode};
+        let e = ClientError::Server {
+            code: ErrorCode::NotPrimary,
+            message: "this node holds a backup of partition 7: produce to primary_node=3 (peer address 127.0.0.1:1, view 5)".into(),
+        };
+        assert_eq!(e.primary_node(), Some(3));
+        assert!(e.advice().is_some_and(|a| a.contains("primary_node")));
+        let other = ClientError::Server {
+            code: ErrorCode::Backpressure,
+            message: "primary_node=3".into(),
+        };
+        assert_eq!(
+            other.primary_node(),
+            None,
+            "only a not-primary refusal names one"
+        );
+        let garbled = ClientError::Server {
+            code: ErrorCode::NotPrimary,
+            message: "primary_node=x".into(),
+        };
+        assert_eq!(garbled.primary_node(), None);
+    }
+
     use super::*;
 
     fn frame(reply: &Reply) -> Vec<u8> {

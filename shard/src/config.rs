@@ -551,7 +551,23 @@ impl ServerConfig {
         }))
     }
 
-    /// Without `cluster_id`, a cluster key set by mistake would silently run
+    /// The cluster's nodes (id -> peer address) when `cluster_id` is set;
+    /// empty for a single node or unparsable peers (boot refuses those
+    /// first, through [`ServerConfig::cluster`]).
+    pub fn cluster_nodes(&self) -> std::collections::BTreeMap<u32, std::net::SocketAddr> {
+        if self.cluster_id.is_empty() {
+            return std::collections::BTreeMap::new();
+        }
+        parse_peers(&self.peers).unwrap_or_default()
+    }
+
+    /// Replicas each partition of a new topic gets: every node of the
+    /// cluster (1 on a single node). Interim, until the metadata group
+    /// places replicas on a subset.
+    pub fn replication_factor(&self) -> u8 {
+        u8::try_from(self.cluster_nodes().len().max(1)).unwrap_or(u8::MAX)
+    }
+
     /// a lone node: refuse it instead.
     fn no_cluster_keys(&self) -> Result<(), (&'static str, String)> {
         let set = [

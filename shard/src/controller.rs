@@ -19,7 +19,7 @@ use crate::catalog::{TopicMeta, TopicState, TopicTable};
 use crate::handle::ShardHandle;
 use crate::meta_io::{MetaIoError, Task};
 use crate::ops::{MetaOp, Op, OpError, OpReply, Outcome};
-use crate::placement::shard_for;
+use crate::placement::{replicated_first_partition_id, shard_for};
 
 /// Attempts to reach a shard whose mailbox is full, 10 ms apart.
 const MAILBOX_RETRIES: u32 = 500;
@@ -88,17 +88,24 @@ async fn create(shard: &impl ShardHandle, topic: String, partitions: u32) -> Out
             format!("topic {topic:?} exists"),
         ));
     }
-    let first = table.next_partition_id;
-    let Some(next) = first.checked_add(partitions) else {
-        return Err(OpError::new(ErrorCode::Internal, "partition ids exhausted"));
+    let replication_factor = shard.config().replication_factor();
+    let first = if replication_factor > 1 {
+        replicated_ids(&table, &topic, partitions)?
+    } else {
+        let first = table.next_partition_id;
+        let Some(next) = first.checked_add(partitions) else {
+            return Err(OpError::new(ErrorCode::Internal, "partition ids exhausted"));
+        };
+        table.next_partition_id = next;
+        first
     };
-    table.next_partition_id = next;
     table.topics.insert(
         topic.clone(),
         TopicMeta {
             partitions,
             first_partition_id: first,
             state: TopicState::Creating,
+            replication_factor,
         },
     );
     store(shard, &table).await?;
@@ -132,8 +139,30 @@ async fn create(shard: &impl ShardHandle, topic: String, partitions: u32) -> Out
     }
     store(shard, &table).await?;
     shard.catalog().publish(table);
-    tracing::info!(%topic, partitions, "topic created");
+    tracing::info!(%topic, partitions, replication_factor, "topic created");
     Ok(OpReply::Empty)
+}
+
+/// The first partition id of a replicated topic (derived from its name:
+/// see `placement::replicated_first_partition_id`), refused if its ids
+/// overlap another topic's.
+fn replicated_ids(table: &TopicTable, topic: &str, partitions: u32) -> Result<u32, OpError> {
+    let first = replicated_first_partition_id(topic);
+    let end = u64::from(first) + u64::from(partitions);
+    let overlaps = |m: &TopicMeta| {
+        let (a, b) = (
+            m.first_partition_id,
+            u64::from(m.first_partition_id) + u64::from(m.partitions),
+        );
+        u64::from(a) < end && u64::from(first) < b
+    };
+    match table.topics.iter().find(|(_, m)| overlaps(m)) {
+        Some((other, _)) => Err(OpError::new(
+            ErrorCode::InvalidTopic,
+            format!("topic {topic:?} would take partition ids {first}.. held by topic {other:?} (its name hashes to the same id range); choose another name"),
+        )),
+        None => Ok(first),
+    }
 }
 
 async fn delete(shard: &impl ShardHandle, topic: String) -> Outcome {

@@ -21,6 +21,8 @@
 //!   beside the group's replica (not wired into the server yet).
 //! * [`meta_io`] is the thread that writes topics.json for the controller,
 //!   so shard 0 never waits for its fsyncs.
+//! * [`peer_route`] carries replication messages between the peer
+//!   transport (on shard 0) and the shards owning the partitions.
 //! * [`trash`] holds dropped partitions' directories (renamed in on the
 //!   ring) until its sweeper thread, owned by the server, removes them.
 pub mod catalog;
@@ -38,6 +40,7 @@ pub mod net;
 pub mod oneshot;
 pub mod ops;
 pub mod partition;
+pub mod peer_route;
 pub mod placement;
 pub mod replica_io;
 pub mod reply_pool;

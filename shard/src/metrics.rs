@@ -114,6 +114,12 @@ pub struct ShardMetrics {
     pub header_timeouts_total: AtomicU64,
     pub over_budget_total: AtomicU64,
     pub write_timeouts_total: AtomicU64,
+    /// Replication messages stepped by this shard's replicas.
+    pub peer_messages_total: AtomicU64,
+    /// Replication messages dropped: undecodable, of another replica group
+    /// or sender, for a partition not here, or a full mailbox on the way
+    /// (VSR retransmits).
+    pub peer_drops_total: AtomicU64,
     /// Copies of the shard's read cache counters (the pool is the shard
     /// thread's; see [`set_read_cache`]).
     pub read_cache_hits_total: AtomicU64,
@@ -153,6 +159,8 @@ impl Default for ShardMetrics {
             header_timeouts_total: AtomicU64::new(0),
             over_budget_total: AtomicU64::new(0),
             write_timeouts_total: AtomicU64::new(0),
+            peer_messages_total: AtomicU64::new(0),
+            peer_drops_total: AtomicU64::new(0),
             read_cache_hits_total: AtomicU64::new(0),
             read_cache_misses_total: AtomicU64::new(0),
             read_cache_served_bytes_total: AtomicU64::new(0),
@@ -311,6 +319,16 @@ const COUNTERS: &[CounterRow] = &[
         "ringlog_over_budget",
         "Requests refused with Backpressure over shard_request_bytes_max",
         |m| &m.over_budget_total,
+    ),
+    (
+        "ringlog_peer_messages",
+        "Replication messages stepped by the shard's replicas",
+        |m| &m.peer_messages_total,
+    ),
+    (
+        "ringlog_peer_drops",
+        "Replication messages dropped (undecodable, wrong group or sender, unknown partition, full mailbox)",
+        |m| &m.peer_drops_total,
     ),
     (
         "ringlog_write_timeouts",

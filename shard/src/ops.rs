@@ -109,6 +109,20 @@ pub enum Op {
     },
     ShardStatus,
     Meta(MetaOp),
+    /// A replication message from node `from` for the owner's partition
+    /// (one-way: no reply; dropped and counted if it cannot be stepped).
+    PeerMessage {
+        from: u32,
+        partition_id: u32,
+        payload: Vec<u8>,
+    },
+    /// A replication message for node `to`, to shard 0, which runs the
+    /// peer transport (one-way).
+    PeerSend {
+        to: u32,
+        partition_id: u32,
+        payload: Vec<u8>,
+    },
 }
 
 impl Op {
@@ -116,6 +130,7 @@ impl Op {
     pub fn payload_bytes(&self) -> u64 {
         match self {
             Op::Produce { batch, .. } => batch.len() as u64,
+            Op::PeerMessage { payload, .. } | Op::PeerSend { payload, .. } => payload.len() as u64,
             _ => 0,
         }
     }
@@ -128,6 +143,8 @@ pub enum ReplyTo {
     Shard { shard: usize, token: u64 },
     /// A plain thread (the control socket) blocked on a channel.
     Thread(Sender<Outcome>),
+    /// Nobody: a one-way op (peer messages).
+    Nobody,
 }
 
 #[derive(Debug)]

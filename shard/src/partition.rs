@@ -1,6 +1,15 @@
 //! One partition on its owning shard: its store and its replica.
 //!
-//! The replica ([`crate::vsr::Replica`], a cluster of one here, booted by
+//! Replicated (a [`Replication`]: a topic of a cluster), the replica is one
+//! of R: created fresh it starts in view 0, reopened it restarts
+//! Recovering ([`replica_io::recover`]); messages from peers come in
+//! through [`Partition::deliver`] (checked: group id, sender, limits) and
+//! go out through [`Partition::take_sends`]; a produce is answered at
+//! commit, a backup refuses it naming the primary (`not_primary`), and
+//! reads stop at the commit ([`Partition::high_watermark`]). The store
+//! then keeps an uncommitted headroom, so rolls seal committed ops only.
+//!
+//! Alone, the replica ([`crate::vsr::Replica`], a cluster of one, booted by
 //! [`replica_io::recover_lone`]) sequences: [`Partition::produce`] checks
 //! what it can from the header, stamps the partition id and hands the
 //! batch to the replica, which stamps offset, op, view and chain link and
@@ -23,8 +32,10 @@
 
 use std::path::{Path, PathBuf};
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
+use std::net::SocketAddr;
 
+use ringlog_protocol::replication::{self as wire, ReplicationLimits};
 use ringlog_protocol::wire::{ErrorCode, FetchReply};
 use ringlog_protocol::{encode_header, BatchHeader, HEADER_LEN};
 use ringlog_storage::io::{Completion, IoBackend, Op, Sqe};
@@ -34,9 +45,84 @@ use ringlog_storage::store::{PartitionStore, StoreConfig, StoreError, StorePool}
 use crate::ops::{OpError, PartitionStatus};
 use crate::replica_io::{self, AppendFailure};
 use crate::vsr::{
-    AppendError, Appended, Config as ReplicaConfig, Input, IoFailure, IoId, IoOutcome, Outbox,
-    Output, Replica, Status as ReplicaStatus, StorageOp, Token,
+    AppendError, Appended, Config as ReplicaConfig, Input, IoFailure, IoId, IoOutcome, Message,
+    Outbox, Output, Replica, Status as ReplicaStatus, StorageOp, Token,
 };
+
+/// A replicated partition's place in its replica group (absent: a cluster
+/// of one).
+#[derive(Clone, Debug)]
+pub struct Replication {
+    /// The node id of each replica, by replica index (ascending node ids).
+    pub nodes: Vec<u32>,
+    /// This node's replica index.
+    pub replica: u8,
+    /// Stamped in every message this replica sends and required of every
+    /// message it steps (`placement::group_id`).
+    pub group_id: u128,
+    /// Peer addresses, to name the primary in a not-primary refusal.
+    pub addrs: BTreeMap<u32, SocketAddr>,
+}
+
+impl Replication {
+    /// Replica settings of a replicated partition: the defaults, with the
+    /// primary draining its pipeline every third of the store's
+    /// uncommitted headroom (see `Config::drain_every_bytes`).
+    fn replica_config(&self, id: u32, store: &StoreConfig) -> ReplicaConfig {
+        let mut cfg = ReplicaConfig::new(id, self.nodes.len() as u8, self.replica);
+        cfg.drain_every_bytes = store.uncommitted_headroom_bytes.map(|h| h / 3);
+        // A restarted replica asks for the view with backoff (10, 20, 40
+        // ticks, plus jitter): after 3 unanswered rounds (1.4-2.8 s at the
+        // shard's 20 ms tick) it joins a view change itself. The default 8
+        // rounds take 16-32 s, which a cluster restarted whole (nobody
+        // Normal to answer) would wait out.
+        cfg.recovering_attempts_max = RECOVERING_ATTEMPTS_MAX;
+        cfg
+    }
+
+    /// The store settings of a replicated partition: rolls seal only
+    /// committed ops, so a view change's cut never reaches a sealed
+    /// segment (`StoreConfig::uncommitted_headroom_bytes`); a quarter of
+    /// the segment, far above a pipeline of the largest batches at the
+    /// default segment size.
+    pub fn store_config(mut config: StoreConfig) -> StoreConfig {
+        config.uncommitted_headroom_bytes = Some(config.segment_size_bytes / 4);
+        config
+    }
+
+    /// The node id of replica `index`.
+    fn node(&self, index: u8) -> Option<u32> {
+        self.nodes.get(usize::from(index)).copied()
+    }
+}
+
+/// Why a peer's frame was not stepped (each is counted by the shard).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PeerDrop {
+    #[error("partition is not replicated here")]
+    NotReplicated,
+    #[error("partition is unavailable")]
+    Unavailable,
+    #[error("undecodable message: {0}")]
+    Undecodable(String),
+    /// Another cluster, topic, partition index or replica count: the nodes
+    /// disagree about this partition (see `placement::group_id`).
+    #[error("message of replica group {got:#x}, this partition is group {want:#x}")]
+    WrongGroup { got: u128, want: u128 },
+    #[error("message claims replica {claimed} but came from node {node}")]
+    WrongSender { node: u32, claimed: u8 },
+    /// State transfer commands are not routed to a transfer session yet.
+    #[error("state transfer message ({0:?}) not handled on the server yet")]
+    Transfer(wire::Command),
+}
+
+/// Unanswered RequestStartView rounds before a restarted replica joins a
+/// view change (see `Replication::replica_config`).
+const RECOVERING_ATTEMPTS_MAX: u32 = 3;
+
+/// Committed ops a restarted replicated partition keeps in its journal
+/// (headers read at boot; the rest is read from the segments on repair).
+const BOOT_COMMITTED_OPS_KEPT: u64 = 64;
 
 enum State {
     Open(Box<Hosted>),
@@ -63,6 +149,13 @@ struct Hosted {
     /// Replies not yet taken by the shard; at most one per token given out.
     replies: Vec<Reply>,
     next_token: Token,
+    /// Present for a replicated partition.
+    repl: Option<Replication>,
+    /// Messages the replica sent since the shard last took them
+    /// ([`Partition::take_sends`], after every turn, tick and completion
+    /// that stepped it): bounded by what those steps emit, O(pipeline x
+    /// replicas) each.
+    sends: Vec<(u8, Message)>,
 }
 
 pub struct Partition {
@@ -95,8 +188,31 @@ impl Partition {
         config: StoreConfig,
         create: bool,
     ) -> Partition {
+        Self::open_replicated(io, pool, dir, topic, index, id, config, create, None)
+    }
+
+    /// [`Partition::open`] of a partition replicated by `repl` (None: a
+    /// cluster of one). A store created here starts a fresh group member
+    /// (view 0, Normal); one that existed restarts Recovering and learns
+    /// the view from its peers before it acts.
+    #[allow(clippy::too_many_arguments)]
+    pub fn open_replicated(
+        io: &mut impl IoBackend,
+        pool: &StorePool,
+        dir: &Path,
+        topic: &str,
+        index: u32,
+        id: u32,
+        config: StoreConfig,
+        create: bool,
+        repl: Option<Replication>,
+    ) -> Partition {
+        let config = match &repl {
+            Some(_) => Replication::store_config(config),
+            None => config,
+        };
         let opened = open_or_create(io, pool, dir, id, config, create)
-            .and_then(|store| Hosted::boot(io, store, id));
+            .and_then(|(store, created)| Hosted::boot(io, store, id, repl, created));
         let state = match opened {
             Ok(hosted) => State::Open(Box::new(hosted)),
             Err(message) => {
@@ -110,6 +226,21 @@ impl Partition {
             id,
             dir: dir.to_path_buf(),
             state,
+            flush_end: None,
+            idle_seen: None,
+        }
+    }
+
+    /// A partition that cannot be hosted here (`why`): every request gets
+    /// PartitionUnavailable with the reason.
+    pub fn unavailable(dir: &Path, topic: &str, index: u32, id: u32, why: String) -> Partition {
+        tracing::error!(topic, index, partition_id = id, %why, "partition unavailable");
+        Partition {
+            topic: topic.to_string(),
+            index,
+            id,
+            dir: dir.to_path_buf(),
+            state: State::Unavailable(why),
             flush_end: None,
             idle_seen: None,
         }
@@ -359,6 +490,102 @@ impl Partition {
             h.answer_flushes(io);
         }
     }
+
+    pub fn is_replicated(&self) -> bool {
+        matches!(&self.state, State::Open(h) if h.repl.is_some())
+    }
+
+    /// Steps the replica with a message from node `from`: one replication
+    /// message (`ringlog_protocol::replication`), decoded within the
+    /// protocol's limits, of this partition's replica group, claiming the
+    /// sender's own replica index. The caller holds it while a flush is in
+    /// flight: a message may make the replica cut or persist, which the
+    /// store runs synchronously, one flush at a time.
+    pub fn deliver(
+        &mut self,
+        io: &mut impl IoBackend,
+        from: u32,
+        payload: &[u8],
+    ) -> Result<(), PeerDrop> {
+        debug_assert!(self.flush_end.is_none(), "peer message behind a flush");
+        let State::Open(h) = &mut self.state else {
+            return Err(PeerDrop::Unavailable);
+        };
+        let Some(repl) = &h.repl else {
+            return Err(PeerDrop::NotReplicated);
+        };
+        let decoded = wire::Message::decode(payload, &ReplicationLimits::default())
+            .map_err(|e| PeerDrop::Undecodable(e.to_string()))?;
+        let env = decoded.envelope;
+        if env.cluster_id != repl.group_id || env.partition_id != self.id {
+            return Err(PeerDrop::WrongGroup {
+                got: env.cluster_id,
+                want: repl.group_id,
+            });
+        }
+        if repl.node(env.replica) != Some(from) || env.replica == repl.replica {
+            return Err(PeerDrop::WrongSender {
+                node: from,
+                claimed: env.replica,
+            });
+        }
+        let Some((replica, msg)) = Message::from_wire(&decoded) else {
+            return Err(PeerDrop::Transfer(decoded.command()));
+        };
+        h.run(io, Input::Message { from: replica, msg });
+        h.answer_flushes(io);
+        Ok(())
+    }
+
+    /// Encodes the messages the replica sent since the last call, as
+    /// (destination node, payload) onto `out`. A message the encoder
+    /// refuses (a bug: the replica made it from verified batches) is
+    /// logged and dropped; the protocol retransmits.
+    pub fn take_sends(&mut self, out: &mut Vec<(u32, Vec<u8>)>) {
+        let id = self.id;
+        let State::Open(h) = &mut self.state else {
+            return;
+        };
+        let Some(repl) = &h.repl else {
+            return;
+        };
+        for (to, msg) in h.sends.drain(..) {
+            let Some(node) = repl.node(to) else {
+                tracing::error!(
+                    partition_id = id,
+                    to,
+                    "message to a replica index out of range"
+                );
+                continue;
+            };
+            let mut payload = Vec::new();
+            let encoded = msg
+                .to_wire(repl.group_id, id, repl.replica)
+                .map_err(|e| e.to_string())
+                .and_then(|m| m.encode(&mut payload).map_err(|e| e.to_string()));
+            match encoded {
+                Ok(()) => out.push((node, payload)),
+                Err(e) => {
+                    tracing::error!(partition_id = id, to = node, what = msg.body.name(), error = %e, "replication message not encoded");
+                }
+            }
+        }
+    }
+
+    /// Where reads end: the durable end; for a replicated partition, the
+    /// end of its commit (a backup's durable tail may still be cut by a
+    /// view change, and nothing uncommitted is ever served).
+    fn readable_end(&self) -> Option<u64> {
+        let State::Open(h) = &self.state else {
+            return None;
+        };
+        let durable = h.store.durable().next_offset;
+        if h.repl.is_none() {
+            return Some(durable);
+        }
+        let commit = h.replica.commit_next_offset().unwrap_or(0);
+        Some(commit.min(durable))
+    }
     /// Durable batches from `offset`, in `buf` (a reused reply buffer).
     pub fn fetch(
         &mut self,
@@ -368,23 +595,34 @@ impl Partition {
         buf: Vec<u8>,
     ) -> Result<FetchReply, OpError> {
         let index = self.index;
+        let end = self.readable_end();
         let store = self.store_or_err()?;
+        let end = end.unwrap_or(0);
+        let durable = store.durable().next_offset;
+        if offset >= end && offset <= durable {
+            // Durable here but not committed yet (a replicated partition).
+            return Ok(self.empty_fetch(offset));
+        }
         let fetched = store
             .read_into(io, offset, max_bytes as usize, buf)
             .map_err(store_error)?;
+        let (mut bytes, mut next_offset) = (fetched.bytes, fetched.next_offset);
+        if next_offset > end {
+            (bytes, next_offset) = committed_prefix(bytes, end)?;
+        }
         Ok(FetchReply {
             partition: index,
-            next_offset: fetched.next_offset,
+            next_offset,
             log_start_offset: store.log_start_offset(),
-            high_watermark: store.durable().next_offset,
-            batches: fetched.bytes,
+            high_watermark: end,
+            batches: bytes,
         })
     }
 
     /// An empty fetch result at the current end (long-poll timeout).
     pub fn empty_fetch(&self, offset: u64) -> FetchReply {
         let (start, hwm) = match &self.state {
-            State::Open(h) => (h.store.log_start_offset(), h.store.durable().next_offset),
+            State::Open(h) => (h.store.log_start_offset(), self.readable_end().unwrap_or(0)),
             State::Unavailable(_) => (0, 0),
         };
         FetchReply {
@@ -396,12 +634,10 @@ impl Partition {
         }
     }
 
-    /// The durable end, if open.
+    /// Where reads end, if open: the durable end (a replicated partition:
+    /// its commit's end).
     pub fn high_watermark(&self) -> Option<u64> {
-        match &self.state {
-            State::Open(h) => Some(h.store.durable().next_offset),
-            State::Unavailable(_) => None,
-        }
+        self.readable_end()
     }
 
     /// Drops every stored batch (flushes first). The caller lets a flush in
@@ -461,7 +697,16 @@ impl Partition {
                 let s = &h.store;
                 st.log_start_offset = s.log_start_offset();
                 st.frontier = s.chain().next_offset;
-                st.commit = s.durable().next_offset;
+                st.commit = self.readable_end().unwrap_or(0);
+                if h.repl.is_some() {
+                    st.role = match h.replica.status() {
+                        ReplicaStatus::Normal if h.replica.is_primary() => "primary",
+                        ReplicaStatus::Normal => "backup",
+                        ReplicaStatus::ViewChange => "view_change",
+                        ReplicaStatus::Recovering => "recovering",
+                        ReplicaStatus::Fenced => "fenced",
+                    };
+                }
                 st.sealed_segments = s.sealed_segments().count();
                 st.size_bytes = s.size_bytes();
                 st.purge_generation = s.superblock().purge_generation;
@@ -504,12 +749,35 @@ impl Partition {
 impl Hosted {
     /// The replica of a cluster of one over `store`: Normal at once in its
     /// persisted view, its durable end committed, nothing read.
-    fn boot(io: &mut impl IoBackend, mut store: PartitionStore, id: u32) -> Result<Self, String> {
-        let rec = replica_io::recover_lone(&mut store, io, 0)
-            .map_err(|e| format!("replica of partition {id}: {e}"))?;
-        let cfg = ReplicaConfig::new(id, 1, 0);
-        let replica = Replica::restart(cfg, u64::from(id), rec.durable, rec.base, &rec.headers)
-            .map_err(|e| format!("replica of partition {id}: {e}"))?;
+    fn boot(
+        io: &mut impl IoBackend,
+        mut store: PartitionStore,
+        id: u32,
+        repl: Option<Replication>,
+        created: bool,
+    ) -> Result<Self, String> {
+        let err = |e: String| format!("replica of partition {id}: {e}");
+        let replica = match &repl {
+            None => {
+                let rec =
+                    replica_io::recover_lone(&mut store, io, 0).map_err(|e| err(e.to_string()))?;
+                let cfg = ReplicaConfig::new(id, 1, 0);
+                Replica::restart(cfg, u64::from(id), rec.durable, rec.base, &rec.headers)
+            }
+            Some(r) => {
+                let cfg = r.replica_config(id, store.config());
+                // Replicas' timeouts jitter apart (seeded, no clock).
+                let seed = u64::from(id) << 8 | u64::from(r.replica);
+                if created {
+                    Replica::new(cfg, seed)
+                } else {
+                    let rec = replica_io::recover(&mut store, io, BOOT_COMMITTED_OPS_KEPT)
+                        .map_err(|e| err(e.to_string()))?;
+                    Replica::restart(cfg, seed, rec.durable, rec.base, &rec.headers)
+                }
+            }
+        }
+        .map_err(|e| err(e.to_string()))?;
         Ok(Hosted {
             store,
             replica,
@@ -518,6 +786,8 @@ impl Hosted {
             flushes: VecDeque::new(),
             replies: Vec::new(),
             next_token: 1,
+            repl,
+            sends: Vec::new(),
         })
     }
 
@@ -573,9 +843,11 @@ impl Hosted {
                         self.inputs.push_back(Input::IoDone { id, result });
                     }
                     Output::Reply { token, result } => {
-                        let result = result.map_err(|e| client_error(&self.store, e));
+                        let result =
+                            result.map_err(|e| client_error(&self.store, self.repl.as_ref(), e));
                         self.replies.push((token, result));
                     }
+                    Output::Send { to, msg } if self.repl.is_some() => self.sends.push((to, msg)),
                     Output::Event(event) => {
                         replica_io::note_event(&mut self.store, &event);
                         tracing::trace!(
@@ -635,22 +907,61 @@ impl Hosted {
 }
 
 /// What a producer sees for a replica's refusal.
-fn client_error(store: &PartitionStore, e: AppendError) -> OpError {
+fn client_error(store: &PartitionStore, repl: Option<&Replication>, e: AppendError) -> OpError {
     match e {
         // The pipeline and client queue are full: retry later.
         AppendError::Busy { .. } => OpError::new(ErrorCode::Backpressure, e.to_string()),
         AppendError::InvalidBatch(_) => OpError::new(ErrorCode::InvalidBatch, e.to_string()),
+        // Replicated: the primary lost its view with the op in flight; the
+        // op may or may not commit in the next view (not a fence).
+        AppendError::OutcomeUnknown { .. } if repl.is_some() => {
+            OpError::new(ErrorCode::PartitionUnavailable, e.to_string())
+        }
         // At R = 1 only a fence loses the view.
         AppendError::Fenced | AppendError::OutcomeUnknown { .. } => {
             let cause = store.fenced().map_or_else(|| e.to_string(), str::to_string);
             OpError::new(ErrorCode::PartitionFenced, cause)
         }
-        AppendError::NotPrimary { .. } => {
-            OpError::new(ErrorCode::PartitionUnavailable, e.to_string())
-        }
+        AppendError::NotPrimary { view, primary } => match repl.and_then(|r| r.node(primary)) {
+            Some(node) => {
+                let addr = repl
+                    .and_then(|r| r.addrs.get(&node))
+                    .map_or_else(|| "unknown".to_string(), SocketAddr::to_string);
+                OpError::new(
+                    ErrorCode::NotPrimary,
+                    format!(
+                        "this node holds a backup of partition {}: produce to primary_node={node} \
+                         (peer address {addr}, view {view})",
+                        store.partition_id()
+                    ),
+                )
+            }
+            None => OpError::new(ErrorCode::PartitionUnavailable, e.to_string()),
+        },
         // The partition id is stamped here: a mismatch is a bug.
         AppendError::WrongPartition { .. } => OpError::new(ErrorCode::Internal, e.to_string()),
     }
+}
+
+/// The whole batches of `bytes` (back to back, as stored) below offset
+/// `end`, and the offset after them. Batches end on op boundaries, so the
+/// commit's end is always a batch boundary.
+fn committed_prefix(mut bytes: Vec<u8>, end: u64) -> Result<(Vec<u8>, u64), OpError> {
+    let mut at = 0;
+    let mut next = None;
+    while at < bytes.len() {
+        let header = BatchHeader::decode(&bytes[at..])
+            .map_err(|e| OpError::new(ErrorCode::Corruption, format!("stored batch: {e}")))?;
+        if header.base_offset >= end {
+            break;
+        }
+        next = Some(header.next_offset());
+        at += header.total_len();
+    }
+    debug_assert!(at <= bytes.len());
+    bytes.truncate(at.min(bytes.len()));
+    let next = next.unwrap_or(end);
+    Ok((bytes, next))
 }
 
 /// End position of the active segment's accepted bytes.
@@ -666,13 +977,13 @@ fn open_or_create(
     id: u32,
     config: StoreConfig,
     create: bool,
-) -> Result<PartitionStore, String> {
+) -> Result<(PartitionStore, bool), String> {
     let exists = io
         .exists(dir)
         .map_err(|e| format!("stat {}: {e}", dir.display()))?;
     if exists {
         match PartitionStore::open_in(io, dir, id, config.clone(), pool.clone()) {
-            Ok(s) => return Ok(s),
+            Ok(s) => return Ok((s, false)),
             Err(e) if !create => return Err(format!("open {}: {e}", dir.display())),
             Err(e) => {
                 // Only a topic that never finished creation gets here: its
@@ -688,6 +999,7 @@ fn open_or_create(
         create_dirs(io, parent).map_err(|e| format!("mkdir {}: {e}", parent.display()))?;
     }
     PartitionStore::create_in(io, dir, id, config, pool.clone())
+        .map(|s| (s, true))
         .map_err(|e| format!("create {}: {e}", dir.display()))
 }
 
@@ -984,5 +1296,193 @@ mod tests {
         let e = p.produce(&mut io, batch(1, 10, 3)).unwrap_err();
         assert_eq!(e.code, ErrorCode::PartitionFenced);
         assert!(p.prepare_flush(&mut io, &mut Vec::new()).is_err());
+    }
+}
+
+#[cfg(test)]
+mod replicated_tests {
+    use super::*;
+    use crate::client::batch_of;
+    use crate::config::ServerConfig;
+    use ringlog_storage::io::uring::UringBackend;
+
+    const GROUP: u128 = 0xfeed;
+
+    fn replication(replica: u8, group_id: u128) -> Replication {
+        let addrs = (1..=3u32)
+            .map(|n| (n, SocketAddr::from(([127, 0, 0, 1], 7000 + n as u16))))
+            .collect();
+        Replication {
+            nodes: vec![1, 2, 3],
+            replica,
+            group_id,
+            addrs,
+        }
+    }
+
+    /// Replica `replica` of a fresh three-node group in `dir`.
+    fn open(dir: &Path, io: &mut UringBackend, replica: u8, group_id: u128) -> Partition {
+        let config = ServerConfig::default().store_config();
+        let pool = StorePool::new(
+            dir.join(format!("recycle{replica}")),
+            ringlog_storage::store::PoolConfig::private(&config),
+        );
+        let pdir = dir.join(format!("r{replica}"));
+        let repl = Some(replication(replica, group_id));
+        let p = Partition::open_replicated(io, &pool, &pdir, "t", 0, 7, config, true, repl);
+        assert!(p.status(0).fault.is_none(), "{:?}", p.status(0).fault);
+        p
+    }
+
+    /// Runs `p`'s flush to completion, if it has one to run.
+    fn flush(io: &mut UringBackend, p: &mut Partition) {
+        let mut sqes = Vec::new();
+        if p.prepare_flush(io, &mut sqes).unwrap() > 0 {
+            let completions = io.submit(sqes);
+            p.complete_flush(io, completions).unwrap();
+        }
+    }
+
+    /// Flushes every partition and carries their messages, until quiet.
+    /// `cut` (node) receives nothing while set.
+    fn pump(io: &mut UringBackend, parts: &mut [Partition], cut: Option<u32>) -> usize {
+        let mut carried = 0;
+        loop {
+            let mut mail = Vec::new();
+            for (i, p) in parts.iter_mut().enumerate() {
+                flush(io, p);
+                let mut sends = Vec::new();
+                p.take_sends(&mut sends);
+                mail.extend(sends.into_iter().map(|(to, m)| (i as u32 + 1, to, m)));
+            }
+            if mail.is_empty() {
+                return carried;
+            }
+            for (from, to, payload) in mail {
+                if Some(to) == cut {
+                    continue;
+                }
+                carried += 1;
+                parts[to as usize - 1].deliver(io, from, &payload).unwrap();
+            }
+        }
+    }
+
+    fn one_batch(seed: u8) -> Vec<u8> {
+        batch_of(&[[seed; 50].as_slice(), [seed; 60].as_slice()]).unwrap()
+    }
+
+    /// The host's part of replication: a produce is answered only once a
+    /// quorum holds it durably; backups serve only committed records; a
+    /// backup refuses a produce naming the primary's node.
+    #[test]
+    fn a_produce_is_acknowledged_at_a_quorum_and_backups_serve_only_commits() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut io = UringBackend::new(64).unwrap();
+        let mut parts: Vec<Partition> = (0..3)
+            .map(|r| open(dir.path(), &mut io, r, GROUP))
+            .collect();
+        assert_eq!(parts[0].status(0).role, "primary");
+        assert_eq!(parts[1].status(0).role, "backup");
+        let token = parts[0].produce(&mut io, one_batch(1)).unwrap();
+        // Durable on the primary alone: not acknowledged.
+        flush(&mut io, &mut parts[0]);
+        assert_eq!(parts[0].take_replies().count(), 0);
+        let mut sends = Vec::new();
+        parts[0].take_sends(&mut sends);
+        assert_eq!(sends.iter().map(|(to, _)| *to).collect::<Vec<_>>(), [2, 3]);
+        // Node 2 takes the prepare; node 3 is cut off.
+        parts[1].deliver(&mut io, 1, &sends[0].1).unwrap();
+        flush(&mut io, &mut parts[1]);
+        assert!(parts[1].store().unwrap().durable().next_offset == 2);
+        assert_eq!(parts[1].high_watermark(), Some(0), "durable, not committed");
+        assert!(parts[1]
+            .fetch(&mut io, 0, 1 << 20, Vec::new())
+            .unwrap()
+            .batches
+            .is_empty());
+        pump(&mut io, &mut parts, Some(3));
+        let replies: Vec<Reply> = parts[0].take_replies().collect();
+        assert_eq!(replies.len(), 1);
+        assert_eq!(replies[0].0, token);
+        let app = replies[0].1.clone().unwrap();
+        assert_eq!((app.base_offset, app.next_offset), (0, 2));
+        assert_eq!(parts[0].high_watermark(), Some(2));
+        // The commit reaches the backup with the next heartbeat.
+        for _ in 0..10 {
+            parts[0].tick(&mut io);
+            pump(&mut io, &mut parts, Some(3));
+        }
+        assert_eq!(parts[1].high_watermark(), Some(2));
+        let f = parts[1].fetch(&mut io, 0, 1 << 20, Vec::new()).unwrap();
+        assert_eq!(
+            f.batches,
+            parts[0].fetch(&mut io, 0, 1 << 20, Vec::new()).unwrap().batches
+        );
+        assert_eq!(f.next_offset, 2);
+        // A backup refuses, naming the primary.
+        let e = parts[1].produce(&mut io, one_batch(2)).unwrap_err();
+        assert_eq!(e.code, ErrorCode::NotPrimary, "{e}");
+        assert!(e.message.contains("primary_node=1"), "{e}");
+        assert!(e.message.contains("127.0.0.1:7001"), "{e}");
+    }
+
+    /// A message of another replica group, from a node other than the one
+    /// the sender claims to be, or that does not decode, is not stepped.
+    #[test]
+    fn messages_of_another_group_sender_or_garbage_are_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut io = UringBackend::new(64).unwrap();
+        let mut primary = open(dir.path(), &mut io, 0, GROUP);
+        let mut backup = open(dir.path(), &mut io, 1, GROUP);
+        let other = tempfile::tempdir().unwrap();
+        let mut stranger = open(other.path(), &mut io, 1, GROUP + 1);
+        primary.produce(&mut io, one_batch(3)).unwrap();
+        let mut sends = Vec::new();
+        primary.take_sends(&mut sends);
+        let prepare = sends[0].1.clone();
+        assert!(matches!(
+            stranger.deliver(&mut io, 1, &prepare),
+            Err(PeerDrop::WrongGroup { got: GROUP, .. })
+        ));
+        assert!(matches!(
+            backup.deliver(&mut io, 3, &prepare),
+            Err(PeerDrop::WrongSender {
+                node: 3,
+                claimed: 0
+            })
+        ));
+        let mut garbled = prepare.clone();
+        let last = garbled.len() - 1;
+        garbled[last] ^= 1;
+        assert!(matches!(
+            backup.deliver(&mut io, 1, &garbled),
+            Err(PeerDrop::Undecodable(_))
+        ));
+        // None of those reached the replica: its log is empty still.
+        assert_eq!(backup.store().unwrap().chain().next_offset, 0);
+        backup.deliver(&mut io, 1, &prepare).unwrap();
+        assert_eq!(backup.store().unwrap().chain().next_offset, 2);
+        // A cluster-of-one partition takes no peer messages at all.
+        let lone_dir = tempfile::tempdir().unwrap();
+        let config = ServerConfig::default().store_config();
+        let pool = StorePool::new(
+            lone_dir.path().join("recycle"),
+            ringlog_storage::store::PoolConfig::private(&config),
+        );
+        let mut lone = Partition::open(
+            &mut io,
+            &pool,
+            &lone_dir.path().join("p"),
+            "t",
+            0,
+            7,
+            config,
+            true,
+        );
+        assert_eq!(
+            lone.deliver(&mut io, 1, &prepare),
+            Err(PeerDrop::NotReplicated)
+        );
     }
 }

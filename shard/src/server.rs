@@ -7,7 +7,8 @@
 //! the trash sweeper (see `trash`), bind
 //! the client port once (shared by the shards, exclusive to this process),
 //! and in a cluster the peer port (the replication transport runs on shard
-//! 0 and stops with it), start the pinned shard threads (each opens its partitions), finish
+//! 0 and stops with it; what it receives goes to the owning shards through
+//! `peer_route`), start the pinned shard threads (each opens its partitions), finish
 //! topics a crash left half-created, open the control socket (0600 from the
 //! start), then print one `ready` line on stdout.
 //!
@@ -31,7 +32,8 @@ use crate::control::{ControlContext, ControlServer, LogLevelHook, MetricsHttp};
 use crate::mailbox::mailbox;
 use crate::meta_io::MetaIo;
 use crate::metrics::ShardMetrics;
-use crate::net::peer::{PeerFrame, PeerLimits, PeerSetup, PeerSink};
+use crate::net::peer::{PeerLimits, PeerSetup};
+use crate::peer_route::PeerRouter;
 use crate::reply_pool::ReplyPool;
 use crate::shard::{self, ShardSetup, Shutdown, RECYCLE_DIR};
 use crate::trash::{Sweeper, TRASH_DIR};
@@ -177,7 +179,6 @@ pub fn start(config: ServerConfig, hooks: Hooks) -> Result<Running, ServerError>
             source,
         })?;
 
-    let mut peer = peer_setup(&config, shards)?;
     let config = Arc::new(config);
     let catalog = Arc::new(Catalog::new(table.clone()));
     let mut txs = Vec::with_capacity(shards);
@@ -196,6 +197,8 @@ pub fn start(config: ServerConfig, hooks: Hooks) -> Result<Running, ServerError>
     let shutdown = Arc::new(Shutdown::default());
     shutdown.set_peers(peers.to_vec());
     let metrics: Vec<Arc<ShardMetrics>> = (0..shards).map(|_| Arc::default()).collect();
+    let router = PeerRouter::new(catalog.clone(), peers.clone(), metrics[0].clone());
+    let mut peer = peer_setup(&config, shards, router)?;
     let cores = if config.pin_cores {
         core_affinity::get_core_ids().unwrap_or_default()
     } else {
@@ -317,25 +320,15 @@ pub fn start(config: ServerConfig, hooks: Hooks) -> Result<Running, ServerError>
     })
 }
 
-/// Frames from peers while no replica consumes them: the transport counts
-/// them (`frames_delivered_total`); here they are dropped.
-struct NoReplicaYet;
-
-impl PeerSink for NoReplicaYet {
-    fn deliver(&self, from: u32, frame: PeerFrame) {
-        tracing::debug!(
-            from,
-            partition_id = frame.partition_id,
-            bytes = frame.payload().len(),
-            "peer frame dropped: replicas are not wired to the transport yet"
-        );
-    }
-}
-
 /// The replication transport's setup for a cluster node (None alone): the
 /// peer address bound here, once and exclusively, so a bad or taken address
-/// stops the boot. It runs on shard 0 (see `net::peer`).
-fn peer_setup(config: &ServerConfig, shards: usize) -> Result<Option<PeerSetup>, ServerError> {
+/// stops the boot. It runs on shard 0 (see `net::peer`); `router` takes
+/// what it receives to the partitions' shards (see `peer_route`).
+fn peer_setup(
+    config: &ServerConfig,
+    shards: usize,
+    router: PeerRouter,
+) -> Result<Option<PeerSetup>, ServerError> {
     let cluster = match config.cluster() {
         Ok(Some(c)) => c,
         Ok(None) => return Ok(None),
@@ -353,7 +346,7 @@ fn peer_setup(config: &ServerConfig, shards: usize) -> Result<Option<PeerSetup>,
         limits: PeerLimits::new(config.frame_bytes_max),
         shard_count: u16::try_from(shards).unwrap_or(u16::MAX),
         incarnation,
-        sink: Box::new(NoReplicaYet),
+        sink: Box::new(router),
         stats: Arc::default(),
     }))
 }

@@ -29,11 +29,17 @@
 //! for that partition, until the flush in flight completed. Reads, opening
 //! partitions and the maintenance ops stay synchronous on the same ring.
 //!
-//! Each partition hosts its replica, a cluster of one (see `partition`):
-//! the replica sequences produces; its flushes are answered by the
-//! partition's group commit, and its replies acknowledge the producers.
-//! A tick steps only the replicas with a timeout armed (none, at R = 1
-//! while Normal).
+//! Each partition hosts its replica (see `partition`): a cluster of one on
+//! a single node, a member of an R-node group for a topic replicated in a
+//! cluster. The replica sequences produces; its flushes are answered by
+//! the partition's group commit, and its replies acknowledge the
+//! producers (a replicated one's at commit, on a quorum). Replication
+//! messages arrive as `Op::PeerMessage` work and what the replicas send is
+//! routed after each turn, tick and completion (see `peer_route`); a
+//! message or tick for a partition with a flush in flight waits for it
+//! (it may make the replica cut or persist, synchronous flushes in the
+//! store). A tick steps only the replicas with a timeout armed (none, at
+//! R = 1 while Normal; every replicated one: heartbeats, primary-silent).
 //!
 //! This file is the runtime: the thread, the monoio tasks, the clock.
 //! What a turn does to the partitions is in `shard/turn.rs`, which gets the
@@ -166,8 +172,13 @@ pub struct ShardSetup {
 /// Where a reply goes, seen from the owning shard.
 pub(crate) enum Responder {
     Local(oneshot::Sender<Outcome>),
-    Remote { shard: usize, token: u64 },
+    Remote {
+        shard: usize,
+        token: u64,
+    },
     Thread(crossbeam_channel::Sender<Outcome>),
+    /// A one-way op (peer messages): the outcome goes nowhere.
+    Nobody,
 }
 
 pub(crate) struct Work {
@@ -293,6 +304,10 @@ pub(crate) struct Shard<B: IoBackend = UringBackend> {
     trash: Poker,
     meta_io: meta_io::Client,
     reply_pool: Arc<ReplyPool>,
+    /// The cluster's nodes (id -> peer address), empty on a single node.
+    nodes: std::collections::BTreeMap<u32, std::net::SocketAddr>,
+    /// The peer transport, on shard 0 of a cluster (see `peer_route`).
+    transport: RefCell<Option<crate::net::peer::PeerHandle>>,
 }
 
 /// Runs a shard on the current thread until shutdown.
@@ -345,6 +360,7 @@ pub fn run(mut setup: ShardSetup) {
             Ok(p) => p,
             Err(e) => return fail(&ready, format!("shard {id}: peer listener: {e}")),
         };
+        shard.transport.replace(peer.clone());
         let _ = ready.send(Ok(opened));
         monoio::spawn(shard.clone().wake_task(reader));
         monoio::spawn(shard.clone().storage_task(storage_reader));
@@ -515,6 +531,7 @@ impl<B: IoBackend> Shard<B> {
         } = setup;
         let view = CatalogView::new(catalog.clone());
         let pool = shard_pool(&config, id);
+        let nodes = config.cluster_nodes();
         let shard = Shard {
             id,
             config,
@@ -550,6 +567,8 @@ impl<B: IoBackend> Shard<B> {
             trash,
             meta_io,
             reply_pool,
+            nodes,
+            transport: RefCell::new(None),
         };
         (shard, listener, ready)
     }
@@ -575,12 +594,14 @@ impl<B: IoBackend> Shard<B> {
             ticking,
             ..
         } = &mut *core;
-        let owned: Vec<(&String, u32, u32, bool)> = table
+        let owned: Vec<(&String, u32, u32, bool, u8)> = table
             .topics
             .iter()
             .flat_map(|(topic, meta)| {
                 let creating = meta.state == TopicState::Creating;
-                (0..meta.partitions).map(move |i| (topic, i, meta.first_partition_id + i, creating))
+                let r = meta.replication_factor;
+                (0..meta.partitions)
+                    .map(move |i| (topic, i, meta.first_partition_id + i, creating, r))
             })
             .filter(|(topic, index, ..)| shard_for(topic, *index, self.shard_count()) == self.id)
             .collect();
@@ -595,9 +616,14 @@ impl<B: IoBackend> Shard<B> {
                 .collect();
             let refs: Vec<&std::path::Path> = dirs.iter().map(PathBuf::as_path).collect();
             pool.prefetch_superblocks(io, &refs);
-            for (&(topic, index, id, creating), dir) in batch.iter().zip(&dirs) {
+            for (&(topic, index, id, creating, r), dir) in batch.iter().zip(&dirs) {
                 let config = self.config.store_config();
-                let p = Partition::open(io, pool, dir, topic, index, id, config, creating);
+                let p = match self.replication(topic, index, r) {
+                    Ok(repl) => Partition::open_replicated(
+                        io, pool, dir, topic, index, id, config, creating, repl,
+                    ),
+                    Err(why) => Partition::unavailable(dir, topic, index, id, why),
+                };
                 if p.needs_tick() {
                     ticking.insert(id);
                 }
@@ -622,6 +648,44 @@ impl<B: IoBackend> Shard<B> {
             tracing::error!(shard = self.id, "journal records of partitions not opened here: checkpoints stay off until they open");
         }
         partitions.len()
+    }
+
+    /// How partition `index` of `topic` with `replicas` replicas is
+    /// replicated here: None for a cluster of one; an error if this node's
+    /// cluster config cannot host it (the node count changed, say).
+    fn replication(
+        &self,
+        topic: &str,
+        index: u32,
+        replicas: u8,
+    ) -> Result<Option<crate::partition::Replication>, String> {
+        if replicas <= 1 {
+            return Ok(None);
+        }
+        let nodes: Vec<u32> = self.nodes.keys().copied().collect();
+        let replica = nodes.iter().position(|&n| n == self.config.node_id);
+        match replica {
+            Some(replica) if nodes.len() == usize::from(replicas) => {
+                Ok(Some(crate::partition::Replication {
+                    group_id: crate::placement::group_id(
+                        &self.config.cluster_id,
+                        topic,
+                        index,
+                        replicas,
+                    ),
+                    nodes,
+                    replica: replica as u8,
+                    addrs: self.nodes.clone(),
+                }))
+            }
+            _ => Err(format!(
+                "topic {topic:?} has {replicas} replicas per partition but this node's cluster \
+                 config lists {} nodes (node {} among them: {}); replicas are every node, ordered by id",
+                nodes.len(),
+                self.config.node_id,
+                replica.is_some()
+            )),
+        }
     }
 
     /// Opens this shard's journal (`<data_dir>/journal/shard-<id>-of-<n>`)
@@ -675,6 +739,7 @@ impl<B: IoBackend> Shard<B> {
             Responder::Thread(tx) => {
                 let _ = tx.try_send(outcome);
             }
+            Responder::Nobody => {}
         }
     }
 

@@ -33,6 +33,10 @@ const ALLOWED: &[(&str, &[&str])] = &[
         "partition",
         &["client", "config", "ops", "replica_io", "vsr"],
     ),
+    (
+        "peer_route",
+        &["catalog", "mailbox", "metrics", "net", "ops", "placement"],
+    ),
     ("trash", &[]),
     (
         "handle",
@@ -106,6 +110,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "meta_io",
             "metrics",
             "net",
+            "peer_route",
             "reply_pool",
             "shard",
             "trash",

@@ -45,7 +45,11 @@ impl Server {
             .arg(&control)
             .args(["--shards", "2"])
             .args(extra)
-            .env("RINGLOG_LOG_LEVEL", "info")
+            // RINGLOG_TEST_LOG_LEVEL overrides it when debugging a test.
+            .env(
+                "RINGLOG_LOG_LEVEL",
+                std::env::var("RINGLOG_TEST_LOG_LEVEL").unwrap_or_else(|_| "info".into()),
+            )
             // The server records its socket for ctl there: keep test
             // servers out of the user's runtime directory.
             .env("XDG_RUNTIME_DIR", data_dir.parent().unwrap_or(data_dir))

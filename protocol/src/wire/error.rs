@@ -47,6 +47,11 @@ pub enum ErrorCode {
     /// The partition's disk is full: nothing was written, reads keep
     /// working; retry once space is freed.
     DiskFull = 21,
+    /// This node holds a backup of the partition: produce to its primary.
+    /// The message names the primary as `primary_node=ID` (and its peer
+    /// address); during a view change that is the view's would-be primary,
+    /// so a client that finds it refusing too retries after a pause.
+    NotPrimary = 22,
 }
 
 impl ErrorCode {
@@ -75,6 +80,7 @@ impl ErrorCode {
             19 => Internal,
             20 => Corruption,
             21 => DiskFull,
+            22 => NotPrimary,
             _ => return None,
         })
     }
@@ -123,6 +129,7 @@ impl ErrorCode {
             Internal => "internal",
             Corruption => "corruption",
             DiskFull => "disk_full",
+            NotPrimary => "not_primary",
         }
     }
 }

@@ -246,10 +246,10 @@ fn topic_names_and_key_routing() {
     assert!(ErrorCode::DiskFull.is_retryable());
     assert!(!ErrorCode::PartitionFenced.is_retryable());
     assert_eq!(ErrorCode::DiskFull.to_string(), "disk_full");
-    for code in 0..=21 {
+    for code in 0..=22 {
         assert_eq!(ErrorCode::from_u16(code).unwrap() as u16, code);
     }
-    assert!(ErrorCode::from_u16(22).is_none());
+    assert!(ErrorCode::from_u16(23).is_none());
 }
 
 #[test]

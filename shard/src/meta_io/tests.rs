@@ -25,6 +25,7 @@ fn table(topics: u32, tag: &str) -> TopicTable {
                 partitions: 4,
                 first_partition_id: i * 4,
                 state: TopicState::Ready,
+                replication_factor: 1,
             },
         );
     }

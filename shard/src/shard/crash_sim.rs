@@ -70,6 +70,7 @@ pub(super) fn shard_with(
             partitions,
             first_partition_id: FIRST_ID,
             state,
+            replication_factor: 1,
         },
     );
     let (tx, rx) = mailbox(16, 1 << 20, 16).expect("mailbox");

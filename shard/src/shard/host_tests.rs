@@ -351,3 +351,161 @@ fn the_idle_write_buffer_bound_is_stated_in_bytes() {
         WRITE_BUFFERS_IDLE_MIN
     );
 }
+
+/// A shard other than 0 sends its replicas' messages through shard 0's
+/// mailbox (bound: its capacity, here 2): a full one drops the message and
+/// counts it; nothing blocks and nothing queues elsewhere.
+#[test]
+fn replica_messages_from_another_shard_go_through_shard_0_and_a_full_mailbox_drops_them() {
+    let (tx0, rx0) = crate::mailbox::mailbox(2, 1 << 20, 2).expect("mailbox");
+    let (tx1, rx1) = crate::mailbox::mailbox(16, 1 << 20, 16).expect("mailbox");
+    let setup = ShardSetup {
+        id: 1,
+        config: Arc::new(config()),
+        catalog: Arc::new(Catalog::new(TopicTable::default())),
+        peers: Arc::new(vec![tx0, tx1]),
+        rx: rx1,
+        metrics: Arc::default(),
+        shutdown: Arc::default(),
+        listener: std::net::TcpListener::bind("127.0.0.1:0").expect("bind"),
+        core: None,
+        ready: crossbeam_channel::bounded(1).0,
+        trash: crate::trash::channel().0,
+        meta_io: crate::meta_io::channel().0,
+        peer: None,
+        reply_pool: Arc::new(crate::reply_pool::ReplyPool::for_shards(2)),
+    };
+    let s = Shard::new(setup, data_dir(7), EventFd::new().expect("eventfd")).0;
+    for i in 0..3u8 {
+        s.send_to_peer(2, 9, vec![i; 16]);
+    }
+    let drops = s
+        .metrics
+        .peer_drops_total
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(drops, 1, "the third message did not fit");
+    for i in 0..2u8 {
+        match rx0.try_recv().map(|e| (e.op, e.reply)) {
+            Some((
+                Op::PeerSend {
+                    to,
+                    partition_id,
+                    payload,
+                },
+                ReplyTo::Nobody,
+            )) => {
+                assert_eq!((to, partition_id), (2, 9));
+                assert_eq!(payload, vec![i; 16]);
+            }
+            other => panic!("expected a peer send, got {other:?}"),
+        }
+    }
+    assert!(rx0.try_recv().is_none());
+}
+
+/// A shard of a cluster node hosting a partition replicated on three
+/// nodes, without a transport (its sends are dropped and counted).
+fn replicated_shard(seed: u64) -> Shard<SimBackend> {
+    let config = ServerConfig {
+        cluster_id: "c".into(),
+        node_id: 1,
+        peers: (1..=3)
+            .map(|n| format!("{n}=127.0.0.1:{}", 7000 + n))
+            .collect(),
+        ..config()
+    };
+    let mut table = TopicTable {
+        format: 1,
+        next_partition_id: FIRST_ID + 1,
+        ..TopicTable::default()
+    };
+    table.topics.insert(
+        "t".into(),
+        crate::catalog::TopicMeta {
+            partitions: 1,
+            first_partition_id: FIRST_ID,
+            state: TopicState::Creating,
+            replication_factor: 3,
+        },
+    );
+    let (tx, rx) = crate::mailbox::mailbox(16, 1 << 20, 16).expect("mailbox");
+    let setup = ShardSetup {
+        id: 0,
+        config: Arc::new(config),
+        catalog: Arc::new(Catalog::new(table)),
+        peers: Arc::new(vec![tx]),
+        rx,
+        metrics: Arc::default(),
+        shutdown: Arc::default(),
+        listener: std::net::TcpListener::bind("127.0.0.1:0").expect("bind"),
+        core: None,
+        ready: crossbeam_channel::bounded(1).0,
+        trash: crate::trash::channel().0,
+        meta_io: crate::meta_io::channel().0,
+        peer: None,
+        reply_pool: Arc::new(crate::reply_pool::ReplyPool::for_shards(2)),
+    };
+    let s = Shard::new(setup, data_dir(seed), EventFd::new().expect("eventfd")).0;
+    assert_eq!(s.open_owned_partitions(), 1);
+    s
+}
+
+/// On the shard: a replicated partition's produce stays unanswered once
+/// its own flush completed (it waits for a quorum; it is not failed as
+/// "not durable"); a peer message waits behind the flush in flight (it
+/// may cut or persist) and is then stepped or, garbage, dropped and
+/// counted; purge is refused (it would fork the group's log).
+#[test]
+fn a_replicated_partition_waits_for_a_quorum_and_parks_peer_messages_behind_its_flush() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let s = replicated_shard(11);
+    let status = s.core.borrow().partitions[&FIRST_ID].status(0);
+    assert_eq!(status.role, "primary", "replica 0 leads view 0");
+    let rx = produce(&s, FIRST_ID, 1);
+    assert_eq!(s.run_turn(Instant::now()), 1);
+    assert!(s.core.borrow().partitions[&FIRST_ID].flush_in_flight());
+    // The prepares to nodes 2 and 3 had no transport to go to.
+    assert_eq!(s.metrics.peer_drops_total.load(Relaxed), 2);
+    let garbage = queue(
+        &s,
+        Op::PeerMessage {
+            from: 2,
+            partition_id: FIRST_ID,
+            payload: vec![0xAB; 80],
+        },
+    );
+    let parked = s.metrics.parked_total.load(Relaxed);
+    assert_eq!(s.run_turn(Instant::now()), 1);
+    assert_eq!(
+        s.metrics.parked_total.load(Relaxed),
+        parked + 1,
+        "behind the flush"
+    );
+    assert_eq!(
+        s.metrics.peer_drops_total.load(Relaxed),
+        2,
+        "not stepped yet"
+    );
+    settle_all(&s);
+    assert_eq!(s.metrics.peer_drops_total.load(Relaxed), 3, "then dropped");
+    assert_eq!(s.metrics.peer_messages_total.load(Relaxed), 0);
+    assert!(garbage.try_recv().is_err(), "one-way: no reply");
+    assert!(
+        matches!(rx.try_recv(), Err(crossbeam_channel::TryRecvError::Empty)),
+        "durable here, but no quorum: not answered"
+    );
+    {
+        let core = s.core.borrow();
+        let p = &core.partitions[&FIRST_ID];
+        assert_eq!(p.store().unwrap().durable().next_offset, 2);
+        assert_eq!(p.high_watermark(), Some(0), "nothing committed to serve");
+    }
+    let purge = queue(
+        &s,
+        Op::Purge {
+            partition_id: FIRST_ID,
+        },
+    );
+    settle_all(&s);
+    assert_eq!(refused(&purge).code, ErrorCode::PartitionUnavailable);
+}

@@ -30,6 +30,7 @@ impl<B: IoBackend> Shard<B> {
             let reply = match env.reply {
                 ReplyTo::Shard { shard, token } => Responder::Remote { shard, token },
                 ReplyTo::Thread(tx) => Responder::Thread(tx),
+                ReplyTo::Nobody => Responder::Nobody,
             };
             works.push(Work { op: env.op, reply });
         }
@@ -55,12 +56,15 @@ impl<B: IoBackend> Shard<B> {
     /// anything that would flush synchronously (purge, close, an append that
     /// overflows the write buffer or rolls the segment), and anything queued
     /// behind such an op, so a partition's ops keep their order. Fetches
-    /// read durable data only and never wait.
+    /// read durable data only and never wait. A peer message always waits:
+    /// it may make the replica append past the write buffer, cut its tail
+    /// or persist its view, which the store runs as synchronous flushes.
     pub(super) fn must_park(core: &Core<B>, op: &Op) -> Option<u32> {
         let pid = match op {
             Op::Produce { partition_id, .. }
             | Op::Purge { partition_id }
-            | Op::DropPartition { partition_id } => *partition_id,
+            | Op::DropPartition { partition_id }
+            | Op::PeerMessage { partition_id, .. } => *partition_id,
             _ => return None,
         };
         let p = core.partitions.get(&pid)?;
@@ -156,6 +160,12 @@ impl<B: IoBackend> Shard<B> {
             }
             Op::Purge { partition_id } => {
                 let outcome = match partitions.get_mut(&partition_id) {
+                    // The store's purge bypasses the replica: on one node
+                    // alone it would fork the group's log.
+                    Some(p) if p.is_replicated() => Err(OpError::new(
+                        ErrorCode::PartitionUnavailable,
+                        "purge of a replicated partition is not supported yet",
+                    )),
                     Some(p) => p.purge(io).map(|()| OpReply::Empty),
                     None => Err(unknown_partition(partition_id)),
                 };
@@ -185,16 +195,27 @@ impl<B: IoBackend> Shard<B> {
                     std::collections::hash_map::Entry::Occupied(_) => Ok(OpReply::Empty),
                     std::collections::hash_map::Entry::Vacant(slot) => {
                         let dir = TopicTable::partition_dir(&self.config.data_dir, &topic, index);
-                        let p = Partition::open(
-                            io,
-                            pool,
-                            &dir,
-                            &topic,
-                            index,
-                            partition_id,
-                            self.config.store_config(),
-                            create,
-                        );
+                        let replicas = self
+                            .table()
+                            .topics
+                            .get(&topic)
+                            .map_or(1, |m| m.replication_factor);
+                        let p = match self.replication(&topic, index, replicas) {
+                            Ok(repl) => Partition::open_replicated(
+                                io,
+                                pool,
+                                &dir,
+                                &topic,
+                                index,
+                                partition_id,
+                                self.config.store_config(),
+                                create,
+                                repl,
+                            ),
+                            Err(why) => {
+                                Partition::unavailable(&dir, &topic, index, partition_id, why)
+                            }
+                        };
                         let fault = p.status(self.id).fault;
                         if p.needs_tick() {
                             ticking.insert(partition_id);
@@ -244,6 +265,31 @@ impl<B: IoBackend> Shard<B> {
                 }
                 replies.push((reply, Ok(OpReply::Empty)));
             }
+            Op::PeerMessage {
+                from,
+                partition_id,
+                payload,
+            } => {
+                let Some(p) = partitions.get_mut(&partition_id) else {
+                    metrics::inc(&self.metrics.peer_drops_total);
+                    return;
+                };
+                match p.deliver(io, from, &payload) {
+                    Ok(()) => {
+                        metrics::inc(&self.metrics.peer_messages_total);
+                        touch(touched, partition_id);
+                    }
+                    Err(e) => {
+                        metrics::inc(&self.metrics.peer_drops_total);
+                        tracing::warn!(partition_id, from, error = %e, "peer message dropped");
+                    }
+                }
+            }
+            Op::PeerSend {
+                to,
+                partition_id,
+                payload,
+            } => self.send_to_peer(to, partition_id, payload),
             Op::ShardStatus => {
                 let st = ShardStatus {
                     shard: self.id,
@@ -341,11 +387,56 @@ impl<B: IoBackend> Shard<B> {
                 },
             );
         }
+        self.send_replica_messages(core, &out.touched);
         let settled = self.settle(core, &out.touched, &mut out.replies);
         if settled > 0 {
             self.metrics.group_commit_appends.record(settled as u64);
         }
         self.serve_waiters(core, &out.touched, &mut out.replies);
+    }
+
+    /// Sends what the replicas of `pids` emitted (see `peer_route`).
+    fn send_replica_messages(&self, core: &mut Core<B>, pids: &[u32]) {
+        let mut sends = Vec::new();
+        for pid in pids {
+            let Some(p) = core.partitions.get_mut(pid) else {
+                continue;
+            };
+            p.take_sends(&mut sends);
+            for (to, payload) in sends.drain(..) {
+                self.send_to_peer(to, *pid, payload);
+            }
+        }
+    }
+
+    /// Queues one replication message for node `to`: on the transport if
+    /// this shard runs it, else through shard 0's mailbox. A full queue or
+    /// mailbox drops it (counted; VSR retransmits).
+    pub(super) fn send_to_peer(&self, to: u32, partition_id: u32, payload: Vec<u8>) {
+        if let Some(t) = self.transport.borrow().as_ref() {
+            if let Err(e) = t.send(to, partition_id, &payload) {
+                metrics::inc(&self.metrics.peer_drops_total);
+                tracing::debug!(to, partition_id, error = %e, "replication message not queued");
+            }
+            return;
+        }
+        if self.id == 0 {
+            // Shard 0 without a transport: not a cluster, or it failed.
+            metrics::inc(&self.metrics.peer_drops_total);
+            return;
+        }
+        let env = Envelope {
+            op: Op::PeerSend {
+                to,
+                partition_id,
+                payload,
+            },
+            reply: ReplyTo::Nobody,
+        };
+        if let Some(Err(e)) = self.peers.first().map(|tx| tx.send(env)) {
+            metrics::inc(&self.metrics.peer_drops_total);
+            tracing::debug!(to, partition_id, error = ?e, "replication message dropped on the way to shard 0");
+        }
     }
 
     /// Starts a journal checkpoint if one is due (the ring past half full,
@@ -454,7 +545,11 @@ impl<B: IoBackend> Shard<B> {
             // append is followed by a flush, answered by the next group
             // commit); never leave a producer hanging.
             let waiting = core.journal_waiting.contains(pid);
-            if !lane.acks.is_empty() && !p.flush_in_flight() && !waiting {
+            // A replicated partition's produces wait for a quorum, not
+            // only for this flush: the replica answers each (committed, or
+            // outcome unknown when it loses the view).
+            let quorum = p.is_replicated();
+            if !lane.acks.is_empty() && !p.flush_in_flight() && !waiting && !quorum {
                 let e = OpError::new(ErrorCode::Storage, "append not durable");
                 for (_, reply) in lane.acks.drain() {
                     metrics::inc(&self.metrics.append_errors_total);
@@ -688,6 +783,11 @@ impl<B: IoBackend> Shard<B> {
                     core.ticking.remove(&pid);
                     continue;
                 };
+                if p.flush_in_flight() {
+                    // A tick may make the replica cut or persist (a view
+                    // change): it waits for the next tick, like a message.
+                    continue;
+                }
                 p.tick(&mut core.io);
                 ticked += 1;
                 if !p.needs_tick() {

@@ -468,6 +468,19 @@ impl Replica {
         self.primary_of(self.view) == self.cfg.replica
     }
 
+    /// The offset after the last committed op, if the journal still holds
+    /// that op's header (it always does: pruning keeps the commit): how
+    /// far a host may serve reads of a replicated log.
+    pub fn commit_next_offset(&self) -> Option<u64> {
+        let base = self.log.base();
+        if self.commit == base.op {
+            return Some(base.next_offset);
+        }
+        let next = self.log.get(self.commit).map(|e| e.header.next_offset());
+        debug_assert!(next.is_some() || self.commit < base.op);
+        next
+    }
+
     /// `header_checksum` of `op` if the journal still holds it.
     pub fn checksum_at(&self, op: u64) -> Option<u64> {
         self.log.checksum_at(op)

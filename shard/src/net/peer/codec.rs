@@ -28,6 +28,15 @@ impl PeerFrame {
     pub fn payload(&self) -> &[u8] {
         &self.body[MESSAGE_PREFIX_BYTES..]
     }
+
+    /// A frame as the transport would deliver it (tests of its sinks).
+    #[cfg(test)]
+    pub(crate) fn for_test(partition_id: u32, payload: &[u8]) -> PeerFrame {
+        let mut body = vec![KIND_MESSAGE];
+        body.extend_from_slice(&partition_id.to_le_bytes());
+        body.extend_from_slice(payload);
+        PeerFrame { partition_id, body }
+    }
 }
 
 /// What a checked body holds.

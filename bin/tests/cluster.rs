@@ -1,0 +1,485 @@
+//! A replicated partition across three real server processes on
+//! 127.0.0.1: produce is acknowledged at a quorum, every node serves the
+//! same bytes up to its commit, a SIGKILLed backup catches up by repair
+//! after a restart, and a SIGKILLed primary is replaced by a view change.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use common::*;
+use ringlog_protocol::wire::ErrorCode;
+use ringlog_shard::client::{batch_of, records, Client, ClientError};
+
+const TOPIC: &str = "replicated";
+const PARTITIONS: u32 = 2;
+/// Records per produced batch.
+const PER_BATCH: usize = 4;
+/// A new primary must take over within this after the old one is killed
+/// (the replicas' primary-silent timeout is 30 ticks of 20 ms; the rest is
+/// the view change and reconnects).
+const FAILOVER_MAX: Duration = Duration::from_secs(10);
+
+/// A free port below the kernel's ephemeral range (32768 and up by
+/// default): a peer port freed by a SIGKILL must not be taken meanwhile by
+/// some connection's source port, or the node could not restart on it.
+fn free_port() -> u16 {
+    use std::sync::atomic::{AtomicU16, Ordering};
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let salt = (std::process::id() % 100) as u16 * 50;
+    loop {
+        // At most 20_000 + 4_950 + 6_999 < 32_768.
+        let port = 20_000 + salt + NEXT.fetch_add(1, Ordering::Relaxed) % 7_000;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+}
+
+struct Cluster {
+    dir: tempfile::TempDir,
+    secret: PathBuf,
+    peers: Vec<String>,
+    nodes: BTreeMap<u32, Server>,
+}
+
+impl Cluster {
+    fn start(n: u32) -> Cluster {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let secret = dir.path().join("secret");
+        std::fs::write(&secret, "k".repeat(40)).unwrap();
+        std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let peers = (1..=n)
+            .map(|id| format!("{id}=127.0.0.1:{}", free_port()))
+            .collect();
+        let mut c = Cluster {
+            dir,
+            secret,
+            peers,
+            nodes: BTreeMap::new(),
+        };
+        for id in 1..=n {
+            c.boot(id);
+        }
+        c
+    }
+
+    fn data_dir(&self, id: u32) -> PathBuf {
+        self.dir.path().join(format!("n{id}"))
+    }
+
+    /// Starts (or restarts, on its data dir) node `id`.
+    fn boot(&mut self, id: u32) {
+        let data = self.data_dir(id);
+        std::fs::create_dir_all(&data).unwrap();
+        let id_text = id.to_string();
+        let mut args = vec![
+            "--cluster-id",
+            "test",
+            "--node-id",
+            &id_text,
+            "--cluster-secret-file",
+            self.secret.to_str().unwrap(),
+        ];
+        for p in &self.peers {
+            args.extend(["--peer", p.as_str()]);
+        }
+        self.nodes.insert(id, Server::start(&data, &args));
+    }
+
+    fn addr(&self, id: u32) -> Option<String> {
+        self.nodes.get(&id).map(|s| s.addr.clone())
+    }
+
+    fn kill(&mut self, id: u32) {
+        if let Some(mut s) = self.nodes.remove(&id) {
+            s.kill9();
+        }
+    }
+}
+
+/// Produces `batch` to the partition's primary: starts at `*at`, follows
+/// a not-primary refusal to the node it names, and rotates through the
+/// live nodes on a connection failure or an unknown outcome. Returns the
+/// acknowledged (base, next) offsets and whether an earlier attempt's
+/// outcome is unknown (the connection broke, or the primary lost its view
+/// with the op in flight): such a batch may be stored twice, as any
+/// producer without idempotence sees.
+fn produce_following(
+    cluster: &Cluster,
+    at: &mut u32,
+    partition: u32,
+    batch: &[u8],
+    deadline: Instant,
+) -> (u64, u64, bool) {
+    let mut uncertain = false;
+    let ids: Vec<u32> = cluster.nodes.keys().copied().collect();
+    let mut last = String::new();
+    loop {
+        if Instant::now() > deadline {
+            for (id, n) in &cluster.nodes {
+                let log = n.stderr();
+                let tail: Vec<&str> = log.lines().rev().take(30).collect();
+                eprintln!(
+                    "--- node {id} log tail (newest first):\n{}",
+                    tail.join("\n")
+                );
+            }
+            panic!("no primary took the produce in time; last error: {last}");
+        }
+        let Some(addr) = cluster.addr(*at) else {
+            *at = next_node(&ids, *at);
+            continue;
+        };
+        let result =
+            Client::connect(&addr).and_then(|mut c| c.produce(TOPIC, partition, batch.to_vec()));
+        let e = match result {
+            Ok(ack) => return (ack.base_offset, ack.next_offset, uncertain),
+            Err(e) => e,
+        };
+        last = format!("node {at}: {e}");
+        match e.primary_node() {
+            Some(node) if node != *at && cluster.nodes.contains_key(&node) => *at = node,
+            _ => {
+                if !(e.is_retryable() || e.code() == Some(ErrorCode::NotPrimary) || transient(&e)) {
+                    panic!("produce to node {at}: {e}");
+                }
+                uncertain |= !matches!(e, ClientError::Connect { .. })
+                    && e.code() != Some(ErrorCode::NotPrimary)
+                    && !e.is_retryable();
+                *at = next_node(&ids, *at);
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+}
+
+/// Errors a produce may meet while nodes die and views change.
+fn transient(e: &ClientError) -> bool {
+    matches!(e, ClientError::Connect { .. } | ClientError::Io(_))
+        || e.code() == Some(ErrorCode::PartitionUnavailable)
+            && e.to_string().contains("outcome unknown")
+}
+
+fn next_node(ids: &[u32], at: u32) -> u32 {
+    let i = ids
+        .iter()
+        .position(|&n| n == at)
+        .map_or(0, |i| (i + 1) % ids.len());
+    ids[i]
+}
+
+/// The partition's raw batches from offset 0 up to `end`, as node `addr`
+/// serves them, waiting (bounded) until its high watermark reaches `end`.
+fn read_up_to(addr: &str, partition: u32, end: u64, limit: Duration) -> Vec<u8> {
+    let deadline = Instant::now() + limit;
+    let mut client = Client::connect(addr).unwrap();
+    loop {
+        let page = client.fetch(TOPIC, partition, 0, 1, 0).unwrap();
+        if page.high_watermark >= end {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{addr} partition {partition}: high watermark {} never reached {end}",
+            page.high_watermark
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut out = Vec::new();
+    let mut offset = 0;
+    while offset < end {
+        let page = client.fetch(TOPIC, partition, offset, 1 << 20, 0).unwrap();
+        assert!(
+            page.next_offset > offset,
+            "fetch made no progress at {offset}"
+        );
+        out.extend_from_slice(&page.batches);
+        offset = page.next_offset;
+    }
+    out
+}
+
+/// What each acknowledged produce was: partition -> base offset ->
+/// (values, whether an earlier attempt's outcome was unknown).
+type Acks = BTreeMap<u32, BTreeMap<u64, (Vec<Vec<u8>>, bool)>>;
+
+/// Every acknowledged record is in `bytes` at its offset with its value,
+/// and only there unless an earlier attempt of its batch had an unknown
+/// outcome; returns the number of records `bytes` holds.
+fn check_acked(bytes: &[u8], acked: &BTreeMap<u64, (Vec<Vec<u8>>, bool)>) -> usize {
+    let got: BTreeMap<u64, Vec<u8>> = records(bytes)
+        .unwrap()
+        .into_iter()
+        .map(|r| (r.offset, r.value))
+        .collect();
+    let mut seen = std::collections::HashSet::new();
+    for (base, (values, uncertain)) in acked {
+        for (i, v) in values.iter().enumerate() {
+            let at = base + i as u64;
+            assert_eq!(
+                got.get(&at),
+                Some(v),
+                "acknowledged record at {at} missing or wrong"
+            );
+            if !uncertain {
+                assert!(seen.insert(v.clone()), "record {at} acknowledged twice");
+            }
+        }
+    }
+    // No acknowledged value appears at a second offset.
+    let mut count = BTreeMap::new();
+    for v in got.values() {
+        *count.entry(v.clone()).or_insert(0) += 1;
+    }
+    for v in &seen {
+        assert_eq!(
+            count.get(v),
+            Some(&1),
+            "an acknowledged record is stored twice"
+        );
+    }
+    got.len()
+}
+
+/// Produces batches `range` (following the primary); returns when and by
+/// which node each was acknowledged.
+fn produce_batches(
+    cluster: &Cluster,
+    at: &mut u32,
+    acks: &mut Acks,
+    range: std::ops::Range<usize>,
+) -> Vec<(Instant, u32)> {
+    let mut times = Vec::with_capacity(range.len());
+    for b in range {
+        let partition = (b % PARTITIONS as usize) as u32;
+        let values: Vec<Vec<u8>> = (0..PER_BATCH).map(|i| value(0, b, i, 100)).collect();
+        let refs: Vec<&[u8]> = values.iter().map(Vec::as_slice).collect();
+        let batch = batch_of(&refs).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let (base, next, uncertain) = produce_following(cluster, at, partition, &batch, deadline);
+        assert_eq!(next - base, PER_BATCH as u64);
+        let prev = acks
+            .entry(partition)
+            .or_default()
+            .insert(base, (values, uncertain));
+        assert!(prev.is_none(), "offset {base} acknowledged twice");
+        times.push((Instant::now(), *at));
+    }
+    times
+}
+
+/// The commit end every live node must reach: the highest acknowledged.
+fn acked_end(acks: &Acks, partition: u32) -> u64 {
+    acks.get(&partition)
+        .and_then(|m| m.iter().next_back())
+        .map_or(0, |(base, (v, _))| base + v.len() as u64)
+}
+
+/// Every live node serves byte-identical batches up to the acknowledged
+/// end, holding every acknowledged record exactly once.
+fn check_identical(cluster: &Cluster, acks: &Acks, limit: Duration) {
+    for p in 0..PARTITIONS {
+        let end = acked_end(acks, p);
+        let mut first: Option<(u32, Vec<u8>)> = None;
+        for (&id, node) in &cluster.nodes {
+            let bytes = read_up_to(&node.addr, p, end, limit);
+            let n = check_acked(&bytes, &acks[&p]);
+            assert_eq!(
+                n as u64, end,
+                "node {id} partition {p}: records up to {end}"
+            );
+            match &first {
+                None => first = Some((id, bytes)),
+                Some((other, b)) => assert!(
+                    *b == bytes,
+                    "partition {p}: node {id} differs from node {other}"
+                ),
+            }
+        }
+    }
+}
+
+fn create_everywhere(cluster: &Cluster) {
+    for node in cluster.nodes.values() {
+        node.client().create_topic(TOPIC, PARTITIONS).unwrap();
+    }
+}
+
+/// SIGKILLs node `id` after `delay`, from another thread, so the kill
+/// lands while the caller is producing.
+fn kill_later(cluster: &Cluster, id: u32, delay: Duration) -> std::thread::JoinHandle<()> {
+    let pid = cluster.nodes[&id].child.as_ref().unwrap().id() as i32;
+    std::thread::spawn(move || {
+        std::thread::sleep(delay);
+        // SAFETY: plain kill(2) on a child process of this test.
+        unsafe {
+            libc::kill(pid, libc::SIGKILL);
+        }
+    })
+}
+
+/// A kill moment derived from `seed`: 0-45 ms into a produce run (one
+/// run of 100 produces takes longer than that even on an idle machine).
+fn moment(seed: u64, salt: u64) -> Duration {
+    Duration::from_millis((seed.wrapping_mul(0x9e37_79b9) ^ salt) % 10 * 5)
+}
+
+fn run_seed(seed: u64) {
+    let mut cluster = Cluster::start(3);
+    create_everywhere(&cluster);
+    let mut acks = Acks::new();
+    // Node 1 is replica 0: the primary of view 0.
+    let mut at = 1;
+    produce_batches(&cluster, &mut at, &mut acks, 0..40);
+    assert_eq!(at, 1, "the first primary is node 1");
+    check_identical(&cluster, &acks, Duration::from_secs(10));
+
+    // A produce to a backup is refused, naming the primary.
+    let batch = batch_of(&[b"to a backup".as_slice()]).unwrap();
+    let e = cluster.nodes[&2]
+        .client()
+        .produce(TOPIC, 0, batch)
+        .unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::NotPrimary), "{e}");
+    assert_eq!(e.primary_node(), Some(1), "{e}");
+    if seed == 1 {
+        // The CLI says so too, with what to do.
+        let out = std::process::Command::new(BIN)
+            .args([
+                "produce",
+                TOPIC,
+                "--addr",
+                &cluster.nodes[&2].addr,
+                "--count",
+                "1",
+            ])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{stderr}");
+        assert!(
+            stderr.contains("not_primary") && stderr.contains("primary_node=1"),
+            "{stderr}"
+        );
+    }
+
+    // SIGKILL a backup mid-produce: a quorum of 2 goes on.
+    let killer = kill_later(&cluster, 3, moment(seed, 1));
+    let started = Instant::now();
+    produce_batches(&cluster, &mut at, &mut acks, 40..140);
+    let took = started.elapsed();
+    assert!(
+        took > moment(seed, 1),
+        "the backup died after the run ({took:?})"
+    );
+    killer.join().unwrap();
+    cluster.kill(3);
+    produce_batches(&cluster, &mut at, &mut acks, 140..150);
+    assert_eq!(at, 1, "the primary stayed");
+    check_identical(&cluster, &acks, Duration::from_secs(10));
+
+    // It restarts, learns the view, repairs what it missed.
+    cluster.boot(3);
+    produce_batches(&cluster, &mut at, &mut acks, 150..160);
+    check_identical(&cluster, &acks, Duration::from_secs(30));
+
+    // SIGKILL the primary mid-produce: a view change elects another and
+    // produce resumes through it.
+    let killer = kill_later(&cluster, 1, moment(seed, 2));
+    let started = Instant::now();
+    let mut times = produce_batches(&cluster, &mut at, &mut acks, 160..260);
+    assert!(
+        started.elapsed() > moment(seed, 2),
+        "the primary died after the run"
+    );
+    killer.join().unwrap();
+    let killed_at = started + moment(seed, 2);
+    cluster.kill(1);
+    times.extend(produce_batches(&cluster, &mut at, &mut acks, 260..261));
+    assert_ne!(at, 1);
+    // The first acknowledgement by another node.
+    let (first, node) = times.iter().find(|(_, n)| *n != 1).copied().unwrap();
+    let failover = first.saturating_duration_since(killed_at);
+    eprintln!("seed {seed}: first produce acknowledged by node {node} {failover:?} after the primary was killed");
+    assert!(failover < FAILOVER_MAX, "failover took {failover:?}");
+    produce_batches(&cluster, &mut at, &mut acks, 261..300);
+    check_identical(&cluster, &acks, Duration::from_secs(10));
+
+    // The old primary rejoins (its uncommitted tail, if any, cut) and
+    // serves the same bytes.
+    cluster.boot(1);
+    produce_batches(&cluster, &mut at, &mut acks, 300..310);
+    check_identical(&cluster, &acks, Duration::from_secs(30));
+}
+
+/// SIGKILL every node at once mid-produce, restart them all: they agree on
+/// a view among themselves (no replica is Normal to learn it from) and
+/// every acknowledged record is still there, identical on every node.
+#[test]
+fn a_cluster_killed_whole_restarts_with_every_acknowledged_record() {
+    let mut cluster = Cluster::start(3);
+    create_everywhere(&cluster);
+    let mut acks = Acks::new();
+    let mut at = 1;
+    produce_batches(&cluster, &mut at, &mut acks, 0..30);
+    let killers: Vec<_> = (1..=3)
+        .map(|id| kill_later(&cluster, id, Duration::from_millis(10)))
+        .collect();
+    // Whatever this run gets acknowledged before the kills must survive.
+    let partial = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let at = 1;
+        let mut acks = Acks::new();
+        let deadline = Instant::now() + Duration::from_millis(500);
+        for b in 30..1000 {
+            if Instant::now() > deadline {
+                break;
+            }
+            let partition = (b % PARTITIONS as usize) as u32;
+            let values: Vec<Vec<u8>> = (0..PER_BATCH).map(|i| value(1, b, i, 100)).collect();
+            let refs: Vec<&[u8]> = values.iter().map(Vec::as_slice).collect();
+            let Ok(mut c) = Client::connect(cluster.addr(at).unwrap()) else {
+                break;
+            };
+            match c.produce(TOPIC, partition, batch_of(&refs).unwrap()) {
+                Ok(a) => {
+                    acks.entry(partition)
+                        .or_default()
+                        .insert(a.base_offset, (values, false));
+                }
+                Err(_) => break,
+            }
+        }
+        acks
+    }))
+    .unwrap();
+    for k in killers {
+        k.join().unwrap();
+    }
+    for id in 1..=3 {
+        cluster.kill(id);
+    }
+    for (p, m) in partial {
+        acks.entry(p).or_default().extend(m);
+    }
+    let restarted = Instant::now();
+    for id in 1..=3 {
+        cluster.boot(id);
+    }
+    produce_batches(&cluster, &mut at, &mut acks, 1000..1010);
+    eprintln!(
+        "whole-cluster restart: producing again {:?} after the boots began",
+        restarted.elapsed()
+    );
+    check_identical(&cluster, &acks, Duration::from_secs(30));
+}
+
+#[test]
+fn a_replicated_partition_survives_a_killed_backup_and_a_killed_primary() {
+    for seed in [1, 2, 3] {
+        run_seed(seed);
+    }
+}
