@@ -943,9 +943,10 @@ impl PartitionStore {
         if let Some(buf) = written {
             // Only a flush that completed makes its batches cacheable.
             if failure.is_none() {
-                self.cache_flushed(&buf, flushing.end_position);
+                self.cache_flushed(buf, flushing.end_position);
+            } else {
+                self.pool.put_write(buf);
             }
-            self.pool.put_write(buf);
         }
         if let Some(cause) = failure {
             return Err(self.fence(cause));
