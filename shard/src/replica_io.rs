@@ -111,12 +111,13 @@ pub enum AppendFailure {
 /// Runs `StorageOp::Append { op, batch }`: `batch` must hold op `op`, the
 /// one after the store's last. Only the header is decoded here: the store
 /// verifies the whole batch (body checksum and records) as it accepts it,
-/// so a second full pass here would only repeat that.
+/// unless the replica verified it already (a client's batch the primary
+/// sequenced carries the proof), so the body is checked once.
 pub fn append(
     store: &mut PartitionStore,
     io: &mut impl IoBackend,
     op: u64,
-    batch: &[u8],
+    batch: &BatchBytes,
 ) -> Result<(), AppendFailure> {
     let last_op = store.chain().last_op;
     let held = BatchHeader::decode(batch)
@@ -125,8 +126,11 @@ pub fn append(
     if held != op || op != last_op + 1 {
         return Err(AppendFailure::OpMismatch { op, held, last_op });
     }
-    store
-        .append(io, batch)
+    let appended = match batch.verified() {
+        Some(verified) => store.append_verified(io, verified),
+        None => store.append(io, batch),
+    };
+    appended
         .map(drop)
         .map_err(|source| AppendFailure::Store { op, source })
 }

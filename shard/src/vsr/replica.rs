@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
-use ringlog_protocol::batch::{restamp, BatchHeader, BatchView, Stamp};
+use ringlog_protocol::batch::{BatchHeader, BatchView, Stamp, VerifiedBatch};
 
 use super::log::{Anchor, Entry, Log};
 use super::timeout::{Rng, Timeout};
@@ -931,23 +931,24 @@ impl Replica {
     }
 
     /// Primary: stamps op, offset, view and chain link, appends, prepares.
-    fn sequence(&mut self, token: Token, mut batch: Vec<u8>, out: &mut Outbox) {
+    fn sequence(&mut self, token: Token, batch: Vec<u8>, out: &mut Outbox) {
         debug_assert!(!self.pipeline_full() && self.status == Status::Normal);
-        let header = match BatchView::parse(&batch) {
-            Ok(view) => *view.header(),
-            Err(e) => {
+        // The one full check of the body: the store trusts the proof.
+        let mut verified = match VerifiedBatch::parse(batch) {
+            Ok(v) => v,
+            Err((e, _)) => {
                 return out.push(Output::Reply {
                     token,
                     result: Err(e.into()),
                 })
             }
         };
+        let header = *verified.header();
         if header.partition_id != self.cfg.partition_id {
             let (batch, replica) = (header.partition_id, self.cfg.partition_id);
             let result = Err(AppendError::WrongPartition { batch, replica });
             return out.push(Output::Reply { token, result });
         }
-        batch.truncate(header.total_len());
         let head = self.log.head();
         let stamp = Stamp {
             base_offset: head.next_offset,
@@ -955,7 +956,7 @@ impl Replica {
             vsr_view: self.view,
             prev_checksum: head.checksum,
         };
-        let header = match restamp(&mut batch, &stamp) {
+        let header = match verified.restamp(&stamp) {
             Ok(h) => h,
             Err(e) => {
                 return out.push(Output::Reply {
@@ -964,7 +965,7 @@ impl Replica {
                 })
             }
         };
-        let bytes: BatchBytes = batch.into();
+        let bytes = BatchBytes::from(verified);
         self.drain_bytes = self.drain_bytes.saturating_add(bytes.len() as u64);
         let op = header.vsr_op;
         self.append(header, bytes.clone(), out);

@@ -7,44 +7,79 @@
 
 use std::sync::Arc;
 
-use ringlog_protocol::batch::BatchError;
+use ringlog_protocol::batch::{BatchError, VerifiedBatch};
 use ringlog_protocol::replication as wire;
 
 /// One record batch exactly as the primary stamped it (header + body).
 /// Shared, so a Prepare to several backups and the journal hold one copy.
 /// Built from a producer's `Vec` without copying its body (an `Arc<[u8]>`
-/// would copy it: the shard's produce path moves the bytes in).
-#[derive(Clone, PartialEq, Eq)]
-pub struct BatchBytes(Arc<Vec<u8>>);
+/// would copy it: the shard's produce path moves the bytes in). One the
+/// primary verified itself carries the proof ([`BatchBytes::verified`]),
+/// so the store does not check its body again.
+#[derive(Clone)]
+pub struct BatchBytes(Arc<Held>);
+
+enum Held {
+    Plain(Vec<u8>),
+    Verified(VerifiedBatch<Vec<u8>>),
+}
+
+impl BatchBytes {
+    /// The proof that these bytes were verified, if they were.
+    pub fn verified(&self) -> Option<VerifiedBatch<&[u8]>> {
+        match &*self.0 {
+            Held::Verified(v) => Some(v.borrowed()),
+            Held::Plain(_) => None,
+        }
+    }
+}
 
 impl From<Vec<u8>> for BatchBytes {
     fn from(bytes: Vec<u8>) -> Self {
-        BatchBytes(Arc::new(bytes))
+        BatchBytes(Arc::new(Held::Plain(bytes)))
     }
 }
 
 impl From<&[u8]> for BatchBytes {
     fn from(bytes: &[u8]) -> Self {
-        BatchBytes(Arc::new(bytes.to_vec()))
+        BatchBytes(Arc::new(Held::Plain(bytes.to_vec())))
+    }
+}
+
+impl From<VerifiedBatch<Vec<u8>>> for BatchBytes {
+    fn from(batch: VerifiedBatch<Vec<u8>>) -> Self {
+        BatchBytes(Arc::new(Held::Verified(batch)))
     }
 }
 
 impl std::ops::Deref for BatchBytes {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
-        &self.0
+        match &*self.0 {
+            Held::Plain(v) => v,
+            Held::Verified(v) => v.as_bytes(),
+        }
     }
 }
 
 impl AsRef<[u8]> for BatchBytes {
     fn as_ref(&self) -> &[u8] {
-        &self.0
+        self
     }
 }
 
+/// Equal bytes are equal batches, verified or not.
+impl PartialEq for BatchBytes {
+    fn eq(&self, other: &Self) -> bool {
+        **self == **other
+    }
+}
+
+impl Eq for BatchBytes {}
+
 impl std::fmt::Debug for BatchBytes {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.0.as_slice().fmt(f)
+        (**self).fmt(f)
     }
 }
 

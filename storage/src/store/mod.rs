@@ -64,7 +64,7 @@ mod walk;
 
 use std::path::{Path, PathBuf};
 
-use ringlog_protocol::{BatchHeader, BatchView};
+use ringlog_protocol::{BatchHeader, BatchView, VerifiedBatch};
 
 pub use cache::ReadCacheStats;
 pub use config::StoreConfig;
@@ -434,6 +434,22 @@ impl PartitionStore {
         Ok(self.accepted(&h))
     }
 
+    /// [`PartitionStore::append`] of a batch the caller verified already
+    /// (the server's replica, before it sequenced it): its body checksum
+    /// and records are not checked again, so each byte is hashed once on
+    /// its way to disk (the segment's transfer checksums aside). The header
+    /// checks (partition, size, offset, chain) are the same.
+    pub fn append_verified(
+        &mut self,
+        io: &mut impl IoBackend,
+        batch: VerifiedBatch<&[u8]>,
+    ) -> Result<Appended, StoreError> {
+        let h = *batch.header();
+        self.admit_header(io, &h)?;
+        self.copy_in(batch.as_bytes());
+        Ok(self.accepted(&h))
+    }
+
     /// [`PartitionStore::append`] of a batch the caller built in place in
     /// an aligned buffer (one lent by [`StorePool::lend_batch`], for
     /// instance), `batch.lead_bytes()` into its block. When that is where
@@ -495,6 +511,15 @@ impl PartitionStore {
             source,
         })?;
         let h = *view.header();
+        self.admit_header(io, &h)?;
+        Ok(h)
+    }
+
+    /// [`PartitionStore::admit`] of a batch whose bytes were verified:
+    /// everything but the parse.
+    fn admit_header(&mut self, io: &mut impl IoBackend, h: &BatchHeader) -> Result<(), StoreError> {
+        self.check_fenced()?;
+        let pid = self.partition_id;
         let len_bytes = h.total_len();
         if h.partition_id != pid {
             return Err(StoreError::WrongPartition {
@@ -541,7 +566,7 @@ impl PartitionStore {
             io,
             segment::trailer_write_end(end).min(self.active.capacity_bytes),
         )?;
-        Ok(h)
+        Ok(())
     }
 
     /// Copies an admitted batch's bytes into the write buffer (taking one
