@@ -27,15 +27,15 @@ use std::collections::VecDeque;
 
 use ringlog_protocol::wire::{ErrorCode, FetchReply};
 use ringlog_protocol::{encode_header, BatchHeader, HEADER_LEN};
-use ringlog_storage::io::{Completion, IoBackend, Op, Sqe};
+use ringlog_storage::io::{Completion, IoBackend, Op, Sqe, BLOCK_SIZE};
 use ringlog_storage::journal::Journal;
 use ringlog_storage::store::{PartitionStore, StoreConfig, StoreError, StorePool};
 
 use crate::ops::{OpError, PartitionStatus};
 use crate::replica_io::{self, AppendFailure};
 use crate::vsr::{
-    AppendError, Appended, Config as ReplicaConfig, Input, IoFailure, IoId, IoOutcome, Outbox,
-    Output, Replica, Status as ReplicaStatus, StorageOp, Token,
+    AppendError, Appended, ClientBatch, Config as ReplicaConfig, Input, IoFailure, IoId, IoOutcome,
+    Outbox, Output, Replica, Status as ReplicaStatus, StorageOp, Token,
 };
 
 enum State {
@@ -292,28 +292,30 @@ impl Partition {
     pub fn produce(
         &mut self,
         io: &mut impl IoBackend,
-        mut batch: Vec<u8>,
+        mut batch: ClientBatch,
     ) -> Result<Token, OpError> {
         let id = self.id;
         let h = self.hosted()?;
         let max = h.store.config().batch_bytes_max();
         let invalid = |e: String| OpError::new(ErrorCode::InvalidBatch, e);
-        let mut header = BatchHeader::decode(&batch).map_err(|e| invalid(e.to_string()))?;
-        if header.total_len() < batch.len() {
-            let extra = batch.len() - header.total_len();
+        let len = batch.as_ref().len();
+        let mut header = BatchHeader::decode(batch.as_ref()).map_err(|e| invalid(e.to_string()))?;
+        if header.total_len() < len {
+            let extra = len - header.total_len();
             return Err(invalid(format!(
                 "{extra} bytes after the batch (one batch per produce)"
             )));
         }
-        if batch.len() > max {
+        if len > max {
             return Err(OpError::new(
                 ErrorCode::BatchTooLarge,
-                format!("batch of {} bytes exceeds {max}", batch.len()),
+                format!("batch of {len} bytes exceeds {max}"),
             ));
         }
         if header.partition_id != id {
             header.partition_id = id;
             let head = batch
+                .as_mut()
                 .first_chunk_mut::<HEADER_LEN>()
                 .ok_or_else(|| invalid("truncated batch".into()))?;
             encode_header(&header, head);
@@ -393,6 +395,19 @@ impl Partition {
             log_start_offset: start,
             high_watermark: hwm,
             batches: Vec::new(),
+        }
+    }
+
+    /// Where in its block the next batch handed to [`Partition::produce`]
+    /// will start on disk, unless a roll or a refusal moves it: the store's
+    /// end plus the batches the replica queued. None if not open.
+    pub fn next_batch_lead_bytes(&self) -> Option<usize> {
+        match &self.state {
+            State::Open(h) => {
+                let queued = h.replica.queued_bytes();
+                Some((h.store.batch_lead_bytes() + queued) % BLOCK_SIZE)
+            }
+            State::Unavailable(_) => None,
         }
     }
 
@@ -549,7 +564,7 @@ impl Hosted {
                             refused.push((id, op, again));
                             continue;
                         }
-                        let result = replica_io::append(&mut self.store, io, op, &batch);
+                        let result = replica_io::append_owned(&mut self.store, io, op, batch);
                         match result {
                             Ok(()) => self.inputs.push_back(Input::IoDone {
                                 id,

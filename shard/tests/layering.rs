@@ -23,7 +23,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("replica_io", &["vsr"]),
     ("sim", &["replica_io", "transfer", "vsr"]),
     ("transfer", &["vsr"]),
-    ("ops", &[]),
+    ("ops", &["vsr"]),
     ("reply_pool", &[]),
     ("mailbox", &["eventfd", "ops"]),
     ("metrics", &["mailbox"]),

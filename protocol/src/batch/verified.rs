@@ -50,6 +50,29 @@ impl<B: AsRef<[u8]>> VerifiedBatch<B> {
     pub fn into_inner(self) -> B {
         self.bytes
     }
+
+    /// Keeps the proof while the same bytes change owner type (a buffer
+    /// moved out of an enum): `f` moves the buffer, or hands it back
+    /// unchanged. Panics if the bytes `f` returns are not the very ones
+    /// verified (same address and length): `f` may not copy or rewrite.
+    pub fn try_map<C: AsRef<[u8]>>(
+        self,
+        f: impl FnOnce(B) -> Result<C, B>,
+    ) -> Result<VerifiedBatch<C>, Self> {
+        let (at, len) = (self.as_bytes().as_ptr(), self.header.total_len());
+        let header = self.header;
+        let same = |bytes: &[u8]| bytes.as_ptr() == at && bytes.len() >= len;
+        match f(self.bytes) {
+            Ok(bytes) => {
+                assert!(same(bytes.as_ref()), "try_map moved the verified bytes");
+                Ok(VerifiedBatch { bytes, header })
+            }
+            Err(bytes) => {
+                assert!(same(bytes.as_ref()), "try_map moved the verified bytes");
+                Err(VerifiedBatch { bytes, header })
+            }
+        }
+    }
 }
 
 impl<B: AsRef<[u8]> + AsMut<[u8]>> VerifiedBatch<B> {
@@ -68,6 +91,15 @@ impl<B: AsRef<[u8]> + AsMut<[u8]>> VerifiedBatch<B> {
 mod tests {
     use super::*;
     use crate::{BatchBuilder, Record};
+
+    /// Another owner type for the same buffer.
+    struct Owner(Vec<u8>);
+
+    impl AsRef<[u8]> for Owner {
+        fn as_ref(&self) -> &[u8] {
+            &self.0
+        }
+    }
 
     fn batch() -> Vec<u8> {
         let mut b = BatchBuilder::new(4);
@@ -118,5 +150,17 @@ mod tests {
         assert!(v.restamp(&far).is_err());
         assert_eq!(v.as_bytes(), &before[..]);
         assert_eq!(v.header(), &h);
+        // The proof follows the bytes to another owner, and comes back.
+        let moved = v.try_map(|b| Ok::<_, Vec<u8>>(Owner(b))).unwrap();
+        assert_eq!(moved.as_bytes(), &before[..]);
+        let back = moved.try_map(Err::<Vec<u8>, _>).unwrap_err();
+        assert_eq!(back.header(), &h);
+    }
+
+    #[test]
+    #[should_panic(expected = "moved the verified bytes")]
+    fn a_map_that_copies_the_bytes_is_refused() {
+        let v = VerifiedBatch::parse(batch()).unwrap();
+        let _ = v.try_map(|b| Ok::<_, Vec<u8>>(b.clone()));
     }
 }

@@ -28,15 +28,18 @@ use monoio::io::{AsyncReadRent, AsyncWriteRent, OwnedReadHalf, OwnedWriteHalf, S
 use monoio::net::{TcpListener, TcpStream};
 use ringlog_protocol::wire::{
     decode_frame_header, split_request, Body, ErrorCode, FrameHeader, HelloReply, Opcode,
-    ProduceHead, Reply, Request, RequestSplit, WireError, FRAME_HEADER_LEN, PRODUCE_HEAD_BYTES_MAX,
-    PROTOCOL_VERSION,
+    ProduceHead, ProduceTarget, Reply, Request, RequestSplit, WireError, FRAME_HEADER_LEN,
+    PRODUCE_HEAD_BYTES_MAX, PROTOCOL_VERSION,
 };
+
+use ringlog_storage::io::BatchBuf;
 
 use super::budget::{ByteBudget, Charge};
 use crate::config::ServerConfig;
 use crate::handle::ShardHandle;
 use crate::metrics;
 use crate::oneshot::{self, Notify};
+use crate::ops::ClientBatch;
 use crate::reply_pool::Put;
 
 pub(crate) async fn accept_loop<S: ShardHandle + 'static>(shard: Rc<S>, listener: TcpListener) {
@@ -217,7 +220,7 @@ enum Frame {
     /// A Produce whose head passed the frame checksum, its batch read into
     /// a buffer of its own (the batch's own checksums are checked when it
     /// is appended), and the budget it holds.
-    Produce(ProduceHead, Vec<u8>, Charge),
+    Produce(ProduceHead, ClientBatch, Charge),
     /// The body did not fit the budget and was discarded.
     OverBudget { opcode: u16, correlation: u32 },
     /// The header does not decode: answer, then close.
@@ -294,9 +297,18 @@ async fn read_frame(
                 if let Err(e) = header.verify(&prefix[..head.head_len]) {
                     return Ok(Frame::BadHeader(e));
                 }
-                let batch =
-                    read_batch(stream, &prefix[head.head_len..], len - head.head_len, stall);
-                Ok(Frame::Produce(head, batch.await?, charge))
+                let batch_len = len - head.head_len;
+                let over = &prefix[head.head_len..];
+                let lent = super::dispatch::produce_destination(shard, &head.topic, &head.target)
+                    .filter(|(owner, _)| *owner == shard.id())
+                    .and_then(|(_, pid)| shard.lend_produce_buffer(pid, batch_len));
+                let batch = match lent {
+                    Some(buf) => ClientBatch::Aligned(
+                        read_batch_lent(stream, over, buf, batch_len, stall).await?,
+                    ),
+                    None => ClientBatch::Heap(read_batch(stream, over, batch_len, stall).await?),
+                };
+                Ok(Frame::Produce(head, batch, charge))
             }
             _ => {
                 let body = read_body(stream, prefix, len, stall).await?;
@@ -377,6 +389,66 @@ async fn read_batch(
         batch = read_some(stream, batch, batch_len, stall).await?;
     }
     Ok(batch)
+}
+
+/// [`read_batch`] into `buf`, lent by the owning shard's store pool at the
+/// lead the batch will have on disk, which the store then writes as it is.
+async fn read_batch_lent(
+    stream: &mut impl AsyncReadRent,
+    over: &[u8],
+    mut buf: BatchBuf,
+    batch_len: usize,
+    stall: Duration,
+) -> Result<BatchBuf, Stop> {
+    debug_assert!(over.len() <= batch_len && batch_len <= buf.batch_capacity());
+    buf.extend_from_slice(over);
+    let mut rx = BatchRx(buf);
+    while rx.0.batch().len() < batch_len {
+        let start = rx.0.batch().len();
+        let read = stream.read(rx.slice_mut(start..batch_len));
+        rx = match monoio::time::timeout(stall, read).await {
+            Err(_) => return Err(Stop::TimedOut),
+            Ok((Ok(0), _)) | Ok((Err(_), _)) => return Err(Stop::Closed),
+            Ok((Ok(_), slice)) => slice.into_inner(),
+        };
+    }
+    Ok(rx.0)
+}
+
+/// A lent batch buffer as the runtime reads into it: positions count from
+/// the batch's start (after its lead).
+struct BatchRx(BatchBuf);
+
+// SAFETY: the pointer is the batch's start inside the buffer's one heap
+// allocation, which stays put while the runtime holds the value (moving a
+// BatchBuf moves only its handle); `bytes_total` is the room after it, and
+// `set_init` only grows the batch within it (the buffer's bytes were
+// zeroed when it was allocated, so all of them are initialised).
+unsafe impl IoBuf for BatchRx {
+    fn read_ptr(&self) -> *const u8 {
+        self.0.batch().as_ptr()
+    }
+
+    fn bytes_init(&self) -> usize {
+        self.0.batch().len()
+    }
+}
+
+// SAFETY: as for IoBuf above.
+unsafe impl IoBufMut for BatchRx {
+    fn write_ptr(&mut self) -> *mut u8 {
+        self.0.batch_mut().as_mut_ptr()
+    }
+
+    fn bytes_total(&mut self) -> usize {
+        self.0.batch_capacity()
+    }
+
+    unsafe fn set_init(&mut self, pos: usize) {
+        if pos > self.0.batch().len() {
+            self.0.set_batch_len(pos);
+        }
+    }
 }
 
 /// Reads and drops `len` bytes; returns the opcode and correlation from the
@@ -578,7 +650,7 @@ async fn read_requests<S: ShardHandle + 'static>(
             Frame::Body(body, charge) => {
                 let (correlation, opcode, decoded) = Request::decode(&body);
                 drop(body);
-                let request = (correlation, opcode, decoded);
+                let request = (correlation, opcode, decoded.map(Incoming::Wire));
                 let owed = start_request(shard, budget, &limits, &mut greeted, request, charge);
                 pipeline.push(owed);
             }
@@ -633,17 +705,29 @@ async fn write_replies(
     }
 }
 
-/// A decoded request: correlation, raw opcode, the request or why not.
-type Decoded = (u32, u16, Result<Request, WireError>);
+/// A request as read: a decoded body, or a Produce whose batch was read
+/// into its own buffer.
+enum Incoming {
+    Wire(Request),
+    Produce {
+        topic: String,
+        target: ProduceTarget,
+        batch: ClientBatch,
+    },
+}
+
+/// A read request: correlation, raw opcode, the request or why not.
+type Decoded = (u32, u16, Result<Incoming, WireError>);
 
 /// The Produce request of a head and its batch, which must be exactly as
 /// long as the head declares (or the request is malformed, as
 /// `Request::decode` would say of the whole body).
-fn produce_request(head: ProduceHead, batch: Vec<u8>) -> Decoded {
+fn produce_request(head: ProduceHead, batch: ClientBatch) -> Decoded {
     let opcode = Opcode::Produce as u16;
     let declared = head.batch_len as usize;
-    let result = match declared.cmp(&batch.len()) {
-        std::cmp::Ordering::Equal => Ok(Request::Produce {
+    let len = batch.as_ref().len();
+    let result = match declared.cmp(&len) {
+        std::cmp::Ordering::Equal => Ok(Incoming::Produce {
             topic: head.topic,
             target: head.target,
             batch,
@@ -651,7 +735,7 @@ fn produce_request(head: ProduceHead, batch: Vec<u8>) -> Decoded {
         std::cmp::Ordering::Greater => Err(WireError::Truncated { what: "batch" }),
         std::cmp::Ordering::Less => Err(WireError::TrailingBytes {
             what: "request",
-            extra: batch.len() - declared,
+            extra: len - declared,
         }),
     };
     (head.correlation, opcode, result)
@@ -669,17 +753,21 @@ fn start_request<S: ShardHandle + 'static>(
 ) -> Owed {
     // Only a produce keeps its body's bytes (as the batch) until the
     // reply; any other request's decoded form is small.
-    let body_charge = matches!(decoded, Ok(Request::Produce { .. })).then_some(body_charge);
-    let req = match decoded {
+    let keeps_body = matches!(
+        decoded,
+        Ok(Incoming::Produce { .. } | Incoming::Wire(Request::Produce { .. }))
+    );
+    let body_charge = keeps_body.then_some(body_charge);
+    let incoming = match decoded {
         Err(e) => {
             metrics::inc(&shard.metrics().bad_frames_total);
             return Owed::Ready(Reply::error(opcode, correlation, e.code(), e.to_string()));
         }
-        Ok(Request::Hello {
+        Ok(Incoming::Wire(Request::Hello {
             version_min,
             version_max,
             client,
-        }) => {
+        })) => {
             let reply = hello(
                 &**shard,
                 limits,
@@ -702,17 +790,36 @@ fn start_request<S: ShardHandle + 'static>(
                 "the first request must be Hello",
             ))
         }
-        Ok(req) => req,
+        Ok(incoming) => incoming,
     };
-    let Some(reply_charge) = budget.try_charge(reply_room_bytes(limits, &req)) else {
+    let room = match &incoming {
+        Incoming::Wire(req) => reply_room_bytes(limits, req),
+        Incoming::Produce { .. } => 0,
+    };
+    let Some(reply_charge) = budget.try_charge(room) else {
         return Owed::Ready(over_budget(&**shard, opcode, correlation));
     };
     let (tx, rx) = oneshot::oneshot();
     let shard = shard.clone();
     monoio::spawn(async move {
-        let latency = latency_histogram(shard.metrics(), &req);
         let started = Instant::now();
-        let reply = super::dispatch::handle(&*shard, correlation, req).await;
+        let (reply, latency) = match incoming {
+            Incoming::Wire(req) => {
+                let latency = latency_histogram(shard.metrics(), &req);
+                (
+                    super::dispatch::handle(&*shard, correlation, req).await,
+                    latency,
+                )
+            }
+            Incoming::Produce {
+                topic,
+                target,
+                batch,
+            } => {
+                let reply = super::dispatch::produce(&*shard, correlation, topic, target, batch);
+                (reply.await, Some(&shard.metrics().produce_latency_us))
+            }
+        };
         if let Some(h) = latency {
             h.record(started.elapsed().as_micros() as u64);
         }

@@ -215,7 +215,7 @@ pub struct Replica {
     pub(super) log: Log,
     pub(super) acks: BTreeMap<u64, Ack>,
     pub(super) waiting: BTreeMap<u64, Token>,
-    pub(super) queue: VecDeque<(Token, Vec<u8>)>,
+    pub(super) queue: VecDeque<(Token, ClientBatch)>,
     pub(super) next_io: IoId,
     pub(super) appends: BTreeSet<IoId>,
     /// Flush id -> highest op it covers.
@@ -895,7 +895,7 @@ impl Replica {
 
     // ---- normal operation ----
 
-    fn on_client_append(&mut self, token: Token, batch: Vec<u8>, out: &mut Outbox) {
+    fn on_client_append(&mut self, token: Token, batch: ClientBatch, out: &mut Outbox) {
         if !(self.status == Status::Normal && self.is_primary()) {
             let (view, primary) = (self.view, self.primary_of(self.view));
             let result = Err(AppendError::NotPrimary { view, primary });
@@ -915,6 +915,15 @@ impl Replica {
         self.sequence(token, batch, out);
     }
 
+    /// Bytes of the client batches queued behind a full pipeline (at most
+    /// `client_queue_max` of them): they reach the store before any later
+    /// batch.
+    pub fn queued_bytes(&self) -> usize {
+        let bytes: usize = self.queue.iter().map(|(_, b)| b.as_ref().len()).sum();
+        debug_assert!(self.queue.len() <= self.cfg.client_queue_max);
+        bytes
+    }
+
     pub(super) fn pipeline_full(&self) -> bool {
         self.log.op() - self.commit >= self.cfg.pipeline_ops_max
     }
@@ -931,7 +940,7 @@ impl Replica {
     }
 
     /// Primary: stamps op, offset, view and chain link, appends, prepares.
-    fn sequence(&mut self, token: Token, batch: Vec<u8>, out: &mut Outbox) {
+    fn sequence(&mut self, token: Token, batch: ClientBatch, out: &mut Outbox) {
         debug_assert!(!self.pipeline_full() && self.status == Status::Normal);
         // The one full check of the body: the store trusts the proof.
         let mut verified = match VerifiedBatch::parse(batch) {

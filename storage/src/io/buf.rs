@@ -588,6 +588,20 @@ impl BatchBuf {
     }
 }
 
+/// The batch bytes (as [`BatchBuf::batch`]), so a verified batch can own
+/// its buffer (`ringlog_protocol::VerifiedBatch<BatchBuf>`).
+impl AsRef<[u8]> for BatchBuf {
+    fn as_ref(&self) -> &[u8] {
+        self.batch()
+    }
+}
+
+impl AsMut<[u8]> for BatchBuf {
+    fn as_mut(&mut self) -> &mut [u8] {
+        self.batch_mut()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

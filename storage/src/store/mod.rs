@@ -464,12 +464,34 @@ impl PartitionStore {
     pub fn append_owned(
         &mut self,
         io: &mut impl IoBackend,
-        mut batch: BatchBuf,
+        batch: BatchBuf,
     ) -> Result<Appended, AppendRefused> {
         let h = match self.admit(io, batch.batch()) {
             Ok(h) => h,
             Err(error) => return Err(AppendRefused { error, batch }),
         };
+        Ok(self.place_owned(batch, &h))
+    }
+
+    /// [`PartitionStore::append_owned`] of a batch the caller verified
+    /// (see [`PartitionStore::append_verified`]): no second check of its body.
+    pub fn append_owned_verified(
+        &mut self,
+        io: &mut impl IoBackend,
+        batch: VerifiedBatch<BatchBuf>,
+    ) -> Result<Appended, AppendRefused> {
+        let h = *batch.header();
+        match self.admit_header(io, &h) {
+            Ok(()) => Ok(self.place_owned(batch.into_inner(), &h)),
+            Err(error) => Err(AppendRefused {
+                error,
+                batch: batch.into_inner(),
+            }),
+        }
+    }
+
+    /// The write-buffer half of `append_owned`, for an admitted batch.
+    fn place_owned(&mut self, mut batch: BatchBuf, h: &BatchHeader) -> Appended {
         batch.set_batch_len(h.total_len());
         // Room for the batch and for whatever the copy path appends behind
         // it before the flush, trailer block included (see `prepare_flush`).
@@ -489,7 +511,7 @@ impl PartitionStore {
         } else {
             self.copy_in(batch.batch());
         }
-        Ok(self.accepted(&h))
+        self.accepted(h)
     }
 
     /// Where in its block the next batch starts on disk (the log's end
