@@ -862,7 +862,7 @@ mod tests {
             } else if flight.is_some() {
                 behind += 1;
             }
-            let token = p.produce(&mut io, b).unwrap();
+            let token = p.produce(&mut io, b.into()).unwrap();
             sent.push((token, n as u64));
             records_in += n as u64;
             for (token, result) in p.take_replies() {
@@ -941,7 +941,7 @@ mod tests {
             complete(io, p, id);
         };
         for i in 0..2 {
-            p.produce(&mut io, batch(2, 100, i)).unwrap();
+            p.produce(&mut io, batch(2, 100, i).into()).unwrap();
             flush(&mut io, &mut p);
         }
         let lag = |p: &Partition| p.store().unwrap().frontier_lag_bytes();
@@ -953,7 +953,7 @@ mod tests {
             "first sighting"
         );
         // Appends since the last check: not idle.
-        p.produce(&mut io, batch(2, 100, 3)).unwrap();
+        p.produce(&mut io, batch(2, 100, 3).into()).unwrap();
         flush(&mut io, &mut p);
         assert_eq!(p.prepare_checkpoint(&mut sqes).unwrap(), 0);
         assert_eq!(p.prepare_checkpoint(&mut sqes).unwrap(), 2);
@@ -971,11 +971,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut io = UringBackend::new(64).unwrap();
         let mut p = open(dir.path(), &mut io);
-        let first = p.produce(&mut io, batch(3, 100, 1)).unwrap();
+        let first = p.produce(&mut io, batch(3, 100, 1).into()).unwrap();
         let mut sqes = Vec::new();
         assert_eq!(p.prepare_flush(&mut io, &mut sqes).unwrap(), 2);
         // Appends behind the flush go on...
-        let second = p.produce(&mut io, batch(2, 100, 2)).unwrap();
+        let second = p.produce(&mut io, batch(2, 100, 2).into()).unwrap();
         let mut completions = io.submit(sqes);
         completions[1].result = Err(std::io::Error::from_raw_os_error(libc::EIO));
         let err = p.complete_flush(&mut io, completions).unwrap_err();
@@ -996,7 +996,7 @@ mod tests {
             assert_eq!(e.code, ErrorCode::PartitionFenced, "{e}");
             assert!(e.message.contains("fdatasync"), "{e}");
         }
-        let e = p.produce(&mut io, batch(1, 10, 3)).unwrap_err();
+        let e = p.produce(&mut io, batch(1, 10, 3).into()).unwrap_err();
         assert_eq!(e.code, ErrorCode::PartitionFenced);
         assert!(p.prepare_flush(&mut io, &mut Vec::new()).is_err());
     }
