@@ -12,7 +12,8 @@ use std::time::Duration;
 
 use common::*;
 use ringlog_protocol::wire::{
-    encode_frame, ErrorCode, Opcode, Request, FRAME_HEADER_LEN, PROTOCOL_VERSION, WIRE_MAGIC,
+    encode_frame, ErrorCode, Opcode, ProduceTarget, Request, FRAME_HEADER_LEN, PROTOCOL_VERSION,
+    WIRE_MAGIC,
 };
 use ringlog_shard::client::{read_reply, Client};
 
@@ -224,6 +225,61 @@ fn bad_frames_get_errors_and_the_server_keeps_serving() {
     assert_eq!(recs.len(), 1);
     assert_eq!(recs[0].value, b"fine");
     let _ = (FRAME_HEADER_LEN, WIRE_MAGIC);
+}
+
+/// A Produce frame as a client encodes it and where its batch starts.
+fn produce_frame(topic: &str, batch: Vec<u8>) -> (Vec<u8>, usize) {
+    let len = batch.len();
+    let mut f = Vec::new();
+    Request::Produce {
+        topic: topic.into(),
+        target: ProduceTarget::Partition(0),
+        batch,
+    }
+    .encode(77, &mut f)
+    .unwrap();
+    let start = f.len() - len;
+    (f, start)
+}
+
+#[test]
+fn a_bit_flipped_in_a_produce_in_flight_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&dir.path().join("data"), &[]);
+    let mut c = server.client();
+    c.create_topic("flip", 1).unwrap();
+    let batch = ringlog_shard::client::batch_of(&[&[7u8; 3000][..], b"tail"]).unwrap();
+    // In the batch (header, body, last byte): the frame checksum leaves it
+    // to the batch's own checksums, which the server checks before storing;
+    // the request is refused and the connection stays open.
+    for at in [0, 9, 40, 100, batch.len() - 1] {
+        let (mut f, start) = produce_frame("flip", batch.clone());
+        f[start + at] ^= 0x04;
+        c.send_raw(&f).unwrap();
+        let r = c.read_reply().unwrap();
+        assert_eq!(r.correlation, 77);
+        let (code, message) = r.result.unwrap_err();
+        assert_eq!(code, ErrorCode::InvalidBatch, "flip at {at}: {message}");
+    }
+    // In the head (the topic): the frame checksum fails, and the
+    // connection closes (its framing cannot be trusted).
+    let mut s = raw_stream(&server);
+    s.write_all(&hello_frame(PROTOCOL_VERSION, PROTOCOL_VERSION))
+        .unwrap();
+    read_reply(&mut s, 1 << 20).unwrap().result.unwrap();
+    let (mut f, _) = produce_frame("flip", batch.clone());
+    f[FRAME_HEADER_LEN + 11] ^= 0x01;
+    s.write_all(&f).unwrap();
+    let r = read_reply(&mut s, 1 << 20).unwrap();
+    assert_eq!(r.result.unwrap_err().0, ErrorCode::BadChecksum);
+    assert_closed(&mut s);
+    // Nothing of them was stored; the intact batch is, on the same connection.
+    let ack = c.produce("flip", 0, batch).unwrap();
+    assert_eq!(ack.base_offset, 0);
+    let page = c.fetch("flip", 0, 0, 1 << 16, 0).unwrap();
+    let recs = ringlog_shard::client::records(&page.batches).unwrap();
+    assert_eq!(recs.len(), 2);
+    assert_eq!(recs[1].value, b"tail");
 }
 
 #[test]

@@ -468,3 +468,78 @@ fn a_bad_or_taken_metrics_address_stops_the_server_naming_it() {
         "control socket left behind"
     );
 }
+
+/// Produce batches of 1 MiB are read straight into buffers lent by the
+/// owning shard's store pool; more in flight than its lending bound (2 per
+/// shard here) go in heap buffers instead, and every batch arrives intact.
+#[test]
+fn produce_buffers_are_lent_up_to_their_bound_and_every_batch_arrives() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(
+        &dir.path().join("data"),
+        &[
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "--set",
+            "produce_buffers_lent_max=2",
+        ],
+    );
+    let addr = server
+        .ready
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("metrics="))
+        .expect("metrics address")
+        .to_string();
+    let mut c = server.client();
+    c.create_topic("lend", 2).unwrap();
+    let value = vec![0x5a_u8; 1000];
+    let batch: Vec<u8> = {
+        let refs: Vec<&[u8]> = (0..1000).map(|_| value.as_slice()).collect();
+        batch_of(&refs).unwrap()
+    };
+    assert!(batch.len() > (1 << 20) - 64 * 1024, "{}", batch.len());
+    // Four connections keep 16 batches each in flight, to both partitions:
+    // whichever shard a connection landed on owns one of them.
+    let rounds: u64 = 3;
+    let threads: Vec<_> = (0..4)
+        .map(|_| {
+            let (mut c, batch) = (server.client(), batch.clone());
+            std::thread::spawn(move || {
+                for _ in 0..rounds {
+                    for i in 0..16u32 {
+                        c.send_produce("lend", i % 2, batch.clone()).unwrap();
+                    }
+                    for _ in 0..16 {
+                        c.recv_produced().unwrap();
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let s = parse(&scrape_text(&addr));
+    let lent = total(&s, "ringlog_produce_buffers_lent_total", &[]);
+    let refused = total(&s, "ringlog_produce_buffers_refused_total", &[]);
+    assert!(lent > 0.0, "no batch went into a lent buffer");
+    assert!(
+        refused > 0.0,
+        "the lending bound was never reached (lent {lent})"
+    );
+    // Every batch is stored, byte for byte, in request order per partition.
+    let produced: u64 = 4 * rounds * 16 / 2;
+    for p in 0..2 {
+        let mut offset = 0;
+        let mut batches = 0;
+        while offset < produced * 1000 {
+            let page = c.fetch("lend", p, offset, 4 << 20, 0).unwrap();
+            let recs = ringlog_shard::client::records(&page.batches).unwrap();
+            assert!(recs.iter().all(|r| r.value == value));
+            batches += page.batches.len() / batch.len();
+            offset = page.next_offset;
+        }
+        assert_eq!(offset, produced * 1000);
+        assert_eq!(batches as u64, produced);
+    }
+}

@@ -26,6 +26,6 @@ pub mod wire;
 
 pub use batch::{
     encode_header, restamp, BatchBuilder, BatchError, BatchHeader, BatchView, Record, Stamp,
-    HEADER_LEN,
+    VerifiedBatch, HEADER_LEN,
 };
 pub use checksum::{checksum, Hasher};

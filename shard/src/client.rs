@@ -582,6 +582,30 @@ mod tests {
     }
 
     #[test]
+    fn a_bit_flipped_in_a_reply_in_flight_is_a_typed_error() {
+        let good = frame(&fetched(6, 4096));
+        for byte in [FRAME_HEADER_LEN + 3, good.len() - 4096, good.len() - 1] {
+            let mut bad = good.clone();
+            bad[byte] ^= 0x10;
+            let e = read_reply_with(
+                &mut std::io::Cursor::new(bad),
+                FRAME_BYTES_MAX,
+                &mut Vec::new(),
+            );
+            assert!(
+                matches!(e, Err(ClientError::Wire(WireError::BadChecksum { .. }))),
+                "flip at {byte}: {e:?}"
+            );
+        }
+        let ok = read_reply_with(
+            &mut std::io::Cursor::new(good),
+            FRAME_BYTES_MAX,
+            &mut Vec::new(),
+        );
+        assert_eq!(ok.unwrap(), fetched(6, 4096));
+    }
+
+    #[test]
     fn disk_full_is_retryable_and_explained() {
         let e = ClientError::Server {
             code: ErrorCode::DiskFull,

@@ -81,6 +81,11 @@ pub struct ServerConfig {
     /// (shared by the shard's partitions, oldest evicted first): fetches
     /// within it are served without device reads. 0 = off.
     pub read_cache_bytes: u64,
+    /// Per shard: write buffers lent at once to connections reading produce
+    /// batches of 256 KiB or more straight into them (each
+    /// `write_buffer_bytes` plus a block; the store writes the batch from
+    /// it without a copy); past it, batches go in heap buffers. 0: never.
+    pub produce_buffers_lent_max: usize,
     /// How a shard's turn makes small appends durable: `journal` = one
     /// write and one fdatasync of the shard's journal for every partition
     /// touched (segments written behind, checkpointed); `partition` = one
@@ -158,6 +163,7 @@ impl Default for ServerConfig {
             fetch_waiters_max: 256,
             fetch_wait_ms_max: 60_000,
             read_cache_bytes: 128 * 1024 * 1024,
+            produce_buffers_lent_max: 8,
             group_commit: GroupCommit::default(),
             journal_bytes: ringlog_storage::journal::JOURNAL_BYTES_DEFAULT,
             journal_append_bytes_max: ringlog_storage::journal::JOURNAL_APPEND_BYTES_MAX_DEFAULT,

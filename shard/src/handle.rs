@@ -8,6 +8,8 @@
 use std::future::Future;
 use std::sync::Arc;
 
+use ringlog_storage::io::BatchBuf;
+
 use crate::catalog::{Catalog, TopicTable};
 use crate::config::ServerConfig;
 use crate::meta_io;
@@ -33,6 +35,12 @@ pub(crate) trait ShardHandle {
     fn meta_io(&self) -> &meta_io::Client;
     /// The server's fetch reply buffers (a sent reply's goes back here).
     fn reply_pool(&self) -> &ReplyPool;
+    /// A buffer from this shard's store pool for a `batch_len`-byte produce
+    /// batch to its partition `partition_id`, starting where the batch
+    /// will start in its block on disk (the store then writes it without a
+    /// copy); None for another shard's partition, a small batch, or at the
+    /// pool's lending bound (the batch then goes in a heap buffer).
+    fn lend_produce_buffer(&self, partition_id: u32, batch_len: usize) -> Option<BatchBuf>;
     /// Runs `op` on shard `owner` and waits for the outcome.
     fn call(&self, owner: usize, op: Op) -> impl Future<Output = Outcome>;
 }

@@ -206,7 +206,7 @@ mod tests {
         let produce = |len: usize| Envelope {
             op: Op::Produce {
                 partition_id: 0,
-                batch: vec![7; len],
+                batch: vec![7; len].into(),
             },
             reply: ReplyTo::Shard { shard: 0, token: 1 },
         };

@@ -133,6 +133,11 @@ pub struct ShardMetrics {
     /// Sent replies' buffers this shard let go (the pool full, or one grown
     /// past its size bound).
     pub reply_buffers_dropped_total: AtomicU64,
+    /// Produce batches read straight into a buffer lent by the store pool.
+    pub produce_buffers_lent_total: AtomicU64,
+    /// Produce batches read into a heap buffer because the pool's lending
+    /// bound (`batch_buffers_lent_max`) was reached.
+    pub produce_buffers_refused_total: AtomicU64,
 }
 
 impl Default for ShardMetrics {
@@ -167,6 +172,8 @@ impl Default for ShardMetrics {
             read_cache_bytes: AtomicU64::new(0),
             reply_buffers_allocated_total: AtomicU64::new(0),
             reply_buffers_dropped_total: AtomicU64::new(0),
+            produce_buffers_lent_total: AtomicU64::new(0),
+            produce_buffers_refused_total: AtomicU64::new(0),
         }
     }
 }
@@ -359,6 +366,16 @@ const COUNTERS: &[CounterRow] = &[
         "ringlog_reply_buffers_dropped",
         "Sent fetch reply buffers not kept (reply pool full or buffer over its size bound)",
         |m| &m.reply_buffers_dropped_total,
+    ),
+    (
+        "ringlog_produce_buffers_lent",
+        "Produce batches read straight into a buffer lent by the store pool (written without a copy when the lead was right)",
+        |m| &m.produce_buffers_lent_total,
+    ),
+    (
+        "ringlog_produce_buffers_refused",
+        "Produce batches read into a heap buffer because the store pool's lending bound was reached",
+        |m| &m.produce_buffers_refused_total,
     ),
 ];
 

@@ -2,6 +2,9 @@
 //! partition or the catalog, their replies and errors, status reports, and
 //! the envelopes that carry them through a shard's mailbox.
 
+/// A produce's batch: heap or a lent aligned buffer (the replica's type,
+/// named here for the ops' users).
+pub use crate::vsr::ClientBatch;
 use crossbeam_channel::Sender;
 use ringlog_protocol::wire::{ErrorCode, FetchReply, ProduceReply};
 use serde::Serialize;
@@ -81,7 +84,7 @@ pub enum MetaOp {
 pub enum Op {
     Produce {
         partition_id: u32,
-        batch: Vec<u8>,
+        batch: ClientBatch,
     },
     Fetch {
         partition_id: u32,
@@ -129,7 +132,7 @@ impl Op {
     /// Bytes of client payload the op carries (what the mailbox charges).
     pub fn payload_bytes(&self) -> u64 {
         match self {
-            Op::Produce { batch, .. } => batch.len() as u64,
+            Op::Produce { batch, .. } => batch.as_ref().len() as u64,
             Op::PeerMessage { payload, .. } | Op::PeerSend { payload, .. } => payload.len() as u64,
             _ => 0,
         }

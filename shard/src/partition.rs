@@ -38,14 +38,15 @@ use std::net::SocketAddr;
 use ringlog_protocol::replication::{self as wire, ReplicationLimits};
 use ringlog_protocol::wire::{ErrorCode, FetchReply};
 use ringlog_protocol::{encode_header, BatchHeader, HEADER_LEN};
-use ringlog_storage::io::{Completion, IoBackend, Op, Sqe};
+use ringlog_storage::io::{Completion, IoBackend, Op, Sqe, BLOCK_SIZE};
 use ringlog_storage::journal::Journal;
 use ringlog_storage::store::{PartitionStore, StoreConfig, StoreError, StorePool};
 
 use crate::ops::{OpError, PartitionStatus};
 use crate::replica_io::{self, AppendFailure};
 use crate::vsr::{
-    AppendError, Appended, Config as ReplicaConfig, Input, IoFailure, IoId, IoOutcome, Message,
+    AppendError, Appended, ClientBatch, Config as ReplicaConfig, Input, IoFailure, IoId, IoOutcome,
+    Message,
     Outbox, Output, Replica, Status as ReplicaStatus, StorageOp, Token,
 };
 
@@ -423,28 +424,30 @@ impl Partition {
     pub fn produce(
         &mut self,
         io: &mut impl IoBackend,
-        mut batch: Vec<u8>,
+        mut batch: ClientBatch,
     ) -> Result<Token, OpError> {
         let id = self.id;
         let h = self.hosted()?;
         let max = h.store.config().batch_bytes_max();
         let invalid = |e: String| OpError::new(ErrorCode::InvalidBatch, e);
-        let mut header = BatchHeader::decode(&batch).map_err(|e| invalid(e.to_string()))?;
-        if header.total_len() < batch.len() {
-            let extra = batch.len() - header.total_len();
+        let len = batch.as_ref().len();
+        let mut header = BatchHeader::decode(batch.as_ref()).map_err(|e| invalid(e.to_string()))?;
+        if header.total_len() < len {
+            let extra = len - header.total_len();
             return Err(invalid(format!(
                 "{extra} bytes after the batch (one batch per produce)"
             )));
         }
-        if batch.len() > max {
+        if len > max {
             return Err(OpError::new(
                 ErrorCode::BatchTooLarge,
-                format!("batch of {} bytes exceeds {max}", batch.len()),
+                format!("batch of {len} bytes exceeds {max}"),
             ));
         }
         if header.partition_id != id {
             header.partition_id = id;
             let head = batch
+                .as_mut()
                 .first_chunk_mut::<HEADER_LEN>()
                 .ok_or_else(|| invalid("truncated batch".into()))?;
             encode_header(&header, head);
@@ -634,6 +637,19 @@ impl Partition {
         }
     }
 
+    /// Where in its block the next batch handed to [`Partition::produce`]
+    /// will start on disk, unless a roll or a refusal moves it: the store's
+    /// end plus the batches the replica queued. None if not open.
+    pub fn next_batch_lead_bytes(&self) -> Option<usize> {
+        match &self.state {
+            State::Open(h) => {
+                let queued = h.replica.queued_bytes();
+                Some((h.store.batch_lead_bytes() + queued) % BLOCK_SIZE)
+            }
+            State::Unavailable(_) => None,
+        }
+    }
+
     /// Where reads end, if open: the durable end (a replicated partition:
     /// its commit's end).
     pub fn high_watermark(&self) -> Option<u64> {
@@ -819,7 +835,7 @@ impl Hosted {
                             refused.push((id, op, again));
                             continue;
                         }
-                        let result = replica_io::append(&mut self.store, io, op, &batch);
+                        let result = replica_io::append_owned(&mut self.store, io, op, batch);
                         match result {
                             Ok(()) => self.inputs.push_back(Input::IoDone {
                                 id,
@@ -1159,7 +1175,7 @@ mod tests {
             } else if flight.is_some() {
                 behind += 1;
             }
-            let token = p.produce(&mut io, b).unwrap();
+            let token = p.produce(&mut io, b.into()).unwrap();
             sent.push((token, n as u64));
             records_in += n as u64;
             for (token, result) in p.take_replies() {
@@ -1238,7 +1254,7 @@ mod tests {
             complete(io, p, id);
         };
         for i in 0..2 {
-            p.produce(&mut io, batch(2, 100, i)).unwrap();
+            p.produce(&mut io, batch(2, 100, i).into()).unwrap();
             flush(&mut io, &mut p);
         }
         let lag = |p: &Partition| p.store().unwrap().frontier_lag_bytes();
@@ -1250,7 +1266,7 @@ mod tests {
             "first sighting"
         );
         // Appends since the last check: not idle.
-        p.produce(&mut io, batch(2, 100, 3)).unwrap();
+        p.produce(&mut io, batch(2, 100, 3).into()).unwrap();
         flush(&mut io, &mut p);
         assert_eq!(p.prepare_checkpoint(&mut sqes).unwrap(), 0);
         assert_eq!(p.prepare_checkpoint(&mut sqes).unwrap(), 2);
@@ -1268,11 +1284,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut io = UringBackend::new(64).unwrap();
         let mut p = open(dir.path(), &mut io);
-        let first = p.produce(&mut io, batch(3, 100, 1)).unwrap();
+        let first = p.produce(&mut io, batch(3, 100, 1).into()).unwrap();
         let mut sqes = Vec::new();
         assert_eq!(p.prepare_flush(&mut io, &mut sqes).unwrap(), 2);
         // Appends behind the flush go on...
-        let second = p.produce(&mut io, batch(2, 100, 2)).unwrap();
+        let second = p.produce(&mut io, batch(2, 100, 2).into()).unwrap();
         let mut completions = io.submit(sqes);
         completions[1].result = Err(std::io::Error::from_raw_os_error(libc::EIO));
         let err = p.complete_flush(&mut io, completions).unwrap_err();
@@ -1293,7 +1309,7 @@ mod tests {
             assert_eq!(e.code, ErrorCode::PartitionFenced, "{e}");
             assert!(e.message.contains("fdatasync"), "{e}");
         }
-        let e = p.produce(&mut io, batch(1, 10, 3)).unwrap_err();
+        let e = p.produce(&mut io, batch(1, 10, 3).into()).unwrap_err();
         assert_eq!(e.code, ErrorCode::PartitionFenced);
         assert!(p.prepare_flush(&mut io, &mut Vec::new()).is_err());
     }
@@ -1384,7 +1400,7 @@ mod replicated_tests {
             .collect();
         assert_eq!(parts[0].status(0).role, "primary");
         assert_eq!(parts[1].status(0).role, "backup");
-        let token = parts[0].produce(&mut io, one_batch(1)).unwrap();
+        let token = parts[0].produce(&mut io, one_batch(1).into()).unwrap();
         // Durable on the primary alone: not acknowledged.
         flush(&mut io, &mut parts[0]);
         assert_eq!(parts[0].take_replies().count(), 0);
@@ -1421,7 +1437,7 @@ mod replicated_tests {
         );
         assert_eq!(f.next_offset, 2);
         // A backup refuses, naming the primary.
-        let e = parts[1].produce(&mut io, one_batch(2)).unwrap_err();
+        let e = parts[1].produce(&mut io, one_batch(2).into()).unwrap_err();
         assert_eq!(e.code, ErrorCode::NotPrimary, "{e}");
         assert!(e.message.contains("primary_node=1"), "{e}");
         assert!(e.message.contains("127.0.0.1:7001"), "{e}");
@@ -1437,7 +1453,7 @@ mod replicated_tests {
         let mut backup = open(dir.path(), &mut io, 1, GROUP);
         let other = tempfile::tempdir().unwrap();
         let mut stranger = open(other.path(), &mut io, 1, GROUP + 1);
-        primary.produce(&mut io, one_batch(3)).unwrap();
+        primary.produce(&mut io, one_batch(3).into()).unwrap();
         let mut sends = Vec::new();
         primary.take_sends(&mut sends);
         let prepare = sends[0].1.clone();

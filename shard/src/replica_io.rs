@@ -27,7 +27,9 @@ use ringlog_storage::io::IoBackend;
 use ringlog_storage::store::{PartitionStore, StoreError};
 use ringlog_storage::superblock;
 
-use crate::vsr::{Anchor, BatchBytes, Event, IoFailure, IoOutcome, StorageOp, VsrState};
+use crate::vsr::{
+    Anchor, BatchBytes, ClientBatch, Event, IoFailure, IoOutcome, StorageOp, VsrState,
+};
 
 /// Bytes one [`StorageOp::ReadBatches`] returns at most (it stops after the
 /// batch that crosses it; the replica asks again for the rest).
@@ -111,13 +113,50 @@ pub enum AppendFailure {
 /// Runs `StorageOp::Append { op, batch }`: `batch` must hold op `op`, the
 /// one after the store's last. Only the header is decoded here: the store
 /// verifies the whole batch (body checksum and records) as it accepts it,
-/// so a second full pass here would only repeat that.
+/// unless the replica verified it already (a client's batch the primary
+/// sequenced carries the proof), so the body is checked once.
 pub fn append(
     store: &mut PartitionStore,
     io: &mut impl IoBackend,
     op: u64,
-    batch: &[u8],
+    batch: &BatchBytes,
 ) -> Result<(), AppendFailure> {
+    check_op(store, op, batch)?;
+    let appended = match batch.verified() {
+        Some(verified) => store.append_verified(io, verified),
+        None => store.append(io, batch),
+    };
+    appended
+        .map(drop)
+        .map_err(|source| AppendFailure::Store { op, source })
+}
+
+/// [`append`] taking the batch: one read into a lent aligned buffer, held
+/// by nothing else, is written by the store from that buffer (no copy).
+pub fn append_owned(
+    store: &mut PartitionStore,
+    io: &mut impl IoBackend,
+    op: u64,
+    batch: BatchBytes,
+) -> Result<(), AppendFailure> {
+    let verified = match batch.into_verified() {
+        Ok(v) => v,
+        Err(shared) => return append(store, io, op, &shared),
+    };
+    check_op(store, op, verified.as_bytes())?;
+    let appended = match verified.try_map(ClientBatch::into_aligned) {
+        Ok(aligned) => store
+            .append_owned_verified(io, aligned)
+            .map_err(|refused| refused.error),
+        Err(heap) => store.append_verified(io, heap.borrowed()),
+    };
+    appended
+        .map(drop)
+        .map_err(|source| AppendFailure::Store { op, source })
+}
+
+/// `batch` holds op `op`, the one after the store's last.
+fn check_op(store: &PartitionStore, op: u64, batch: &[u8]) -> Result<(), AppendFailure> {
     let last_op = store.chain().last_op;
     let held = BatchHeader::decode(batch)
         .map_err(|source| AppendFailure::Header { op, source })?
@@ -125,10 +164,7 @@ pub fn append(
     if held != op || op != last_op + 1 {
         return Err(AppendFailure::OpMismatch { op, held, last_op });
     }
-    store
-        .append(io, batch)
-        .map(drop)
-        .map_err(|source| AppendFailure::Store { op, source })
+    Ok(())
 }
 
 /// The durable batch holding `op` or, if none does, the first one above

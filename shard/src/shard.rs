@@ -58,7 +58,9 @@ use std::time::{Duration, Instant};
 
 use ringlog_protocol::wire::{ErrorCode, ProduceReply};
 use ringlog_storage::io::uring::UringBackend;
-use ringlog_storage::io::{BatchId, Completion, IoBackend, Op as StorageOp, Sqe};
+use ringlog_storage::io::{
+    BatchBuf, BatchId, Completion, IoBackend, Op as StorageOp, Sqe, BLOCK_SIZE,
+};
 use ringlog_storage::journal::{Journal, JournalError};
 use ringlog_storage::store::{PoolConfig, StorePool};
 
@@ -93,6 +95,11 @@ const WRITE_BUFFERS_IDLE_BYTES_MAX: usize = 1 << 30;
 /// Idle write buffers kept whatever their size (the byte bound above
 /// allows fewer only for buffers over 64 MiB).
 const WRITE_BUFFERS_IDLE_MIN: usize = 16;
+/// Produce batches smaller than this are read into a heap buffer: a lent
+/// write buffer is `write_buffer_bytes` large, and copying a small batch
+/// costs less than holding one.
+const LEND_BATCH_BYTES_MIN: usize = 256 * 1024;
+
 /// Partitions whose superblocks boot reads in one submission (64 KiB each).
 const BOOT_PREFETCH_PARTITIONS: usize = 64;
 /// How often deadlines of waiting fetches are checked.
@@ -441,6 +448,44 @@ impl<B: IoBackend> ShardHandle for Shard<B> {
 
     fn reply_pool(&self) -> &ReplyPool {
         &self.reply_pool
+    }
+
+    fn lend_produce_buffer(&self, partition_id: u32, batch_len: usize) -> Option<BatchBuf> {
+        if batch_len < LEND_BATCH_BYTES_MIN {
+            return None;
+        }
+        // A turn holds the core only between awaits: this never fails on
+        // the shard's thread, and a miss just means a heap buffer.
+        let core = self.core.try_borrow().ok()?;
+        let lead = core
+            .partitions
+            .get(&partition_id)?
+            .next_batch_lead_bytes()?;
+        // Produces to it waiting for a turn or a flush go to the store first.
+        let ahead = |w: &Work| match &w.op {
+            Op::Produce {
+                partition_id: p,
+                batch,
+            } if *p == partition_id => batch.as_ref().len(),
+            _ => 0,
+        };
+        let queued: usize = self.queue.borrow().iter().map(ahead).sum();
+        let parked: usize = core
+            .lanes
+            .get(&partition_id)
+            .map_or(0, |l| l.parked.iter().map(ahead).sum());
+        let lead = (lead + queued + parked) % BLOCK_SIZE;
+        match core.pool.lend_batch(lead) {
+            Ok(buf) if buf.batch_capacity() >= batch_len => {
+                metrics::inc(&self.metrics.produce_buffers_lent_total);
+                Some(buf)
+            }
+            Ok(_) => None,
+            Err(_) => {
+                metrics::inc(&self.metrics.produce_buffers_refused_total);
+                None
+            }
+        }
     }
 
     /// Runs `op` on shard `owner` and waits for the outcome: locally through
@@ -943,6 +988,7 @@ fn shard_pool(config: &ServerConfig, id: usize) -> StorePool {
         dir,
         PoolConfig {
             write_buffers_idle_max: write_buffers_idle_max(config),
+            batch_buffers_lent_max: config.produce_buffers_lent_max,
             read_cache_bytes_max: usize::try_from(config.read_cache_bytes).unwrap_or(usize::MAX),
             ..PoolConfig::private(&store)
         },

@@ -24,7 +24,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("replica_io", &["vsr"]),
     ("sim", &["meta", "replica_io", "transfer", "vsr"]),
     ("transfer", &["vsr"]),
-    ("ops", &[]),
+    ("ops", &["vsr"]),
     ("reply_pool", &[]),
     ("mailbox", &["eventfd", "ops"]),
     ("metrics", &["mailbox"]),

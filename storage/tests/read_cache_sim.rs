@@ -474,3 +474,59 @@ fn a_read_that_misses_the_cache_leaves_no_cached_bytes_in_the_buffer() {
     let stats = store.read_cache_stats();
     assert!(stats.misses > 0 && stats.hits > 0, "{stats:?}");
 }
+
+#[test]
+fn large_flushes_are_kept_as_their_written_buffer_and_their_lends_end() {
+    let mut io = SimBackend::new(3);
+    let config = StoreConfig {
+        segment_size_bytes: 64 << 20,
+        write_buffer_bytes: 2 << 20,
+        ..StoreConfig::default()
+    };
+    let pool = StorePool::new(
+        dir("/big").join("recycle"),
+        PoolConfig {
+            read_cache_bytes_max: 2 * CACHE_BYTES,
+            batch_buffers_lent_max: 2,
+            ..PoolConfig::private(&config)
+        },
+    );
+    let mut store =
+        PartitionStore::create_in(&mut io, dir("/big"), PID, config, pool.clone()).unwrap();
+    let mut written = Vec::new();
+    // Three times the lend bound: each lent buffer's lend ends when its
+    // flush completed, though the cache keeps the buffer.
+    for i in 0..6 {
+        let batch = next_batch(&store, 1000, 1000, i);
+        let mut buf = pool.lend_batch(store.batch_lead_bytes()).unwrap();
+        buf.extend_from_slice(&batch);
+        store.append_owned(&mut io, buf).unwrap();
+        store.flush(&mut io).unwrap();
+        written.push(batch);
+    }
+    let stats = store.read_cache_stats();
+    assert!(
+        stats.held_bytes >= 6 * (2 << 20),
+        "the buffers are held whole: {stats:?}"
+    );
+    let reads_before = io.op_count(FaultOp::Read);
+    assert_eq!(read_each(&mut io, &mut store), written);
+    assert_eq!(
+        io.op_count(FaultOp::Read),
+        reads_before,
+        "a hit read the device"
+    );
+    assert_eq!(store.read_cache_stats().misses, 0);
+    // Past the bound, the oldest buffers are evicted; reads of them miss
+    // and read the same bytes from the device.
+    for i in 6..12 {
+        let batch = next_batch(&store, 1000, 1000, i);
+        store.append(&mut io, &batch).unwrap();
+        store.flush(&mut io).unwrap();
+        written.push(batch);
+    }
+    let stats = store.read_cache_stats();
+    assert!(stats.evictions > 0 && stats.held_bytes <= 2 * CACHE_BYTES as u64);
+    assert_eq!(read_each(&mut io, &mut store), written);
+    assert!(store.read_cache_stats().misses > 0);
+}

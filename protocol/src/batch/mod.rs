@@ -48,11 +48,13 @@ mod builder;
 mod error;
 mod header;
 
+mod verified;
 mod view;
 
 pub use builder::BatchBuilder;
 pub use error::BatchError;
 pub use header::{encode_header, restamp, BatchHeader};
+pub use verified::VerifiedBatch;
 pub use view::{BatchView, HeaderIter, RecordIter, RecordView};
 
 /// Header size in bytes. Every field sits at an offset aligned to its width,

@@ -1,6 +1,6 @@
 //! Requests and replies: typed messages and their (strict) codecs.
 
-use super::frame::{encode_frame, FRAME_HEADER_LEN};
+use super::frame::{encode_frame, encode_frame_covering, FRAME_HEADER_LEN};
 use super::{ErrorCode, WireError, KEY_BYTES_MAX, TOPIC_NAME_BYTES_MAX, WIRE_MAGIC};
 use crate::reader::{usize_from, Reader};
 
@@ -16,6 +16,10 @@ const FETCH_FIELDS_LEN: usize = 4 + 3 * 8 + 4;
 /// Bytes of an Ok fetch reply frame before its batches (see
 /// [`Reply::encode_fetch_head`]).
 pub const FETCH_REPLY_HEAD_LEN: usize = FRAME_HEADER_LEN + MESSAGE_HEADER_LEN + FETCH_FIELDS_LEN;
+/// Most bytes of a Produce request before its batch: message header, the
+/// longest topic, a key target with the longest key, the batch's length.
+pub const PRODUCE_HEAD_BYTES_MAX: usize =
+    MESSAGE_HEADER_LEN + 2 + TOPIC_NAME_BYTES_MAX + 1 + 2 + KEY_BYTES_MAX + 4;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u16)]
@@ -52,6 +56,86 @@ pub enum ProduceTarget {
     Partition(u32),
     /// The partition is `partition_for_key(key, partitions)`.
     Key(Vec<u8>),
+}
+
+/// A Produce request up to its batch: what [`split_request`] decodes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProduceHead {
+    pub correlation: u32,
+    pub topic: String,
+    pub target: ProduceTarget,
+    /// The batch's declared length: the rest of the body, if well-formed.
+    pub batch_len: u32,
+    /// Bytes of the body before the batch (what the frame checksum covers).
+    pub head_len: usize,
+}
+
+/// What the first bytes of a request body say about its checksum.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RequestSplit {
+    /// Too few bytes to tell: read more (a head is at most
+    /// [`PRODUCE_HEAD_BYTES_MAX`] bytes).
+    NeedMore,
+    /// The frame checksum covers the whole body: any request but a Produce
+    /// whose head decodes.
+    Whole,
+    /// A Produce: the frame checksum covers its head; its batch follows.
+    Produce(ProduceHead),
+}
+
+/// Tells, from the first bytes of a request body, what its frame checksum
+/// covers, so a server can read a Produce batch straight into the buffer
+/// it will be stored from. A Produce whose head does not decode is
+/// `Whole` (its checksum then fails unless it covered the whole body).
+pub fn split_request(prefix: &[u8]) -> RequestSplit {
+    let mut r = Reader::new(prefix);
+    let (Some(opcode), Some(_), Some(correlation)) = (r.u16(), r.u16(), r.u32()) else {
+        return RequestSplit::NeedMore;
+    };
+    if opcode != Opcode::Produce as u16 {
+        return RequestSplit::Whole;
+    }
+    let fields = produce_fields(&mut r).and_then(|(topic, target)| {
+        let batch_len = u32_(&mut r, "batch")?;
+        Ok((topic, target, batch_len))
+    });
+    match fields {
+        Ok((topic, target, batch_len)) => RequestSplit::Produce(ProduceHead {
+            correlation,
+            topic,
+            target,
+            batch_len,
+            head_len: prefix.len() - r.remaining(),
+        }),
+        Err(WireError::Truncated { .. }) => RequestSplit::NeedMore,
+        Err(_) => RequestSplit::Whole,
+    }
+}
+
+/// A Produce request's topic and target.
+fn produce_fields(r: &mut Reader<'_>) -> Result<(String, ProduceTarget), WireError> {
+    let topic = topic(r)?;
+    let target = match u8_(r, "produce target")? {
+        0 => ProduceTarget::Partition(u32_(r, "partition")?),
+        1 => {
+            let key = r.bytes_u16().ok_or(WireError::Truncated { what: "key" })?;
+            if key.len() > KEY_BYTES_MAX {
+                return Err(WireError::TooLong {
+                    what: "key",
+                    len: key.len(),
+                    max: KEY_BYTES_MAX,
+                });
+            }
+            ProduceTarget::Key(key.to_vec())
+        }
+        other => {
+            return Err(WireError::BadValue {
+                what: "produce target",
+                value: u64::from(other),
+            })
+        }
+    };
+    Ok((topic, target))
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -234,7 +318,12 @@ impl Request {
                 w.u32(*partition);
             }
         }
-        encode_frame(&w.buf, out);
+        // A Produce's checksum covers its head (see `split_request`).
+        let covered = match self {
+            Request::Produce { batch, .. } => w.buf.len() - batch.len(),
+            _ => w.buf.len(),
+        };
+        encode_frame_covering(&w.buf, covered, out);
         Ok(())
     }
 
@@ -287,27 +376,7 @@ fn decode_request(op: Opcode, r: &mut Reader<'_>) -> Result<Request, WireError> 
         Opcode::ListTopics => Request::ListTopics,
         Opcode::DescribeTopic => Request::DescribeTopic { topic: topic(r)? },
         Opcode::Produce => {
-            let topic = topic(r)?;
-            let target = match u8_(r, "produce target")? {
-                0 => ProduceTarget::Partition(u32_(r, "partition")?),
-                1 => {
-                    let key = r.bytes_u16().ok_or(WireError::Truncated { what: "key" })?;
-                    if key.len() > KEY_BYTES_MAX {
-                        return Err(WireError::TooLong {
-                            what: "key",
-                            len: key.len(),
-                            max: KEY_BYTES_MAX,
-                        });
-                    }
-                    ProduceTarget::Key(key.to_vec())
-                }
-                other => {
-                    return Err(WireError::BadValue {
-                        what: "produce target",
-                        value: u64::from(other),
-                    })
-                }
-            };
+            let (topic, target) = produce_fields(r)?;
             let batch = r
                 .bytes_u32()
                 .ok_or(WireError::Truncated { what: "batch" })?;

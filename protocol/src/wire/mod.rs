@@ -5,7 +5,9 @@
 //!
 //! ```text
 //! u32 body_len        bytes of body; at most the receiver's frame_bytes_max
-//! u64 body_checksum   xxh3 (crate::checksum) of the body
+//! u64 body_checksum   xxh3 (crate::checksum) of the body; of a Produce
+//!                     request, of the body up to its batch (the batch's own
+//!                     checksums cover the batch; see `split_request`)
 //! body:
 //!   u16 opcode        request: Opcode; response: opcode | RESPONSE_BIT
 //!   u16 error_code    request: 0; response: ErrorCode (0 = ok)
@@ -56,14 +58,16 @@ mod tests;
 pub use error::{ErrorCode, WireError};
 pub use frame::{decode_frame_header, encode_frame, FrameHeader, FRAME_HEADER_LEN};
 pub use message::{
-    Body, FetchReply, HelloReply, Opcode, PartitionInfo, ProduceReply, ProduceTarget, Reply,
-    Request, TopicDescription, TopicSummary, FETCH_REPLY_HEAD_LEN, RESPONSE_BIT,
+    split_request, Body, FetchReply, HelloReply, Opcode, PartitionInfo, ProduceHead, ProduceReply,
+    ProduceTarget, Reply, Request, RequestSplit, TopicDescription, TopicSummary,
+    FETCH_REPLY_HEAD_LEN, PRODUCE_HEAD_BYTES_MAX, RESPONSE_BIT,
 };
 
 /// "RLWP" as little-endian bytes: identifies a ringlog client.
 pub const WIRE_MAGIC: u32 = 0x5057_4C52;
-/// The protocol version this build speaks.
-pub const PROTOCOL_VERSION: u16 = 1;
+/// The protocol version this build speaks. 2: a Produce request's frame
+/// checksum covers its head only (version 1 covered its batch too).
+pub const PROTOCOL_VERSION: u16 = 2;
 /// Default and hard cap for a frame body. Servers may configure a smaller
 /// limit and announce it in the Hello reply.
 pub const FRAME_BYTES_MAX: u32 = 64 * 1024 * 1024;

@@ -116,8 +116,32 @@ fn open(frame: &[u8]) -> Result<&[u8], WireError> {
     if body.len() != h.body_len as usize {
         return Err(WireError::Truncated { what: "frame body" });
     }
-    h.verify(body)?;
+    h.verify_request(body)?;
     Ok(body)
+}
+
+/// A real record batch (the requests' other batches are opaque bytes).
+fn record_batch() -> Vec<u8> {
+    let mut b = crate::BatchBuilder::new(0);
+    for value in [&b"alpha"[..], b"beta", b"gamma"] {
+        b.push(&crate::Record {
+            key: b"k",
+            headers: &[],
+            value,
+            timestamp_ms: 7,
+        })
+        .unwrap();
+    }
+    b.finish(&crate::Stamp::default()).unwrap()
+}
+
+/// Where a request's frame checksum stops covering (the whole frame but a
+/// Produce's batch).
+fn covered_end(req: &Request, frame: &[u8]) -> usize {
+    match req {
+        Request::Produce { batch, .. } => frame.len() - batch.len(),
+        _ => frame.len(),
+    }
 }
 
 #[test]
@@ -169,7 +193,7 @@ fn every_bit_flip_fails_the_frame_checksum() {
     for req in requests() {
         let mut frame = Vec::new();
         req.encode(1, &mut frame).unwrap();
-        for byte in FRAME_HEADER_LEN..frame.len() {
+        for byte in FRAME_HEADER_LEN..covered_end(&req, &frame) {
             for bit in 0..8 {
                 let mut bad = frame.clone();
                 bad[byte] ^= 1 << bit;
@@ -180,6 +204,94 @@ fn every_bit_flip_fails_the_frame_checksum() {
             }
         }
     }
+}
+
+#[test]
+fn every_bit_flip_in_a_produced_batch_fails_the_batch_checksums() {
+    let batch = record_batch();
+    let req = Request::Produce {
+        topic: "t".into(),
+        target: ProduceTarget::Key(b"user".to_vec()),
+        batch: batch.clone(),
+    };
+    let mut frame = Vec::new();
+    req.encode(4, &mut frame).unwrap();
+    let start = covered_end(&req, &frame);
+    assert_eq!(&frame[start..], &batch[..]);
+    for byte in start..frame.len() {
+        for bit in 0..8 {
+            let mut bad = frame.clone();
+            bad[byte] ^= 1 << bit;
+            // The frame checksum leaves the batch to its own checksums.
+            let body = open(&bad).unwrap();
+            let (_, _, decoded) = Request::decode(body);
+            let Ok(Request::Produce { batch: got, .. }) = decoded else {
+                panic!("flip at {byte}.{bit}: {decoded:?}");
+            };
+            assert!(
+                crate::BatchView::parse(&got).is_err(),
+                "flip at {byte}.{bit} passed the batch checks"
+            );
+        }
+    }
+}
+
+#[test]
+fn split_request_finds_a_produce_head_and_nothing_else() {
+    let reqs = [
+        Request::Produce {
+            topic: "orders".into(),
+            target: ProduceTarget::Partition(3),
+            batch: record_batch(),
+        },
+        Request::Produce {
+            topic: "t".into(),
+            target: ProduceTarget::Key(vec![5; KEY_BYTES_MAX]),
+            batch: vec![1, 2, 3],
+        },
+    ];
+    for req in reqs {
+        let mut frame = Vec::new();
+        req.encode(9, &mut frame).unwrap();
+        let body = &frame[FRAME_HEADER_LEN..];
+        let head_len = covered_end(&req, &frame) - FRAME_HEADER_LEN;
+        assert!(head_len <= PRODUCE_HEAD_BYTES_MAX);
+        for cut in 0..head_len {
+            assert_eq!(
+                split_request(&body[..cut]),
+                RequestSplit::NeedMore,
+                "cut {cut}"
+            );
+        }
+        let Request::Produce {
+            topic,
+            target,
+            batch,
+        } = &req
+        else {
+            unreachable!()
+        };
+        let expected = RequestSplit::Produce(ProduceHead {
+            correlation: 9,
+            topic: topic.clone(),
+            target: target.clone(),
+            batch_len: batch.len() as u32,
+            head_len,
+        });
+        assert_eq!(split_request(&body[..head_len]), expected);
+        assert_eq!(split_request(body), expected);
+    }
+    // Not a produce, or a produce head that does not decode: whole body.
+    let mut frame = Vec::new();
+    Request::ListTopics.encode(1, &mut frame).unwrap();
+    assert_eq!(
+        split_request(&frame[FRAME_HEADER_LEN..]),
+        RequestSplit::Whole
+    );
+    let mut body = Vec::new();
+    body.extend_from_slice(&(Opcode::Produce as u16).to_le_bytes());
+    body.extend_from_slice(&[0, 0, 1, 0, 0, 0, 1, 0, b't', 7]);
+    assert_eq!(split_request(&body), RequestSplit::Whole, "bad target");
 }
 
 #[test]

@@ -27,15 +27,19 @@ use monoio::buf::{IoBuf, IoBufMut};
 use monoio::io::{AsyncReadRent, AsyncWriteRent, OwnedReadHalf, OwnedWriteHalf, Splitable};
 use monoio::net::{TcpListener, TcpStream};
 use ringlog_protocol::wire::{
-    decode_frame_header, Body, ErrorCode, HelloReply, Opcode, Reply, Request, WireError,
-    FRAME_HEADER_LEN, PROTOCOL_VERSION,
+    decode_frame_header, split_request, Body, ErrorCode, FrameHeader, HelloReply, Opcode,
+    ProduceHead, ProduceTarget, Reply, Request, RequestSplit, WireError, FRAME_HEADER_LEN,
+    PRODUCE_HEAD_BYTES_MAX, PROTOCOL_VERSION,
 };
+
+use ringlog_storage::io::BatchBuf;
 
 use super::budget::{ByteBudget, Charge};
 use crate::config::ServerConfig;
 use crate::handle::ShardHandle;
 use crate::metrics;
 use crate::oneshot::{self, Notify};
+use crate::ops::ClientBatch;
 use crate::reply_pool::Put;
 
 pub(crate) async fn accept_loop<S: ShardHandle + 'static>(shard: Rc<S>, listener: TcpListener) {
@@ -182,6 +186,10 @@ async fn write_within(
 
 /// Scratch for discarding a body that did not fit the budget.
 const DRAIN_CHUNK_BYTES: usize = 4096;
+/// The first read of a body: a Produce head with a short topic and a
+/// partition target fits, and few batch bytes land before the batch's own
+/// buffer (they are copied there).
+const HEAD_READ_BYTES: usize = 256;
 
 struct Limits {
     frame_max: u32,
@@ -209,6 +217,10 @@ enum Stop {
 enum Frame {
     /// A whole body and the budget it holds.
     Body(Vec<u8>, Charge),
+    /// A Produce whose head passed the frame checksum, its batch read into
+    /// a buffer of its own (the batch's own checksums are checked when it
+    /// is appended), and the budget it holds.
+    Produce(ProduceHead, ClientBatch, Charge),
     /// The body did not fit the budget and was discarded.
     OverBudget { opcode: u16, correlation: u32 },
     /// The header does not decode: answer, then close.
@@ -277,30 +289,166 @@ async fn read_frame(
             Err(stop) => counted(stop, &m.header_timeouts_total),
         };
     };
-    let body = match read_body(stream, len, limits.header_timeout).await {
-        Ok(b) => b,
-        Err(stop) => return counted(stop, &m.header_timeouts_total),
+    let stall = limits.header_timeout;
+    let read = async {
+        let (prefix, split) = read_head(stream, len, stall).await?;
+        match split {
+            RequestSplit::Produce(head) => {
+                if let Err(e) = header.verify(&prefix[..head.head_len]) {
+                    return Ok(Frame::BadHeader(e));
+                }
+                let batch_len = len - head.head_len;
+                let over = &prefix[head.head_len..];
+                let lent = super::dispatch::produce_destination(shard, &head.topic, &head.target)
+                    .filter(|(owner, _)| *owner == shard.id())
+                    .and_then(|(_, pid)| shard.lend_produce_buffer(pid, batch_len));
+                let batch = match lent {
+                    Some(buf) => ClientBatch::Aligned(
+                        read_batch_lent(stream, over, buf, batch_len, stall).await?,
+                    ),
+                    None => ClientBatch::Heap(read_batch(stream, over, batch_len, stall).await?),
+                };
+                Ok(Frame::Produce(head, batch, charge))
+            }
+            _ => {
+                let body = read_body(stream, prefix, len, stall).await?;
+                Ok(checked(&header, body, charge))
+            }
+        }
     };
-    if let Err(e) = header.verify(&body) {
-        return Frame::BadHeader(e);
+    match read.await {
+        Ok(frame) => frame,
+        Err(stop) => counted(stop, &m.header_timeouts_total),
     }
-    Frame::Body(body, charge)
 }
 
-/// Reads `len` bytes into one buffer of exactly that size: growing it as
-/// bytes arrive copied most of a large body once more (64 KiB, 128 KiB, ...
-/// up to 1 MiB: 0.94 MiB copied per 1 MiB body). The budget took `len`
-/// first, and pages become resident only as the bytes arrive.
-async fn read_body(
+fn checked(header: &FrameHeader, body: Vec<u8>, charge: Charge) -> Frame {
+    match header.verify(&body) {
+        Ok(()) => Frame::Body(body, charge),
+        Err(e) => Frame::BadHeader(e),
+    }
+}
+
+/// Reads the start of a `len`-byte body until it tells what the frame
+/// checksum covers ([`split_request`]): at most a Produce head's bound.
+async fn read_head(
     stream: &mut impl AsyncReadRent,
     len: usize,
     stall: Duration,
+) -> Result<(Vec<u8>, RequestSplit), Stop> {
+    let cap = len.min(PRODUCE_HEAD_BYTES_MAX);
+    let mut prefix = Vec::with_capacity(cap);
+    let mut end = len.min(HEAD_READ_BYTES);
+    loop {
+        let split = split_request(&prefix);
+        if split != RequestSplit::NeedMore {
+            return Ok((prefix, split));
+        }
+        if prefix.len() == cap {
+            return Ok((prefix, RequestSplit::Whole));
+        }
+        if prefix.len() == end {
+            end = cap;
+        }
+        prefix = read_some(stream, prefix, end, stall).await?;
+    }
+}
+
+/// Reads the rest of a `len`-byte body that starts with `prefix` into one
+/// buffer of exactly that size: growing it as bytes arrive copied most of a
+/// large body once more (64 KiB, 128 KiB, ... up to 1 MiB: 0.94 MiB copied
+/// per 1 MiB body). The budget took `len` first, and pages become resident
+/// only as the bytes arrive.
+async fn read_body(
+    stream: &mut impl AsyncReadRent,
+    prefix: Vec<u8>,
+    len: usize,
+    stall: Duration,
 ) -> Result<Vec<u8>, Stop> {
-    let mut body = Vec::with_capacity(len);
+    let mut body = prefix;
+    body.reserve_exact(len - body.len());
     while body.len() < len {
         body = read_some(stream, body, len, stall).await?;
     }
     Ok(body)
+}
+
+/// Reads a Produce's `batch_len`-byte batch, of which `over` (read with the
+/// head) came first, straight into the batch's own buffer: the request
+/// decode does not copy it out of a body.
+async fn read_batch(
+    stream: &mut impl AsyncReadRent,
+    over: &[u8],
+    batch_len: usize,
+    stall: Duration,
+) -> Result<Vec<u8>, Stop> {
+    debug_assert!(over.len() <= batch_len);
+    let mut batch = Vec::with_capacity(batch_len);
+    batch.extend_from_slice(over);
+    while batch.len() < batch_len {
+        batch = read_some(stream, batch, batch_len, stall).await?;
+    }
+    Ok(batch)
+}
+
+/// [`read_batch`] into `buf`, lent by the owning shard's store pool at the
+/// lead the batch will have on disk, which the store then writes as it is.
+async fn read_batch_lent(
+    stream: &mut impl AsyncReadRent,
+    over: &[u8],
+    mut buf: BatchBuf,
+    batch_len: usize,
+    stall: Duration,
+) -> Result<BatchBuf, Stop> {
+    debug_assert!(over.len() <= batch_len && batch_len <= buf.batch_capacity());
+    buf.extend_from_slice(over);
+    let mut rx = BatchRx(buf);
+    while rx.0.batch().len() < batch_len {
+        let start = rx.0.batch().len();
+        let read = stream.read(rx.slice_mut(start..batch_len));
+        rx = match monoio::time::timeout(stall, read).await {
+            Err(_) => return Err(Stop::TimedOut),
+            Ok((Ok(0), _)) | Ok((Err(_), _)) => return Err(Stop::Closed),
+            Ok((Ok(_), slice)) => slice.into_inner(),
+        };
+    }
+    Ok(rx.0)
+}
+
+/// A lent batch buffer as the runtime reads into it: positions count from
+/// the batch's start (after its lead).
+struct BatchRx(BatchBuf);
+
+// SAFETY: the pointer is the batch's start inside the buffer's one heap
+// allocation, which stays put while the runtime holds the value (moving a
+// BatchBuf moves only its handle); `bytes_total` is the room after it, and
+// `set_init` only grows the batch within it (the buffer's bytes were
+// zeroed when it was allocated, so all of them are initialised).
+unsafe impl IoBuf for BatchRx {
+    fn read_ptr(&self) -> *const u8 {
+        self.0.batch().as_ptr()
+    }
+
+    fn bytes_init(&self) -> usize {
+        self.0.batch().len()
+    }
+}
+
+// SAFETY: as for IoBuf above.
+unsafe impl IoBufMut for BatchRx {
+    fn write_ptr(&mut self) -> *mut u8 {
+        self.0.batch_mut().as_mut_ptr()
+    }
+
+    fn bytes_total(&mut self) -> usize {
+        self.0.batch_capacity()
+    }
+
+    unsafe fn set_init(&mut self, pos: usize) {
+        if pos > self.0.batch().len() {
+            self.0.set_batch_len(pos);
+        }
+    }
 }
 
 /// Reads and drops `len` bytes; returns the opcode and correlation from the
@@ -500,7 +648,15 @@ async fn read_requests<S: ShardHandle + 'static>(
         }
         match read_frame(&**shard, budget, &limits, stream).await {
             Frame::Body(body, charge) => {
-                let owed = start_request(shard, budget, &limits, &mut greeted, body, charge);
+                let (correlation, opcode, decoded) = Request::decode(&body);
+                drop(body);
+                let request = (correlation, opcode, decoded.map(Incoming::Wire));
+                let owed = start_request(shard, budget, &limits, &mut greeted, request, charge);
+                pipeline.push(owed);
+            }
+            Frame::Produce(head, batch, charge) => {
+                let request = produce_request(head, batch);
+                let owed = start_request(shard, budget, &limits, &mut greeted, request, charge);
                 pipeline.push(owed);
             }
             Frame::Gone => break,
@@ -549,31 +705,69 @@ async fn write_replies(
     }
 }
 
-/// Decodes one request body and answers it at once (bad body, Hello, no
-/// Hello yet, over budget) or starts it on its own task.
+/// A request as read: a decoded body, or a Produce whose batch was read
+/// into its own buffer.
+enum Incoming {
+    Wire(Request),
+    Produce {
+        topic: String,
+        target: ProduceTarget,
+        batch: ClientBatch,
+    },
+}
+
+/// A read request: correlation, raw opcode, the request or why not.
+type Decoded = (u32, u16, Result<Incoming, WireError>);
+
+/// The Produce request of a head and its batch, which must be exactly as
+/// long as the head declares (or the request is malformed, as
+/// `Request::decode` would say of the whole body).
+fn produce_request(head: ProduceHead, batch: ClientBatch) -> Decoded {
+    let opcode = Opcode::Produce as u16;
+    let declared = head.batch_len as usize;
+    let len = batch.as_ref().len();
+    let result = match declared.cmp(&len) {
+        std::cmp::Ordering::Equal => Ok(Incoming::Produce {
+            topic: head.topic,
+            target: head.target,
+            batch,
+        }),
+        std::cmp::Ordering::Greater => Err(WireError::Truncated { what: "batch" }),
+        std::cmp::Ordering::Less => Err(WireError::TrailingBytes {
+            what: "request",
+            extra: len - declared,
+        }),
+    };
+    (head.correlation, opcode, result)
+}
+
+/// Answers one decoded request at once (bad body, Hello, no Hello yet,
+/// over budget) or starts it on its own task.
 fn start_request<S: ShardHandle + 'static>(
     shard: &Rc<S>,
     budget: &Rc<ByteBudget>,
     limits: &Limits,
     greeted: &mut bool,
-    body: Vec<u8>,
+    (correlation, opcode, decoded): Decoded,
     body_charge: Charge,
 ) -> Owed {
-    let (correlation, opcode, decoded) = Request::decode(&body);
-    drop(body);
     // Only a produce keeps its body's bytes (as the batch) until the
     // reply; any other request's decoded form is small.
-    let body_charge = matches!(decoded, Ok(Request::Produce { .. })).then_some(body_charge);
-    let req = match decoded {
+    let keeps_body = matches!(
+        decoded,
+        Ok(Incoming::Produce { .. } | Incoming::Wire(Request::Produce { .. }))
+    );
+    let body_charge = keeps_body.then_some(body_charge);
+    let incoming = match decoded {
         Err(e) => {
             metrics::inc(&shard.metrics().bad_frames_total);
             return Owed::Ready(Reply::error(opcode, correlation, e.code(), e.to_string()));
         }
-        Ok(Request::Hello {
+        Ok(Incoming::Wire(Request::Hello {
             version_min,
             version_max,
             client,
-        }) => {
+        })) => {
             let reply = hello(
                 &**shard,
                 limits,
@@ -596,17 +790,36 @@ fn start_request<S: ShardHandle + 'static>(
                 "the first request must be Hello",
             ))
         }
-        Ok(req) => req,
+        Ok(incoming) => incoming,
     };
-    let Some(reply_charge) = budget.try_charge(reply_room_bytes(limits, &req)) else {
+    let room = match &incoming {
+        Incoming::Wire(req) => reply_room_bytes(limits, req),
+        Incoming::Produce { .. } => 0,
+    };
+    let Some(reply_charge) = budget.try_charge(room) else {
         return Owed::Ready(over_budget(&**shard, opcode, correlation));
     };
     let (tx, rx) = oneshot::oneshot();
     let shard = shard.clone();
     monoio::spawn(async move {
-        let latency = latency_histogram(shard.metrics(), &req);
         let started = Instant::now();
-        let reply = super::dispatch::handle(&*shard, correlation, req).await;
+        let (reply, latency) = match incoming {
+            Incoming::Wire(req) => {
+                let latency = latency_histogram(shard.metrics(), &req);
+                (
+                    super::dispatch::handle(&*shard, correlation, req).await,
+                    latency,
+                )
+            }
+            Incoming::Produce {
+                topic,
+                target,
+                batch,
+            } => {
+                let reply = super::dispatch::produce(&*shard, correlation, topic, target, batch);
+                (reply.await, Some(&shard.metrics().produce_latency_us))
+            }
+        };
         if let Some(h) = latency {
             h.record(started.elapsed().as_micros() as u64);
         }

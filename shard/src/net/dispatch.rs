@@ -2,13 +2,13 @@
 //! partition through the catalog and calls the owning shard.
 
 use ringlog_protocol::wire::{
-    partition_for_key, Body, ErrorCode, PartitionInfo, ProduceTarget, Reply, Request,
-    TopicDescription, TopicSummary,
+    partition_for_key, Body, ErrorCode, Opcode, PartitionInfo, ProduceReply, ProduceTarget, Reply,
+    Request, TopicDescription, TopicSummary,
 };
 
 use crate::catalog::{TopicMeta, TopicState};
 use crate::handle::ShardHandle;
-use crate::ops::{MetaOp, Op, OpError, OpReply};
+use crate::ops::{ClientBatch, MetaOp, Op, OpError, OpReply};
 use crate::placement::shard_for;
 
 /// Space a fetch reply needs beside its batches.
@@ -44,6 +44,66 @@ fn locate(shard: &impl ShardHandle, topic: &str, partition: u32) -> Result<(usiz
         )
     })?;
     Ok((shard_for(topic, partition, shard.shard_count()), id))
+}
+
+/// The owning shard and partition id a produce goes to; None when the
+/// topic or partition does not exist (the produce's own path says so).
+pub(crate) fn produce_destination(
+    shard: &impl ShardHandle,
+    topic: &str,
+    target: &ProduceTarget,
+) -> Option<(usize, u32)> {
+    let partition = match target {
+        ProduceTarget::Partition(p) => *p,
+        ProduceTarget::Key(key) => {
+            partition_for_key(key, topic_meta(shard, topic).ok()?.partitions)
+        }
+    };
+    locate(shard, topic, partition).ok()
+}
+
+/// A produce whose batch the connection read into its own buffer (see
+/// `conn::read_batch`): answered as [`handle`] answers a Produce request.
+pub(crate) async fn produce(
+    shard: &impl ShardHandle,
+    correlation: u32,
+    topic: String,
+    target: ProduceTarget,
+    batch: ClientBatch,
+) -> Reply {
+    let result = if shard.is_stopping() {
+        Err(OpError::new(
+            ErrorCode::ShuttingDown,
+            "server shutting down",
+        ))
+    } else {
+        produce_op(shard, &topic, &target, batch).await
+    };
+    match result {
+        Ok(p) => Reply::ok(Opcode::Produce, correlation, Body::Produced(p)),
+        Err(e) => Reply::error(Opcode::Produce as u16, correlation, e.code, e.message),
+    }
+}
+
+async fn produce_op(
+    shard: &impl ShardHandle,
+    topic: &str,
+    target: &ProduceTarget,
+    batch: ClientBatch,
+) -> Result<ProduceReply, OpError> {
+    let partition = match target {
+        ProduceTarget::Partition(p) => *p,
+        ProduceTarget::Key(key) => partition_for_key(key, topic_meta(shard, topic)?.partitions),
+    };
+    let (owner, partition_id) = locate(shard, topic, partition)?;
+    let op = Op::Produce {
+        partition_id,
+        batch,
+    };
+    match shard.call(owner, op).await? {
+        OpReply::Produced(p) => Ok(p),
+        r => Err(unexpected(r)),
+    }
 }
 
 fn unexpected(r: OpReply) -> OpError {
@@ -131,28 +191,9 @@ async fn run(shard: &impl ShardHandle, req: Request) -> Result<Body, OpError> {
             topic,
             target,
             batch,
-        } => {
-            let partition = match target {
-                ProduceTarget::Partition(p) => p,
-                ProduceTarget::Key(key) => {
-                    partition_for_key(&key, topic_meta(shard, &topic)?.partitions)
-                }
-            };
-            let (owner, partition_id) = locate(shard, &topic, partition)?;
-            match shard
-                .call(
-                    owner,
-                    Op::Produce {
-                        partition_id,
-                        batch,
-                    },
-                )
-                .await?
-            {
-                OpReply::Produced(p) => Ok(Body::Produced(p)),
-                r => Err(unexpected(r)),
-            }
-        }
+        } => produce_op(shard, &topic, &target, batch.into())
+            .await
+            .map(Body::Produced),
         Request::Fetch {
             topic,
             partition,

@@ -167,7 +167,7 @@ fn drive(s: &Shard<SimBackend>, seed: u64) -> Vec<Sent> {
             s.queue.borrow_mut().push_back(Work {
                 op: Op::Produce {
                     partition_id,
-                    batch: b.clone(),
+                    batch: b.clone().into(),
                 },
                 reply: Responder::Thread(tx),
             });
@@ -269,7 +269,7 @@ fn check_recovery(io: SimBackend, acked: &BTreeMap<u32, Vec<Acked>>, label: &str
         s.queue.borrow_mut().push_back(Work {
             op: Op::Produce {
                 partition_id: pid,
-                batch: batch(999, 2, 100),
+                batch: batch(999, 2, 100).into(),
             },
             reply: Responder::Thread(tx),
         });

@@ -120,7 +120,7 @@ fn produce(s: &Shard<SimBackend>, pid: u32, tag: u64) -> crossbeam_channel::Rece
         s,
         Op::Produce {
             partition_id: pid,
-            batch: batch(tag, 2, 100),
+            batch: batch(tag, 2, 100).into(),
         },
     )
 }

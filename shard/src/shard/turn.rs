@@ -74,7 +74,7 @@ impl<B: IoBackend> Shard<B> {
         let behind = core.lanes.get(&pid).is_some_and(|l| !l.parked.is_empty());
         let wait = behind
             || match op {
-                Op::Produce { batch, .. } => p.append_must_wait(batch.len()),
+                Op::Produce { batch, .. } => p.append_must_wait(batch.as_ref().len()),
                 _ => true,
             };
         wait.then_some(pid)
@@ -107,7 +107,7 @@ impl<B: IoBackend> Shard<B> {
                 partition_id,
                 batch,
             } => {
-                let len = batch.len() as u64;
+                let len = batch.as_ref().len() as u64;
                 let Some(p) = partitions.get_mut(&partition_id) else {
                     replies.push((reply, Err(unknown_partition(partition_id))));
                     return;

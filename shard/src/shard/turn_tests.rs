@@ -83,7 +83,7 @@ fn dropping_a_partition_moves_it_into_the_trash_and_pokes_the_sweeper() {
         &s,
         Op::Produce {
             partition_id: FIRST_ID,
-            batch: batch(1, 1, 10),
+            batch: batch(1, 1, 10).into(),
         },
     );
     while s.run_turn(Instant::now()) > 0 {}

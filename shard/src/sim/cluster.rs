@@ -499,6 +499,7 @@ impl Cluster {
         self.counts.appends += 1;
         self.trace
             .line(self.tick, format_args!("client -> R{to} token {token}"));
+        let batch = batch.into();
         self.step(to, Input::ClientAppend { token, batch })
     }
 

@@ -113,6 +113,6 @@ mod tests;
 pub use log::Anchor;
 pub use replica::{Config, ConfigError, Replica, LONE_CLIENT_QUEUE_MAX, LONE_PIPELINE_OPS_MAX};
 pub use types::{
-    AppendError, Appended, BatchBytes, Body, Event, Input, IoFailure, IoId, IoOutcome, Message,
-    Outbox, Output, Prepare, Prepares, Status, StorageOp, Token, VsrState,
+    AppendError, Appended, BatchBytes, Body, ClientBatch, Event, Input, IoFailure, IoId, IoOutcome,
+    Message, Outbox, Output, Prepare, Prepares, Status, StorageOp, Token, VsrState,
 };

@@ -68,7 +68,13 @@ mod tests {
     fn append(r: &mut Replica, token: Token, tag: u8) -> (IoId, u64, IoId) {
         let mut out = Outbox::new();
         let batch = batch(tag);
-        r.step(Input::ClientAppend { token, batch }, &mut out);
+        r.step(
+            Input::ClientAppend {
+                token,
+                batch: batch.into(),
+            },
+            &mut out,
+        );
         let ios: Vec<(IoId, StorageOp)> = out
             .drain()
             .filter_map(|o| match o {
@@ -150,7 +156,13 @@ mod tests {
         let mut r = Replica::new(Config::new(PARTITION, 3, 0), 1).expect("config");
         let mut out = Outbox::new();
         let batch = batch(1);
-        r.step(Input::ClientAppend { token: 1, batch }, &mut out);
+        r.step(
+            Input::ClientAppend {
+                token: 1,
+                batch: batch.into(),
+            },
+            &mut out,
+        );
         let append = out.drain().find_map(|o| match o {
             Output::Io {
                 id,

@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
-use ringlog_protocol::batch::{restamp, BatchHeader, BatchView, Stamp};
+use ringlog_protocol::batch::{BatchHeader, BatchView, Stamp, VerifiedBatch};
 
 use super::log::{Anchor, Entry, Log};
 use super::timeout::{Rng, Timeout};
@@ -215,7 +215,7 @@ pub struct Replica {
     pub(super) log: Log,
     pub(super) acks: BTreeMap<u64, Ack>,
     pub(super) waiting: BTreeMap<u64, Token>,
-    pub(super) queue: VecDeque<(Token, Vec<u8>)>,
+    pub(super) queue: VecDeque<(Token, ClientBatch)>,
     pub(super) next_io: IoId,
     pub(super) appends: BTreeSet<IoId>,
     /// Flush id -> highest op it covers.
@@ -908,7 +908,7 @@ impl Replica {
 
     // ---- normal operation ----
 
-    fn on_client_append(&mut self, token: Token, batch: Vec<u8>, out: &mut Outbox) {
+    fn on_client_append(&mut self, token: Token, batch: ClientBatch, out: &mut Outbox) {
         if !(self.status == Status::Normal && self.is_primary()) {
             let (view, primary) = (self.view, self.primary_of(self.view));
             let result = Err(AppendError::NotPrimary { view, primary });
@@ -928,6 +928,15 @@ impl Replica {
         self.sequence(token, batch, out);
     }
 
+    /// Bytes of the client batches queued behind a full pipeline (at most
+    /// `client_queue_max` of them): they reach the store before any later
+    /// batch.
+    pub fn queued_bytes(&self) -> usize {
+        let bytes: usize = self.queue.iter().map(|(_, b)| b.as_ref().len()).sum();
+        debug_assert!(self.queue.len() <= self.cfg.client_queue_max);
+        bytes
+    }
+
     pub(super) fn pipeline_full(&self) -> bool {
         self.log.op() - self.commit >= self.cfg.pipeline_ops_max
     }
@@ -944,23 +953,24 @@ impl Replica {
     }
 
     /// Primary: stamps op, offset, view and chain link, appends, prepares.
-    fn sequence(&mut self, token: Token, mut batch: Vec<u8>, out: &mut Outbox) {
+    fn sequence(&mut self, token: Token, batch: ClientBatch, out: &mut Outbox) {
         debug_assert!(!self.pipeline_full() && self.status == Status::Normal);
-        let header = match BatchView::parse(&batch) {
-            Ok(view) => *view.header(),
-            Err(e) => {
+        // The one full check of the body: the store trusts the proof.
+        let mut verified = match VerifiedBatch::parse(batch) {
+            Ok(v) => v,
+            Err((e, _)) => {
                 return out.push(Output::Reply {
                     token,
                     result: Err(e.into()),
                 })
             }
         };
+        let header = *verified.header();
         if header.partition_id != self.cfg.partition_id {
             let (batch, replica) = (header.partition_id, self.cfg.partition_id);
             let result = Err(AppendError::WrongPartition { batch, replica });
             return out.push(Output::Reply { token, result });
         }
-        batch.truncate(header.total_len());
         let head = self.log.head();
         let stamp = Stamp {
             base_offset: head.next_offset,
@@ -968,7 +978,7 @@ impl Replica {
             vsr_view: self.view,
             prev_checksum: head.checksum,
         };
-        let header = match restamp(&mut batch, &stamp) {
+        let header = match verified.restamp(&stamp) {
             Ok(h) => h,
             Err(e) => {
                 return out.push(Output::Reply {
@@ -977,7 +987,7 @@ impl Replica {
                 })
             }
         };
-        let bytes: BatchBytes = batch.into();
+        let bytes = BatchBytes::from(verified);
         self.drain_bytes = self.drain_bytes.saturating_add(bytes.len() as u64);
         let op = header.vsr_op;
         self.append(header, bytes.clone(), out);

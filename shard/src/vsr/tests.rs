@@ -285,7 +285,7 @@ impl Cluster {
             r,
             Input::ClientAppend {
                 token,
-                batch: batch(tag),
+                batch: batch(tag).into(),
             },
         );
     }
@@ -1076,7 +1076,13 @@ fn lone_defaults_do_not_cap_group_commit_and_are_bounded() {
     let (mut ios, mut replies) = (Vec::new(), Vec::new());
     for token in 1..=total {
         let batch = batch(token as u8);
-        r.step(Input::ClientAppend { token, batch }, &mut out);
+        r.step(
+            Input::ClientAppend {
+                token,
+                batch: batch.into(),
+            },
+            &mut out,
+        );
     }
     let drain = |out: &mut Outbox, ios: &mut Vec<_>, replies: &mut Vec<_>| {
         for o in out.drain() {
@@ -1193,7 +1199,7 @@ fn only_the_normal_primary_sequences() {
         0,
         Input::ClientAppend {
             token: 2,
-            batch: wrong,
+            batch: wrong.into(),
         },
     );
     assert!(matches!(

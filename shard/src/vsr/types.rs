@@ -7,44 +7,142 @@
 
 use std::sync::Arc;
 
-use ringlog_protocol::batch::BatchError;
+use ringlog_protocol::batch::{BatchError, VerifiedBatch};
 use ringlog_protocol::replication as wire;
+use ringlog_storage::io::BatchBuf;
 
 /// One record batch exactly as the primary stamped it (header + body).
 /// Shared, so a Prepare to several backups and the journal hold one copy.
 /// Built from a producer's `Vec` without copying its body (an `Arc<[u8]>`
-/// would copy it: the shard's produce path moves the bytes in).
-#[derive(Clone, PartialEq, Eq)]
-pub struct BatchBytes(Arc<Vec<u8>>);
+/// would copy it: the shard's produce path moves the bytes in). One the
+/// primary verified itself carries the proof ([`BatchBytes::verified`]),
+/// so the store does not check its body again.
+#[derive(Clone)]
+pub struct BatchBytes(Arc<Held>);
+
+enum Held {
+    Plain(Vec<u8>),
+    Verified(VerifiedBatch<ClientBatch>),
+}
+
+impl BatchBytes {
+    /// The proof that these bytes were verified, if they were.
+    pub fn verified(&self) -> Option<VerifiedBatch<&[u8]>> {
+        match &*self.0 {
+            Held::Verified(v) => Some(v.borrowed()),
+            Held::Plain(_) => None,
+        }
+    }
+
+    /// The verified batch itself, when this is its only holder (a client's
+    /// batch in a cluster of one: no Prepare or log entry keeps a copy), so
+    /// a store can take its buffer; else the handle back.
+    pub fn into_verified(self) -> Result<VerifiedBatch<ClientBatch>, BatchBytes> {
+        match Arc::try_unwrap(self.0) {
+            Ok(Held::Verified(v)) => Ok(v),
+            Ok(plain) => Err(BatchBytes(Arc::new(plain))),
+            Err(shared) => Err(BatchBytes(shared)),
+        }
+    }
+}
+
+/// A producer's batch as the host hands it to the primary: in a heap
+/// buffer, or read straight from the socket into a buffer lent by the
+/// store's pool at the position in its block where it will be written, so
+/// the store can write it as it is (`PartitionStore::append_owned_verified`).
+#[derive(Debug)]
+pub enum ClientBatch {
+    Heap(Vec<u8>),
+    Aligned(BatchBuf),
+}
+
+impl ClientBatch {
+    /// The lent buffer, if it is one; else the batch back.
+    pub fn into_aligned(self) -> Result<BatchBuf, ClientBatch> {
+        match self {
+            ClientBatch::Aligned(buf) => Ok(buf),
+            heap => Err(heap),
+        }
+    }
+}
+
+/// A copy is a heap batch: a lent buffer has one holder.
+impl Clone for ClientBatch {
+    fn clone(&self) -> Self {
+        ClientBatch::Heap(self.as_ref().to_vec())
+    }
+}
+
+impl From<Vec<u8>> for ClientBatch {
+    fn from(bytes: Vec<u8>) -> Self {
+        ClientBatch::Heap(bytes)
+    }
+}
+
+impl AsRef<[u8]> for ClientBatch {
+    fn as_ref(&self) -> &[u8] {
+        match self {
+            ClientBatch::Heap(v) => v,
+            ClientBatch::Aligned(b) => b.batch(),
+        }
+    }
+}
+
+impl AsMut<[u8]> for ClientBatch {
+    fn as_mut(&mut self) -> &mut [u8] {
+        match self {
+            ClientBatch::Heap(v) => v,
+            ClientBatch::Aligned(b) => b.batch_mut(),
+        }
+    }
+}
 
 impl From<Vec<u8>> for BatchBytes {
     fn from(bytes: Vec<u8>) -> Self {
-        BatchBytes(Arc::new(bytes))
+        BatchBytes(Arc::new(Held::Plain(bytes)))
     }
 }
 
 impl From<&[u8]> for BatchBytes {
     fn from(bytes: &[u8]) -> Self {
-        BatchBytes(Arc::new(bytes.to_vec()))
+        BatchBytes(Arc::new(Held::Plain(bytes.to_vec())))
+    }
+}
+
+impl From<VerifiedBatch<ClientBatch>> for BatchBytes {
+    fn from(batch: VerifiedBatch<ClientBatch>) -> Self {
+        BatchBytes(Arc::new(Held::Verified(batch)))
     }
 }
 
 impl std::ops::Deref for BatchBytes {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
-        &self.0
+        match &*self.0 {
+            Held::Plain(v) => v,
+            Held::Verified(v) => v.as_bytes(),
+        }
     }
 }
 
 impl AsRef<[u8]> for BatchBytes {
     fn as_ref(&self) -> &[u8] {
-        &self.0
+        self
     }
 }
 
+/// Equal bytes are equal batches, verified or not.
+impl PartialEq for BatchBytes {
+    fn eq(&self, other: &Self) -> bool {
+        **self == **other
+    }
+}
+
+impl Eq for BatchBytes {}
+
 impl std::fmt::Debug for BatchBytes {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.0.as_slice().fmt(f)
+        (**self).fmt(f)
     }
 }
 
@@ -136,7 +234,7 @@ pub enum Input {
     /// A producer's batch, stamped provisionally; the primary re-stamps it.
     ClientAppend {
         token: Token,
-        batch: Vec<u8>,
+        batch: ClientBatch,
     },
     IoDone {
         id: IoId,

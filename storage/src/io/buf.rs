@@ -118,6 +118,23 @@ impl AlignedBuf {
     }
 }
 
+impl AlignedBuf {
+    /// Ends the lend of a buffer from [`SharedBufPool::try_lend`]: it no
+    /// longer counts against `lent_max` (it still goes home when dropped).
+    /// For a holder that keeps a lent buffer past the use the lend bounds:
+    /// the read cache keeping a flushed write buffer.
+    pub fn end_lend(&mut self) {
+        let Some(home) = self.home.as_mut().filter(|h| h.lent) else {
+            return;
+        };
+        let mut state = home.pool.lock();
+        debug_assert!(state.lent > 0);
+        state.lent -= 1;
+        drop(state);
+        home.lent = false;
+    }
+}
+
 impl std::ops::Deref for AlignedBuf {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
@@ -630,6 +647,20 @@ impl BatchBuf {
     }
 }
 
+/// The batch bytes (as [`BatchBuf::batch`]), so a verified batch can own
+/// its buffer (`ringlog_protocol::VerifiedBatch<BatchBuf>`).
+impl AsRef<[u8]> for BatchBuf {
+    fn as_ref(&self) -> &[u8] {
+        self.batch()
+    }
+}
+
+impl AsMut<[u8]> for BatchBuf {
+    fn as_mut(&mut self) -> &mut [u8] {
+        self.batch_mut()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -776,5 +807,21 @@ mod tests {
         let buf = b.into_buf();
         assert_eq!(buf.len(), 302);
         assert_eq!(&buf[300..], b"xy");
+    }
+
+    #[test]
+    fn an_ended_lend_frees_its_place_and_the_buffer_still_goes_home() {
+        let pool = SharedBufPool::new(8192, 4, 1);
+        let mut b = pool.try_lend().unwrap();
+        assert_eq!(pool.try_lend().unwrap_err(), PoolExhausted { lent_max: 1 });
+        b.end_lend();
+        b.end_lend();
+        assert_eq!(pool.lent(), 0);
+        let other = pool.try_lend().unwrap();
+        assert_eq!(pool.lent(), 1);
+        drop(b);
+        assert_eq!((pool.lent(), pool.idle()), (1, 1));
+        drop(other);
+        assert_eq!((pool.lent(), pool.idle()), (0, 2));
     }
 }

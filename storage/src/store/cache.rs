@@ -2,8 +2,10 @@
 //! a consumer near the end of a partition is served without touching the
 //! device (cold reads stay O_DIRECT, see `read.rs`).
 //!
-//! A completed flush hands its newly durable batches over (copied out of
-//! the write buffer before the buffer goes back to the pool). Entries are
+//! A completed flush hands its newly durable batches over: a large flush
+//! its whole write buffer (kept as it is, no copy; it goes back to its pool
+//! when evicted, so the next flush's buffer is a pre-touched one), a small
+//! one a copy (small flushes coalesce; see [`WRITTEN_SHARE_MIN`]). Entries are
 //! keyed by a store instance (a key no other store in the pool ever uses,
 //! so a reopened partition never sees its predecessor's bytes) and a base
 //! offset; a store's small flushes coalesce into one entry up to
@@ -14,8 +16,11 @@
 //! the durable log at their offsets are ever held.
 
 use std::collections::{BTreeMap, HashMap};
+use std::ops::Range;
 
 use ringlog_protocol::BatchHeader;
+
+use crate::io::AlignedBuf;
 
 /// A store's small flushes are appended to its newest entry until it holds
 /// this much (or a quarter of the bound, if less); a flush at least this
@@ -23,6 +28,11 @@ use ringlog_protocol::BatchHeader;
 pub(super) const ENTRY_BYTES_MAX: usize = 1 << 20;
 /// Bookkeeping counted per entry beside its buffers (map nodes, header).
 const ENTRY_OVERHEAD_BYTES: usize = 128;
+/// A flush's write buffer is kept as the entry when its new batches fill at
+/// least this share of it (1/n): the bound counts the buffer's whole
+/// capacity, so a sparsely filled one would waste the cache. Below that
+/// the batches are copied out (and coalesce with the store's last entry).
+pub(super) const WRITTEN_SHARE_MIN: usize = 4;
 
 /// Counters of one pool's cache (monotonic except the two sizes).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -48,10 +58,46 @@ struct BatchEnd {
     end: u32,
 }
 
+/// An entry's batch bytes: copied, or a flush's write buffer kept whole.
+enum Held {
+    Copied(Vec<u8>),
+    /// `buf[range]` are the batches (the rest: the block before, padding).
+    Written {
+        buf: AlignedBuf,
+        range: Range<usize>,
+    },
+}
+
+impl Held {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Held::Copied(v) => v,
+            Held::Written { buf, range } => &buf[range.clone()],
+        }
+    }
+
+    fn capacity(&self) -> usize {
+        match self {
+            Held::Copied(v) => v.capacity(),
+            Held::Written { buf, .. } => buf.capacity(),
+        }
+    }
+
+    fn truncate(&mut self, len: usize) {
+        match self {
+            Held::Copied(v) => {
+                v.truncate(len);
+                v.shrink_to_fit();
+            }
+            Held::Written { range, .. } => range.end = range.end.min(range.start + len),
+        }
+    }
+}
+
 struct Entry {
     key: u64,
     base_offset: u64,
-    bytes: Vec<u8>,
+    bytes: Held,
     /// Back to back from `base_offset`, ascending.
     batches: Vec<BatchEnd>,
 }
@@ -75,17 +121,24 @@ impl Entry {
             Some(p) => (self.batches[p].next_offset, self.batches[p].end as usize),
             None => (self.base_offset, 0),
         };
-        (base, &self.bytes[start..self.batches[i].end as usize])
+        (
+            base,
+            &self.bytes.bytes()[start..self.batches[i].end as usize],
+        )
     }
 
-    /// Appends whole batches starting at offset `base` (the entry's end).
-    /// Returns false, changing nothing, if the bytes are not whole batches.
+    /// Appends whole batches starting at offset `base` (the entry's end) to
+    /// a copied entry. Returns false, changing nothing, if the bytes are
+    /// not whole batches or the entry is a kept write buffer.
     fn extend(&mut self, base: u64, bytes: &[u8]) -> bool {
         debug_assert_eq!(base, self.next_offset());
-        let Some(ends) = batch_ends(base, bytes, self.bytes.len()) else {
+        let Held::Copied(held) = &mut self.bytes else {
             return false;
         };
-        self.bytes.extend_from_slice(bytes);
+        let Some(ends) = batch_ends(base, bytes, held.len()) else {
+            return false;
+        };
+        held.extend_from_slice(bytes);
         self.batches.extend(ends);
         true
     }
@@ -96,6 +149,7 @@ impl Entry {
         self.batches.truncate(keep);
         let len = self.batches.last().map_or(0, |b| b.end as usize);
         self.bytes.truncate(len);
+        self.batches.shrink_to_fit();
     }
 }
 
@@ -175,7 +229,30 @@ impl ReadCache {
             self.evict_to_bound();
             return;
         }
-        let Some(batches) = batch_ends(base, bytes, 0) else {
+        self.insert_held(key, base, Held::Copied(bytes.to_vec()));
+    }
+
+    /// Takes the whole durable batches `buf[range]` of store `key`, from
+    /// offset `base`, keeping `buf` (a completed flush's write buffer) as
+    /// the entry: no copy. Whether that is worth its capacity is the
+    /// caller's call ([`WRITTEN_SHARE_MIN`]). Dropped (home to its pool)
+    /// if it is over the whole bound, and when evicted.
+    pub(super) fn insert_written(
+        &mut self,
+        key: u64,
+        base: u64,
+        buf: AlignedBuf,
+        range: Range<usize>,
+    ) {
+        debug_assert!(range.start <= range.end && range.end <= buf.len());
+        if !self.enabled() || range.is_empty() {
+            return;
+        }
+        self.insert_held(key, base, Held::Written { buf, range });
+    }
+
+    fn insert_held(&mut self, key: u64, base: u64, bytes: Held) {
+        let Some(batches) = batch_ends(base, bytes.bytes(), 0) else {
             debug_assert!(
                 false,
                 "durable bytes at offset {base} are not whole batches"
@@ -185,7 +262,7 @@ impl ReadCache {
         let entry = Entry {
             key,
             base_offset: base,
-            bytes: bytes.to_vec(),
+            bytes,
             batches,
         };
         let cost = entry.cost_bytes();
@@ -212,7 +289,8 @@ impl ReadCache {
         };
         // A quarter of a small bound: eviction stays fine-grained.
         let entry_bytes_max = ENTRY_BYTES_MAX.min(self.bytes_max / 4);
-        if entry.next_offset() != base || entry.bytes.len() + bytes.len() > entry_bytes_max {
+        let len = entry.bytes.bytes().len();
+        if entry.next_offset() != base || len + bytes.len() > entry_bytes_max {
             return false;
         }
         let before = entry.cost_bytes();
@@ -278,8 +356,6 @@ impl ReadCache {
             if entry.next_offset() > offset {
                 let before = entry.cost_bytes();
                 entry.cut(offset);
-                entry.bytes.shrink_to_fit();
-                entry.batches.shrink_to_fit();
                 self.held_bytes = self.held_bytes - before + entry.cost_bytes();
             }
         }
@@ -485,5 +561,51 @@ mod tests {
         assert!(read(&mut c, 1, 4, 10).is_none());
         let sum: usize = c.entries.values().map(Entry::cost_bytes).sum();
         assert_eq!(sum, c.held_bytes);
+    }
+
+    /// `bytes` in a pooled write buffer, after `lead` bytes of the block
+    /// before them and with padding after, as a flush writes them.
+    fn written(pool: &crate::io::SharedBufPool, lead: usize, bytes: &[u8]) -> AlignedBuf {
+        let mut buf = pool.take();
+        buf.extend_from_slice(&vec![0xee; lead]);
+        buf.extend_from_slice(bytes);
+        buf.extend_from_slice(&[0; 512]);
+        buf
+    }
+
+    #[test]
+    fn a_kept_write_buffer_is_served_counted_whole_and_goes_home_when_evicted() {
+        let pool = crate::io::SharedBufPool::new(256 * 1024, 4, 4);
+        let mut c = ReadCache::new(600 * 1024);
+        let b = batches(0, 20, 4000);
+        c.insert_written(1, 0, written(&pool, 100, &b), 100..100 + b.len());
+        // The whole buffer counts against the bound, not only its batches.
+        assert!(c.held_bytes >= 256 * 1024, "held {}", c.held_bytes);
+        let sum: usize = c.entries.values().map(Entry::cost_bytes).sum();
+        assert_eq!(sum, c.held_bytes);
+        assert_eq!(read(&mut c, 1, 0, 20).unwrap(), (b.clone(), 20));
+        // Small flushes behind it start an entry of their own.
+        c.insert(1, 20, &batches(20, 2, 100));
+        assert_eq!(c.entries.len(), 2);
+        assert_eq!(
+            read(&mut c, 1, 0, 22).unwrap().0.len(),
+            b.len() + batches(20, 2, 100).len()
+        );
+        c.cut(1, 5);
+        assert_eq!(read(&mut c, 1, 0, 5).unwrap(), (batches(0, 5, 4000), 5));
+        assert!(read(&mut c, 1, 5, 6).is_none());
+        assert_eq!(pool.idle(), 0);
+        // Two more buffers pass the bound: the oldest goes home to its pool.
+        let mut offset = 5;
+        for _ in 0..2 {
+            let b = batches(offset, 20, 4000);
+            c.insert_written(1, offset, written(&pool, 0, &b), 0..b.len());
+            offset += 20;
+        }
+        assert!(c.held_bytes <= 600 * 1024);
+        assert!(c.stats().evictions >= 1);
+        assert_eq!(pool.idle(), 1, "the evicted buffer went home");
+        assert!(read(&mut c, 1, 0, 5).is_none());
+        assert!(read(&mut c, 1, offset - 20, offset).is_some());
     }
 }

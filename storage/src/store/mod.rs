@@ -64,7 +64,7 @@ mod walk;
 
 use std::path::{Path, PathBuf};
 
-use ringlog_protocol::{BatchHeader, BatchView};
+use ringlog_protocol::{BatchHeader, BatchView, VerifiedBatch};
 
 pub use cache::ReadCacheStats;
 pub use config::StoreConfig;
@@ -434,6 +434,22 @@ impl PartitionStore {
         Ok(self.accepted(&h))
     }
 
+    /// [`PartitionStore::append`] of a batch the caller verified already
+    /// (the server's replica, before it sequenced it): its body checksum
+    /// and records are not checked again, so each byte is hashed once on
+    /// its way to disk (the segment's transfer checksums aside). The header
+    /// checks (partition, size, offset, chain) are the same.
+    pub fn append_verified(
+        &mut self,
+        io: &mut impl IoBackend,
+        batch: VerifiedBatch<&[u8]>,
+    ) -> Result<Appended, StoreError> {
+        let h = *batch.header();
+        self.admit_header(io, &h)?;
+        self.copy_in(batch.as_bytes());
+        Ok(self.accepted(&h))
+    }
+
     /// [`PartitionStore::append`] of a batch the caller built in place in
     /// an aligned buffer (one lent by [`StorePool::lend_batch`], for
     /// instance), `batch.lead_bytes()` into its block. When that is where
@@ -448,12 +464,34 @@ impl PartitionStore {
     pub fn append_owned(
         &mut self,
         io: &mut impl IoBackend,
-        mut batch: BatchBuf,
+        batch: BatchBuf,
     ) -> Result<Appended, AppendRefused> {
         let h = match self.admit(io, batch.batch()) {
             Ok(h) => h,
             Err(error) => return Err(AppendRefused { error, batch }),
         };
+        Ok(self.place_owned(batch, &h))
+    }
+
+    /// [`PartitionStore::append_owned`] of a batch the caller verified
+    /// (see [`PartitionStore::append_verified`]): no second check of its body.
+    pub fn append_owned_verified(
+        &mut self,
+        io: &mut impl IoBackend,
+        batch: VerifiedBatch<BatchBuf>,
+    ) -> Result<Appended, AppendRefused> {
+        let h = *batch.header();
+        match self.admit_header(io, &h) {
+            Ok(()) => Ok(self.place_owned(batch.into_inner(), &h)),
+            Err(error) => Err(AppendRefused {
+                error,
+                batch: batch.into_inner(),
+            }),
+        }
+    }
+
+    /// The write-buffer half of `append_owned`, for an admitted batch.
+    fn place_owned(&mut self, mut batch: BatchBuf, h: &BatchHeader) -> Appended {
         batch.set_batch_len(h.total_len());
         // Room for the batch and for whatever the copy path appends behind
         // it before the flush, trailer block included (see `prepare_flush`).
@@ -473,7 +511,7 @@ impl PartitionStore {
         } else {
             self.copy_in(batch.batch());
         }
-        Ok(self.accepted(&h))
+        self.accepted(h)
     }
 
     /// Where in its block the next batch starts on disk (the log's end
@@ -495,6 +533,15 @@ impl PartitionStore {
             source,
         })?;
         let h = *view.header();
+        self.admit_header(io, &h)?;
+        Ok(h)
+    }
+
+    /// [`PartitionStore::admit`] of a batch whose bytes were verified:
+    /// everything but the parse.
+    fn admit_header(&mut self, io: &mut impl IoBackend, h: &BatchHeader) -> Result<(), StoreError> {
+        self.check_fenced()?;
+        let pid = self.partition_id;
         let len_bytes = h.total_len();
         if h.partition_id != pid {
             return Err(StoreError::WrongPartition {
@@ -541,7 +588,7 @@ impl PartitionStore {
             io,
             segment::trailer_write_end(end).min(self.active.capacity_bytes),
         )?;
-        Ok(h)
+        Ok(())
     }
 
     /// Copies an admitted batch's bytes into the write buffer (taking one
@@ -943,9 +990,10 @@ impl PartitionStore {
         if let Some(buf) = written {
             // Only a flush that completed makes its batches cacheable.
             if failure.is_none() {
-                self.cache_flushed(&buf, flushing.end_position);
+                self.cache_flushed(buf, flushing.end_position);
+            } else {
+                self.pool.put_write(buf);
             }
-            self.pool.put_write(buf);
         }
         if let Some(cause) = failure {
             return Err(self.fence(cause));

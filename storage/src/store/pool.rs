@@ -332,6 +332,21 @@ impl StorePool {
         self.0.borrow_mut().read_cache.insert(key, base, bytes);
     }
 
+    /// Newly durable whole batches `buf[range]` of store `key` from offset
+    /// `base`, the write buffer kept as the cache entry (no copy).
+    pub(super) fn cache_insert_written(
+        &self,
+        key: u64,
+        base: u64,
+        mut buf: AlignedBuf,
+        range: std::ops::Range<usize>,
+    ) {
+        // Its flush completed: a lent batch buffer's lend is over.
+        buf.end_lend();
+        let mut inner = self.0.borrow_mut();
+        inner.read_cache.insert_written(key, base, buf, range);
+    }
+
     /// A read answered from memory into the empty `out`: its next offset,
     /// or None (`out` left empty).
     pub(super) fn cache_read(&self, r: &CacheRead, out: &mut Vec<u8>) -> Option<u64> {

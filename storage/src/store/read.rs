@@ -5,7 +5,7 @@
 use super::cache::CacheRead;
 use super::walk::{Visit, WalkStop, Walker};
 use super::{PartitionStore, StoreError};
-use crate::io::{align_down, IoBackend};
+use crate::io::{align_down, AlignedBuf, IoBackend};
 use crate::segment;
 
 /// Batches read from the log.
@@ -170,12 +170,16 @@ impl PartitionStore {
         self.pool.cache_read(&read, out)
     }
 
-    /// Hands the batches a completed flush made durable to the read cache:
-    /// `buf` is its data write, from the block holding the previous durable
-    /// end up to `end_position` (padding and trailer after it). Called
-    /// before the durable end moves.
-    pub(super) fn cache_flushed(&self, buf: &[u8], end_position: u64) {
+    /// Hands the batches a completed flush made durable to the read cache,
+    /// then lets go of `buf`, the flush's data write (from the block holding
+    /// the previous durable end up to `end_position`, padding and trailer
+    /// after it). A large flush's buffer becomes the cache entry as it is
+    /// (see `cache::WRITTEN_SHARE_MIN`); a small one's batches are copied
+    /// and the buffer goes back to the pool. Called before the durable end
+    /// moves.
+    pub(super) fn cache_flushed(&self, buf: AlignedBuf, end_position: u64) {
         if !self.pool.cache_enabled() {
+            self.pool.put_write(buf);
             return;
         }
         let durable = self.active.durable_position;
@@ -183,10 +187,18 @@ impl PartitionStore {
         let from = (durable - start) as usize;
         let to = (end_position - start) as usize;
         debug_assert!(to <= buf.len(), "the flush wrote up to its end");
+        let base = self.durable.next_offset;
+        let new_bytes = to.saturating_sub(from);
+        let keep_whole = new_bytes >= buf.capacity() / super::cache::WRITTEN_SHARE_MIN;
+        if keep_whole && to <= buf.len() {
+            self.pool
+                .cache_insert_written(self.cache_key, base, buf, from..to);
+            return;
+        }
         if let Some(bytes) = buf.get(from..to) {
-            let base = self.durable.next_offset;
             self.pool.cache_insert(self.cache_key, base, bytes);
         }
+        self.pool.put_write(buf);
     }
 }
 
