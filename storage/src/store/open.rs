@@ -185,6 +185,7 @@ impl PartitionStore {
             installing: None,
             commit_noted: 0,
             behind: false,
+            spare: super::spare::Spare::Absent,
         };
         let repair = copies_worth_repairing(&sb_bytes, &sb, chosen.copies_to_repair);
         if !repair.is_empty() {

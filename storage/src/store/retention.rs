@@ -106,9 +106,11 @@ impl PartitionStore {
         );
         let old_active = std::mem::replace(&mut self.active, active);
         let old_sealed = std::mem::replace(&mut self.sealed, sealed);
+        let mut ops = Vec::new();
+        // Before the directory changes: the spare is named in the old one.
+        self.abandon_spare(io, Some(&mut ops));
         let old_dir = std::mem::replace(&mut self.generation_dir, dir);
         io.close(old_active.file);
-        let mut ops = Vec::new();
         for s in old_sealed {
             io.close(s.file);
             self.dispose(&segment::log_path(&old_dir, s.meta.base_offset), &mut ops);
