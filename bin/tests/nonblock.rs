@@ -395,7 +395,10 @@ fn the_trace_parser_counts_calls_at_their_start() {
     let got: Vec<(u32, f64, &str)> = calls(trace).map(|c| (c.tid, c.at_s, c.name)).collect();
     assert_eq!(
         got,
-        [(12, 1700000000.0001, "fsync"), (13, 1700000000.0002, "openat")]
+        [
+            (12, 1700000000.0001, "fsync"),
+            (13, 1700000000.0002, "openat")
+        ]
     );
     let waits = "7 1.0 io_uring_enter(11, 2, 2, IORING_ENTER_GETEVENTS, NULL, 8) = 2\n\
                  7 1.0 io_uring_enter(11, 1, 0, IORING_ENTER_GETEVENTS, NULL, 8) = 1\n\

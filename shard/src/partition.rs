@@ -261,6 +261,55 @@ impl Partition {
         }
     }
 
+    /// Whether the next segment should be prepared now, in the background
+    /// (see [`PartitionStore::spare_due`]).
+    pub fn spare_due(&self) -> bool {
+        matches!(&self.state, State::Open(h) if h.store.spare_due())
+    }
+
+    /// Whether an op preparing the next segment is in flight (at most one).
+    pub fn spare_in_flight(&self) -> bool {
+        matches!(&self.state, State::Open(h) if h.store.spare_in_flight())
+    }
+
+    /// The first batch preparing the next segment, if one is due; its
+    /// completions go to [`Partition::complete_spare`].
+    pub fn prepare_spare(&mut self) -> Option<Vec<Sqe>> {
+        match &mut self.state {
+            State::Open(h) if h.store.spare_due() => Some(h.store.prepare_spare()),
+            _ => None,
+        }
+    }
+
+    /// Applies a spare batch's completions; returns the next batch to
+    /// submit, if any. A failure only drops the spare (the roll then
+    /// provisions its segment itself) and is logged here.
+    pub fn complete_spare(
+        &mut self,
+        io: &mut impl IoBackend,
+        completions: Vec<Completion>,
+    ) -> Option<Vec<Sqe>> {
+        let State::Open(h) = &mut self.state else {
+            close_opened(io, completions);
+            return None;
+        };
+        if !h.store.spare_in_flight() {
+            tracing::warn!(
+                partition_id = self.id,
+                "spare completion with none in flight"
+            );
+            close_opened(io, completions);
+            return None;
+        }
+        match h.store.complete_spare(io, completions) {
+            Ok(next) => next,
+            Err(e) => {
+                tracing::warn!(partition_id = self.id, error = %e, "next segment not prepared ahead");
+                None
+            }
+        }
+    }
+
     pub fn dir(&self) -> &Path {
         &self.dir
     }
@@ -653,6 +702,19 @@ fn client_error(store: &PartitionStore, e: AppendError) -> OpError {
 }
 
 /// End position of the active segment's accepted bytes.
+/// Closes the files a spare batch opened for a partition that can no
+/// longer take them (closed, unavailable): the files are garbage for the
+/// next open.
+pub fn close_opened(io: &mut impl IoBackend, completions: Vec<Completion>) {
+    for c in completions {
+        if matches!(c.op, Op::Open { .. }) {
+            if let Ok(file) = c.opened() {
+                io.close(file);
+            }
+        }
+    }
+}
+
 fn active_end(store: &PartitionStore) -> u64 {
     let sealed: u64 = store.sealed_segments().map(|s| s.length_bytes).sum();
     store.size_bytes() - sealed

@@ -198,6 +198,17 @@ struct Core<B: IoBackend> {
     journal_waiting: Vec<u32>,
     /// The journal checkpoint in flight, if any.
     checkpoint: Option<(BatchId, CheckpointStep)>,
+    /// Batches preparing a partition's next segment ahead of its roll, by
+    /// partition: at most one per partition (the store refuses a second),
+    /// so at most one per hosted partition in all.
+    spares: HashMap<BatchId, u32>,
+}
+
+impl<B: IoBackend> Core<B> {
+    /// Group commits or spares are in flight on the storage ring.
+    fn storage_busy(&self) -> bool {
+        !self.flights.is_empty() || !self.spares.is_empty()
+    }
 }
 
 /// A journal checkpoint's two submissions (a linked chain would not stop at
@@ -520,6 +531,7 @@ impl<B: IoBackend> Shard<B> {
                 journal: None,
                 journal_waiting: Vec::new(),
                 checkpoint: None,
+                spares: HashMap::new(),
             }),
             queue: RefCell::new(VecDeque::new()),
             turn: Notify::default(),
@@ -747,8 +759,9 @@ impl<B: IoBackend> Shard<B> {
             yield_now().await;
             while self.run_turn(Instant::now()) > 0 {}
         }
-        // No flush may be in flight when the partitions close.
-        while !self.core.borrow().flights.is_empty() {
+        // No flush (nor spare, which work may be parked behind) may be in
+        // flight when the partitions close.
+        while self.core.borrow().storage_busy() {
             monoio::select! {
                 _ = self.flushed.notified() => {}
                 // Reaping is idempotent: do it here too should a wake-up

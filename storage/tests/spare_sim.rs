@@ -87,7 +87,10 @@ fn a_roll_renames_the_ready_spare_into_place() {
     assert_eq!(without, with_spare + 2, "create + 2 fallocates vs a rename");
     assert!(!store.spare_ready());
     assert!(!io.exists(&spare).unwrap(), "the spare was renamed");
-    let new_log = generation_dir(&store).join(format!("{:020}.log", store.superblock().frontier.active_base));
+    let new_log = generation_dir(&store).join(format!(
+        "{:020}.log",
+        store.superblock().frontier.active_base
+    ));
     assert!(io.exists(&new_log).unwrap(), "{new_log:?}");
     // It survives a crash and reopen with everything acknowledged.
     let acked = read_all(&mut io, &mut store);
@@ -163,8 +166,13 @@ fn a_full_disk_at_the_spare_refuses_without_fencing() {
     assert!(!store.spare_ready() && !store.spare_in_flight());
     // The roll itself then finds the disk full: refused, not fenced.
     let batch = next_batch(&store, 1, 3000, 99);
-    let refused = store.append(&mut io, &batch).and_then(|_| store.flush(&mut io));
-    assert!(matches!(refused, Err(StoreError::DiskFull { .. })), "{refused:?}");
+    let refused = store
+        .append(&mut io, &batch)
+        .and_then(|_| store.flush(&mut io));
+    assert!(
+        matches!(refused, Err(StoreError::DiskFull { .. })),
+        "{refused:?}"
+    );
     assert!(store.fenced().is_none());
     io.set_faults(Faults::default());
     store.append(&mut io, &batch).expect("room again");
@@ -215,7 +223,10 @@ fn purge_and_close_release_a_ready_spare() {
     let spare = spare_path(&store);
     store.purge(&mut io).expect("purge");
     assert!(!store.spare_ready());
-    assert!(!io.exists(&spare).unwrap(), "the old generation's spare is gone");
+    assert!(
+        !io.exists(&spare).unwrap(),
+        "the old generation's spare is gone"
+    );
     assert!(!io.open_paths().contains(&spare));
     fill_to_due(&mut io, &mut store, &mut seed);
     store.provision_spare(&mut io).unwrap();

@@ -64,7 +64,9 @@ impl<B: IoBackend> Shard<B> {
             _ => return None,
         };
         let p = core.partitions.get(&pid)?;
-        if !p.flush_in_flight() {
+        // A spare in flight counts as a flush in flight: a roll then waits
+        // to rename it into place, and a purge or close waits to release it.
+        if !p.flush_in_flight() && !p.spare_in_flight() {
             return None;
         }
         let behind = core.lanes.get(&pid).is_some_and(|l| !l.parked.is_empty());
@@ -340,6 +342,7 @@ impl<B: IoBackend> Shard<B> {
                 },
             );
         }
+        self.start_spares(core, &out.touched);
         let settled = self.settle(core, &out.touched, &mut out.replies);
         if settled > 0 {
             self.metrics.group_commit_appends.record(settled as u64);
@@ -561,6 +564,12 @@ impl<B: IoBackend> Shard<B> {
             }
             let mut done: Vec<u32> = Vec::new();
             for (id, completions) in reaped {
+                if let Some(pid) = core.spares.remove(&id) {
+                    self.on_spare(core, pid, completions);
+                    // Work parked behind the spare runs (or parks again).
+                    done.push(pid);
+                    continue;
+                }
                 if core.checkpoint.as_ref().is_some_and(|(cp, _)| *cp == id) {
                     if let Some((_, step)) = core.checkpoint.take() {
                         self.on_checkpoint(core, step, completions);
@@ -603,6 +612,41 @@ impl<B: IoBackend> Shard<B> {
             self.respond(reply, outcome);
         }
         self.flushed.notify();
+    }
+
+    /// Starts preparing the next segment of every touched partition that
+    /// is due one (its active segment half full), one batch each, without
+    /// waiting: the roll then only renames it into place.
+    fn start_spares(&self, core: &mut Core<B>, touched: &[u32]) {
+        for &pid in touched {
+            let Some(sqes) = core
+                .partitions
+                .get_mut(&pid)
+                .and_then(|p| p.prepare_spare())
+            else {
+                continue;
+            };
+            let id = core.io.submit_nowait(sqes);
+            debug_assert!(!core.spares.values().any(|&p| p == pid));
+            core.spares.insert(id, pid);
+        }
+    }
+
+    /// A spare batch finished: its next step goes out, or the spare is
+    /// ready (or dropped, logged). A partition gone meanwhile gets nothing:
+    /// the files the batch opened are closed (garbage for the next open).
+    fn on_spare(&self, core: &mut Core<B>, pid: u32, completions: Vec<Completion>) {
+        let next = match core.partitions.get_mut(&pid) {
+            Some(p) => p.complete_spare(&mut core.io, completions),
+            None => {
+                crate::partition::close_opened(&mut core.io, completions);
+                None
+            }
+        };
+        if let Some(sqes) = next {
+            let id = core.io.submit_nowait(sqes);
+            core.spares.insert(id, pid);
+        }
     }
 
     /// Answers long-poll fetches whose data became durable.

@@ -1213,12 +1213,9 @@ fn build_entry(
                 .mask(libc::STATX_SIZE)
                 .build()
         }
-        (Op::Exists { .. }, CPaths::One(path)) => opcode::Statx::new(
-            types::Fd(libc::AT_FDCWD),
-            path.as_ptr(),
-            statx_buf(stat),
-        )
-        .build(),
+        (Op::Exists { .. }, CPaths::One(path)) => {
+            opcode::Statx::new(types::Fd(libc::AT_FDCWD), path.as_ptr(), statx_buf(stat)).build()
+        }
         (Op::MakeDir { .. }, CPaths::One(path)) => {
             opcode::MkDirAt::new(types::Fd(libc::AT_FDCWD), path.as_ptr())
                 .mode(0o755)
@@ -1324,9 +1321,10 @@ fn evaluate(slot: &mut Slot, res: i32) -> Next {
         }
         Op::FileSize { .. } => {
             let size = slot.stat.as_ref().map(|st| st.stx_size);
-            slot.result = Some(size.map(|s| s as usize).ok_or_else(|| {
-                io::Error::other("io_uring: statx completed without its buffer")
-            }));
+            slot.result =
+                Some(size.map(|s| s as usize).ok_or_else(|| {
+                    io::Error::other("io_uring: statx completed without its buffer")
+                }));
             Next::Done {
                 resubmit_run: false,
             }

@@ -28,7 +28,9 @@ pub(super) enum Spare {
     #[default]
     Absent,
     /// Being created (or renamed in from the recycle pool, `recycled`).
-    Opening { recycled: bool },
+    Opening {
+        recycled: bool,
+    },
     /// Open as `file`, being reserved (a recycled file is also having its
     /// first block zeroed, durably, as `provision_segment` does).
     Reserving {
@@ -39,7 +41,9 @@ pub(super) enum Spare {
     /// The generation it was made in was left (purge, install) while an
     /// op was in flight: its completion only releases the file (`file`, if
     /// it was open already, and whatever the batch opened).
-    Orphaned { file: Option<FileId> },
+    Orphaned {
+        file: Option<FileId>,
+    },
 }
 
 impl PartitionStore {
@@ -112,7 +116,10 @@ impl PartitionStore {
         io: &mut impl IoBackend,
         completions: Vec<Completion>,
     ) -> Result<Option<Vec<Sqe>>, StoreError> {
-        assert!(self.spare_in_flight(), "complete_spare with nothing in flight");
+        assert!(
+            self.spare_in_flight(),
+            "complete_spare with nothing in flight"
+        );
         let state = std::mem::take(&mut self.spare);
         let path = self.spare_path();
         let failed = first_failure(&completions);
@@ -193,11 +200,7 @@ impl PartitionStore {
     /// Leaving the generation (purge, install) or closing: a ready spare's
     /// file is closed and its removal queued on `ops` (`remove`); one in
     /// flight is orphaned.
-    pub(super) fn abandon_spare(
-        &mut self,
-        io: &mut impl IoBackend,
-        remove: Option<&mut Vec<Op>>,
-    ) {
+    pub(super) fn abandon_spare(&mut self, io: &mut impl IoBackend, remove: Option<&mut Vec<Op>>) {
         let path = self.spare_path();
         self.spare = match std::mem::take(&mut self.spare) {
             Spare::Ready(p) => {
