@@ -310,6 +310,33 @@ impl Partition {
         }
     }
 
+    /// The active segment's next reservation step, if one is due ahead of
+    /// the appends; its completion goes to [`Partition::complete_reserve_ahead`].
+    pub fn prepare_reserve_ahead(&mut self) -> Option<Vec<Sqe>> {
+        match &mut self.state {
+            State::Open(h) if h.store.reserve_ahead_due() => Some(h.store.prepare_reserve_ahead()),
+            _ => None,
+        }
+    }
+
+    /// Applies a reservation ahead; a failure changes nothing (an append
+    /// needing the room reserves it itself) and is logged here.
+    pub fn complete_reserve_ahead(&mut self, completions: Vec<Completion>) {
+        let State::Open(h) = &mut self.state else {
+            return;
+        };
+        if !h.store.reserve_ahead_in_flight() {
+            tracing::warn!(
+                partition_id = self.id,
+                "reservation completion with none in flight"
+            );
+            return;
+        }
+        if let Err(e) = h.store.complete_reserve_ahead(completions) {
+            tracing::warn!(partition_id = self.id, error = %e, "segment not reserved ahead");
+        }
+    }
+
     pub fn dir(&self) -> &Path {
         &self.dir
     }

@@ -198,10 +198,19 @@ struct Core<B: IoBackend> {
     journal_waiting: Vec<u32>,
     /// The journal checkpoint in flight, if any.
     checkpoint: Option<(BatchId, CheckpointStep)>,
-    /// Batches preparing a partition's next segment ahead of its roll, by
-    /// partition: at most one per partition (the store refuses a second),
-    /// so at most one per hosted partition in all.
-    spares: HashMap<BatchId, u32>,
+    /// Background batches of a partition (see [`Ahead`]): at most one of
+    /// each kind per partition (the store refuses a second), so at most two
+    /// per hosted partition in all.
+    spares: HashMap<BatchId, (u32, Ahead)>,
+}
+
+/// What a background batch of a partition does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ahead {
+    /// Prepares the next segment before the roll.
+    Spare,
+    /// Reserves the active segment's next step before appends need it.
+    Reserve,
 }
 
 impl<B: IoBackend> Core<B> {

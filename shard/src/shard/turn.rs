@@ -564,8 +564,8 @@ impl<B: IoBackend> Shard<B> {
             }
             let mut done: Vec<u32> = Vec::new();
             for (id, completions) in reaped {
-                if let Some(pid) = core.spares.remove(&id) {
-                    self.on_spare(core, pid, completions);
+                if let Some((pid, ahead)) = core.spares.remove(&id) {
+                    self.on_ahead(core, pid, ahead, completions);
                     // Work parked behind the spare runs (or parks again).
                     done.push(pid);
                     continue;
@@ -614,38 +614,48 @@ impl<B: IoBackend> Shard<B> {
         self.flushed.notify();
     }
 
-    /// Starts preparing the next segment of every touched partition that
-    /// is due one (its active segment half full), one batch each, without
-    /// waiting: the roll then only renames it into place.
+    /// Starts the background work of every touched partition that is due
+    /// some, one batch of each kind each, without waiting: its next segment
+    /// once the active one is half full (the roll then only renames it into
+    /// place), and the active segment's next reservation step before the
+    /// appends reach the reserved end.
     fn start_spares(&self, core: &mut Core<B>, touched: &[u32]) {
         for &pid in touched {
-            let Some(sqes) = core
-                .partitions
-                .get_mut(&pid)
-                .and_then(|p| p.prepare_spare())
-            else {
+            let Some(p) = core.partitions.get_mut(&pid) else {
                 continue;
             };
-            let id = core.io.submit_nowait(sqes);
-            debug_assert!(!core.spares.values().any(|&p| p == pid));
-            core.spares.insert(id, pid);
+            let batches = [
+                (Ahead::Spare, p.prepare_spare()),
+                (Ahead::Reserve, p.prepare_reserve_ahead()),
+            ];
+            for (ahead, sqes) in batches {
+                let Some(sqes) = sqes else { continue };
+                debug_assert!(!core.spares.values().any(|&k| k == (pid, ahead)));
+                let id = core.io.submit_nowait(sqes);
+                core.spares.insert(id, (pid, ahead));
+            }
         }
     }
 
-    /// A spare batch finished: its next step goes out, or the spare is
-    /// ready (or dropped, logged). A partition gone meanwhile gets nothing:
-    /// the files the batch opened are closed (garbage for the next open).
-    fn on_spare(&self, core: &mut Core<B>, pid: u32, completions: Vec<Completion>) {
-        let next = match core.partitions.get_mut(&pid) {
-            Some(p) => p.complete_spare(&mut core.io, completions),
-            None => {
-                crate::partition::close_opened(&mut core.io, completions);
+    /// A background batch finished: a spare's next step goes out, or it is
+    /// ready (or dropped, logged); a reservation applies (or is dropped,
+    /// logged). A partition gone meanwhile gets nothing: the files the
+    /// batch opened are closed (garbage for the next open).
+    fn on_ahead(&self, core: &mut Core<B>, pid: u32, ahead: Ahead, completions: Vec<Completion>) {
+        let Some(p) = core.partitions.get_mut(&pid) else {
+            crate::partition::close_opened(&mut core.io, completions);
+            return;
+        };
+        let next = match ahead {
+            Ahead::Spare => p.complete_spare(&mut core.io, completions),
+            Ahead::Reserve => {
+                p.complete_reserve_ahead(completions);
                 None
             }
         };
         if let Some(sqes) = next {
             let id = core.io.submit_nowait(sqes);
-            core.spares.insert(id, pid);
+            core.spares.insert(id, (pid, ahead));
         }
     }
 

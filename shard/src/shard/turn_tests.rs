@@ -155,7 +155,12 @@ fn the_turn_prepares_the_next_segment_and_the_roll_takes_it() {
     }
     {
         let core = s.core.borrow();
-        assert_eq!(core.spares.len(), 1, "one spare batch for the partition");
+        let spares = core
+            .spares
+            .values()
+            .filter(|(_, a)| *a == Ahead::Spare)
+            .count();
+        assert_eq!(spares, 1, "one spare batch for the partition");
     }
     // A purge queued now parks behind the spare in flight.
     let purge = queue(

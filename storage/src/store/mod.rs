@@ -235,6 +235,8 @@ pub struct PartitionStore {
     behind: bool,
     /// The next segment, prepared ahead of the roll (see `spare.rs`).
     spare: spare::Spare,
+    /// The active segment's reservation ahead in flight (see `spare.rs`).
+    reserving: Option<spare::ReserveAhead>,
 }
 
 impl PartitionStore {
@@ -328,6 +330,7 @@ impl PartitionStore {
             commit_noted: 0,
             behind: false,
             spare: spare::Spare::Absent,
+            reserving: None,
         };
         store.sync_dirs(io, &[&generation_dir])?;
         // No earlier state exists: all four copies at once.

@@ -9,11 +9,19 @@
 //! changes no state: the spare is dropped (logged) and the roll provisions
 //! its segment itself, as before, where a failure refuses (no space) or
 //! fences. At most one spare operation is in flight per partition.
+//!
+//! The same goes for the active segment's growth: before the appends reach
+//! the end of its reservation, the next step is reserved (fallocate) through
+//! the ring in the background, so an append finds the room already there
+//! and `reserve` makes no call. At most one reservation ahead is in flight
+//! per partition; one that fails or lands after the segment rolled changes
+//! nothing, and `reserve` then does it (refusing on a full disk) as before.
 
 use std::path::PathBuf;
 
 use super::{
     allocation_target, PartitionStore, Provisioned, StoreError, ALLOCATION_STEP_MAX_BYTES,
+    ALLOCATION_STEP_MIN_BYTES,
 };
 use crate::io::{AlignedBuf, Completion, FileId, IoBackend, Op, OpenMode, Sqe, BLOCK_SIZE};
 use crate::segment;
@@ -269,6 +277,90 @@ impl PartitionStore {
             allocated_bytes,
         };
         sqes
+    }
+}
+
+/// A reservation ahead in flight: the active segment's file and the end it
+/// reserves up to.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct ReserveAhead {
+    file: FileId,
+    target: u64,
+}
+
+impl PartitionStore {
+    /// Whether the active segment's next reservation step should be taken
+    /// now, ahead: its first reservation is done, it is not reserved to the
+    /// end, the appends are within half a step of the reserved end, and no
+    /// reservation ahead is in flight.
+    pub fn reserve_ahead_due(&self) -> bool {
+        let a = &self.active;
+        let step = a
+            .end_position
+            .clamp(ALLOCATION_STEP_MIN_BYTES, ALLOCATION_STEP_MAX_BYTES);
+        self.reserving.is_none()
+            && self.fenced.is_none()
+            && a.allocated_bytes > 0
+            && a.allocated_bytes < a.capacity_bytes
+            && a.end_position + step / 2 >= a.allocated_bytes
+    }
+
+    /// Whether a reservation ahead is in flight (at most one).
+    pub fn reserve_ahead_in_flight(&self) -> bool {
+        self.reserving.is_some()
+    }
+
+    /// The reservation ahead (only when [`PartitionStore::reserve_ahead_due`]):
+    /// one op, whose completion goes to [`PartitionStore::complete_reserve_ahead`].
+    pub fn prepare_reserve_ahead(&mut self) -> Vec<Sqe> {
+        assert!(
+            self.reserve_ahead_due(),
+            "prepare_reserve_ahead when none is due"
+        );
+        let a = &self.active;
+        let target = allocation_target(a.allocated_bytes, a.capacity_bytes);
+        debug_assert!(target > a.allocated_bytes);
+        self.reserving = Some(ReserveAhead {
+            file: a.file,
+            target,
+        });
+        vec![Sqe::new(Op::Allocate {
+            file: a.file,
+            offset: 0,
+            len_bytes: target,
+        })]
+    }
+
+    /// Applies the reservation ahead's completion: the active segment is
+    /// reserved up to its target, unless it failed (returned, typed, for
+    /// the caller to log: nothing changes, `reserve` retries when an
+    /// append needs the room) or the segment rolled meanwhile (ignored).
+    pub fn complete_reserve_ahead(
+        &mut self,
+        completions: Vec<Completion>,
+    ) -> Result<(), StoreError> {
+        let r = self
+            .reserving
+            .take()
+            .expect("complete_reserve_ahead with none in flight");
+        let path = segment::log_path(&self.generation_dir, self.active.base_offset);
+        if let Some((kind, e)) = first_failure(&completions) {
+            return Err(StoreError::io(self.partition_id, kind, path, e));
+        }
+        if completions.len() != 1 {
+            return Err(StoreError::io(
+                self.partition_id,
+                "fallocate",
+                path,
+                std::io::Error::other(format!("{} completions for one op", completions.len())),
+            ));
+        }
+        // A file still open is never renumbered: the same id is the same
+        // (still active) segment.
+        if self.active.file == r.file {
+            self.active.allocated_bytes = self.active.allocated_bytes.max(r.target);
+        }
+        Ok(())
     }
 }
 
