@@ -2,27 +2,25 @@
 //! the release server runs under strace while a scripted workload creates
 //! topics, produces, fetches, rolls segments, runs retention, purges,
 //! deletes a topic and scrapes metrics; every traced syscall is mapped to
-//! its thread's name (`ringlog-shard-N`) and the test fails on any
-//! durability-blocking call (fsync, fdatasync, rename, unlink, rmdir) or
-//! any touch of topics.json issued by a shard thread: those go through a
-//! ring or a helper thread. The remaining synchronous metadata calls the
-//! shard threads still make (opens, mkdir, fallocate, stat, listing) and
-//! their blocking waits on the storage ring (a blocking `IoBackend::submit`)
-//! are counted and printed, not yet forbidden. Where they come from (audit
-//! of this workload, 2 shards):
-//! - partition create (`Op::OpenPartition`): `exists`, `create_dir`,
-//!   `open_file`/`open_dir` and blocking directory fsyncs in
-//!   shard/src/partition.rs and storage/src/store (mod.rs, open.rs,
-//!   table.rs);
-//! - segment roll and write-ahead growth: `open_file` of the next segment,
-//!   `allocate`/`allocate_range` (fallocate) in storage/src/store/mod.rs;
-//!   sealing opens the segment's `.idx` and rewrites the table;
-//! - every superblock checkpoint opens the superblock file;
-//! - purge: a new generation directory, `list_dir` of the old one
-//!   (storage/src/store/retention.rs);
-//! - topic delete (`Op::DropPartition`): the close's checkpoint and
-//!   `trash::move_in` (opens both directories, waits for rename + fsyncs);
-//! - boot: the recycle pool's `exists`/`create_dir`/`list_dir`.
+//! its thread's name (`ringlog-shard-N`) and the test fails on
+//! - any durability-blocking call (fsync, fdatasync, rename, unlink, rmdir)
+//!   or touch of topics.json issued by a shard thread: those go through a
+//!   ring or the meta-io thread;
+//! - once the server is ready, any metadata call (open, mkdir, fallocate,
+//!   stat, directory listing) by a shard thread: those are ring ops
+//!   (`Op::Open`, `Op::Allocate`, `Op::FileSize`, `Op::Exists`,
+//!   `Op::MakeDir`), and purge names the files it removes instead of
+//!   listing. Startup recovery (journal, recycle pool listing) may still make
+//!   them: it runs before the server takes requests, and they are printed.
+//!   procfs reads (the allocator's one look at overcommit_memory) are not
+//!   storage and are not counted.
+//!
+//! Still blocking, counted and printed, not forbidden: waits on the storage
+//! ring by a blocking `IoBackend::submit` (roll: flush, table entry,
+//! superblock; checkpoint superblock writes; partition create and close;
+//! purge), including the metadata ops above when their caller waits. Rolls
+//! rename a spare segment prepared in the background and appends find their
+//! room reserved ahead, so those no longer wait for the open and fallocates.
 //!
 //! Skipped, with a message, only if strace is not installed (ci/install-deps
 //! installs it).
