@@ -393,6 +393,82 @@ impl Partition {
         }
     }
 
+    /// Whether the next segment should be prepared now, in the background
+    /// (see [`PartitionStore::spare_due`]).
+    pub fn spare_due(&self) -> bool {
+        matches!(&self.state, State::Open(h) if h.store.spare_due())
+    }
+
+    /// Whether an op preparing the next segment is in flight (at most one).
+    pub fn spare_in_flight(&self) -> bool {
+        matches!(&self.state, State::Open(h) if h.store.spare_in_flight())
+    }
+
+    /// The first batch preparing the next segment, if one is due; its
+    /// completions go to [`Partition::complete_spare`].
+    pub fn prepare_spare(&mut self) -> Option<Vec<Sqe>> {
+        match &mut self.state {
+            State::Open(h) if h.store.spare_due() => Some(h.store.prepare_spare()),
+            _ => None,
+        }
+    }
+
+    /// Applies a spare batch's completions; returns the next batch to
+    /// submit, if any. A failure only drops the spare (the roll then
+    /// provisions its segment itself) and is logged here.
+    pub fn complete_spare(
+        &mut self,
+        io: &mut impl IoBackend,
+        completions: Vec<Completion>,
+    ) -> Option<Vec<Sqe>> {
+        let State::Open(h) = &mut self.state else {
+            close_opened(io, completions);
+            return None;
+        };
+        if !h.store.spare_in_flight() {
+            tracing::warn!(
+                partition_id = self.id,
+                "spare completion with none in flight"
+            );
+            close_opened(io, completions);
+            return None;
+        }
+        match h.store.complete_spare(io, completions) {
+            Ok(next) => next,
+            Err(e) => {
+                tracing::warn!(partition_id = self.id, error = %e, "next segment not prepared ahead");
+                None
+            }
+        }
+    }
+
+    /// The active segment's next reservation step, if one is due ahead of
+    /// the appends; its completion goes to [`Partition::complete_reserve_ahead`].
+    pub fn prepare_reserve_ahead(&mut self) -> Option<Vec<Sqe>> {
+        match &mut self.state {
+            State::Open(h) if h.store.reserve_ahead_due() => Some(h.store.prepare_reserve_ahead()),
+            _ => None,
+        }
+    }
+
+    /// Applies a reservation ahead; a failure changes nothing (an append
+    /// needing the room reserves it itself) and is logged here.
+    pub fn complete_reserve_ahead(&mut self, completions: Vec<Completion>) {
+        let State::Open(h) = &mut self.state else {
+            return;
+        };
+        if !h.store.reserve_ahead_in_flight() {
+            tracing::warn!(
+                partition_id = self.id,
+                "reservation completion with none in flight"
+            );
+            return;
+        }
+        if let Err(e) = h.store.complete_reserve_ahead(completions) {
+            tracing::warn!(partition_id = self.id, error = %e, "segment not reserved ahead");
+        }
+    }
+
     pub fn dir(&self) -> &Path {
         &self.dir
     }
@@ -981,6 +1057,19 @@ fn committed_prefix(mut bytes: Vec<u8>, end: u64) -> Result<(Vec<u8>, u64), OpEr
 }
 
 /// End position of the active segment's accepted bytes.
+/// Closes the files a spare batch opened for a partition that can no
+/// longer take them (closed, unavailable): the files are garbage for the
+/// next open.
+pub fn close_opened(io: &mut impl IoBackend, completions: Vec<Completion>) {
+    for c in completions {
+        if matches!(c.op, Op::Open { .. }) {
+            if let Ok(file) = c.opened() {
+                io.close(file);
+            }
+        }
+    }
+}
+
 fn active_end(store: &PartitionStore) -> u64 {
     let sealed: u64 = store.sealed_segments().map(|s| s.length_bytes).sum();
     store.size_bytes() - sealed

@@ -225,6 +225,26 @@ struct Core<B: IoBackend> {
     journal_waiting: Vec<u32>,
     /// The journal checkpoint in flight, if any.
     checkpoint: Option<(BatchId, CheckpointStep)>,
+    /// Background batches of a partition (see [`Ahead`]): at most one of
+    /// each kind per partition (the store refuses a second), so at most two
+    /// per hosted partition in all.
+    spares: HashMap<BatchId, (u32, Ahead)>,
+}
+
+/// What a background batch of a partition does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ahead {
+    /// Prepares the next segment before the roll.
+    Spare,
+    /// Reserves the active segment's next step before appends need it.
+    Reserve,
+}
+
+impl<B: IoBackend> Core<B> {
+    /// Group commits or spares are in flight on the storage ring.
+    fn storage_busy(&self) -> bool {
+        !self.flights.is_empty() || !self.spares.is_empty()
+    }
 }
 
 /// A journal checkpoint's two submissions (a linked chain would not stop at
@@ -597,6 +617,7 @@ impl<B: IoBackend> Shard<B> {
                 journal: None,
                 journal_waiting: Vec::new(),
                 checkpoint: None,
+                spares: HashMap::new(),
             }),
             queue: RefCell::new(VecDeque::new()),
             turn: Notify::default(),
@@ -873,8 +894,9 @@ impl<B: IoBackend> Shard<B> {
             yield_now().await;
             while self.run_turn(Instant::now()) > 0 {}
         }
-        // No flush may be in flight when the partitions close.
-        while !self.core.borrow().flights.is_empty() {
+        // No flush (nor spare, which work may be parked behind) may be in
+        // flight when the partitions close.
+        while self.core.borrow().storage_busy() {
             monoio::select! {
                 _ = self.flushed.notified() => {}
                 // Reaping is idempotent: do it here too should a wake-up

@@ -28,6 +28,13 @@ enum Step {
         records: u32,
         value_len: usize,
     },
+    /// As `Append`, preparing the next segment ahead (a spare) whenever
+    /// one is due, so the rolls rename it into place.
+    AppendSpared {
+        n: u32,
+        records: u32,
+        value_len: usize,
+    },
     Purge,
     Retention {
         now_ms: u64,
@@ -77,6 +84,22 @@ fn run(
                 }
                 store.flush(io)?;
                 model.acked.extend(pending);
+            }
+            Step::AppendSpared {
+                n,
+                records,
+                value_len,
+            } => {
+                for _ in 0..n {
+                    if store.spare_due() {
+                        store.provision_spare(io)?;
+                    }
+                    model.seed += 1;
+                    let batch = next_batch(&store, records, value_len, model.seed);
+                    let appended = store.append(io, &batch)?;
+                    store.flush(io)?;
+                    model.acked.insert(appended.base_offset, batch);
+                }
             }
             Step::Purge => {
                 model.log_start_inflight = vec![store.next_offset()];
@@ -373,6 +396,43 @@ fn crash_during_rolls_that_write_the_segment_table() {
     );
     let points = crash_everywhere("table", &config, &steps);
     assert!(points > 500, "only {points} crash points");
+}
+
+/// Rolls into spares prepared ahead (fresh ones, then recycled ones once
+/// retention fills the pool), with a purge and a close while a spare is
+/// ready: a crash between preparing the spare and the roll that renames
+/// it, or inside either, loses nothing acknowledged.
+#[test]
+fn crash_during_rolls_into_spares() {
+    let config = StoreConfig {
+        retention_bytes: Some(16 * 1024),
+        ..tiny_segments()
+    };
+    let spared = Step::AppendSpared {
+        n: 5,
+        records: 1,
+        value_len: 3000,
+    };
+    let half = Step::AppendSpared {
+        n: 2,
+        records: 1,
+        value_len: 3000,
+    };
+    let steps = [
+        spared,
+        Step::Retention { now_ms: 1 },
+        spared,
+        half,
+        Step::Purge,
+        half,
+        Step::Close,
+        spared,
+    ];
+    // (Checked by hand with a trace in `take_spare`/`prepare_spare`: the
+    // clean run rolls into fresh and recycled spares; spare_sim.rs pins
+    // each kind.)
+    let points = crash_everywhere("spares", &config, &steps);
+    assert!(points > 300, "only {points} crash points");
 }
 
 #[test]

@@ -786,3 +786,97 @@ fn a_ring_built_on_one_thread_runs_on_another() {
     });
     worker.join().unwrap();
 }
+
+/// The metadata ops go through the ring like data ops, asynchronously:
+/// mkdir, then create a file in it, stat it, reserve and measure it, in
+/// linked batches reaped through the eventfd; each failure comes back on
+/// its own op with the kernel's errno.
+#[test]
+fn metadata_ops_run_asynchronously_through_the_ring() {
+    let dir = tempdir();
+    let mut backend = UringBackend::with_default_entries().unwrap();
+    let efd = eventfd();
+    backend.register_eventfd(efd.as_raw_fd()).unwrap();
+    let sub = dir.path().join("sub");
+    let path = sub.join("seg");
+    let id = backend.submit_nowait(vec![
+        Sqe::linked(Op::MakeDir { path: sub.clone() }),
+        Sqe::linked(Op::Open {
+            path: path.clone(),
+            mode: OpenMode::Create,
+            dir: false,
+        }),
+        Sqe::linked(Op::Exists { path: path.clone() }),
+        Sqe::new(Op::Open {
+            path: sub.clone(),
+            mode: OpenMode::Existing,
+            dir: true,
+        }),
+    ]);
+    let mut done = reap_all(&mut backend, &efd, &[id]).pop().unwrap().1;
+    assert_eq!(done.len(), 4);
+    assert_eq!(ok(&done[0]), 0);
+    assert_eq!(ok(&done[2]), 1, "the created file exists");
+    let dir_file = done.pop().unwrap().opened().unwrap();
+    done.pop();
+    let file = done.pop().unwrap().opened().unwrap();
+    assert!(std::fs::metadata(&path).unwrap().is_file());
+
+    let id = backend.submit_nowait(vec![
+        Sqe::linked(Op::Allocate {
+            file,
+            offset: 4096,
+            len_bytes: 1 << 20,
+        }),
+        Sqe::linked(Op::FileSize { file }),
+        Sqe::new(Op::Fsync { file: dir_file }),
+    ]);
+    let done = reap_all(&mut backend, &efd, &[id]).pop().unwrap().1;
+    assert_eq!(ok(&done[0]), 0);
+    assert_eq!(ok(&done[1]), 4096 + (1 << 20), "the size covers the range");
+    assert_eq!(ok(&done[2]), 0);
+    // The descriptor the ring opened is a working O_DIRECT one.
+    let data = pattern(8192, 9);
+    let wrote = backend.submit(vec![Sqe::new(write(file, 0, &data))]);
+    assert_eq!(ok(&wrote[0]), data.len());
+    assert_eq!(read_back(&mut backend, file, 0, data.len()), data);
+
+    // Failures, one per op, none stopping the others.
+    backend.close(dir_file);
+    let missing = dir.path().join("missing");
+    let done = backend.submit(vec![
+        Sqe::new(Op::Open {
+            path: missing.clone(),
+            mode: OpenMode::Existing,
+            dir: false,
+        }),
+        Sqe::new(Op::Exists {
+            path: missing.clone(),
+        }),
+        Sqe::new(Op::MakeDir { path: sub.clone() }),
+        Sqe::new(Op::Allocate {
+            file: dir_file,
+            offset: 0,
+            len_bytes: 4096,
+        }),
+        Sqe::new(Op::FileSize { file: dir_file }),
+        Sqe::new(Op::Open {
+            path: path.clone(),
+            mode: OpenMode::Existing,
+            dir: true,
+        }),
+    ]);
+    assert_eq!(err(&done[0]).kind(), io::ErrorKind::NotFound);
+    assert_eq!(ok(&done[1]), 0, "a missing path is not an error");
+    assert_eq!(err(&done[2]).kind(), io::ErrorKind::AlreadyExists);
+    assert_eq!(err(&done[3]).raw_os_error(), Some(libc::EBADF));
+    assert_eq!(err(&done[4]).raw_os_error(), Some(libc::EBADF));
+    assert_eq!(err(&done[5]).raw_os_error(), Some(libc::ENOTDIR));
+    // A non-open completion names no file.
+    let mut done = done;
+    assert_eq!(
+        done.swap_remove(1).opened().unwrap_err().kind(),
+        io::ErrorKind::InvalidInput
+    );
+    backend.close(file);
+}

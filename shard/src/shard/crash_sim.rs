@@ -183,7 +183,7 @@ fn drive(s: &Shard<SimBackend>, seed: u64) -> Vec<Sent> {
         }
     }
     let mut turns = 0;
-    while !s.core.borrow().flights.is_empty() {
+    while s.core.borrow().storage_busy() {
         turns += 1;
         assert!(turns < DRAIN_TURNS_MAX, "flushes never finish");
         s.on_storage_completions(Instant::now());
@@ -277,7 +277,7 @@ fn check_recovery(io: SimBackend, acked: &BTreeMap<u32, Vec<Acked>>, label: &str
     }
     while s.run_turn(Instant::now()) > 0 {}
     let mut turns = 0;
-    while !s.core.borrow().flights.is_empty() {
+    while s.core.borrow().storage_busy() {
         turns += 1;
         assert!(turns < DRAIN_TURNS_MAX, "{label}: flushes never finish");
         s.on_storage_completions(Instant::now());

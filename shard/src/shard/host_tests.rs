@@ -107,7 +107,7 @@ fn a_failed_journal_fdatasync_fences_every_partition_it_carried() {
 fn settle_all(s: &Shard<SimBackend>) {
     for _ in 0..DRAIN_ROUNDS_MAX {
         while s.run_turn(Instant::now()) > 0 {}
-        if s.core.borrow().flights.is_empty() {
+        if !s.core.borrow().storage_busy() {
             return;
         }
         s.on_storage_completions(Instant::now());

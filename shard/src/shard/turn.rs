@@ -68,7 +68,9 @@ impl<B: IoBackend> Shard<B> {
             _ => return None,
         };
         let p = core.partitions.get(&pid)?;
-        if !p.flush_in_flight() {
+        // A spare in flight counts as a flush in flight: a roll then waits
+        // to rename it into place, and a purge or close waits to release it.
+        if !p.flush_in_flight() && !p.spare_in_flight() {
             return None;
         }
         let behind = core.lanes.get(&pid).is_some_and(|l| !l.parked.is_empty());
@@ -387,6 +389,7 @@ impl<B: IoBackend> Shard<B> {
                 },
             );
         }
+        self.start_spares(core, &out.touched);
         self.send_replica_messages(core, &out.touched);
         let settled = self.settle(core, &out.touched, &mut out.replies);
         if settled > 0 {
@@ -657,6 +660,12 @@ impl<B: IoBackend> Shard<B> {
             }
             let mut done: Vec<u32> = Vec::new();
             for (id, completions) in reaped {
+                if let Some((pid, ahead)) = core.spares.remove(&id) {
+                    self.on_ahead(core, pid, ahead, completions);
+                    // Work parked behind the spare runs (or parks again).
+                    done.push(pid);
+                    continue;
+                }
                 if core.checkpoint.as_ref().is_some_and(|(cp, _)| *cp == id) {
                     if let Some((_, step)) = core.checkpoint.take() {
                         self.on_checkpoint(core, step, completions);
@@ -709,6 +718,51 @@ impl<B: IoBackend> Shard<B> {
             metrics::inc(&self.metrics.reply_buffers_allocated_total);
         }
         buf
+    }
+
+    /// Starts the background work of every touched partition that is due
+    /// some, one batch of each kind each, without waiting: its next segment
+    /// once the active one is half full (the roll then only renames it into
+    /// place), and the active segment's next reservation step before the
+    /// appends reach the reserved end.
+    fn start_spares(&self, core: &mut Core<B>, touched: &[u32]) {
+        for &pid in touched {
+            let Some(p) = core.partitions.get_mut(&pid) else {
+                continue;
+            };
+            let batches = [
+                (Ahead::Spare, p.prepare_spare()),
+                (Ahead::Reserve, p.prepare_reserve_ahead()),
+            ];
+            for (ahead, sqes) in batches {
+                let Some(sqes) = sqes else { continue };
+                debug_assert!(!core.spares.values().any(|&k| k == (pid, ahead)));
+                let id = core.io.submit_nowait(sqes);
+                core.spares.insert(id, (pid, ahead));
+            }
+        }
+    }
+
+    /// A background batch finished: a spare's next step goes out, or it is
+    /// ready (or dropped, logged); a reservation applies (or is dropped,
+    /// logged). A partition gone meanwhile gets nothing: the files the
+    /// batch opened are closed (garbage for the next open).
+    fn on_ahead(&self, core: &mut Core<B>, pid: u32, ahead: Ahead, completions: Vec<Completion>) {
+        let Some(p) = core.partitions.get_mut(&pid) else {
+            crate::partition::close_opened(&mut core.io, completions);
+            return;
+        };
+        let next = match ahead {
+            Ahead::Spare => p.complete_spare(&mut core.io, completions),
+            Ahead::Reserve => {
+                p.complete_reserve_ahead(completions);
+                None
+            }
+        };
+        if let Some(sqes) = next {
+            let id = core.io.submit_nowait(sqes);
+            core.spares.insert(id, (pid, ahead));
+        }
     }
 
     /// Answers long-poll fetches whose data became durable.

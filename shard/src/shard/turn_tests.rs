@@ -100,3 +100,130 @@ fn dropping_a_partition_moves_it_into_the_trash_and_pokes_the_sweeper() {
     );
     assert!(io.exists(&trashed).expect("stat"), "not in the trash");
 }
+
+/// Runs turns and storage completions until nothing is in flight.
+fn settle(s: &Shard<SimBackend>) {
+    for _ in 0..10_000 {
+        while s.run_turn(Instant::now()) > 0 {}
+        if !s.core.borrow().storage_busy() {
+            return;
+        }
+        s.on_storage_completions(Instant::now());
+    }
+    panic!("storage never settles");
+}
+
+fn produced(rx: &crossbeam_channel::Receiver<Outcome>) {
+    match rx.try_recv() {
+        Ok(Ok(OpReply::Produced(_))) => {}
+        other => panic!("produce: {other:?}"),
+    }
+}
+
+fn spare_state(s: &Shard<SimBackend>) -> (bool, bool, usize) {
+    let core = s.core.borrow();
+    let store = core.partitions[&FIRST_ID].store().expect("open");
+    (
+        store.spare_ready(),
+        store.spare_in_flight(),
+        store.sealed_segments().count(),
+    )
+}
+
+/// Once a partition's active segment is half full, the turn starts its
+/// next segment (a spare) on the ring without waiting; the roll renames it
+/// into place. Work that must not overtake the spare (a purge) parks behind
+/// it and runs when it completed. One spare batch per partition at most.
+#[test]
+fn the_turn_prepares_the_next_segment_and_the_roll_takes_it() {
+    let s = setup(3);
+    let mut tag = 0;
+    // 32 KiB segments, ~3 KiB batches: half full after six.
+    while !spare_state(&s).1 {
+        tag += 1;
+        let rx = queue(
+            &s,
+            Op::Produce {
+                partition_id: FIRST_ID,
+                batch: batch(tag, 2, 1400).into(),
+            },
+        );
+        assert_eq!(s.run_turn(Instant::now()), 1);
+        assert!(tag < 12, "no spare was started");
+        settle_flights_only(&s);
+        produced(&rx);
+    }
+    {
+        let core = s.core.borrow();
+        let spares = core
+            .spares
+            .values()
+            .filter(|(_, a)| *a == Ahead::Spare)
+            .count();
+        assert_eq!(spares, 1, "one spare batch for the partition");
+    }
+    // A purge queued now parks behind the spare in flight.
+    let purge = queue(
+        &s,
+        Op::Purge {
+            partition_id: FIRST_ID,
+        },
+    );
+    assert_eq!(s.run_turn(Instant::now()), 1);
+    assert!(purge.try_recv().is_err(), "the purge overtook the spare");
+    settle(&s);
+    assert!(matches!(purge.try_recv(), Ok(Ok(OpReply::Empty))));
+    let (ready, in_flight, _) = spare_state(&s);
+    assert!(!ready && !in_flight, "the purge released the spare");
+    // Fill again: the spare gets ready, then the roll consumes it.
+    let mut sealed_before = 0;
+    while !spare_state(&s).0 {
+        tag += 1;
+        let rx = queue(
+            &s,
+            Op::Produce {
+                partition_id: FIRST_ID,
+                batch: batch(tag, 2, 1400).into(),
+            },
+        );
+        settle(&s);
+        produced(&rx);
+        sealed_before = spare_state(&s).2;
+        assert!(tag < 40, "the spare never got ready");
+    }
+    while spare_state(&s).2 == sealed_before {
+        tag += 1;
+        let rx = queue(
+            &s,
+            Op::Produce {
+                partition_id: FIRST_ID,
+                batch: batch(tag, 2, 1400).into(),
+            },
+        );
+        settle(&s);
+        produced(&rx);
+        assert!(tag < 60, "never rolled");
+    }
+    let core = s.core.borrow();
+    let store = core.partitions[&FIRST_ID].store().expect("open");
+    let spare = store
+        .dir()
+        .join(format!("gen-{:020}", store.superblock().live_generation))
+        .join(ringlog_storage::store::SPARE_FILE);
+    assert!(!store.spare_ready(), "the roll took the spare");
+    drop(core);
+    let io = &mut s.core.borrow_mut().io;
+    assert!(!io.exists(&spare).expect("stat"), "renamed into place");
+}
+
+/// Completes the group commits in flight, leaving spare batches alone
+/// when they are not done yet.
+fn settle_flights_only(s: &Shard<SimBackend>) {
+    for _ in 0..10_000 {
+        if s.core.borrow().flights.is_empty() {
+            return;
+        }
+        s.on_storage_completions(Instant::now());
+    }
+    panic!("flushes never finish");
+}

@@ -7,8 +7,14 @@
 //! seeded order, and can crash at any op or inject faults (EIO, bit flips,
 //! ENOSPC), which is what the crash-point and fault tests are built on.
 //!
-//! Metadata calls that are off the hot path (open, create, mkdir, fallocate,
-//! listing) are plain synchronous trait methods.
+//! Metadata calls (open, create, mkdir, fallocate, stat) are ops too
+//! ([`Op::Open`], [`Op::Allocate`], [`Op::FileSize`], [`Op::Exists`],
+//! [`Op::MakeDir`]), so a shard thread issues them through its ring instead
+//! of making the syscall itself. The synchronous trait methods of the same
+//! names remain for callers that wait anyway (recovery, tests); the io_uring
+//! backend runs them as one-op ring submissions. Listing a directory has no
+//! ring op: [`IoBackend::list_dir`] is a plain call, for startup and helper
+//! threads only.
 
 pub mod buf;
 pub mod sim;
@@ -59,6 +65,29 @@ pub enum Op {
     Unlink { path: PathBuf },
     /// rmdir(2) of an empty directory.
     RemoveDir { path: PathBuf },
+    /// Opens `path`: a regular file for O_DIRECT reads and writes (created
+    /// if missing with [`OpenMode::Create`]; the name is durable only after
+    /// a directory fsync), or with `dir` a directory, for [`Op::Fsync`]. The
+    /// result is the new [`FileId`]'s number (see [`Completion::opened`]);
+    /// the caller closes it.
+    Open {
+        path: PathBuf,
+        mode: OpenMode,
+        dir: bool,
+    },
+    /// fallocate(2) mode 0 of `[offset, offset + len_bytes)`: the size grows
+    /// to cover it; ENOSPC when the filesystem has no room.
+    Allocate {
+        file: FileId,
+        offset: u64,
+        len_bytes: u64,
+    },
+    /// The size of an open file in bytes (statx), as the result.
+    FileSize { file: FileId },
+    /// Whether `path` exists (statx): result 1 if it does, 0 if not.
+    Exists { path: PathBuf },
+    /// mkdir(2), mode 0755 (durable after an fsync of its parent).
+    MakeDir { path: PathBuf },
 }
 
 impl Op {
@@ -72,6 +101,10 @@ impl Op {
             Op::Rename { .. } => "rename",
             Op::Unlink { .. } => "unlink",
             Op::RemoveDir { .. } => "rmdir",
+            Op::Open { .. } => "open",
+            Op::Allocate { .. } => "fallocate",
+            Op::FileSize { .. } | Op::Exists { .. } => "stat",
+            Op::MakeDir { .. } => "mkdir",
         }
     }
 
@@ -116,6 +149,36 @@ pub struct Completion {
     pub op: Op,
     /// Bytes transferred for reads and writes, 0 for the others.
     pub result: io::Result<usize>,
+}
+
+impl Completion {
+    /// The file an [`Op::Open`] opened (its error otherwise, or
+    /// InvalidInput for any other op).
+    pub fn opened(self) -> io::Result<FileId> {
+        match (self.op, self.result) {
+            (Op::Open { .. }, Ok(id)) => u32::try_from(id)
+                .map(FileId)
+                .map_err(|_| io::Error::other(format!("file id {id} out of range"))),
+            (_, Err(e)) => Err(e),
+            (op, Ok(_)) => Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{} completion holds no file", op.kind()),
+            )),
+        }
+    }
+}
+
+/// The single completion of a one-op submission (an error if the backend
+/// handed back none, which it never should).
+pub fn only(completions: Vec<Completion>) -> io::Result<Completion> {
+    let n = completions.len();
+    let mut it = completions.into_iter();
+    match (it.next(), n) {
+        (Some(c), 1) => Ok(c),
+        _ => Err(io::Error::other(format!(
+            "a one-op submission completed with {n} completions"
+        ))),
+    }
 }
 
 /// Names a batch handed to [`IoBackend::submit_nowait`];

@@ -354,6 +354,24 @@ impl SimBackend {
                 fail_if(self.tick()?)?;
                 self.remove_dir(path)
             }
+            // The metadata ops behave (crash clock, faults, ENOSPC) exactly
+            // as the synchronous methods of the same names.
+            Op::Open { path, mode, dir } => {
+                let file = if *dir {
+                    self.open_dir(path)?
+                } else {
+                    self.open_file(path, *mode)?
+                };
+                Ok(file.0 as usize)
+            }
+            Op::Allocate {
+                file,
+                offset,
+                len_bytes,
+            } => self.allocate_range(*file, *offset, *len_bytes).map(|()| 0),
+            Op::FileSize { file } => self.file_size(*file).map(|n| n as usize),
+            Op::Exists { path } => self.exists(path).map(usize::from),
+            Op::MakeDir { path } => self.create_dir(path).map(|()| 0),
         }
     }
 
@@ -1141,6 +1159,70 @@ mod tests {
         assert_eq!(diff, 1, "exactly one bit flipped");
         assert_eq!(io.read_whole(Path::new("/a")).unwrap(), &[0xAA; 4096][..]);
         assert_eq!(&read_block(&mut io, f, 0).unwrap()[..], &[0xAA; 4096][..]);
+    }
+
+    /// The metadata ops, submitted as ops (asynchronously too), behave as
+    /// the methods: results, crash clock, ENOSPC, failure at a chosen op.
+    #[test]
+    fn metadata_ops_run_on_the_crash_clock_like_the_methods() {
+        let mut io = SimBackend::new(21);
+        let open = |path: &str, mode| Op::Open {
+            path: path.into(),
+            mode,
+            dir: false,
+        };
+        let id = io.submit_nowait(vec![
+            Sqe::linked(Op::MakeDir { path: "/d".into() }),
+            Sqe::linked(open("/d/a", OpenMode::Create)),
+            Sqe::new(Op::Exists {
+                path: "/d/a".into(),
+            }),
+        ]);
+        let mut done = Vec::new();
+        while done.is_empty() {
+            done = io.reap();
+        }
+        let (got, mut cs) = done.pop().unwrap();
+        assert_eq!(got, id);
+        assert_eq!(cs.pop().unwrap().result.unwrap(), 1);
+        let file = cs.pop().unwrap().opened().unwrap();
+        assert_eq!(io.ops_count(), 2, "mkdir and create tick the clock");
+        let cs = io.submit(vec![
+            Sqe::linked(Op::Allocate {
+                file,
+                offset: 4096,
+                len_bytes: 8192,
+            }),
+            Sqe::new(Op::FileSize { file }),
+        ]);
+        assert_eq!(cs[0].result.as_ref().unwrap(), &0);
+        assert_eq!(cs[1].result.as_ref().unwrap(), &(3 * 4096));
+        // The disk is full: the reservation fails with ENOSPC.
+        io.set_faults(Faults {
+            space_bytes_max: Some(4 * BLOCK_SIZE as u64),
+            ..Faults::default()
+        });
+        let grow = |len_bytes| {
+            vec![Sqe::new(Op::Allocate {
+                file,
+                offset: 0,
+                len_bytes,
+            })]
+        };
+        let cs = io.submit(grow(8 * 4096));
+        assert_eq!(errno_of(&cs[0]), Some(libc::ENOSPC));
+        // EIO at a chosen op on the clock.
+        io.set_fail_at(io.ops_count());
+        let cs = io.submit(grow(4 * 4096));
+        assert_eq!(errno_of(&cs[0]), Some(libc::EIO));
+        // Power fails during the next create: it never happened, and the
+        // directory (never fsynced) may be gone too.
+        io.set_crash_at(io.ops_count(), false);
+        let cs = io.submit(vec![Sqe::new(open("/d/b", OpenMode::Create))]);
+        assert!(cs[0].result.is_err());
+        assert!(io.is_crashed());
+        let mut io = io.reboot();
+        assert!(!io.exists(Path::new("/d/b")).unwrap());
     }
 
     #[test]

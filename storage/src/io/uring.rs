@@ -111,7 +111,6 @@ use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::DirBuilderExt;
 use std::path::Path;
 
 use io_uring::{opcode, squeue, types, IoUring};
@@ -183,6 +182,7 @@ pub struct UringBackend {
 struct Quarantined {
     _buf: Option<AlignedBuf>,
     _paths: CPaths,
+    _stat: Option<Box<libc::statx>>,
 }
 
 impl UringBackend {
@@ -330,13 +330,6 @@ impl UringBackend {
         self.kernel_waits
     }
 
-    fn fd(&self, file: FileId) -> io::Result<RawFd> {
-        self.files
-            .get(&file.0)
-            .map(|fd| fd.as_raw_fd())
-            .ok_or_else(|| io::Error::from_raw_os_error(libc::EBADF))
-    }
-
     fn insert_fd(&mut self, fd: OwnedFd) -> FileId {
         while self.files.contains_key(&self.next_file) {
             self.next_file = self.next_file.wrapping_add(1);
@@ -347,21 +340,33 @@ impl UringBackend {
         FileId(id)
     }
 
-    fn open_raw(&mut self, path: &Path, flags: libc::c_int) -> io::Result<FileId> {
-        let cpath = c_path(path)?;
-        loop {
-            // SAFETY: cpath is a valid NUL-terminated string for the call.
-            let fd = unsafe { libc::open(cpath.as_ptr(), flags, 0o644 as libc::c_uint) };
-            if fd >= 0 {
-                // SAFETY: open returned a fresh descriptor that nothing else owns.
-                let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-                return Ok(self.insert_fd(fd));
-            }
-            let err = io::Error::last_os_error();
-            if err.raw_os_error() != Some(libc::EINTR) {
-                return Err(err);
-            }
+    /// Takes the descriptors that completed [`Op::Open`]s into the table:
+    /// their results become [`FileId`] numbers.
+    fn adopt_opened(&mut self, completions: &mut [Completion]) {
+        for c in completions.iter_mut() {
+            let raw = match (&c.op, &c.result) {
+                (Op::Open { .. }, Ok(raw)) => *raw,
+                _ => continue,
+            };
+            c.result = match RawFd::try_from(raw) {
+                Ok(fd) => {
+                    // SAFETY: the kernel's openat returned this fresh
+                    // descriptor to this ring; nothing else owns it.
+                    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+                    Ok(self.insert_fd(fd).0 as usize)
+                }
+                Err(_) => Err(io::Error::other(format!("openat returned {raw}"))),
+            };
         }
+    }
+
+    /// Runs one op as its own ring submission and waits for it: the
+    /// synchronous metadata methods, so even they make no filesystem
+    /// syscall on the calling thread.
+    fn run_one(&mut self, op: Op) -> io::Result<Completion> {
+        let c = super::only(self.submit(vec![Sqe::new(op)]))?;
+        debug_assert!(!matches!(c.op, Op::Write { .. } | Op::Read { .. }));
+        Ok(c)
     }
 
     /// Registers `fd` (an eventfd the caller keeps open while the backend
@@ -664,6 +669,7 @@ impl UringBackend {
                     Quarantined {
                         _buf: buf,
                         _paths: paths,
+                        _stat: slot.stat.take(),
                     },
                 );
                 slot.in_flight = false;
@@ -695,15 +701,21 @@ impl Drop for UringBackend {
 
 impl IoBackend for UringBackend {
     fn open_file(&mut self, path: &Path, mode: OpenMode) -> io::Result<FileId> {
-        let mut flags = libc::O_RDWR | libc::O_DIRECT | libc::O_CLOEXEC;
-        if mode == OpenMode::Create {
-            flags |= libc::O_CREAT;
-        }
-        self.open_raw(path, flags)
+        self.run_one(Op::Open {
+            path: path.into(),
+            mode,
+            dir: false,
+        })?
+        .opened()
     }
 
     fn open_dir(&mut self, path: &Path) -> io::Result<FileId> {
-        self.open_raw(path, libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC)
+        self.run_one(Op::Open {
+            path: path.into(),
+            mode: OpenMode::Existing,
+            dir: true,
+        })?
+        .opened()
     }
 
     fn close(&mut self, file: FileId) {
@@ -712,9 +724,12 @@ impl IoBackend for UringBackend {
     }
 
     fn create_dir(&mut self, path: &Path) -> io::Result<()> {
-        std::fs::DirBuilder::new().mode(0o755).create(path)
+        self.run_one(Op::MakeDir { path: path.into() })?
+            .result
+            .map(|_| ())
     }
 
+    /// getdents has no ring op: a plain call, for startup and helper threads.
     fn list_dir(&mut self, path: &Path) -> io::Result<Vec<String>> {
         let mut names = Vec::new();
         for entry in std::fs::read_dir(path)? {
@@ -728,38 +743,28 @@ impl IoBackend for UringBackend {
     }
 
     fn exists(&mut self, path: &Path) -> io::Result<bool> {
-        path.try_exists()
+        let found = self.run_one(Op::Exists { path: path.into() })?.result?;
+        Ok(found != 0)
     }
 
     fn file_size(&mut self, file: FileId) -> io::Result<u64> {
-        let fd = self.fd(file)?;
-        // SAFETY: an all-zero stat is a valid value; fstat only writes into it.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: fd is open (owned by the table) and st is a valid pointer.
-        if unsafe { libc::fstat(fd, &mut st) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(st.st_size as u64)
+        let size = self.run_one(Op::FileSize { file })?.result?;
+        Ok(size as u64)
     }
 
     fn allocate_range(&mut self, file: FileId, offset: u64, len_bytes: u64) -> io::Result<()> {
-        let fd = self.fd(file)?;
         let too_large = |_| io::Error::new(io::ErrorKind::InvalidInput, "allocation too large");
-        let len = libc::off_t::try_from(len_bytes).map_err(too_large)?;
-        let offset = libc::off_t::try_from(offset).map_err(too_large)?;
-        if len == 0 {
+        libc::off_t::try_from(len_bytes).map_err(too_large)?;
+        libc::off_t::try_from(offset.saturating_add(len_bytes)).map_err(too_large)?;
+        if len_bytes == 0 {
             return Ok(());
         }
-        loop {
-            // SAFETY: plain syscall on a descriptor owned by the table.
-            if unsafe { libc::fallocate(fd, 0, offset, len) } == 0 {
-                return Ok(());
-            }
-            let err = io::Error::last_os_error();
-            if err.raw_os_error() != Some(libc::EINTR) {
-                return Err(err);
-            }
-        }
+        let op = Op::Allocate {
+            file,
+            offset,
+            len_bytes,
+        };
+        self.run_one(op)?.result.map(|_| ())
     }
 
     fn submit(&mut self, batch: Vec<Sqe>) -> Vec<Completion> {
@@ -822,7 +827,9 @@ impl IoBackend for UringBackend {
         if self.defer && self.running.iter().any(|(_, b)| b.is_done()) {
             self.signal();
         }
-        batch.into_completions()
+        let mut completions = batch.into_completions();
+        self.adopt_opened(&mut completions);
+        completions
     }
 
     /// Queues `batch` and submits as much of it as the in-flight bound allows,
@@ -868,6 +875,9 @@ impl IoBackend for UringBackend {
             }
         }
         self.running = keep;
+        for (_, completions) in done.iter_mut() {
+            self.adopt_opened(completions);
+        }
         done
     }
 
@@ -960,6 +970,9 @@ struct Slot {
     op: Op,
     link_next: bool,
     paths: CPaths,
+    /// The statx buffer of [`Op::FileSize`] and [`Op::Exists`], alive until
+    /// the op completes.
+    stat: Option<Box<libc::statx>>,
     /// An error found before submission (bad argument); the op is not run.
     preset: Option<io::Error>,
     /// Bytes of a read/write done so far.
@@ -986,7 +999,11 @@ impl Slot {
                     CPaths::None
                 }
             },
-            Op::Unlink { path } | Op::RemoveDir { path } => match c_path(path) {
+            Op::Unlink { path }
+            | Op::RemoveDir { path }
+            | Op::Open { path, .. }
+            | Op::Exists { path }
+            | Op::MakeDir { path } => match c_path(path) {
                 Ok(path) => CPaths::One(path),
                 Err(e) => {
                     preset = Some(e);
@@ -1000,12 +1017,18 @@ impl Slot {
                 ));
                 CPaths::None
             }
+            // statx of the descriptor itself (AT_EMPTY_PATH).
+            Op::FileSize { .. } => CPaths::One(CString::default()),
             _ => CPaths::None,
         };
+        let stat = matches!(sqe.op, Op::FileSize { .. } | Op::Exists { .. })
+            // SAFETY: statx is plain data; all zeroes is a valid value.
+            .then(|| Box::new(unsafe { std::mem::zeroed::<libc::statx>() }));
         Self {
             op: sqe.op,
             link_next: sqe.link_next,
             paths,
+            stat,
             preset,
             done: 0,
             requested: 0,
@@ -1099,11 +1122,17 @@ fn build_entry(
     let Slot {
         op,
         paths,
+        stat,
         preset,
         done,
         requested,
         ..
     } = slot;
+    let statx_buf = |stat: &mut Option<Box<libc::statx>>| {
+        stat.as_mut().map_or(std::ptr::null_mut(), |b| {
+            (&mut **b as *mut libc::statx).cast::<types::statx>()
+        })
+    };
     let entry = match (op, &*paths) {
         _ if preset.is_some() => opcode::Nop::new().build(),
         (Op::Write { file, offset, buf }, _) => {
@@ -1162,6 +1191,36 @@ fn build_entry(
                 .flags(libc::AT_REMOVEDIR)
                 .build()
         }
+        (Op::Open { mode, dir, .. }, CPaths::One(path)) => {
+            opcode::OpenAt::new(types::Fd(libc::AT_FDCWD), path.as_ptr())
+                .flags(open_flags(*mode, *dir))
+                .mode(0o644)
+                .build()
+        }
+        (
+            Op::Allocate {
+                file,
+                offset,
+                len_bytes,
+            },
+            _,
+        ) => opcode::Fallocate::new(fd(file), *len_bytes)
+            .offset(*offset)
+            .build(),
+        (Op::FileSize { file }, CPaths::One(empty)) => {
+            opcode::Statx::new(fd(file), empty.as_ptr(), statx_buf(stat))
+                .flags(libc::AT_EMPTY_PATH)
+                .mask(libc::STATX_SIZE)
+                .build()
+        }
+        (Op::Exists { .. }, CPaths::One(path)) => {
+            opcode::Statx::new(types::Fd(libc::AT_FDCWD), path.as_ptr(), statx_buf(stat)).build()
+        }
+        (Op::MakeDir { .. }, CPaths::One(path)) => {
+            opcode::MkDirAt::new(types::Fd(libc::AT_FDCWD), path.as_ptr())
+                .mode(0o755)
+                .build()
+        }
         // Path ops always carry their paths unless they have a preset error.
         _ => opcode::Nop::new().build(),
     };
@@ -1194,6 +1253,12 @@ fn evaluate(slot: &mut Slot, res: i32) -> Next {
         };
     }
     let is_rw = slot.is_rw();
+    if res == -libc::ENOENT && matches!(slot.op, Op::Exists { .. }) {
+        slot.result = Some(Ok(0));
+        return Next::Done {
+            resubmit_run: false,
+        };
+    }
     if res < 0 {
         let errno = -res;
         // Only a read or write is retried: its failure cancelled the links
@@ -1246,6 +1311,30 @@ fn evaluate(slot: &mut Slot, res: i32) -> Next {
                 Next::Again
             }
         }
+        // The raw descriptor: the backend adopts it into its table when it
+        // hands the completion back (`UringBackend::adopt_opened`).
+        Op::Open { .. } => {
+            slot.result = Some(Ok(n));
+            Next::Done {
+                resubmit_run: false,
+            }
+        }
+        Op::FileSize { .. } => {
+            let size = slot.stat.as_ref().map(|st| st.stx_size);
+            slot.result =
+                Some(size.map(|s| s as usize).ok_or_else(|| {
+                    io::Error::other("io_uring: statx completed without its buffer")
+                }));
+            Next::Done {
+                resubmit_run: false,
+            }
+        }
+        Op::Exists { .. } => {
+            slot.result = Some(Ok(1));
+            Next::Done {
+                resubmit_run: false,
+            }
+        }
         _ => {
             slot.result = Some(Ok(0));
             Next::Done {
@@ -1253,6 +1342,19 @@ fn evaluate(slot: &mut Slot, res: i32) -> Next {
             }
         }
     }
+}
+
+/// Flags of an [`Op::Open`] (and of the synchronous opens before it).
+fn open_flags(mode: OpenMode, dir: bool) -> libc::c_int {
+    if dir {
+        return libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC;
+    }
+    let create = if mode == OpenMode::Create {
+        libc::O_CREAT
+    } else {
+        0
+    };
+    libc::O_RDWR | libc::O_DIRECT | libc::O_CLOEXEC | create
 }
 
 /// The members at the start of `rest` that the kernel cancelled.

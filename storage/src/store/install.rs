@@ -811,6 +811,7 @@ impl PartitionStore {
         }
         // The commit point; a failure fences (recovery decides from the
         // copies that landed).
+        let old_table_id = self.sb.table.id;
         let next = self.installed_superblock(m, generation, table, nonce);
         self.write_superblock(io, next)?;
         tracing::info!(
@@ -832,7 +833,12 @@ impl PartitionStore {
         // The old generation's files go next: no snapshot may read them.
         self.invalidate_snapshots();
         io.close(install.staging_dir_file);
-        self.switch_generation(io, generation_dir, sealed, (active_segment, chain));
+        self.switch_generation(
+            io,
+            (generation_dir, old_table_id),
+            sealed,
+            (active_segment, chain),
+        );
         Ok(())
     }
 

@@ -57,6 +57,7 @@ mod pool;
 mod read;
 mod retention;
 mod snapshot;
+mod spare;
 mod table;
 mod truncate;
 mod verify;
@@ -75,6 +76,7 @@ pub use pool::{PoolConfig, StorePool, PRIVATE_READ_CACHE_BYTES_MAX};
 pub use read::Fetched;
 pub use retention::RetentionOutcome;
 pub use snapshot::ChunkReads;
+pub use spare::SPARE_FILE;
 
 use crate::io::{
     align_down, align_up, AlignedBuf, BatchBuf, Completion, FileId, IoBackend, Op, OpenMode, Sqe,
@@ -231,6 +233,10 @@ pub struct PartitionStore {
     /// segment yet): fdatasync before any superblock write or direct flush
     /// claims them (see [`PartitionStore::sync_behind`]).
     behind: bool,
+    /// The next segment, prepared ahead of the roll (see `spare.rs`).
+    spare: spare::Spare,
+    /// The active segment's reservation ahead in flight (see `spare.rs`).
+    reserving: Option<spare::ReserveAhead>,
 }
 
 impl PartitionStore {
@@ -323,6 +329,8 @@ impl PartitionStore {
             installing: None,
             commit_noted: 0,
             behind: false,
+            spare: spare::Spare::Absent,
+            reserving: None,
         };
         store.sync_dirs(io, &[&generation_dir])?;
         // No earlier state exists: all four copies at once.
@@ -1065,6 +1073,8 @@ impl PartitionStore {
         if let Some(slot) = self.installing.take() {
             slot.close_files(io);
         }
+        // A spare is garbage to the next open too.
+        self.abandon_spare(io, None);
         io.close(self.active.file);
         checkpointed
     }
@@ -1089,7 +1099,12 @@ impl PartitionStore {
         let chunk_checksums = active.hasher.chunk_checksums();
         let new_base = self.durable.next_offset;
         let new_path = segment::log_path(&self.generation_dir, new_base);
-        let new_segment = self.provision_segment(io, &new_path)?;
+        // A spare prepared ahead only needs renaming into place (linked
+        // before the directory fsync below); otherwise provision one now.
+        let (new_segment, rename) = match self.take_spare(new_path.clone()) {
+            Some((spare, rename)) => (spare, Some(rename)),
+            None => (self.provision_segment(io, &new_path)?, None),
+        };
         let mut next = self.sb.successor();
         // Durable before the superblock that counts it (a linked chain
         // would not stop at a failed fdatasync: this is its own submission).
@@ -1143,6 +1158,9 @@ impl PartitionStore {
             }
         };
         let mut sqes = self.superblock_sqes(sb_file, &next, &half_for(next.sequence));
+        if let Some(rename) = rename {
+            sqes.push(Sqe::linked(rename));
+        }
         sqes.push(Sqe::new(Op::Fsync { file: dir_file }));
         let submitted = submit_checked(io, sqes);
         io.close(sb_file);

@@ -185,6 +185,8 @@ impl PartitionStore {
             installing: None,
             commit_noted: 0,
             behind: false,
+            spare: super::spare::Spare::Absent,
+            reserving: None,
         };
         let repair = copies_worth_repairing(&sb_bytes, &sb, chosen.copies_to_repair);
         if !repair.is_empty() {

@@ -51,6 +51,7 @@ impl PartitionStore {
         let table = self.fence_on_err(fresh)?;
         let dir = self.dir.clone();
         self.sync_dirs(io, &[&new_dir, &dir])?;
+        let old_table_id = self.sb.table.id;
 
         let mut next = self.sb.successor();
         next.purge_generation += 1;
@@ -72,18 +73,18 @@ impl PartitionStore {
 
         // Committed: switch to the new generation, then remove the old one.
         let prev = self.durable;
-        self.switch_generation(io, new_dir, Vec::new(), (new_segment, prev));
+        self.switch_generation(io, (new_dir, old_table_id), Vec::new(), (new_segment, prev));
         Ok(())
     }
 
     /// After a commit that named a new generation: makes it the live one in
     /// memory (its directory, sealed segments and empty active segment at
     /// `(file, prev)`, starting after `prev`) and removes the old
-    /// generation's files.
+    /// generation's files, its segment table being `old_table_id`.
     pub(super) fn switch_generation(
         &mut self,
         io: &mut impl IoBackend,
-        dir: PathBuf,
+        (dir, old_table_id): (PathBuf, u64),
         sealed: Vec<SealedFile>,
         (segment, prev): (Provisioned, ChainPoint),
     ) {
@@ -105,9 +106,11 @@ impl PartitionStore {
         );
         let old_active = std::mem::replace(&mut self.active, active);
         let old_sealed = std::mem::replace(&mut self.sealed, sealed);
+        let mut ops = Vec::new();
+        // Before the directory changes: the spare is named in the old one.
+        self.abandon_spare(io, Some(&mut ops));
         let old_dir = std::mem::replace(&mut self.generation_dir, dir);
         io.close(old_active.file);
-        let mut ops = Vec::new();
         for s in old_sealed {
             io.close(s.file);
             self.dispose(&segment::log_path(&old_dir, s.meta.base_offset), &mut ops);
@@ -119,15 +122,13 @@ impl PartitionStore {
             &segment::log_path(&old_dir, old_active.base_offset),
             &mut ops,
         );
-        // The old generation's segment table (and any uncommitted
-        // compaction's); a failed listing leaves them to the next open.
-        if let Ok(names) = io.list_dir(&old_dir) {
-            for name in names.into_iter().filter(|n| n.ends_with(".tbl")) {
-                ops.push(Op::Unlink {
-                    path: old_dir.join(name),
-                });
-            }
-        }
+        // The old generation's segment table, by name: no listing (getdents
+        // has no ring op). A live store holds no other table there (a failed
+        // compaction fences); anything else left makes the rmdir fail and is
+        // garbage for the next open.
+        ops.push(Op::Unlink {
+            path: table::path(&old_dir, old_table_id),
+        });
         ops.push(Op::RemoveDir { path: old_dir });
         self.run_removals(io, ops);
     }
