@@ -40,7 +40,7 @@
 //! time from these tasks and touches files only through the ring.
 
 use std::cell::{Cell, RefCell};
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
@@ -201,6 +201,10 @@ struct Core<B: IoBackend> {
     journal_waiting: Vec<u32>,
     /// The journal checkpoint in flight, if any.
     checkpoint: Option<(BatchId, CheckpointStep)>,
+    /// Fetches waiting for their partition's read-ahead in flight (the
+    /// bytes they want), by partition; at most `fetch_waiters_max` each,
+    /// more read the device at once.
+    read_ahead_parked: BTreeMap<u32, Vec<Work>>,
 }
 
 /// A journal checkpoint's two submissions (a linked chain would not stop at
@@ -529,6 +533,7 @@ impl<B: IoBackend> Shard<B> {
                 journal: None,
                 journal_waiting: Vec::new(),
                 checkpoint: None,
+                read_ahead_parked: BTreeMap::new(),
             }),
             queue: RefCell::new(VecDeque::new()),
             turn: Notify::default(),
@@ -739,6 +744,7 @@ impl<B: IoBackend> Shard<B> {
             self.tick_replicas(now);
             // Fetches answered from waiters count too.
             metrics::set_read_cache(&self.metrics, &self.core.borrow().pool.read_cache_stats());
+            metrics::set_read_ahead(&self.metrics, &self.core.borrow().pool.read_ahead_stats());
             if !self.is_stopping() {
                 self.checkpoint_idle(now);
             }
@@ -757,8 +763,11 @@ impl<B: IoBackend> Shard<B> {
             yield_now().await;
             while self.run_turn(Instant::now()) > 0 {}
         }
-        // No flush may be in flight when the partitions close.
-        while !self.core.borrow().flights.is_empty() {
+        // No flush, nor a read queued ahead, may be in flight when the
+        // partitions close their files.
+        while !self.core.borrow().flights.is_empty()
+            || self.core.borrow().pool.read_aheads_running() > 0
+        {
             monoio::select! {
                 _ = self.flushed.notified() => {}
                 // Reaping is idempotent: do it here too should a wake-up
@@ -774,6 +783,10 @@ impl<B: IoBackend> Shard<B> {
             for w in list {
                 replies.push(w.reply);
             }
+        }
+        for (_, works) in std::mem::take(&mut self.core.borrow_mut().read_ahead_parked) {
+            // Not expected: the read-aheads they waited for were reaped.
+            replies.extend(works.into_iter().map(|w| w.reply));
         }
         for (_, lane) in self.core.borrow_mut().lanes.drain() {
             // Not expected: with no flush in flight every append was
@@ -864,6 +877,7 @@ fn shard_pool(config: &ServerConfig, id: usize) -> StorePool {
         PoolConfig {
             write_buffers_idle_max: WRITE_BUFFERS_IDLE_MAX,
             read_cache_bytes_max: usize::try_from(config.read_cache_bytes).unwrap_or(usize::MAX),
+            read_ahead_bytes_max: usize::try_from(config.read_ahead_bytes).unwrap_or(usize::MAX),
             ..PoolConfig::private(&store)
         },
     )

@@ -55,6 +55,7 @@ mod install;
 mod open;
 mod pool;
 mod read;
+mod readahead;
 mod retention;
 mod snapshot;
 mod table;
@@ -73,6 +74,7 @@ pub use group::flush_all;
 pub use install::{Install, InstallBudget};
 pub use pool::{PoolConfig, StorePool, PRIVATE_READ_CACHE_BYTES_MAX};
 pub use read::Fetched;
+pub use readahead::ReadAheadStats;
 pub use retention::RetentionOutcome;
 pub use snapshot::ChunkReads;
 

@@ -1,11 +1,13 @@
 //! Reads by offset: whole, verified batches from durable data only, from
 //! the shard's read cache when it holds the whole answer (see `cache.rs`),
-//! else from the device (O_DIRECT, the shard's one read buffer).
+//! else from the device (O_DIRECT, the shard's one read buffer, or the
+//! buffer of a read queued ahead of this fetch, see `readahead.rs`).
 
 use super::cache::CacheRead;
+use super::readahead::{ReadAheadAt, ReadAheadPlan};
 use super::walk::{Visit, WalkStop, Walker};
 use super::{PartitionStore, StoreError};
-use crate::io::{align_down, IoBackend};
+use crate::io::{align_down, align_up, FileId, IoBackend, Op, Sqe};
 use crate::segment;
 
 /// Batches read from the log.
@@ -70,35 +72,21 @@ impl PartitionStore {
                 next_offset,
             });
         }
-        let (base, file, limit, position) = if from_offset >= self.active.base_offset {
-            let a = &self.active;
-            let relative = (from_offset - a.base_offset) as u32;
-            (
-                a.base_offset,
-                a.file,
-                a.durable_position,
-                a.index.position_for(relative),
-            )
-        } else {
-            let i = self
-                .sealed
-                .partition_point(|s| s.meta.end_offset <= from_offset);
-            let s = &self.sealed[i];
-            let relative = (from_offset - s.meta.base_offset) as u32;
-            (
-                s.meta.base_offset,
-                s.file,
-                s.meta.length_bytes,
-                s.index.position_for(relative),
-            )
+        let (base, file, limit, position) = self.locate(from_offset);
+        let chunk_bytes = self.chunk_bytes(max_bytes);
+        let at = ReadAheadAt {
+            key: self.cache_key,
+            from_offset,
+            segment_base: base,
+            file,
         };
         let mut next_offset = from_offset;
-        // One read covers the distance from the indexed batch and the bytes
-        // wanted, in the common case.
-        let chunk_bytes = max_bytes.max(64 * 1024) + self.config.index_interval_bytes as usize;
-        // The shard's one read buffer: reads run one at a time on its thread.
-        let buf = self.pool.take_read(chunk_bytes);
-        let mut walker = Walker::with_buf(file, chunk_bytes, buf);
+        // A read-ahead's buffer stands for the walker's first read; past
+        // it (a batch it cut, a limit that grew), the walker reads itself.
+        let mut walker = match self.pool.read_ahead_take(&at) {
+            Some(ra) => Walker::with_read(file, chunk_bytes, ra.buf, ra.start),
+            None => Walker::with_buf(file, chunk_bytes, self.pool.take_read(chunk_bytes)),
+        };
         // Shared by both callbacks: bytes taken so far.
         let taken_bytes = std::cell::Cell::new(0usize);
         let walked = walker.walk_until(
@@ -139,10 +127,93 @@ impl PartitionStore {
                 detail: reason,
             });
         }
+        self.read_ahead(io, next_offset, max_bytes);
         Ok(Fetched {
             bytes: out,
             next_offset,
         })
+    }
+
+    /// The segment holding `from_offset` (below the durable end): its base
+    /// offset, file, the end of its durable bytes, and the position of the
+    /// indexed batch a read of it starts walking from.
+    fn locate(&self, from_offset: u64) -> (u64, FileId, u64, u32) {
+        debug_assert!(from_offset < self.durable.next_offset);
+        if from_offset >= self.active.base_offset {
+            let a = &self.active;
+            let relative = (from_offset - a.base_offset) as u32;
+            return (
+                a.base_offset,
+                a.file,
+                a.durable_position,
+                a.index.position_for(relative),
+            );
+        }
+        let i = self
+            .sealed
+            .partition_point(|s| s.meta.end_offset <= from_offset);
+        let s = &self.sealed[i];
+        let relative = (from_offset - s.meta.base_offset) as u32;
+        (
+            s.meta.base_offset,
+            s.file,
+            s.meta.length_bytes,
+            s.index.position_for(relative),
+        )
+    }
+
+    /// What one read covers: the distance from the indexed batch and the
+    /// bytes wanted, in the common case.
+    fn chunk_bytes(&self, max_bytes: usize) -> usize {
+        max_bytes.max(64 * 1024) + self.config.index_interval_bytes as usize
+    }
+
+    /// After a read from the device: queues the first read of the next
+    /// sequential fetch (from `from_offset`, up to `max_bytes`) on the ring
+    /// without waiting, within the pool's read-ahead bounds, so the device
+    /// works while the reply is sent. Durable bytes only; nothing at the
+    /// durable end. The pool's reaper hands the completion back
+    /// ([`StorePool::complete_read_ahead`]).
+    ///
+    /// [`StorePool::complete_read_ahead`]: super::StorePool::complete_read_ahead
+    fn read_ahead(&mut self, io: &mut impl IoBackend, from_offset: u64, max_bytes: usize) {
+        if !self.pool.read_ahead_enabled() || from_offset >= self.durable.next_offset {
+            return;
+        }
+        let (base, file, limit, position) = self.locate(from_offset);
+        let start = align_down(u64::from(position));
+        let chunk = align_up(self.chunk_bytes(max_bytes) as u64);
+        let len_bytes = chunk.min(align_up(limit) - start) as usize;
+        debug_assert!(start < limit && len_bytes > 0);
+        let plan = ReadAheadPlan {
+            at: ReadAheadAt {
+                key: self.cache_key,
+                from_offset,
+                segment_base: base,
+                file,
+            },
+            start,
+            limit,
+            len_bytes,
+        };
+        let Some(buf) = self.pool.read_ahead_reserve(&plan) else {
+            return;
+        };
+        let read = Op::Read {
+            file,
+            offset: start,
+            len: len_bytes,
+            buf,
+        };
+        let batch = io.submit_nowait(vec![Sqe::new(read)]);
+        self.pool.read_ahead_submitted(batch, plan);
+    }
+
+    /// Whether a read-ahead for a fetch from `from_offset` is in flight: a
+    /// caller that can wait for it (the shard) lets that fetch wait rather
+    /// than read the same bytes again.
+    pub fn read_ahead_pending(&self, from_offset: u64) -> bool {
+        self.pool.read_ahead_pending(self.cache_key, from_offset)
     }
 
     /// The read from the read cache into the empty `out`, if it holds
