@@ -3,6 +3,8 @@
 //! else from the device (O_DIRECT, the shard's one read buffer, or the
 //! buffer of a read queued ahead of this fetch, see `readahead.rs`).
 
+use ringlog_protocol::{BatchHeader, HEADER_LEN};
+
 use super::cache::CacheRead;
 use super::readahead::{ReadAheadAt, ReadAheadPlan};
 use super::walk::{Visit, WalkStop, Walker};
@@ -84,7 +86,15 @@ impl PartitionStore {
         // A read-ahead's buffer stands for the walker's first read; past
         // it (a batch it cut, a limit that grew), the walker reads itself.
         let mut walker = match self.pool.read_ahead_take(&at) {
-            Some(ra) => Walker::with_read(file, chunk_bytes, ra.buf, ra.start),
+            Some(ra) => {
+                // The read after this one goes first, so the device does
+                // not idle while this one is verified and copied.
+                let walk = (u64::from(position), limit);
+                if let Some(next) = reply_end(&ra.buf, ra.start, walk, from_offset, max_bytes) {
+                    self.read_ahead(io, next, max_bytes);
+                }
+                Walker::with_read(file, chunk_bytes, ra.buf, ra.start)
+            }
             None => Walker::with_buf(file, chunk_bytes, self.pool.take_read(chunk_bytes)),
         };
         // Shared by both callbacks: bytes taken so far.
@@ -258,6 +268,38 @@ impl PartitionStore {
             let base = self.durable.next_offset;
             self.pool.cache_insert(self.cache_key, base, bytes);
         }
+    }
+}
+
+/// Where a read answering a fetch from `from_offset` of up to `max_bytes`,
+/// walking `(position, limit)`, ends, by the batch headers in `buf` (file
+/// bytes from `start`) alone, unverified (the walk verifies); None if `buf`
+/// ends first. Mirrors the walk in [`PartitionStore::read_into`].
+fn reply_end(
+    buf: &[u8],
+    start: u64,
+    (mut position, limit): (u64, u64),
+    from_offset: u64,
+    max_bytes: usize,
+) -> Option<u64> {
+    let mut taken_bytes = 0usize;
+    let mut next_offset = from_offset;
+    loop {
+        if position + HEADER_LEN as u64 > limit {
+            return Some(next_offset);
+        }
+        let at = usize::try_from(position.checked_sub(start)?).ok()?;
+        let h = BatchHeader::decode(buf.get(at..)?).ok()?;
+        let total = h.total_len();
+        if taken_bytes > 0 && taken_bytes + total > max_bytes {
+            return Some(next_offset);
+        }
+        if h.next_offset() > from_offset {
+            taken_bytes += total;
+            next_offset = h.next_offset();
+        }
+        position += total as u64;
+        debug_assert!(total > 0, "a batch has a header");
     }
 }
 

@@ -12,8 +12,9 @@
 //! index interval, aligned); per pool (shard), `bytes_max` counting reads in
 //! flight and buffers held, so memory stays bounded with any number of
 //! consumers; plus at most [`IDLE_BUFFERS_MAX`] spare buffers kept for reuse.
-//! Only bytes below the durable end at the time of the read are ever used,
-//! and a tail cut, a generation switch, retention or a closed store drops
+//! Only bytes below the durable end at the time of the read are ever used
+//! (a flush meanwhile rewrites the block holding it with the same bytes
+//! below it), and a tail cut, a generation switch, retention or a closed store drops
 //! the partition's read-ahead (a read in flight then completes as wasted).
 
 use std::collections::HashMap;
