@@ -83,15 +83,19 @@ impl PartitionStore {
             file,
         };
         let mut next_offset = from_offset;
+        let mut walk_from = u64::from(position);
         // A read-ahead's buffer stands for the walker's first read; past
         // it (a batch it cut, a limit that grew), the walker reads itself.
         let mut walker = match self.pool.read_ahead_take(&at) {
             Some(ra) => {
+                // It starts at the batch holding `from_offset` exactly.
+                debug_assert!(ra.position >= walk_from);
+                walk_from = ra.position;
                 // The read after this one goes first, so the device does
                 // not idle while this one is verified and copied.
-                let walk = (u64::from(position), limit);
-                if let Some(next) = reply_end(&ra.buf, ra.start, walk, from_offset, max_bytes) {
-                    self.read_ahead(io, next, max_bytes);
+                let walk = (walk_from, limit);
+                if let Some(end) = reply_end(&ra.buf, ra.start, walk, from_offset, max_bytes) {
+                    self.read_ahead(io, end, max_bytes);
                 }
                 Walker::with_read(file, chunk_bytes, ra.buf, ra.start)
             }
@@ -101,13 +105,16 @@ impl PartitionStore {
         let taken_bytes = std::cell::Cell::new(0usize);
         let walked = walker.walk_until(
             io,
-            u64::from(position),
+            walk_from,
             limit,
             |h| taken_bytes.get() > 0 && taken_bytes.get() + h.total_len() > max_bytes,
             |_, view| {
                 let h = view.header();
                 if h.next_offset() <= from_offset {
                     return Visit::Continue;
+                }
+                if out.is_empty() && h.base_offset > from_offset {
+                    return Visit::Reject("the first batch starts past the offset".into());
                 }
                 if h.base_offset != next_offset && !out.is_empty() {
                     return Visit::Reject("offsets not contiguous".into());
@@ -120,7 +127,7 @@ impl PartitionStore {
         );
         // Kept for the next read unless a huge batch grew it past the cap.
         self.pool.put_read(walker.into_buf());
-        let (_, stop) = walked.map_err(|e| {
+        let (end_position, stop) = walked.map_err(|e| {
             StoreError::io(
                 pid,
                 "read",
@@ -137,7 +144,9 @@ impl PartitionStore {
                 detail: reason,
             });
         }
-        self.read_ahead(io, next_offset, max_bytes);
+        // Stopped by `max_bytes`: the next batch is at `end_position`.
+        let exact = matches!(stop, WalkStop::Visitor).then_some(end_position);
+        self.read_ahead(io, ReplyEnd { next_offset, exact }, max_bytes);
         Ok(Fetched {
             bytes: out,
             next_offset,
@@ -179,22 +188,26 @@ impl PartitionStore {
     }
 
     /// After a read from the device: queues the first read of the next
-    /// sequential fetch (from `from_offset`, up to `max_bytes`) on the ring
+    /// sequential fetch (from `end`, up to `max_bytes`) on the ring
     /// without waiting, within the pool's read-ahead bounds, so the device
     /// works while the reply is sent. Durable bytes only; nothing at the
     /// durable end. The pool's reaper hands the completion back
     /// ([`StorePool::complete_read_ahead`]).
     ///
     /// [`StorePool::complete_read_ahead`]: super::StorePool::complete_read_ahead
-    fn read_ahead(&mut self, io: &mut impl IoBackend, from_offset: u64, max_bytes: usize) {
+    fn read_ahead(&mut self, io: &mut impl IoBackend, end: ReplyEnd, max_bytes: usize) {
+        let from_offset = end.next_offset;
         if !self.pool.read_ahead_enabled() || from_offset >= self.durable.next_offset {
             return;
         }
-        let (base, file, limit, position) = self.locate(from_offset);
-        let start = align_down(u64::from(position));
-        let chunk = align_up(self.chunk_bytes(max_bytes) as u64);
-        let len_bytes = chunk.min(align_up(limit) - start) as usize;
-        debug_assert!(start < limit && len_bytes > 0);
+        let (base, file, limit, indexed) = self.locate(from_offset);
+        // From the exact batch the next read starts with, when known: the
+        // read is then one fetch and a header, not an index interval more.
+        let position = end.exact.unwrap_or(u64::from(indexed));
+        debug_assert!(position >= u64::from(indexed) && position < limit);
+        let start = align_down(position);
+        let want = align_up(position + (max_bytes + HEADER_LEN) as u64);
+        let len_bytes = (want.min(align_up(limit)) - start) as usize;
         let plan = ReadAheadPlan {
             at: ReadAheadAt {
                 key: self.cache_key,
@@ -203,6 +216,7 @@ impl PartitionStore {
                 file,
             },
             start,
+            position,
             limit,
             len_bytes,
         };
@@ -271,6 +285,15 @@ impl PartitionStore {
     }
 }
 
+/// Where a read ends: the next fetch's offset and, if the read stopped at
+/// `max_bytes` (the next batch is in the same segment), that batch's file
+/// position.
+#[derive(Clone, Copy, Debug)]
+struct ReplyEnd {
+    next_offset: u64,
+    exact: Option<u64>,
+}
+
 /// Where a read answering a fetch from `from_offset` of up to `max_bytes`,
 /// walking `(position, limit)`, ends, by the batch headers in `buf` (file
 /// bytes from `start`) alone, unverified (the walk verifies); None if `buf`
@@ -281,18 +304,20 @@ fn reply_end(
     (mut position, limit): (u64, u64),
     from_offset: u64,
     max_bytes: usize,
-) -> Option<u64> {
+) -> Option<ReplyEnd> {
     let mut taken_bytes = 0usize;
     let mut next_offset = from_offset;
     loop {
         if position + HEADER_LEN as u64 > limit {
-            return Some(next_offset);
+            let exact = None;
+            return Some(ReplyEnd { next_offset, exact });
         }
         let at = usize::try_from(position.checked_sub(start)?).ok()?;
         let h = BatchHeader::decode(buf.get(at..)?).ok()?;
         let total = h.total_len();
         if taken_bytes > 0 && taken_bytes + total > max_bytes {
-            return Some(next_offset);
+            let exact = Some(position);
+            return Some(ReplyEnd { next_offset, exact });
         }
         if h.next_offset() > from_offset {
             taken_bytes += total;

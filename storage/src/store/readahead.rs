@@ -8,8 +8,8 @@
 //! would copy the bytes once more, and a buffer is handed straight to the
 //! next fetch's walker, which parses and verifies it as it would its own
 //! read. Bounds: per partition, one read-ahead in flight or held, of one
-//! fetch's first read (the walker's chunk, at most `read_bytes_max` plus an
-//! index interval, aligned); per pool (shard), `bytes_max` counting reads in
+//! fetch from the batch it starts with (`max_bytes`, at most
+//! `read_bytes_max`, and the next batch's header, aligned); per pool (shard), `bytes_max` counting reads in
 //! flight and buffers held, so memory stays bounded with any number of
 //! consumers; plus at most [`IDLE_BUFFERS_MAX`] spare buffers kept for reuse.
 //! Only bytes below the durable end at the time of the read are ever used
@@ -55,21 +55,25 @@ pub(super) struct ReadAheadAt {
     pub(super) file: FileId,
 }
 
-/// A planned read: file position of its first byte, the durable limit
-/// (bytes past it are not used), and its length.
+/// A planned read: file position of its first byte, of the batch the
+/// fetch starts with, the durable limit (bytes past it are not used), and
+/// its length.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct ReadAheadPlan {
     pub(super) at: ReadAheadAt,
     pub(super) start: u64,
+    pub(super) position: u64,
     pub(super) limit: u64,
     pub(super) len_bytes: usize,
 }
 
 /// A read-ahead's buffer handed to a fetch: `buf[0]` is file position
-/// `start`, and it holds only bytes below the limit it was read against.
+/// `start`, and it holds only bytes below the limit it was read against;
+/// the fetch's first batch is at `position`.
 pub(super) struct ReadAheadBuf {
     pub(super) buf: AlignedBuf,
     pub(super) start: u64,
+    pub(super) position: u64,
 }
 
 struct Ticket {
@@ -253,6 +257,7 @@ impl ReadAheads {
         Some(ReadAheadBuf {
             buf,
             start: plan.start,
+            position: plan.position,
         })
     }
 
@@ -299,13 +304,19 @@ mod tests {
                 file: FileId(1),
             },
             start: 0,
+            position: 0,
             limit: len_bytes as u64 - 100,
             len_bytes,
         }
     }
 
-    fn done(buf: AlignedBuf, result: std::io::Result<usize>) -> Vec<Completion> {
+    /// A read's completion as a backend hands it back (`len` set to the
+    /// bytes read).
+    fn done(mut buf: AlignedBuf, result: std::io::Result<usize>) -> Vec<Completion> {
         let len = buf.capacity();
+        if let Ok(n) = &result {
+            buf.set_len(*n);
+        }
         vec![Completion {
             op: Op::Read {
                 file: FileId(1),
