@@ -103,18 +103,29 @@ fn a_sequential_consumer_is_served_from_read_ahead_with_the_device_bytes() {
     );
 }
 
-/// A read-ahead planned when the durable end was mid-block, served after
-/// more batches became durable (the flush rewrote that block, trailer
-/// first): the reply runs on through the new batches, read from the device.
-/// Fails if the read-ahead's bytes past its durable end are used (they are
-/// the old block's padding and trailer: corruption).
+/// A read-ahead planned when the durable end was early in a block, served after
+/// more batches became durable (the flush rewrote that block): the reply
+/// runs on through the new batches, read from the device. Fails if the
+/// read-ahead's bytes past its durable end are used (that block's old
+/// padding and trailer: corruption).
 #[test]
 fn read_ahead_never_serves_bytes_past_the_durable_end_it_was_read_at() {
     let mut io = SimBackend::new(2);
     let pool = pool(&mut io, 1 << 20);
     let mut store = create(&mut io, &pool, "/end");
-    let mut written = append(&mut io, &mut store, 5, 2);
-    let first = store.read(&mut io, 0, 1).unwrap();
+    // Two batches of ~1 KiB: a 1500-byte fetch takes one, and the read
+    // queued for the next such fetch covers the rest of the block, past
+    // the durable end (~2 KiB in).
+    let mut written = Vec::new();
+    for i in 0..2 {
+        let batch = next_batch(&store, 3, 300, 200 + i);
+        store.append(&mut io, &batch).unwrap();
+        store.flush(&mut io).unwrap();
+        written.extend_from_slice(&batch);
+    }
+    assert!(written.len() < 3000);
+    let first = store.read(&mut io, 0, 1500).unwrap();
+    assert!(first.bytes.len() < 1500);
     assert_eq!(pool.read_ahead_stats().issued, 1);
     reap_all(&mut io, &pool);
     let more = append(&mut io, &mut store, 5, 22);
