@@ -86,6 +86,11 @@ pub struct ServerConfig {
     /// `write_buffer_bytes` plus a block; the store writes the batch from
     /// it without a copy); past it, batches go in heap buffers. 0: never.
     pub produce_buffers_lent_max: usize,
+    /// Memory each shard's sequential read-ahead may hold, reads in flight
+    /// included: after a fetch read the device, the next sequential fetch's
+    /// read is queued while the reply is sent (one per partition, of one
+    /// fetch). 0 = off.
+    pub read_ahead_bytes: u64,
     /// How a shard's turn makes small appends durable: `journal` = one
     /// write and one fdatasync of the shard's journal for every partition
     /// touched (segments written behind, checkpointed); `partition` = one
@@ -164,6 +169,7 @@ impl Default for ServerConfig {
             fetch_wait_ms_max: 60_000,
             read_cache_bytes: 128 * 1024 * 1024,
             produce_buffers_lent_max: 8,
+            read_ahead_bytes: 32 * 1024 * 1024,
             group_commit: GroupCommit::default(),
             journal_bytes: ringlog_storage::journal::JOURNAL_BYTES_DEFAULT,
             journal_append_bytes_max: ringlog_storage::journal::JOURNAL_APPEND_BYTES_MAX_DEFAULT,

@@ -15,7 +15,7 @@ use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, NoLabelSet}
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
-use ringlog_storage::store::ReadCacheStats;
+use ringlog_storage::store::{ReadAheadStats, ReadCacheStats};
 
 use crate::mailbox::MailboxTx;
 
@@ -126,6 +126,13 @@ pub struct ShardMetrics {
     pub read_cache_misses_total: AtomicU64,
     pub read_cache_served_bytes_total: AtomicU64,
     pub read_cache_bytes: AtomicU64,
+    /// Copies of the shard's read-ahead counters (see [`set_read_ahead`]).
+    pub read_ahead_issued_total: AtomicU64,
+    pub read_ahead_hits_total: AtomicU64,
+    pub read_ahead_wasted_total: AtomicU64,
+    pub read_ahead_refused_total: AtomicU64,
+    pub read_ahead_errors_total: AtomicU64,
+    pub read_ahead_bytes: AtomicU64,
     /// Fetch reply buffers this shard allocated because the server's pool
     /// (`reply_pool`) had none idle: flat while consumers are served from
     /// kept buffers.
@@ -170,6 +177,12 @@ impl Default for ShardMetrics {
             read_cache_misses_total: AtomicU64::new(0),
             read_cache_served_bytes_total: AtomicU64::new(0),
             read_cache_bytes: AtomicU64::new(0),
+            read_ahead_issued_total: AtomicU64::new(0),
+            read_ahead_hits_total: AtomicU64::new(0),
+            read_ahead_wasted_total: AtomicU64::new(0),
+            read_ahead_refused_total: AtomicU64::new(0),
+            read_ahead_errors_total: AtomicU64::new(0),
+            read_ahead_bytes: AtomicU64::new(0),
             reply_buffers_allocated_total: AtomicU64::new(0),
             reply_buffers_dropped_total: AtomicU64::new(0),
             produce_buffers_lent_total: AtomicU64::new(0),
@@ -193,6 +206,17 @@ pub fn set_read_cache(m: &ShardMetrics, s: &ReadCacheStats) {
     m.read_cache_served_bytes_total
         .store(s.served_bytes, Ordering::Relaxed);
     m.read_cache_bytes.store(s.held_bytes, Ordering::Relaxed);
+}
+
+/// Publishes the read-ahead counters (kept by the shard's pool).
+pub fn set_read_ahead(m: &ShardMetrics, s: &ReadAheadStats) {
+    m.read_ahead_issued_total.store(s.issued, Ordering::Relaxed);
+    m.read_ahead_hits_total.store(s.hits, Ordering::Relaxed);
+    m.read_ahead_wasted_total.store(s.wasted, Ordering::Relaxed);
+    m.read_ahead_refused_total
+        .store(s.refused, Ordering::Relaxed);
+    m.read_ahead_errors_total.store(s.errors, Ordering::Relaxed);
+    m.read_ahead_bytes.store(s.held_bytes, Ordering::Relaxed);
 }
 
 /// A shard's mailbox figures, read when the scrape starts.
@@ -356,6 +380,31 @@ const COUNTERS: &[CounterRow] = &[
         "ringlog_read_cache_served_bytes",
         "Bytes fetches got from the read cache",
         |m| &m.read_cache_served_bytes_total,
+    ),
+    (
+        "ringlog_read_ahead_issued",
+        "Device reads queued ahead of the next sequential fetch while a reply was sent",
+        |m| &m.read_ahead_issued_total,
+    ),
+    (
+        "ringlog_read_ahead_hits",
+        "Fetches whose device read a read-ahead had already made",
+        |m| &m.read_ahead_hits_total,
+    ),
+    (
+        "ringlog_read_ahead_wasted",
+        "Read-aheads no fetch used (another offset came, or purge, truncation, retention dropped them)",
+        |m| &m.read_ahead_wasted_total,
+    ),
+    (
+        "ringlog_read_ahead_refused",
+        "Read-aheads not queued because the shard's read_ahead_bytes were in use",
+        |m| &m.read_ahead_refused_total,
+    ),
+    (
+        "ringlog_read_ahead_errors",
+        "Read-aheads that failed (the fetch read the device itself)",
+        |m| &m.read_ahead_errors_total,
     ),
     (
         "ringlog_reply_buffers_allocated",

@@ -698,6 +698,15 @@ impl Partition {
         })
     }
 
+    /// Whether the read of a fetch from `offset` was queued ahead and is
+    /// still in flight (see `PartitionStore::read_ahead_pending`).
+    pub fn read_ahead_pending(&self, offset: u64) -> bool {
+        match &self.state {
+            State::Open(h) => h.store.read_ahead_pending(offset),
+            State::Unavailable(_) => false,
+        }
+    }
+
     /// An empty fetch result at the current end (long-poll timeout).
     pub fn empty_fetch(&self, offset: u64) -> FetchReply {
         let (start, hwm) = match &self.state {

@@ -46,7 +46,7 @@
 //! time from these tasks and touches files only through the ring.
 
 use std::cell::{Cell, RefCell};
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
@@ -229,6 +229,10 @@ struct Core<B: IoBackend> {
     /// each kind per partition (the store refuses a second), so at most two
     /// per hosted partition in all.
     spares: HashMap<BatchId, (u32, Ahead)>,
+    /// Fetches waiting for their partition's read-ahead in flight (the
+    /// bytes they want), by partition; at most `fetch_waiters_max` each,
+    /// more read the device at once.
+    read_ahead_parked: BTreeMap<u32, Vec<Work>>,
 }
 
 /// What a background batch of a partition does.
@@ -241,9 +245,10 @@ enum Ahead {
 }
 
 impl<B: IoBackend> Core<B> {
-    /// Group commits or spares are in flight on the storage ring.
+    /// Group commits, spares or reads queued ahead are in flight on the
+    /// storage ring.
     fn storage_busy(&self) -> bool {
-        !self.flights.is_empty() || !self.spares.is_empty()
+        !self.flights.is_empty() || !self.spares.is_empty() || self.pool.read_aheads_running() > 0
     }
 }
 
@@ -618,6 +623,7 @@ impl<B: IoBackend> Shard<B> {
                 journal_waiting: Vec::new(),
                 checkpoint: None,
                 spares: HashMap::new(),
+                read_ahead_parked: BTreeMap::new(),
             }),
             queue: RefCell::new(VecDeque::new()),
             turn: Notify::default(),
@@ -876,6 +882,7 @@ impl<B: IoBackend> Shard<B> {
             self.tick_replicas(now);
             // Fetches answered from waiters count too.
             metrics::set_read_cache(&self.metrics, &self.core.borrow().pool.read_cache_stats());
+            metrics::set_read_ahead(&self.metrics, &self.core.borrow().pool.read_ahead_stats());
             if !self.is_stopping() {
                 self.checkpoint_idle(now);
             }
@@ -912,6 +919,10 @@ impl<B: IoBackend> Shard<B> {
             for w in list {
                 replies.push(w.reply);
             }
+        }
+        for (_, works) in std::mem::take(&mut self.core.borrow_mut().read_ahead_parked) {
+            // Not expected: the read-aheads they waited for were reaped.
+            replies.extend(works.into_iter().map(|w| w.reply));
         }
         for (_, lane) in self.core.borrow_mut().lanes.drain() {
             // Not expected: with no flush in flight every append was
@@ -1012,6 +1023,7 @@ fn shard_pool(config: &ServerConfig, id: usize) -> StorePool {
             write_buffers_idle_max: write_buffers_idle_max(config),
             batch_buffers_lent_max: config.produce_buffers_lent_max,
             read_cache_bytes_max: usize::try_from(config.read_cache_bytes).unwrap_or(usize::MAX),
+            read_ahead_bytes_max: usize::try_from(config.read_ahead_bytes).unwrap_or(usize::MAX),
             ..PoolConfig::private(&store)
         },
     )

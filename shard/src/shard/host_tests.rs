@@ -509,3 +509,107 @@ fn a_replicated_partition_waits_for_a_quorum_and_parks_peer_messages_behind_its_
     settle_all(&s);
     assert_eq!(refused(&purge).code, ErrorCode::PartitionUnavailable);
 }
+
+/// A fetch's reply, or None while it waits (parked behind a read-ahead).
+fn fetch_now(s: &Shard<SimBackend>, offset: u64) -> crossbeam_channel::Receiver<Outcome> {
+    let rx = queue(
+        s,
+        Op::Fetch {
+            partition_id: FIRST_ID,
+            offset,
+            max_bytes: 32 * 1024,
+            wait_ms: 0,
+        },
+    );
+    assert_eq!(s.run_turn(Instant::now()), 1);
+    rx
+}
+
+fn metric(m: &std::sync::atomic::AtomicU64) -> u64 {
+    m.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Cold sequential fetches through the turn (read cache off): a fetch read
+/// from the device queues the next one's read; the next fetch, arriving
+/// while it is in flight, waits for it (no reply, no second device read)
+/// and is answered from it once the ring's completions are reaped. EIO on
+/// one read-ahead (injected): that fetch reads the device itself, the
+/// partition stays healthy. Every batch comes back once, verified, in
+/// offset order.
+#[test]
+fn a_sequential_fetch_waits_for_its_read_ahead_and_is_served_from_it() {
+    let cold = ServerConfig {
+        read_cache_bytes: 0,
+        ..config()
+    };
+    let s = open_with(1, 9, cold);
+    let rxs: Vec<_> = (0..40)
+        .map(|t| {
+            let op = Op::Produce {
+                partition_id: FIRST_ID,
+                batch: batch(t, 4, 2000).into(),
+            };
+            queue(&s, op)
+        })
+        .collect();
+    settle_all(&s);
+    let end = rxs.iter().map(|rx| produced(rx).next_offset).max().unwrap();
+    let reads_before = s.core.borrow().io.op_count(FaultOp::Read);
+    let (mut offset, mut batches, mut fetches, mut waited) = (0, 0, 0, 0);
+    while offset < end {
+        let rx = fetch_now(&s, offset);
+        fetches += 1;
+        if rx.is_empty() {
+            waited += 1;
+            if fetches == 5 {
+                let io = &mut s.core.borrow_mut().io;
+                let nth = io.op_count(FaultOp::Read);
+                io.inject(FaultOp::Read, nth, Fault::Errno(libc::EIO));
+            }
+            for _ in 0..DRAIN_ROUNDS_MAX {
+                s.on_storage_completions(Instant::now());
+                if !rx.is_empty() {
+                    break;
+                }
+            }
+        }
+        let f = match rx.try_recv() {
+            Ok(Ok(OpReply::Fetched(f))) => f,
+            other => panic!("fetch at {offset}: {other:?}"),
+        };
+        let mut rest = &f.batches[..];
+        while !rest.is_empty() {
+            let view = ringlog_protocol::BatchView::parse(rest).expect("verified batch");
+            assert_eq!(view.header().base_offset, offset, "in offset order");
+            offset = view.header().next_offset();
+            rest = &rest[view.as_bytes().len()..];
+            batches += 1;
+        }
+        assert_eq!(offset, f.next_offset);
+    }
+    assert_eq!(batches, 40);
+    let m = &s.metrics;
+    let (issued, hits, errors) = (
+        metric(&m.read_ahead_issued_total),
+        metric(&m.read_ahead_hits_total),
+        metric(&m.read_ahead_errors_total),
+    );
+    // Every fetch but the first waited for its read-ahead.
+    assert_eq!(waited, fetches - 1);
+    assert_eq!(errors, 1);
+    assert_eq!(hits, fetches - 2, "all but the first and the failed one");
+    assert_eq!(issued, hits + errors);
+    let reads = s.core.borrow().io.op_count(FaultOp::Read) - reads_before;
+    assert_eq!(
+        reads,
+        issued + 2,
+        "the first fetch and the failed one re-read"
+    );
+    let core = s.core.borrow();
+    let p = core.partitions.get(&FIRST_ID).unwrap();
+    assert!(
+        p.status(0).fault.is_none(),
+        "EIO on a read-ahead is not fatal"
+    );
+    assert_eq!(core.pool.read_ahead_stats().held_bytes, 0);
+}

@@ -97,6 +97,7 @@ impl<B: IoBackend> Shard<B> {
             partitions,
             lanes,
             ticking,
+            read_ahead_parked,
             ..
         } = core;
         let Applied {
@@ -151,11 +152,27 @@ impl<B: IoBackend> Shard<B> {
                         return;
                     }
                 }
+                if p.read_ahead_pending(offset) {
+                    // Its bytes are on their way: reading them again would
+                    // cost a second device read; it runs once they land.
+                    let list = read_ahead_parked.entry(partition_id).or_default();
+                    if list.len() < self.config.fetch_waiters_max {
+                        let op = Op::Fetch {
+                            partition_id,
+                            offset,
+                            max_bytes,
+                            wait_ms,
+                        };
+                        list.push(Work { op, reply });
+                        return;
+                    }
+                }
                 let buf = self.reply_buffer(max_bytes);
                 let outcome = p.fetch(io, offset, max_bytes, buf).map(|f| {
                     metrics::inc(&self.metrics.fetches_total);
                     metrics::add(&self.metrics.fetch_bytes_total, f.batches.len() as u64);
                     metrics::set_read_cache(&self.metrics, &pool.read_cache_stats());
+                    metrics::set_read_ahead(&self.metrics, &pool.read_ahead_stats());
                     OpReply::Fetched(f)
                 });
                 replies.push((reply, outcome));
@@ -659,6 +676,7 @@ impl<B: IoBackend> Shard<B> {
                 return;
             }
             let mut done: Vec<u32> = Vec::new();
+            let mut read_aheads = 0usize;
             for (id, completions) in reaped {
                 if let Some((pid, ahead)) = core.spares.remove(&id) {
                     self.on_ahead(core, pid, ahead, completions);
@@ -666,6 +684,10 @@ impl<B: IoBackend> Shard<B> {
                     done.push(pid);
                     continue;
                 }
+                let Some(completions) = core.pool.complete_read_ahead(id, completions) else {
+                    read_aheads += 1;
+                    continue;
+                };
                 if core.checkpoint.as_ref().is_some_and(|(cp, _)| *cp == id) {
                     if let Some((_, step)) = core.checkpoint.take() {
                         self.on_checkpoint(core, step, completions);
@@ -700,6 +722,15 @@ impl<B: IoBackend> Shard<B> {
                     .unwrap_or_default();
                 for work in parked {
                     self.apply(core, work, &mut out);
+                }
+            }
+            if read_aheads > 0 {
+                // Fetches that waited for a read-ahead run now (those whose
+                // read is still in flight park again).
+                for (_, works) in std::mem::take(&mut core.read_ahead_parked) {
+                    for work in works {
+                        self.apply(core, work, &mut out);
+                    }
                 }
             }
             self.commit(core, &mut out);

@@ -21,9 +21,11 @@ use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
 use super::cache::{CacheRead, ReadCache, ReadCacheStats};
+use super::readahead::{ReadAheadAt, ReadAheadBuf, ReadAheadPlan, ReadAheadStats, ReadAheads};
 use super::StoreConfig;
 use crate::io::{
-    AlignedBuf, BatchBuf, IoBackend, Op, OpenMode, PoolExhausted, SharedBufPool, Sqe, BLOCK_SIZE,
+    AlignedBuf, BatchBuf, BatchId, Completion, IoBackend, Op, OpenMode, PoolExhausted,
+    SharedBufPool, Sqe, BLOCK_SIZE,
 };
 use crate::journal::ReplayRecord;
 use crate::superblock::FILE_SIZE_BYTES;
@@ -58,6 +60,11 @@ pub struct PoolConfig {
     /// Memory the read cache of recently durable batches may hold, across
     /// the pool's partitions; 0 turns it off (every read goes to the device).
     pub read_cache_bytes_max: usize,
+    /// Memory sequential read-ahead may hold, reads in flight included,
+    /// across the pool's partitions (one read-ahead per partition, see
+    /// `readahead.rs`); 0 turns it off. Only for callers that reap their
+    /// ring through [`StorePool::complete_read_ahead`].
+    pub read_ahead_bytes_max: usize,
 }
 
 /// A private pool has no read cache: a store used on its own (tools, the
@@ -81,6 +88,9 @@ impl PoolConfig {
             recycled_files_max: config.recycled_files_max,
             read_buffer_bytes_max: 2 * config.read_bytes_max,
             read_cache_bytes_max: PRIVATE_READ_CACHE_BYTES_MAX,
+            // A store on its own waits for its own batches: nothing would
+            // reap a read queued ahead.
+            read_ahead_bytes_max: 0,
         }
     }
 }
@@ -101,6 +111,7 @@ struct Inner {
     /// [`StorePool::prefetch_superblocks`]); at most one batch.
     prefetched: HashMap<PathBuf, AlignedBuf>,
     read_cache: ReadCache,
+    read_ahead: ReadAheads,
     /// The next store instance's cache key (never reused).
     next_cache_key: u64,
     /// Journal records found at the shard's boot, by partition, until that
@@ -140,8 +151,10 @@ impl StorePool {
             ),
         };
         let read_cache = ReadCache::new(config.read_cache_bytes_max);
+        let read_ahead = ReadAheads::new(config.read_ahead_bytes_max);
         Self(Rc::new(RefCell::new(Inner {
             read_cache,
+            read_ahead,
             next_cache_key: 0,
             config,
             recycle_dir,
@@ -275,10 +288,18 @@ impl StorePool {
         }
     }
 
+    /// Done with a read buffer: kept as the read buffer, or (after a read
+    /// served from a read-ahead's buffer, the read buffer still kept) as a
+    /// spare for the next read-ahead.
     pub(super) fn put_read(&self, buf: AlignedBuf) {
         let mut inner = self.0.borrow_mut();
-        if buf.capacity() <= inner.config.read_buffer_bytes_max {
+        if buf.capacity() > inner.config.read_buffer_bytes_max {
+            return;
+        }
+        if inner.read.is_none() {
             inner.read = Some(buf);
+        } else {
+            inner.read_ahead.recycle(buf);
         }
     }
 
@@ -355,17 +376,78 @@ impl StorePool {
 
     /// A tail cut of store `key` at `offset`.
     pub(super) fn cache_cut(&self, key: u64, offset: u64) {
-        self.0.borrow_mut().read_cache.cut(key, offset);
+        let mut inner = self.0.borrow_mut();
+        inner.read_cache.cut(key, offset);
+        inner.read_ahead.invalidate(key);
     }
 
     /// Retention moved store `key`'s log start to `offset`.
     pub(super) fn cache_drop_below(&self, key: u64, offset: u64) {
-        self.0.borrow_mut().read_cache.drop_below(key, offset);
+        let mut inner = self.0.borrow_mut();
+        inner.read_cache.drop_below(key, offset);
+        // Its segment may be among the removed files.
+        inner.read_ahead.invalidate(key);
     }
 
     /// Store `key` switched generation or closed.
     pub(super) fn cache_forget(&self, key: u64) {
-        self.0.borrow_mut().read_cache.forget(key);
+        let mut inner = self.0.borrow_mut();
+        inner.read_cache.forget(key);
+        inner.read_ahead.invalidate(key);
+    }
+
+    /// Whether reads may be queued ahead at all.
+    pub(super) fn read_ahead_enabled(&self) -> bool {
+        self.0.borrow().read_ahead.enabled()
+    }
+
+    /// A buffer for the read-ahead `plan`, within the bounds (see
+    /// `readahead.rs`), or None.
+    pub(super) fn read_ahead_reserve(&self, plan: &ReadAheadPlan) -> Option<AlignedBuf> {
+        self.0.borrow_mut().read_ahead.reserve(plan)
+    }
+
+    /// The reserved read-ahead `plan` was queued as `batch`.
+    pub(super) fn read_ahead_submitted(&self, batch: BatchId, plan: ReadAheadPlan) {
+        self.0.borrow_mut().read_ahead.submitted(batch, plan);
+    }
+
+    /// The held read-ahead for `at` (a hit), if any.
+    pub(super) fn read_ahead_take(&self, at: &ReadAheadAt) -> Option<ReadAheadBuf> {
+        self.0.borrow_mut().read_ahead.take(at)
+    }
+
+    pub(super) fn read_ahead_pending(&self, key: u64, from_offset: u64) -> bool {
+        self.0.borrow().read_ahead.pending(key, from_offset)
+    }
+
+    /// Hands a reaped batch to read-ahead: None if it was one of its reads
+    /// (taken), else the completions back (the caller's own batch).
+    /// Whoever reaps the ring the pool's stores read from offers it every
+    /// batch first.
+    pub fn complete_read_ahead(
+        &self,
+        batch: BatchId,
+        completions: Vec<Completion>,
+    ) -> Option<Vec<Completion>> {
+        let mut inner = self.0.borrow_mut();
+        if !inner.read_ahead.owns(batch) {
+            return Some(completions);
+        }
+        let taken = inner.read_ahead.complete(batch, completions);
+        debug_assert!(taken);
+        None
+    }
+
+    /// Read-ahead reads queued and not reaped yet (a shard waits for them
+    /// before closing its partitions' files).
+    pub fn read_aheads_running(&self) -> usize {
+        self.0.borrow().read_ahead.running()
+    }
+
+    /// The read-ahead counters.
+    pub fn read_ahead_stats(&self) -> ReadAheadStats {
+        self.0.borrow().read_ahead.stats()
     }
 
     /// The read cache's counters.

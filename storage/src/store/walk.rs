@@ -74,6 +74,24 @@ impl Walker {
         }
     }
 
+    /// A walker whose first read was already made: `buf` holds the file's
+    /// bytes from `buf_start` (a read-ahead). Walks past them read as
+    /// usual, into the same buffer.
+    pub(crate) fn with_read(
+        file: FileId,
+        chunk_bytes: usize,
+        buf: AlignedBuf,
+        buf_start: u64,
+    ) -> Self {
+        debug_assert_eq!(buf_start, align_down(buf_start), "reads are aligned");
+        Self {
+            file,
+            buf,
+            buf_start,
+            chunk_bytes: align_up(chunk_bytes as u64) as usize,
+        }
+    }
+
     /// The buffered bytes `[position, position + len)`, if the last read
     /// covered them.
     pub(crate) fn buffered(&self, position: u64, len: usize) -> Option<&[u8]> {
