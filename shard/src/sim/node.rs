@@ -111,6 +111,11 @@ pub struct Node {
     /// While an install may be on disk: the committed ops (op -> checksum)
     /// a reopened store may show besides `model`.
     pub accept_committed: BTreeMap<u64, u64>,
+    /// Committed purge ops applied by store recovery, not yet counted.
+    pub recovery_purges: u64,
+    /// The last [`RunIo::Done`] purged the store: (its new generation,
+    /// whether it had snapshots open).
+    pub purged_now: Option<(u64, bool)>,
 }
 
 impl Node {
@@ -143,6 +148,8 @@ impl Node {
             boots: 0,
             xfer: NodeXfer::new(),
             accept_committed: BTreeMap::new(),
+            recovery_purges: 0,
+            purged_now: None,
         })
     }
 
@@ -195,9 +202,19 @@ impl Node {
                 Some(Queued::Io(id, op)) => break (id, op),
             }
         };
+        let before = (
+            store.superblock().purge_generation,
+            store.snapshots_open() > 0,
+        );
         let result = replica_io::execute(store, &mut self.io, &op);
         if self.io.is_crashed() {
             return RunIo::Crashed { op };
+        }
+        let generation = store.superblock().purge_generation;
+        if let (StorageOp::Purge { through_op }, true) = (&op, generation > before.0) {
+            // Purged now: only the chain point is left of the log.
+            self.model.retain(|o, _| o == through_op);
+            self.purged_now = Some((generation, before.1));
         }
         if result.is_ok() {
             match &op {
@@ -236,6 +253,7 @@ impl Node {
         let all = replica_io::recover(&mut store, &mut self.io, u64::MAX)
             .map_err(|e| violation("store reopens after a crash", e.reason))?;
         self.check_reopened(&all, store.superblock().vsr)?;
+        self.recovery_purges += u64::from(all.purged);
         self.accept_committed.clear();
         self.model = all
             .headers
@@ -297,6 +315,15 @@ impl Node {
         let rec = replica_io::recover(store, &mut self.io, committed_ops_kept)
             .map_err(|e| violation("replica boots from its store", e.reason))?;
         self.io.set_faults(self.disk_faults.clone());
+        if rec.purged {
+            // A committed purge op applied at recovery: the store holds
+            // only its chain point now.
+            self.recovery_purges += 1;
+            self.model.clear();
+            self.model.insert(rec.base.op, rec.base.checksum);
+            self.model
+                .extend(rec.headers.iter().map(|h| (h.vsr_op, h.header_checksum)));
+        }
         let replica = Replica::restart(cfg, seed, rec.durable, rec.base, &rec.headers)
             .map_err(|e| violation("replica config", e.to_string()))?;
         // The disk may have finished the write clearing the flag that the
