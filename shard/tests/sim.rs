@@ -308,10 +308,8 @@ fn transfer_seeds_converge_under_retention() {
         ("peer rotations", total.transfer_rotations),
         ("refusals", total.transfer_refusals),
         ("purges", total.purges),
-        (
-            "store purges of transferring replicas",
-            total.purges_transferring,
-        ),
+        ("store purges", total.replica_purges),
+        ("purges over open snapshots", total.purges_over_snapshots),
         ("stale-generation refusals", total.stale_generation_refusals),
         ("hostile frames", total.hostile_frames),
         ("charges", total.transfer_charges),

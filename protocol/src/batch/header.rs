@@ -1,6 +1,6 @@
 use super::{
-    BatchError, Stamp, ATTRIBUTES_KNOWN, BODY_LEN_MAX_BYTES, FORMAT_VERSION, HEADER_LEN, MAGIC, RECORD_COUNT_MAX,
-    RECORD_LEN_MIN,
+    BatchError, Stamp, ATTRIBUTES_KNOWN, BODY_LEN_MAX_BYTES, FORMAT_VERSION, HEADER_LEN, MAGIC,
+    RECORD_COUNT_MAX, RECORD_LEN_MIN,
 };
 use crate::checksum::checksum;
 use crate::reader::usize_from;

@@ -113,9 +113,29 @@ pub struct Node {
     pub accept_committed: BTreeMap<u64, u64>,
     /// Committed purge ops applied by store recovery, not yet counted.
     pub recovery_purges: u64,
+    /// Ops (op -> checksum) the store held durably until a purge dropped
+    /// them (bounded by the ops a run writes).
+    pub purged: BTreeMap<u64, u64>,
     /// The last [`RunIo::Done`] purged the store: (its new generation,
     /// whether it had snapshots open).
     pub purged_now: Option<(u64, bool)>,
+    /// A cluster of one: booted as the server boots one
+    /// ([`replica_io::recover_lone`]: its durable end is its commit).
+    pub lone: bool,
+}
+
+/// Recovers `store` for its replica's restart, as the server does.
+pub fn recover(
+    store: &mut PartitionStore,
+    io: &mut SimBackend,
+    committed_ops_kept: u64,
+    lone: bool,
+) -> Result<Recovered, crate::vsr::IoFailure> {
+    if lone {
+        replica_io::recover_lone(store, io, committed_ops_kept)
+    } else {
+        replica_io::recover(store, io, committed_ops_kept)
+    }
 }
 
 impl Node {
@@ -128,10 +148,12 @@ impl Node {
         let (disk_seed, replica_seed) = seeds;
         let mut io = SimBackend::new(disk_seed);
         let store = create_store(&mut io, &store_config)?;
+        let lone = cfg.replica_count == 1;
         let replica = Replica::new(cfg, replica_seed)
             .map_err(|e| violation("replica config", e.to_string()))?;
         Ok(Self {
             index,
+            lone,
             store_config,
             replica: Some(replica),
             store: Some(store),
@@ -149,6 +171,7 @@ impl Node {
             xfer: NodeXfer::new(),
             accept_committed: BTreeMap::new(),
             recovery_purges: 0,
+            purged: BTreeMap::new(),
             purged_now: None,
         })
     }
@@ -190,6 +213,19 @@ impl Node {
         self.crash_tears = false;
     }
 
+    /// The store dropped every op through `through_op` (a purge): the model
+    /// keeps only that chain point, the dropped ops move to `purged`.
+    /// (A purge flushes first, so every op it drops was durable.)
+    fn forget_purged(&mut self, through_op: u64) {
+        let mut kept = self.model.split_off(&through_op);
+        kept.split_off(&(through_op + 1));
+        let dropped = std::mem::replace(&mut self.model, kept);
+        self.purged.extend(dropped);
+        if let Some(&c) = self.model.get(&through_op) {
+            self.purged.insert(through_op, c);
+        }
+    }
+
     /// Runs the oldest queued storage op.
     pub fn run_io(&mut self) -> RunIo {
         let Some(store) = self.store.as_mut() else {
@@ -213,7 +249,7 @@ impl Node {
         let generation = store.superblock().purge_generation;
         if let (StorageOp::Purge { through_op }, true) = (&op, generation > before.0) {
             // Purged now: only the chain point is left of the log.
-            self.model.retain(|o, _| o == through_op);
+            self.forget_purged(*through_op);
             self.purged_now = Some((generation, before.1));
         }
         if result.is_ok() {
@@ -250,10 +286,13 @@ impl Node {
         let mut store =
             PartitionStore::open(&mut self.io, dir, PARTITION_ID, self.store_config.clone())
                 .map_err(|e| violation("store reopens after a crash", e.to_string()))?;
-        let all = replica_io::recover(&mut store, &mut self.io, u64::MAX)
+        let all = recover(&mut store, &mut self.io, u64::MAX, self.lone)
             .map_err(|e| violation("store reopens after a crash", e.reason))?;
         self.check_reopened(&all, store.superblock().vsr)?;
-        self.recovery_purges += u64::from(all.purged);
+        if all.purged {
+            self.recovery_purges += 1;
+            self.forget_purged(all.base.op);
+        }
         self.accept_committed.clear();
         self.model = all
             .headers
@@ -312,14 +351,14 @@ impl Node {
         };
         // Booting reads the store like recovery does: with faults off.
         self.io.set_faults(DiskFaults::default());
-        let rec = replica_io::recover(store, &mut self.io, committed_ops_kept)
+        let rec = recover(store, &mut self.io, committed_ops_kept, self.lone)
             .map_err(|e| violation("replica boots from its store", e.reason))?;
         self.io.set_faults(self.disk_faults.clone());
         if rec.purged {
             // A committed purge op applied at recovery: the store holds
             // only its chain point now.
             self.recovery_purges += 1;
-            self.model.clear();
+            self.forget_purged(rec.base.op);
             self.model.insert(rec.base.op, rec.base.checksum);
             self.model
                 .extend(rec.headers.iter().map(|h| (h.vsr_op, h.header_checksum)));
@@ -448,7 +487,13 @@ impl DurableView for Node {
     }
 
     fn voted_durably(&self, op: u64, checksum: u64) -> bool {
-        self.holds_durably(op, checksum) || self.lost_disk.get(&op) == Some(&checksum)
+        self.holds_durably(op, checksum)
+            || self.lost_disk.get(&op) == Some(&checksum)
+            || self.purged_durably(op, checksum)
+    }
+
+    fn purged_durably(&self, op: u64, checksum: u64) -> bool {
+        self.purged.get(&op) == Some(&checksum)
     }
 
     fn superblock_vsr(&self) -> Option<superblock::VsrState> {

@@ -5,7 +5,8 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use ringlog_protocol::batch::{
-    encode_header, restamp, BatchError, BatchBuilder, BatchHeader, BatchView, Record, Stamp, ATTR_PURGE,
+    encode_header, restamp, BatchBuilder, BatchError, BatchHeader, BatchView, Record, Stamp,
+    ATTR_PURGE,
 };
 
 use super::log::{Anchor, Entry, Log};
@@ -352,7 +353,12 @@ impl Replica {
         r.commit = durable.commit.min(r.log.op()).max(base.op);
         // An op after a purge op was appended only once the purge had
         // committed (and been applied: `append`); one at the head may not be.
-        if let Some(p) = headers.iter().rev().find(|h| h.is_purge()).map(|h| h.vsr_op) {
+        if let Some(p) = headers
+            .iter()
+            .rev()
+            .find(|h| h.is_purge())
+            .map(|h| h.vsr_op)
+        {
             if p < r.log.op() {
                 r.commit = r.commit.max(p);
             } else if p > r.commit {

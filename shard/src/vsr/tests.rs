@@ -10,10 +10,10 @@ use ringlog_protocol::replication as wire;
 
 use super::*;
 
-#[path = "tests_transfer.rs"]
-mod transfer;
 #[path = "tests_purge.rs"]
 mod purge;
+#[path = "tests_transfer.rs"]
+mod transfer;
 
 const PARTITION: u32 = 7;
 const CLUSTER: u128 = 0x5eed;

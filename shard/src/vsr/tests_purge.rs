@@ -43,10 +43,17 @@ fn a_purge_op_commits_and_is_applied_once_on_every_replica() {
         assert_eq!(purges_emitted(&c, r), 1, "R{r} purge emissions");
         let purge_at = io_at(&c, r, |op| *op == StorageOp::Purge { through_op: 3 });
         let append4 = io_at(&c, r, |op| matches!(op, StorageOp::Append { op: 4, .. }));
-        assert!(purge_at.is_some() && purge_at < append4, "R{r}: purge after op 4");
+        assert!(
+            purge_at.is_some() && purge_at < append4,
+            "R{r}: purge after op 4"
+        );
         let node = &c.nodes[usize::from(r)];
         assert_eq!(node.purges_run, 1, "R{r} store purges");
-        assert_eq!(node.ops.keys().copied().collect::<Vec<_>>(), vec![4], "R{r}");
+        assert_eq!(
+            node.ops.keys().copied().collect::<Vec<_>>(),
+            vec![4],
+            "R{r}"
+        );
         let h = node.headers();
         assert_eq!(h[0].prev_checksum, node.purged.expect("purged").checksum);
     }
@@ -106,7 +113,10 @@ fn a_backup_applies_the_purge_before_the_op_after_it() {
     assert_eq!(c.r(2).op(), 2);
     let purge_at = io_at(&c, 2, |op| *op == StorageOp::Purge { through_op: 1 });
     let append2 = io_at(&c, 2, |op| matches!(op, StorageOp::Append { op: 2, .. }));
-    assert!(purge_at.is_some() && purge_at < append2, "R2 appended above it");
+    assert!(
+        purge_at.is_some() && purge_at < append2,
+        "R2 appended above it"
+    );
     assert_eq!(c.nodes[2].purges_run, 1);
 }
 
@@ -137,7 +147,10 @@ fn a_replica_restarted_before_applying_a_committed_purge_applies_it_once() {
         c.settle();
         c.tick(1);
     }
-    assert!(c.nodes[2].synced >= 2 && c.r(2).commit() >= 2, "R2 never committed");
+    assert!(
+        c.nodes[2].synced >= 2 && c.r(2).commit() >= 2,
+        "R2 never committed"
+    );
     assert!(c.nodes[2]
         .pending_io
         .iter()
@@ -146,7 +159,9 @@ fn a_replica_restarted_before_applying_a_committed_purge_applies_it_once() {
     assert_eq!(c.nodes[2].purges_run, 0);
     c.restart(2);
     c.node(2).auto_io = true;
-    c.tick_until(100, |c| c.r(2).status() == Status::Normal && c.r(2).commit() >= 2);
+    c.tick_until(100, |c| {
+        c.r(2).status() == Status::Normal && c.r(2).commit() >= 2
+    });
     c.settle();
     assert_eq!(c.nodes[2].purges_run, 1, "applied after the restart");
     assert!(c.nodes[2].ops.is_empty(), "purged ops held");
@@ -155,7 +170,9 @@ fn a_replica_restarted_before_applying_a_committed_purge_applies_it_once() {
     c.tick(4);
     c.crash(2);
     c.restart(2);
-    c.tick_until(100, |c| c.r(2).status() == Status::Normal && c.r(2).commit() >= 3);
+    c.tick_until(100, |c| {
+        c.r(2).status() == Status::Normal && c.r(2).commit() >= 3
+    });
     c.settle();
     assert_eq!(c.nodes[2].purges_run, 1, "applied twice");
     assert_eq!(c.nodes[2].ops.keys().copied().collect::<Vec<_>>(), vec![3]);
@@ -188,7 +205,11 @@ fn a_replica_booted_above_a_purge_op_counts_it_committed() {
     assert_eq!(r.commit(), 1, "the purge op below op 2 is committed");
     let head_only =
         Replica::restart(config(3, 1), 5, vsr, Anchor::default(), &booted[..1]).expect("boots");
-    assert_eq!(head_only.commit(), 0, "a purge op at the head is not known committed");
+    assert_eq!(
+        head_only.commit(),
+        0,
+        "a purge op at the head is not known committed"
+    );
 }
 
 /// Guards against: a producer purging the partition by setting the purge

@@ -229,7 +229,6 @@ pub enum AppendError {
     OutcomeUnknown { view: u32, op: u64 },
     #[error("replica is fenced after a storage failure")]
     Fenced,
-
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
