@@ -353,13 +353,7 @@ fn open_committed(
     now_ms: u64,
 ) -> Result<IoOutcome, Fault> {
     let mut m = store.open_snapshot(io, now_ms).map_err(fault)?;
-    let sealed = match sealed_committed(store, io) {
-        Ok(op) => op,
-        Err(e) => {
-            store.release_snapshot(m.snapshot_id);
-            return Err(e);
-        }
-    };
+    let sealed = sealed_committed(store);
     m.commit = m.commit.max(commit).max(sealed);
     while m.last_op > m.commit {
         let Some(a) = m.artifacts.pop() else {
@@ -387,20 +381,18 @@ fn open_committed(
     Ok(IoOutcome::Snapshot(Arc::new(m)))
 }
 
-/// The last op of the sealed segments of a store with an uncommitted
-/// headroom (it rolls only when every op in the segment is committed, so
-/// they hold committed ops only); 0 without one or with none sealed. The
-/// replica's commit can lag it: after a restart it starts from the
-/// superblock's, which may predate rolls (and retention past it, which
-/// would leave nothing at or below that commit to offer).
-fn sealed_committed(store: &mut PartitionStore, io: &mut impl IoBackend) -> Result<u64, Fault> {
+/// The op before the active segment, committed in a store with an
+/// uncommitted headroom: it rolls only when every op in the segment is
+/// committed, and an install or a purge starts the active segment after a
+/// committed op (0 without a headroom). The replica's commit can lag it:
+/// after a restart it starts from the superblock's, which may predate
+/// rolls, and retention may since have retired every op at or below it,
+/// leaving nothing at or below that commit to offer.
+fn sealed_committed(store: &PartitionStore) -> u64 {
     if store.config().uncommitted_headroom_bytes.is_none() {
-        return Ok(0);
+        return 0;
     }
-    let Some(end) = store.sealed_segments().last().map(|s| s.end_offset) else {
-        return Ok(0);
-    };
-    batch_before(store, io, end).map(|(op, _)| op)
+    store.superblock().frontier.active_prev_op
 }
 
 /// The op and checksum of the batch ending right before `offset`.
