@@ -326,9 +326,22 @@ pub fn recover(
     io: &mut impl IoBackend,
     committed_ops_kept: u64,
 ) -> Result<Recovered, IoFailure> {
-    let commit = store.superblock().vsr.commit;
+    let commit = store.superblock().vsr.commit.max(store.committed_floor());
     let purged = apply_committed_purge(store, io, commit)?;
-    let rec = recover_above(store, io, commit, committed_ops_kept)?;
+    // Ops through the sealed floor are committed even where the
+    // superblock's (lazily written) commit is older: a replica booted at
+    // that older commit would wait, as primary, for acks of ops its
+    // backups may hold only as an installed anchor. Anchored there, it
+    // boots committed through them (and keeps no committed journal, unless
+    // asked for every header: `u64::MAX`, a reader of the whole log).
+    let sb_commit = store.superblock().vsr.commit;
+    let floor = store.committed_floor();
+    let (commit, kept) = if floor > sb_commit && committed_ops_kept != u64::MAX {
+        (floor, 0)
+    } else {
+        (sb_commit, committed_ops_kept)
+    };
+    let rec = recover_above(store, io, commit, kept)?;
     Ok(Recovered { purged, ..rec })
 }
 
@@ -378,7 +391,9 @@ pub fn recover_lone(
     committed_ops_kept: u64,
 ) -> Result<Recovered, IoFailure> {
     let commit = store.durable().last_op;
-    let purged = apply_committed_purge(store, io, commit)?;
+    // With no journal kept nothing is read (see above), so a purge op at
+    // the head is not seen: a host sequencing purges keeps one at least.
+    let purged = committed_ops_kept > 0 && apply_committed_purge(store, io, commit)?;
     let rec = recover_above(store, io, commit, committed_ops_kept)?;
     Ok(Recovered { purged, ..rec })
 }

@@ -353,8 +353,10 @@ fn open_committed(
     now_ms: u64,
 ) -> Result<IoOutcome, Fault> {
     let mut m = store.open_snapshot(io, now_ms).map_err(fault)?;
-    let sealed = sealed_committed(store);
-    m.commit = m.commit.max(commit).max(sealed);
+    // The replica's commit can lag its store's sealed floor (after a
+    // restart it starts from the superblock's), and retention may have
+    // retired every op at or below it: nothing would be left to offer.
+    m.commit = m.commit.max(commit).max(store.committed_floor());
     while m.last_op > m.commit {
         let Some(a) = m.artifacts.pop() else {
             break;
@@ -379,20 +381,6 @@ fn open_committed(
         });
     }
     Ok(IoOutcome::Snapshot(Arc::new(m)))
-}
-
-/// The op before the active segment, committed in a store with an
-/// uncommitted headroom: it rolls only when every op in the segment is
-/// committed, and an install or a purge starts the active segment after a
-/// committed op (0 without a headroom). The replica's commit can lag it:
-/// after a restart it starts from the superblock's, which may predate
-/// rolls, and retention may since have retired every op at or below it,
-/// leaving nothing at or below that commit to offer.
-fn sealed_committed(store: &PartitionStore) -> u64 {
-    if store.config().uncommitted_headroom_bytes.is_none() {
-        return 0;
-    }
-    store.superblock().frontier.active_prev_op
 }
 
 /// The op and checksum of the batch ending right before `offset`.
