@@ -449,6 +449,9 @@ impl Cluster {
     fn power_off(&mut self, r: u8) -> Result<(), Violation> {
         self.client.in_flight.retain(|_, (to, _)| *to != r);
         self.purge_target_down(r);
+        if let Some(h) = self.hostile.as_mut().filter(|h| h.replica == r) {
+            h.forget_offers();
+        }
         self.nodes[usize::from(r)].power_off()?;
         self.check_purged(r)
     }
