@@ -360,9 +360,14 @@ fn pinned_transfer_seed_a_transferring_replica_still_votes() {
 ///   floor (`replica_io::tests::recover_boots_at_least_at_the_sealed_floor`).
 ///   Its trace was read on the pre-fix code (the new purge model alone
 ///   changes its trajectory, so it passed for that reason first).
+/// - 9200060 (a fresh batch of 500, 9200000..9200500, found with the new
+///   purge model; 'messages encode'): the hostile server (endless
+///   re-offers) crashed and rebooted wiped between two ticks and re-sent
+///   its last offer, of view 3, from a store at view 0; it now forgets its
+///   offers when its process dies.
 #[test]
 fn pinned_transfer_seeds_purge_and_floor() {
-    for seed in [7_000_119, 9_100_137] {
+    for seed in [7_000_119, 9_100_137, 9_200_060] {
         sim::run(batch_opts(seed)).unwrap_or_else(|f| panic!("seed {seed}: {f}"));
     }
 }
