@@ -346,15 +346,17 @@ fn offset_delta_mismatch_rejected() {
 
 #[test]
 fn non_zero_reserved_header_rejected() {
-    for (pos, field) in [
-        (5usize, "attributes"),
-        (6, "reserved"),
-        (7, "reserved"),
-        (80, "reserved_tail"),
-        (95, "reserved_tail"),
+    // Attribute bit 0 is ATTR_PURGE; bit 1 is still reserved.
+    for (pos, value, field) in [
+        (5usize, 2u8, "attributes"),
+        (5, 0x80, "attributes"),
+        (6, 1, "reserved"),
+        (7, 1, "reserved"),
+        (80, 1, "reserved_tail"),
+        (95, 1, "reserved_tail"),
     ] {
         let mut bytes = sample_batch();
-        bytes[pos] = 1;
+        bytes[pos] = value;
         fix_header_checksum(&mut bytes);
         assert_eq!(
             BatchView::parse(&bytes).map(|_| ()),
@@ -362,6 +364,27 @@ fn non_zero_reserved_header_rejected() {
             "byte {pos}"
         );
     }
+}
+
+/// Guards against: the purge attribute lost on decode or on a restamp
+/// (a replica would store an operator's purge as a producer's batch).
+#[test]
+fn purge_attribute_decodes_and_survives_restamp() {
+    let mut bytes = sample_batch();
+    assert!(!BatchView::parse(&bytes).expect("valid").header().is_purge());
+    bytes[5] = ringlog_protocol::batch::ATTR_PURGE;
+    fix_header_checksum(&mut bytes);
+    assert!(BatchView::parse(&bytes).expect("valid").header().is_purge());
+    let stamp = ringlog_protocol::batch::Stamp {
+        base_offset: 40,
+        vsr_op: 9,
+        vsr_view: 2,
+        prev_checksum: 7,
+    };
+    let h = ringlog_protocol::batch::restamp(&mut bytes, &stamp).expect("restamps");
+    assert!(h.is_purge() && h.vsr_op == 9);
+    assert_eq!(bytes[5], ringlog_protocol::batch::ATTR_PURGE);
+    assert!(BatchView::parse(&bytes).expect("valid").header().is_purge());
 }
 
 #[test]

@@ -46,8 +46,7 @@ use crate::ops::{OpError, PartitionStatus};
 use crate::replica_io::{self, AppendFailure};
 use crate::vsr::{
     AppendError, Appended, ClientBatch, Config as ReplicaConfig, Input, IoFailure, IoId, IoOutcome,
-    Message,
-    Outbox, Output, Replica, Status as ReplicaStatus, StorageOp, Token,
+    Message, Outbox, Output, Replica, Status as ReplicaStatus, StorageOp, Token,
 };
 
 /// A replicated partition's place in its replica group (absent: a cluster
@@ -1531,7 +1530,10 @@ mod replicated_tests {
         let f = parts[1].fetch(&mut io, 0, 1 << 20, Vec::new()).unwrap();
         assert_eq!(
             f.batches,
-            parts[0].fetch(&mut io, 0, 1 << 20, Vec::new()).unwrap().batches
+            parts[0]
+                .fetch(&mut io, 0, 1 << 20, Vec::new())
+                .unwrap()
+                .batches
         );
         assert_eq!(f.next_offset, 2);
         // A backup refuses, naming the primary.

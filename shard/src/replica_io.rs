@@ -76,7 +76,40 @@ pub fn execute(
             }
             read_batches(store, io, *op_min, *op_max).map(IoOutcome::Batches)
         }
+        StorageOp::Purge { through_op } => purge(store, io, *through_op).map(|_| IoOutcome::Done),
     }
+}
+
+/// Runs `StorageOp::Purge { through_op }`; true if it purged now, false
+/// if the store had applied it already (it no longer holds the op: a
+/// purge drops every batch through it, and later appends continue its
+/// chain above it). The replica emits it before any append above the
+/// purge op, so a store that holds it ends at it. Open snapshots are
+/// invalidated, not waited for: their readers get `SnapshotGone` and the
+/// serving side answers with a final refusal (`UnknownSnapshot`), as for
+/// an install; a purge that waited for leases would stall the replica's
+/// storage ops (its appends run after it) for up to a lease.
+pub fn purge(
+    store: &mut PartitionStore,
+    io: &mut impl IoBackend,
+    through_op: u64,
+) -> Result<bool, IoFailure> {
+    let last_op = store.chain().last_op;
+    let held_min = op_held_min(store, io)?.unwrap_or(1);
+    if through_op > last_op || through_op < held_min {
+        return Ok(false);
+    }
+    if through_op != last_op {
+        return Err(IoFailure {
+            reason: format!(
+                "purge through op {through_op}: the store holds ops up to {last_op} above it"
+            ),
+        });
+    }
+    store
+        .purge_over_snapshots(io)
+        .map(|()| true)
+        .map_err(|e| failure(&format!("purge through op {through_op}"), e))
 }
 
 /// Passes what the store must know of a replica event: a commit (rolls
@@ -315,6 +348,8 @@ pub struct Recovered {
     pub base: Anchor,
     /// Every durable op above `base`, in order.
     pub headers: Vec<BatchHeader>,
+    /// A committed purge op was applied first ([`apply_committed_purge`]).
+    pub purged: bool,
 }
 
 /// Reads the superblock's VSR state and the headers of the ops above the
@@ -327,8 +362,57 @@ pub fn recover(
     io: &mut impl IoBackend,
     committed_ops_kept: u64,
 ) -> Result<Recovered, IoFailure> {
-    let commit = store.superblock().vsr.commit;
-    recover_above(store, io, commit, committed_ops_kept)
+    let commit = store.superblock().vsr.commit.max(store.committed_floor());
+    let purged = apply_committed_purge(store, io, commit)?;
+    // Ops through the sealed floor are committed even where the
+    // superblock's (lazily written) commit is older: a replica booted at
+    // that older commit would wait, as primary, for acks of ops its
+    // backups may hold only as an installed anchor. Anchored there, it
+    // boots committed through them (and keeps no committed journal, unless
+    // asked for every header: `u64::MAX`, a reader of the whole log).
+    let sb_commit = store.superblock().vsr.commit;
+    let floor = store.committed_floor();
+    let (commit, kept) = if floor > sb_commit && committed_ops_kept != u64::MAX {
+        (floor, 0)
+    } else {
+        (sb_commit, committed_ops_kept)
+    };
+    let rec = recover_above(store, io, commit, kept)?;
+    Ok(Recovered { purged, ..rec })
+}
+
+/// A purge op committed (at or below `commit`) but not applied: the
+/// replica crashed between its commit and its [`StorageOp::Purge`], or
+/// installed a snapshot ending at it from a peer that had not applied it.
+/// Only the store's last op can be one (nothing is appended above an
+/// unapplied purge op); applied here, once (a purged store no longer
+/// holds it). Returns whether it purged.
+pub fn apply_committed_purge(
+    store: &mut PartitionStore,
+    io: &mut impl IoBackend,
+    commit: u64,
+) -> Result<bool, IoFailure> {
+    let last_op = store.durable().last_op;
+    if last_op == 0 || last_op > commit {
+        return Ok(false);
+    }
+    // None: every op is held; else nothing is held when it is above.
+    if op_held_min(store, io)?.is_some_and(|h| h > last_op) {
+        return Ok(false);
+    }
+    purge_if_head_is_purge(store, io, last_op)
+}
+
+fn purge_if_head_is_purge(
+    store: &mut PartitionStore,
+    io: &mut impl IoBackend,
+    last_op: u64,
+) -> Result<bool, IoFailure> {
+    let head = seek_op(store, io, last_op)?.filter(|h| h.vsr_op == last_op);
+    match head {
+        Some(h) if h.is_purge() => purge(store, io, last_op),
+        _ => Ok(false),
+    }
 }
 
 /// [`recover`] for a replica of a cluster of one: every durable op was
@@ -343,7 +427,11 @@ pub fn recover_lone(
     committed_ops_kept: u64,
 ) -> Result<Recovered, IoFailure> {
     let commit = store.durable().last_op;
-    recover_above(store, io, commit, committed_ops_kept)
+    // With no journal kept nothing is read (see above), so a purge op at
+    // the head is not seen: a host sequencing purges keeps one at least.
+    let purged = committed_ops_kept > 0 && apply_committed_purge(store, io, commit)?;
+    let rec = recover_above(store, io, commit, committed_ops_kept)?;
+    Ok(Recovered { purged, ..rec })
 }
 
 fn recover_above(
@@ -416,6 +504,7 @@ fn recover_above(
         durable,
         base,
         headers,
+        purged: false,
     })
 }
 

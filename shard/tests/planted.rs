@@ -70,17 +70,25 @@ fn truncation_below_commit_is_caught() {
     );
 }
 
-/// Runs with retention, state transfer and operator purges on (as the
-/// transfer batch in tests/sim.rs): a stale pre-purge offer reaches a
-/// purged receiver only there.
+/// Runs with retention, state transfer, operator purges and a hostile
+/// transfer server on (as the transfer batch in tests/sim.rs): a stale
+/// pre-purge offer reaches a purged receiver only there. With purges
+/// replicated in the log an honest one is rare (its server committed the
+/// purge op and has not run it yet); the hostile server's stale offers
+/// (one purge generation below the requester's) make one within the bound.
+/// Taking such a lie is caught as a lie taken ('hostile offers refused',
+/// checked as the offer is taken, before the install's generation check):
+/// with only the generation check planted away, the lies it lets through
+/// are the stale-generation ones.
 #[test]
 fn install_ignoring_the_purge_generation_is_caught() {
     assert_caught_with(
         Plant::InstallIgnoresPurgeGeneration,
-        &["stale pre-purge offers refused"],
+        &["stale pre-purge offers refused", "hostile offers refused"],
         |o| {
             o.transfers = true;
             o.purges = true;
+            o.hostile = true;
         },
     );
 }

@@ -203,26 +203,9 @@ fn batch_opts(seed: u64) -> SimOptions {
 }
 
 /// Seeds of the transfer batch that hit an open bug; skipped by the batch,
-/// replayed by `open_bug_transfer_batch_seeds_with_purges`. It comes from
-/// the purge model (a per-replica admin action, not a replicated op):
-/// - 7000119 ('converges after healing'): purge 1 through op 143 purges
-///   the backups R0 and R1; the primary R2, to be purged last, is never
-///   quiet again, so it stays at purge generation 0 while R0 and R1, later
-///   behind its retention, need a transfer: they refuse every offer of
-///   R2's as a stale generation (rightly: it holds purged ops), and R2
-///   cannot commit without them. A purge replicated in the log (applied
-///   at commit) would fix it; not done yet.
-/// - 9100137, from a fresh batch of 1000 (9100000..9101000; outside the
-///   batch's range, only replayed): 'converges after healing' with
-///   transfers + hostile, purges on or off, before and after the
-///   head-checksum fix. R0 (wiped) and R2 (op 113) both need a transfer
-///   from R1 (op 132, retired below 123); R0 is the hostile server
-///   (inflated sizes). From its transfer's start (tick 1225) R2 only asks
-///   (every ~11 ticks, R1 and R0 in turn) and rotates: no offer, refusal or
-///   failed attempt in its trace for ~2800 ticks. Not analysed further
-///   (flat ~11-tick retries look like transient refusals: R1's bound on
-///   open snapshots, held by R0's receiver?).
-const TRANSFER_OPEN_BUG_SEEDS: &[u64] = &[7_000_119, 9_100_137];
+/// an open-bug test replays them. None open now (the two it held are
+/// pinned in `pinned_transfer_seeds_purge_and_floor`).
+const TRANSFER_OPEN_BUG_SEEDS: &[u64] = &[];
 
 /// Seeds that failed 'cuts the store accepts' (7000212) and 'committed ops
 /// never cut' (9000071) with transfers, purges and a hostile peer: a
@@ -308,10 +291,8 @@ fn transfer_seeds_converge_under_retention() {
         ("peer rotations", total.transfer_rotations),
         ("refusals", total.transfer_refusals),
         ("purges", total.purges),
-        (
-            "store purges of transferring replicas",
-            total.purges_transferring,
-        ),
+        ("store purges", total.replica_purges),
+        ("purges over open snapshots", total.purges_over_snapshots),
         ("stale-generation refusals", total.stale_generation_refusals),
         ("hostile frames", total.hostile_frames),
         ("charges", total.transfer_charges),
@@ -358,11 +339,35 @@ fn pinned_transfer_seed_a_transferring_replica_still_votes() {
     sim::run(batch_opts(9_000_208)).unwrap_or_else(|f| panic!("{f}"));
 }
 
-/// The open bugs of [`TRANSFER_OPEN_BUG_SEEDS`]. Fails today.
+/// Seeds the transfer batch's options failed ('converges after healing'):
+/// - 7000119: under the old purge model (a per-replica admin action while
+///   a replica was quiet) purge 1 through op 143 purged the backups R0 and
+///   R1; the primary R2, never quiet again, stayed at purge generation 0,
+///   so R0 and R1 (later behind its retention) refused every offer of its
+///   as stale, and R2 could not commit without them. Purges are now ops
+///   in the log applied by every replica at commit (`sim/purge.rs`).
+/// - 9100137 (from a fresh batch of 1000, 9100000..9101000; only
+///   replayed): R1, restarted with its superblock commit (121) behind what
+///   its store had sealed, later retired everything through op 122; R0
+///   (wiped) and R2 (op 113) needed a transfer and R1 held the only copy.
+///   R1's server cut every snapshot to its replica's commit, found nothing
+///   at or below 121 ("no committed prefix to offer below op 122") and
+///   answered Busy for ~2800 ticks (`transfer::tests::
+///   a_server_whose_commit_lags_its_sealed_segments_offers_them`). With
+///   that fixed the receivers installed at op 122, and R1, primary at
+///   commit 121, waited for acks of op 122 that they held only as their
+///   installed anchor; a restart now boots committed through the sealed
+///   floor (`replica_io::tests::recover_boots_at_least_at_the_sealed_floor`).
+///   Its trace was read on the pre-fix code (the new purge model alone
+///   changes its trajectory, so it passed for that reason first).
+/// - 9200060 (a fresh batch of 500, 9200000..9200500, found with the new
+///   purge model; 'messages encode'): the hostile server (endless
+///   re-offers) crashed and rebooted wiped between two ticks and re-sent
+///   its last offer, of view 3, from a store at view 0; it now forgets its
+///   offers when its process dies.
 #[test]
-#[ignore]
-fn open_bug_transfer_batch_seeds_with_purges() {
-    for &seed in TRANSFER_OPEN_BUG_SEEDS {
+fn pinned_transfer_seeds_purge_and_floor() {
+    for seed in [7_000_119, 9_100_137, 9_200_060] {
         sim::run(batch_opts(seed)).unwrap_or_else(|f| panic!("seed {seed}: {f}"));
     }
 }

@@ -178,6 +178,7 @@ impl BatchBuilder {
             record_count: self.record_count,
             body_len,
             vsr_view: stamp.vsr_view,
+            attributes: 0,
         };
         encode_header(&header, head);
         Ok(self.buf)

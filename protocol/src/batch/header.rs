@@ -1,6 +1,6 @@
 use super::{
-    BatchError, Stamp, BODY_LEN_MAX_BYTES, FORMAT_VERSION, HEADER_LEN, MAGIC, RECORD_COUNT_MAX,
-    RECORD_LEN_MIN,
+    BatchError, Stamp, ATTRIBUTES_KNOWN, BODY_LEN_MAX_BYTES, FORMAT_VERSION, HEADER_LEN, MAGIC,
+    RECORD_COUNT_MAX, RECORD_LEN_MIN,
 };
 use crate::checksum::checksum;
 use crate::reader::usize_from;
@@ -38,6 +38,16 @@ pub struct BatchHeader {
     pub record_count: u32,
     pub body_len: u32,
     pub vsr_view: u32,
+    /// Bits of [`super::ATTRIBUTES_KNOWN`]; 0 for a producer's batch.
+    pub attributes: u8,
+}
+
+impl BatchHeader {
+    /// An operator's purge sequenced into the log ([`super::ATTR_PURGE`]).
+    #[inline]
+    pub fn is_purge(&self) -> bool {
+        self.attributes & super::ATTR_PURGE != 0
+    }
 }
 
 // The offsets passed to these are the constants above, all in bounds of a
@@ -106,7 +116,7 @@ impl BatchHeader {
                 actual: computed,
             });
         }
-        if h[OFF_ATTRIBUTES] != 0 {
+        if h[OFF_ATTRIBUTES] & !ATTRIBUTES_KNOWN != 0 {
             return Err(BatchError::NonZeroReserved {
                 field: "attributes",
             });
@@ -132,6 +142,7 @@ impl BatchHeader {
             record_count: get_u32(h, OFF_RECORD_COUNT),
             body_len: get_u32(h, OFF_BODY_LEN),
             vsr_view: get_u32(h, OFF_VSR_VIEW),
+            attributes: h[OFF_ATTRIBUTES],
         };
         header.check_fields()?;
         Ok(header)
@@ -203,6 +214,7 @@ pub fn encode_header(h: &BatchHeader, out: &mut [u8; HEADER_LEN]) -> u64 {
     out.fill(0);
     put(out, OFF_MAGIC, &MAGIC.to_le_bytes());
     out[OFF_VERSION] = FORMAT_VERSION;
+    out[OFF_ATTRIBUTES] = h.attributes;
     put(out, OFF_BODY_CHECKSUM, &h.body_checksum.to_le_bytes());
     put(out, OFF_PREV_CHECKSUM, &h.prev_checksum.to_le_bytes());
     put(out, OFF_BASE_OFFSET, &h.base_offset.to_le_bytes());
@@ -263,6 +275,7 @@ mod tests {
             record_count: 2,
             body_len: 48,
             vsr_view: 1,
+            attributes: 0,
         }
     }
 

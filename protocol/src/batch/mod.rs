@@ -9,7 +9,7 @@
 //! off size field
 //!   0  u32 magic              MAGIC ("RLGB")
 //!   4  u8  version            == FORMAT_VERSION
-//!   5  u8  attributes         reserved, 0
+//!   5  u8  attributes         ATTR_PURGE or 0 (other bits reserved, 0)
 //!   6  u16 reserved           0
 //!   8  u64 header_checksum    checksum of the 96 header bytes with 8..16 zeroed
 //!  16  u64 body_checksum      checksum of the body bytes
@@ -63,6 +63,12 @@ pub const HEADER_LEN: usize = 96;
 /// "RLGB" when read as little-endian bytes.
 pub const MAGIC: u32 = 0x4247_4C52;
 pub const FORMAT_VERSION: u8 = 1;
+/// Attribute: the batch is an operator's purge sequenced into the log
+/// (its replicas drop every batch through it when they commit it). Set
+/// by the replica, never by a producer.
+pub const ATTR_PURGE: u8 = 1;
+/// Attribute bits a header may carry; any other is refused on decode.
+pub const ATTRIBUTES_KNOWN: u8 = ATTR_PURGE;
 /// Cap on a batch body: bounds memory a reader must commit to one batch
 /// before it has verified anything but the header.
 pub const BODY_LEN_MAX_BYTES: u32 = 64 * 1024 * 1024;

@@ -448,3 +448,148 @@ fn recover_keeps_no_journal_below_the_retired_log_start() {
     let r = recover(&mut store, &mut io, 5).expect("recovers");
     assert_eq!(r.base.op, 75);
 }
+
+/// A store with an uncommitted headroom (rolls seal only committed ops).
+fn headroom_config() -> StoreConfig {
+    StoreConfig {
+        uncommitted_headroom_bytes: Some(8 * 1024),
+        ..small_config()
+    }
+}
+
+/// Guards against: a restarted replica whose superblock commit lags what
+/// its store sealed (committed ops: a headroom store rolls only when every
+/// op is committed) booting at the stale commit. As primary it then waited
+/// for acks of ops it had long committed, which backups that installed a
+/// snapshot ending there hold only as their anchor and never ack (seed
+/// 9100137 after its server fix: stuck at commit 121 with op 122 sealed
+/// and retired). Recovery anchors the journal at the sealed floor.
+#[test]
+fn recover_boots_at_least_at_the_sealed_floor() {
+    let mut io = SimBackend::new(21);
+    let mut store =
+        PartitionStore::create(&mut io, Path::new(DIR), PID, headroom_config()).expect("store");
+    let batches = chain(80, 900);
+    for (i, b) in batches.iter().enumerate() {
+        let op = i as u64 + 1;
+        run(
+            &mut store,
+            &mut io,
+            StorageOp::Append {
+                op,
+                batch: b.clone(),
+            },
+        );
+        run(&mut store, &mut io, StorageOp::Flush);
+        store.note_commit(op);
+        if op == 1 {
+            let state = VsrState {
+                commit: 1,
+                ..VsrState::default()
+            };
+            run(&mut store, &mut io, StorageOp::PersistVsr(state));
+        }
+    }
+    let floor = store.superblock().frontier.active_prev_op;
+    assert!(floor > 1, "no segment sealed");
+    let r = recover(&mut store, &mut io, 4).expect("recovers");
+    assert_eq!(r.durable.commit, 1, "the superblock's own commit");
+    assert_eq!(r.base.op, floor, "anchored below the sealed floor");
+    let replica =
+        Replica::restart(Config::new(PID, 3, 0), 1, r.durable, r.base, &r.headers).expect("config");
+    assert_eq!(replica.commit(), floor);
+    // Without a headroom a roll seals uncommitted ops too: no floor.
+    let (mut io, mut store) = fresh();
+    append_all(&mut store, &mut io, &batches);
+    assert!(store.superblock().frontier.active_prev_op > 0);
+    let r = recover(&mut store, &mut io, 4).expect("recovers");
+    assert_eq!(r.base.op, 0);
+}
+
+/// A headroom store holding ops 1..=n, the last one a purge op, flushed,
+/// its superblock commit at `commit`.
+fn store_ending_in_a_purge(n: u64, commit: u64) -> (SimBackend, PartitionStore) {
+    let mut io = SimBackend::new(22);
+    let mut store =
+        PartitionStore::create(&mut io, Path::new(DIR), PID, headroom_config()).expect("store");
+    let mut batches = chain(n, 300);
+    let last = batches.pop().expect("n > 0");
+    let mut bytes = last.to_vec();
+    let mut h = BatchHeader::decode(&bytes).expect("decodes");
+    h.attributes = ringlog_protocol::batch::ATTR_PURGE;
+    let head = bytes.first_chunk_mut().expect("a header");
+    ringlog_protocol::encode_header(&h, head);
+    batches.push(bytes.into());
+    append_all(&mut store, &mut io, &batches);
+    let state = VsrState {
+        commit,
+        ..VsrState::default()
+    };
+    run(&mut store, &mut io, StorageOp::PersistVsr(state));
+    (io, store)
+}
+
+/// Guards against: a purge applied twice or not at all by the executor,
+/// or dropping ops above it: it purges once (the generation bumps, no op
+/// is held, the chain point stays), a second run is a no-op, and a store
+/// holding ops above the purge op refuses it.
+#[test]
+fn purge_runs_once_and_never_drops_ops_above_it() {
+    let (mut io, mut store) = store_ending_in_a_purge(10, 10);
+    let chain_before = store.chain();
+    run(&mut store, &mut io, StorageOp::Purge { through_op: 10 });
+    assert_eq!(store.superblock().purge_generation, 1);
+    assert_eq!(store.chain(), chain_before, "the chain point moved");
+    assert_eq!(store.log_start_offset(), store.durable().next_offset);
+    run(&mut store, &mut io, StorageOp::Purge { through_op: 10 });
+    assert_eq!(store.superblock().purge_generation, 1, "purged twice");
+    let (mut io, mut store) = store_ending_in_a_purge(10, 10);
+    let err = execute(&mut store, &mut io, &StorageOp::Purge { through_op: 9 })
+        .expect_err("ops above the purge op");
+    assert!(err.reason.contains("above"), "{err}");
+    assert_eq!(store.superblock().purge_generation, 0);
+}
+
+/// Guards against: a purge waiting without bound for a transfer's lease,
+/// or purging under a snapshot that then serves purged bytes: the open
+/// snapshot is invalidated (its reads answer SnapshotGone) and the purge
+/// runs.
+#[test]
+fn purge_invalidates_open_snapshots() {
+    let (mut io, mut store) = store_ending_in_a_purge(10, 10);
+    let m = store.open_snapshot(&mut io, 0).expect("opens");
+    assert!(!m.artifacts.is_empty());
+    run(&mut store, &mut io, StorageOp::Purge { through_op: 10 });
+    assert_eq!(store.superblock().purge_generation, 1);
+    let err = store
+        .read_chunks(&mut io, m.snapshot_id, &[(0, 0)], 0)
+        .expect_err("a purged snapshot reads");
+    assert!(err.to_string().contains("gone"), "{err}");
+}
+
+/// Guards against: a replica that crashed after committing a purge op but
+/// before its store ran it never applying it, or applying it twice:
+/// recovery applies a committed purge op at the store's head once, and
+/// leaves an uncommitted one (a view change may still cut it).
+#[test]
+fn recover_applies_a_committed_unapplied_purge_once() {
+    let (mut io, mut store) = store_ending_in_a_purge(10, 9);
+    let r = recover(&mut store, &mut io, 4).expect("recovers");
+    assert!(!r.purged, "applied an uncommitted purge op");
+    assert_eq!(store.superblock().purge_generation, 0);
+    let (mut io, mut store) = store_ending_in_a_purge(10, 10);
+    let r = recover(&mut store, &mut io, 4).expect("recovers");
+    assert!(r.purged);
+    assert_eq!(store.superblock().purge_generation, 1);
+    assert_eq!((r.base.op, r.headers.len()), (10, 0));
+    let r = recover(&mut store, &mut io, 4).expect("recovers");
+    assert!(!r.purged, "applied twice");
+    assert_eq!(store.superblock().purge_generation, 1);
+    // A cluster of one commits its durable end: applied there too, when
+    // it keeps a journal (with none, recovery reads nothing at all).
+    let (mut io, mut store) = store_ending_in_a_purge(10, 0);
+    let r = recover_lone(&mut store, &mut io, 0).expect("recovers");
+    assert!(!r.purged && store.superblock().purge_generation == 0);
+    let r = recover_lone(&mut store, &mut io, 1).expect("recovers");
+    assert!(r.purged && store.superblock().purge_generation == 1);
+}

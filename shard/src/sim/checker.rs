@@ -36,6 +36,9 @@ pub trait DurableView {
     /// Whether it held that op durably on its disk now, or on the disk its
     /// last wipe lost (a PrepareOk sent before a wipe is a valid vote).
     fn voted_durably(&self, op: u64, checksum: u64) -> bool;
+    /// Whether it held that op durably until a purge dropped it (a
+    /// committed op: a PrepareOk re-acking it is still a true vote).
+    fn purged_durably(&self, op: u64, checksum: u64) -> bool;
     /// The durable VSR state in its superblock (None while it has no store).
     fn superblock_vsr(&self) -> Option<ringlog_storage::superblock::VsrState>;
 }
@@ -196,7 +199,8 @@ impl Checker {
             return Err(violation("log_view durable before send", detail));
         }
         if let Body::PrepareOk(ok) = &msg.body {
-            if !store.holds_durably(ok.op, ok.prepare_checksum) {
+            let (op, checksum) = (ok.op, ok.prepare_checksum);
+            if !store.holds_durably(op, checksum) && !store.purged_durably(op, checksum) {
                 let detail = format!(
                     "replica {r} sent PrepareOk for op {} ({:#x}) before it was durable",
                     ok.op, ok.prepare_checksum

@@ -395,10 +395,19 @@ impl Cluster {
     pub(super) fn run_io(&mut self, r: u8) -> Result<(), Violation> {
         match self.nodes[usize::from(r)].run_io() {
             RunIo::Idle => Ok(()),
-            RunIo::Crashed { op } => self.crash(r, Some(&op)),
+            RunIo::Crashed { op } => {
+                if matches!(op, StorageOp::Purge { .. }) {
+                    self.counts.purge_crashes += 1;
+                }
+                self.crash(r, Some(&op))
+            }
             RunIo::Done { id, op, result } => {
                 if let Err(e) = &result {
                     self.count_failure(r, &op, &e.reason)?;
+                }
+                let purged = self.nodes[usize::from(r)].purged_now.take();
+                if let (StorageOp::Purge { through_op }, Some(p)) = (&op, purged) {
+                    self.purge_ran(r, *through_op, p)?;
                 }
                 let ok = if result.is_ok() { "ok" } else { "failed" };
                 self.trace.line(
@@ -445,6 +454,10 @@ impl Cluster {
 
     fn power_off(&mut self, r: u8) -> Result<(), Violation> {
         self.client.in_flight.retain(|_, (to, _)| *to != r);
+        self.purge_target_down(r);
+        if let Some(h) = self.hostile.as_mut().filter(|h| h.replica == r) {
+            h.forget_offers();
+        }
         self.nodes[usize::from(r)].power_off()?;
         self.check_purged(r)
     }
@@ -469,11 +482,12 @@ impl Cluster {
         self.trace
             .line(self.tick, format_args!("R{r} boot wiped {}", node.wiped));
         self.checker.booted(r, 0);
+        self.check_purged(r)?;
         self.meta_booted(r, wipe)
     }
 
     fn client_append(&mut self) -> Result<(), Violation> {
-        if self.client.in_flight.len() >= CLIENT_IN_FLIGHT_MAX || self.purge.pauses_client() {
+        if self.client.in_flight.len() >= CLIENT_IN_FLIGHT_MAX {
             return Ok(());
         }
         let mut to = self.client.believed_primary;
@@ -564,6 +578,10 @@ impl Cluster {
                 if matches!(op, StorageOp::PersistVsr(s) if !s.wiped) {
                     node.unwipe_asked = true;
                 }
+                if let StorageOp::Purge { through_op } = op {
+                    self.purge_committed(r, through_op)?;
+                }
+                let node = &mut self.nodes[usize::from(r)];
                 if let StorageOp::TruncateAbove { op } = op {
                     let purged = self.purge.purged_through(self.purge.generation());
                     self.checker.on_truncate(r, op, &node.model, purged)?;
@@ -625,6 +643,10 @@ impl Cluster {
         token: Token,
         result: Result<crate::vsr::Appended, AppendError>,
     ) -> Result<(), Violation> {
+        if self.purge.is_request(token) {
+            self.purge_replied(r, result);
+            return Ok(());
+        }
         let sent = self.client.in_flight.remove(&token);
         match result {
             Ok(a) => {
@@ -772,6 +794,7 @@ fn op_name(op: &StorageOp) -> &'static str {
         StorageOp::PersistVsr(_) => "persist_vsr",
         StorageOp::TruncateAbove { .. } => "truncate_above",
         StorageOp::ReadBatches { .. } => "read_batches",
+        StorageOp::Purge { .. } => "purge",
     }
 }
 

@@ -98,6 +98,15 @@ impl Hostile {
         self.last_offer = None;
     }
 
+    /// The hostile server's process died: what it offered is gone with it
+    /// (a wipe may take its view back, and an old offer's view could not
+    /// be framed then: seed 9200060 crashed and rebooted wiped between two
+    /// ticks, and its next re-offer carried view 3 from a view-0 store).
+    pub fn forget_offers(&mut self) {
+        self.last_offer = None;
+        self.first_offer = None;
+    }
+
     /// Notes a request the hostile server received.
     pub fn asked(&mut self, from: u8, msg: &XMsg) {
         if let XMsg::RequestSnapshot(r) = msg {
@@ -217,9 +226,6 @@ impl Cluster {
         };
         let r = h.replica;
         if !self.nodes[usize::from(r)].is_up() {
-            // What it offered is gone with the process (a wipe may follow).
-            h.last_offer = None;
-            h.first_offer = None;
             return Ok(());
         }
         if h.mode != Hostility::EndlessReOffers || !h.lying {

@@ -140,16 +140,18 @@ pub struct Counts {
     pub transfer_messages: u64,
     /// Acked ops below every store's log start (retired: not read back).
     pub acks_retired: u64,
-    /// Operator purges done (each through one op, on every replica).
+    /// Purge ops committed (each a purge generation, through one op).
     pub purges: u64,
-    /// Purges given up: the group never went quiet within the wait.
+    /// Operator purge requests refused, lost or unanswered (not retried).
     pub purges_abandoned: u64,
-    /// Store purges (one per replica per purge generation it reached).
+    /// Store purges the executor ran when its replica committed a purge op.
     pub replica_purges: u64,
-    /// Store purges of a replica while it transferred (between attempts).
-    pub purges_transferring: u64,
-    /// Store purges refused while a leased snapshot pinned the store.
-    pub purges_pinned: u64,
+    /// Store purges that invalidated an open snapshot (a served transfer
+    /// aborted with a final refusal).
+    pub purges_over_snapshots: u64,
+    /// Purge ops committed but not applied before a crash or install,
+    /// applied when the store is recovered.
+    pub purges_at_recovery: u64,
     /// Crashes during a store purge.
     pub purge_crashes: u64,
     /// Offers refused for a purge generation below the receiver's.
@@ -206,8 +208,8 @@ impl Counts {
             (&mut self.purges, o.purges),
             (&mut self.purges_abandoned, o.purges_abandoned),
             (&mut self.replica_purges, o.replica_purges),
-            (&mut self.purges_transferring, o.purges_transferring),
-            (&mut self.purges_pinned, o.purges_pinned),
+            (&mut self.purges_over_snapshots, o.purges_over_snapshots),
+            (&mut self.purges_at_recovery, o.purges_at_recovery),
             (&mut self.purge_crashes, o.purge_crashes),
             (
                 &mut self.stale_generation_refusals,
@@ -233,7 +235,7 @@ impl fmt::Display for Counts {
              partitions {} (asymmetric {}) clogs {} ops_read_back {} retired_segments {} \
              transfers {} offers_taken {} installs {} install_crashes {} rotations {} \
              refusals {} attempts_failed {} transfer_messages {} acks_retired {} \
-             purges {} (abandoned {}) replica_purges {} (transferring {}) purges_pinned {} purge_crashes {} \
+             purges {} (abandoned {}) replica_purges {} (over snapshots {}) purges_at_recovery {} purge_crashes {} \
              stale_generation_refusals {} hostile_frames {} charges {} quarantines {}",
             self.appends,
             self.acks,
@@ -269,8 +271,8 @@ impl fmt::Display for Counts {
             self.purges,
             self.purges_abandoned,
             self.replica_purges,
-            self.purges_transferring,
-            self.purges_pinned,
+            self.purges_over_snapshots,
+            self.purges_at_recovery,
             self.purge_crashes,
             self.stale_generation_refusals,
             self.hostile_frames,

@@ -111,6 +111,31 @@ pub struct Node {
     /// While an install may be on disk: the committed ops (op -> checksum)
     /// a reopened store may show besides `model`.
     pub accept_committed: BTreeMap<u64, u64>,
+    /// Committed purge ops applied by store recovery, not yet counted.
+    pub recovery_purges: u64,
+    /// Ops (op -> checksum) the store held durably until a purge dropped
+    /// them (bounded by the ops a run writes).
+    pub purged: BTreeMap<u64, u64>,
+    /// The last [`RunIo::Done`] purged the store: (its new generation,
+    /// whether it had snapshots open).
+    pub purged_now: Option<(u64, bool)>,
+    /// A cluster of one: booted as the server boots one
+    /// ([`replica_io::recover_lone`]: its durable end is its commit).
+    pub lone: bool,
+}
+
+/// Recovers `store` for its replica's restart, as the server does.
+pub fn recover(
+    store: &mut PartitionStore,
+    io: &mut SimBackend,
+    committed_ops_kept: u64,
+    lone: bool,
+) -> Result<Recovered, crate::vsr::IoFailure> {
+    if lone {
+        replica_io::recover_lone(store, io, committed_ops_kept)
+    } else {
+        replica_io::recover(store, io, committed_ops_kept)
+    }
 }
 
 impl Node {
@@ -123,10 +148,12 @@ impl Node {
         let (disk_seed, replica_seed) = seeds;
         let mut io = SimBackend::new(disk_seed);
         let store = create_store(&mut io, &store_config)?;
+        let lone = cfg.replica_count == 1;
         let replica = Replica::new(cfg, replica_seed)
             .map_err(|e| violation("replica config", e.to_string()))?;
         Ok(Self {
             index,
+            lone,
             store_config,
             replica: Some(replica),
             store: Some(store),
@@ -143,6 +170,9 @@ impl Node {
             boots: 0,
             xfer: NodeXfer::new(),
             accept_committed: BTreeMap::new(),
+            recovery_purges: 0,
+            purged: BTreeMap::new(),
+            purged_now: None,
         })
     }
 
@@ -183,6 +213,19 @@ impl Node {
         self.crash_tears = false;
     }
 
+    /// The store dropped every op through `through_op` (a purge): the model
+    /// keeps only that chain point, the dropped ops move to `purged`.
+    /// (A purge flushes first, so every op it drops was durable.)
+    fn forget_purged(&mut self, through_op: u64) {
+        let mut kept = self.model.split_off(&through_op);
+        kept.split_off(&(through_op + 1));
+        let dropped = std::mem::replace(&mut self.model, kept);
+        self.purged.extend(dropped);
+        if let Some(&c) = self.model.get(&through_op) {
+            self.purged.insert(through_op, c);
+        }
+    }
+
     /// Runs the oldest queued storage op.
     pub fn run_io(&mut self) -> RunIo {
         let Some(store) = self.store.as_mut() else {
@@ -195,9 +238,19 @@ impl Node {
                 Some(Queued::Io(id, op)) => break (id, op),
             }
         };
+        let before = (
+            store.superblock().purge_generation,
+            store.snapshots_open() > 0,
+        );
         let result = replica_io::execute(store, &mut self.io, &op);
         if self.io.is_crashed() {
             return RunIo::Crashed { op };
+        }
+        let generation = store.superblock().purge_generation;
+        if let (StorageOp::Purge { through_op }, true) = (&op, generation > before.0) {
+            // Purged now: only the chain point is left of the log.
+            self.forget_purged(*through_op);
+            self.purged_now = Some((generation, before.1));
         }
         if result.is_ok() {
             match &op {
@@ -233,9 +286,13 @@ impl Node {
         let mut store =
             PartitionStore::open(&mut self.io, dir, PARTITION_ID, self.store_config.clone())
                 .map_err(|e| violation("store reopens after a crash", e.to_string()))?;
-        let all = replica_io::recover(&mut store, &mut self.io, u64::MAX)
+        let all = recover(&mut store, &mut self.io, u64::MAX, self.lone)
             .map_err(|e| violation("store reopens after a crash", e.reason))?;
         self.check_reopened(&all, store.superblock().vsr)?;
+        if all.purged {
+            self.recovery_purges += 1;
+            self.forget_purged(all.base.op);
+        }
         self.accept_committed.clear();
         self.model = all
             .headers
@@ -294,9 +351,18 @@ impl Node {
         };
         // Booting reads the store like recovery does: with faults off.
         self.io.set_faults(DiskFaults::default());
-        let rec = replica_io::recover(store, &mut self.io, committed_ops_kept)
+        let rec = recover(store, &mut self.io, committed_ops_kept, self.lone)
             .map_err(|e| violation("replica boots from its store", e.reason))?;
         self.io.set_faults(self.disk_faults.clone());
+        if rec.purged {
+            // A committed purge op applied at recovery: the store holds
+            // only its chain point now.
+            self.recovery_purges += 1;
+            self.forget_purged(rec.base.op);
+            self.model.insert(rec.base.op, rec.base.checksum);
+            self.model
+                .extend(rec.headers.iter().map(|h| (h.vsr_op, h.header_checksum)));
+        }
         let replica = Replica::restart(cfg, seed, rec.durable, rec.base, &rec.headers)
             .map_err(|e| violation("replica config", e.to_string()))?;
         // The disk may have finished the write clearing the flag that the
@@ -421,7 +487,13 @@ impl DurableView for Node {
     }
 
     fn voted_durably(&self, op: u64, checksum: u64) -> bool {
-        self.holds_durably(op, checksum) || self.lost_disk.get(&op) == Some(&checksum)
+        self.holds_durably(op, checksum)
+            || self.lost_disk.get(&op) == Some(&checksum)
+            || self.purged_durably(op, checksum)
+    }
+
+    fn purged_durably(&self, op: u64, checksum: u64) -> bool {
+        self.purged.get(&op) == Some(&checksum)
     }
 
     fn superblock_vsr(&self) -> Option<superblock::VsrState> {

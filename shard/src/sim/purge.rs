@@ -1,50 +1,45 @@
-//! Operator purges in the simulator (DESIGN.md sections 4 and 7): the
-//! operator purges the partition on every replica; each store drops every
-//! batch, keeps its chain point (offsets and ops are never reused) and
-//! bumps its durable purge generation. On with [`super::SimOptions::purges`].
+//! Operator purges in the simulator (DESIGN.md sections 4 and 7), as a
+//! purge replicated in the log: the operator submits
+//! [`Input::ClientPurge`] to the replica it believes is the primary; the
+//! primary sequences it as an op and nothing after it until it commits;
+//! every replica, when it commits the op, emits `StorageOp::Purge`, which
+//! the executor (`replica_io::purge`) runs on its store: every batch
+//! through the op is dropped, the chain point kept, the durable purge
+//! generation bumped. A replica that crashed between the commit and the
+//! purge, or installed a snapshot ending at an unapplied purge op, applies
+//! it when its store is recovered. A purge invalidates the store's open
+//! snapshots: the transfers they serve end with a final refusal. On with
+//! [`super::SimOptions::purges`].
 //!
-//! The replica has no purge input: the host purges its store while the
-//! replica is quiescent (Normal, its log committed to its end, no storage
-//! op queued) and boots it again from the purged store, as after an
-//! install, so no journal keeps a purged op. A purge of generation `g`
-//! happens at op `P_g`: the client pauses, and once every up replica that
-//! is not transferring is quiescent at one op, they all purge there.
-//! Replicas down, transferring or serving a snapshot then (a leased
-//! snapshot pins the store: the purge is refused) are purged later, once
-//! they committed `P_g` (as a purge replicated in the log would be) and are
-//! quiescent, or, transferring, between two attempts: the replica reboots
-//! from the purged store and its transfer, if still needed, restarts from
-//! it, so offers from replicas not purged yet are stale (a lower purge
-//! generation) and must be refused. A replica
-//! whose log ends below `P_g` is not purged: it reaches the new generation
-//! by installing from a purged peer, or is purged once it commits `P_g`.
+//! Generation `g`'s point `P_g` is the `g`-th purge op committed (the ops
+//! of the `StorageOp::Purge`s replicas emit, in order: committed ops
+//! agree, so every replica numbers them alike).
 //!
 //! Guards against: purged data returning (a store at purge generation
 //! `g` holding an op at or below `P_g`, after a purge, an install or a
-//! reboot; a replica sending one in a Prepare or a repair answer), and a
-//! receiver taking an offer below its store's purge generation.
+//! reboot; a replica sending one in a Prepare or a repair answer), stores
+//! disagreeing on a generation's point (a store reaching generation `g`
+//! by a purge through another op than `P_g`), and a receiver taking an
+//! offer below its store's purge generation.
 
-use ringlog_storage::store::{StoreError, TransferError};
-
-use crate::replica_io;
-use crate::vsr::Replica;
+use crate::vsr::AppendError;
 
 use super::*;
 
-/// Per tick of the safety phase with no purge waiting: the operator asks.
+/// Per tick of the safety phase with no purge request in flight: the
+/// operator asks for one.
 pub const PURGE_PER_MILLE: u64 = 3;
-/// Ticks a requested purge waits for a quiescent group (the client
-/// paused meanwhile) before the operator gives it up.
-const PURGE_WAIT_TICKS_MAX: u64 = 60;
+/// Ticks the operator waits for the answer to a purge request before it
+/// gives it up (it may still commit: the points come from the log).
+const PURGE_REPLY_TICKS_MAX: u64 = 200;
 
 /// The partition's purges so far.
 #[derive(Debug, Default)]
 pub struct Purges {
     /// `points[g - 1]` = `P_g`: the op purge generation `g` purged through.
     points: Vec<u64>,
-    /// Since this tick the operator purges: the client waits until every
-    /// up replica not transferring is purged; true once the point is taken.
-    requested: Option<(u64, bool)>,
+    /// The operator's request in flight: (token, replica asked, since tick).
+    asked: Option<(Token, u8, u64)>,
 }
 
 impl Purges {
@@ -61,224 +56,147 @@ impl Purges {
         self.points[..g].iter().copied().max().unwrap_or(0)
     }
 
-    /// The client waits while the operator purges.
-    pub fn pauses_client(&self) -> bool {
-        self.requested.is_some()
+    /// The liveness phase asks for no purge; one in flight is forgotten
+    /// (if it commits, its point is still learned from the log).
+    pub fn drop_request(&mut self) {
+        self.asked = None;
     }
 
-    /// The liveness phase asks for no purge; one still waiting is dropped
-    /// (replicas it missed are still purged, as any behind).
-    pub fn drop_request(&mut self) {
-        self.requested = None;
+    /// Whether `token` is the operator's purge request.
+    pub fn is_request(&self, token: Token) -> bool {
+        self.asked.is_some_and(|(t, ..)| t == token)
     }
 }
 
 impl Cluster {
-    /// One tick of the operator: maybe ask for a purge, run a waiting one
-    /// once the group is quiet, and purge the replicas it missed.
+    /// One tick of the operator: maybe ask the believed primary for a
+    /// purge; give up a request unanswered past its bound.
     pub(super) fn purge_tick(&mut self, faults: bool) -> Result<(), Violation> {
         let now = self.tick;
-        if faults && self.purge.requested.is_none() && chance(&mut self.rng, PURGE_PER_MILLE) {
-            self.purge.requested = Some((now, false));
-            self.trace.line(now, "operator purge requested");
-        }
-        if let Some((since, taken)) = self.purge.requested {
-            let g = self.purge.generation();
-            if !taken {
-                if let Some(op) = self.quiescent_op() {
-                    self.purge.requested = Some((since, true));
-                    self.purge.points.push(op);
-                    self.counts.purges += 1;
-                    self.trace.line(
-                        now,
-                        format_args!("operator purge {} through op {op}", g + 1),
-                    );
-                }
-            } else if !self
-                .nodes
-                .iter()
-                .any(|x| x.is_up() && !x.xfer.running() && behind(x, g))
-            {
-                self.purge.requested = None;
+        if let Some((token, to, since)) = self.purge.asked {
+            if now - since > PURGE_REPLY_TICKS_MAX {
+                self.purge.asked = None;
+                self.counts.purges_abandoned += 1;
+                self.trace.line(
+                    now,
+                    format_args!("operator purge {token} to R{to} unanswered: given up"),
+                );
             }
-            if now - since > PURGE_WAIT_TICKS_MAX && self.purge.requested.is_some() {
-                self.purge.requested = None;
-                if !taken {
-                    self.counts.purges_abandoned += 1;
-                    self.trace.line(now, "operator purge given up: never quiet");
-                }
-            }
-        }
-        // At most one store purge per tick (see `purge_ready`).
-        match (0..self.n).find(|&r| self.purge_ready(r).is_some()) {
-            Some(r) => self.purge_if_ready(r),
-            None => Ok(()),
-        }
-    }
-
-    /// Whether replica `r` may be purged now, and whether it transfers.
-    fn purge_ready(&self, r: u8) -> Option<bool> {
-        let x = &self.nodes[usize::from(r)];
-        let replica = x.replica.as_ref()?;
-        if !behind(x, self.purge.generation())
-            || !x.pending.is_empty()
-            || !x.xfer.pending.is_empty()
-            || x.xfer.installing
-        {
-            return None;
-        }
-        let point = self.purge.purged_through(self.purge.generation());
-        if x.xfer.running() {
-            // Between two attempts only (nothing staged, nothing asked of
-            // storage), and only past the purge point: a replica whose log
-            // ends below it would repair the purged ops back from a replica
-            // not purged yet if the transfer ends (a crash) before an install.
-            let rx = x.xfer.receiver.as_ref()?;
-            let past = x.store.as_ref()?.superblock().vsr.commit >= point;
-            let between = matches!(rx.phase_name(), "asking" | "waiting");
-            return (past && between).then_some(true);
-        }
-        let quiet = replica.status() == Status::Normal
-            && replica.op() == replica.commit()
-            && replica.commit() >= point;
-        // One replica reboots at a time, the rest of the group Normal (all
-        // rebooting at once would leave no primary to answer them), and the
-        // primary after its backups (its reboot costs a view change).
-        let others = self
-            .nodes
-            .iter()
-            .filter(|y| y.index != r && !y.xfer.running());
-        let mut others_up = others.filter_map(|y| y.replica.as_ref().map(|p| (y, p)));
-        let healthy = others_up.all(|(y, p)| {
-            let purged = !behind(y, self.purge.generation());
-            p.status() == Status::Normal && (purged || !replica.is_primary())
-        });
-        (quiet && healthy).then_some(false)
-    }
-
-    /// The op every up replica not transferring is quiescent at (a quorum
-    /// of them at least), if there is one.
-    fn quiescent_op(&self) -> Option<u64> {
-        let mut op = None;
-        let mut quiet = 0;
-        for x in &self.nodes {
-            let Some(replica) = x.replica.as_ref() else {
-                continue;
-            };
-            if x.xfer.running() {
-                continue;
-            }
-            let still = replica.status() == Status::Normal
-                && replica.op() == replica.commit()
-                && x.pending.is_empty()
-                && x.xfer.pending.is_empty();
-            if !still || op.is_some_and(|o| o != replica.op()) {
-                return None;
-            }
-            op = Some(replica.op());
-            quiet += 1;
-        }
-        let point = self.purge.purged_through(self.purge.generation());
-        op.filter(|&o| quiet >= self.quorum() && o >= point)
-    }
-
-    /// Purges `r`'s store up to the partition's purge generation if it is
-    /// ready; a refusal (a leased snapshot pins it) waits for a later tick.
-    fn purge_if_ready(&mut self, r: u8) -> Result<(), Violation> {
-        let Some(transferring) = self.purge_ready(r) else {
             return Ok(());
-        };
-        let target = self.purge.generation();
-        let node = &mut self.nodes[usize::from(r)];
-        let Some(store) = node.store.as_mut() else {
+        }
+        if !faults || !chance(&mut self.rng, PURGE_PER_MILLE) {
             return Ok(());
-        };
-        while store.superblock().purge_generation < target {
-            let result = store.purge(&mut node.io);
-            if node.io.is_crashed() {
-                self.counts.purge_crashes += 1;
+        }
+        let to = self.client.believed_primary;
+        let x = &self.nodes[usize::from(to)];
+        if !x.is_up() || x.xfer.freezes(None) {
+            return Ok(());
+        }
+        self.client.next_token += 1;
+        let token = self.client.next_token;
+        self.purge.asked = Some((token, to, now));
+        self.trace
+            .line(now, format_args!("operator purge {token} -> R{to}"));
+        self.step(to, Input::ClientPurge { token })
+    }
+
+    /// The answer to the operator's purge request.
+    pub(super) fn purge_replied(
+        &mut self,
+        r: u8,
+        result: Result<crate::vsr::Appended, AppendError>,
+    ) {
+        self.purge.asked = None;
+        match result {
+            Ok(a) => self
+                .trace
+                .line(self.tick, format_args!("R{r} purge op {} committed", a.op)),
+            Err(e) => {
+                if let AppendError::NotPrimary { primary, .. } = e {
+                    self.client.believed_primary = primary;
+                }
+                self.counts.purges_abandoned += 1;
                 self.trace
-                    .line(self.tick, format_args!("R{r} crash in purge"));
-                return self.crash(r, None);
-            }
-            match result {
-                Ok(()) => self.counts.replica_purges += 1,
-                Err(StoreError::Transfer {
-                    source: TransferError::Pinned { .. },
-                    ..
-                }) => {
-                    self.counts.purges_pinned += 1;
-                    return Ok(());
-                }
-                Err(e) => {
-                    self.counts.write_failures += 1;
-                    self.trace
-                        .line(self.tick, format_args!("R{r} purge failed: {e}"));
-                    if store.fenced().is_some() {
-                        // Fail-stop, as for any fenced store.
-                        self.counts.fenced += 1;
-                        return self.power_off(r);
-                    }
-                    return Ok(());
-                }
+                    .line(self.tick, format_args!("R{r} purge refused: {e}"));
             }
         }
-        if transferring {
-            self.counts.purges_transferring += 1;
+    }
+
+    /// The operator's request went to `r`, which went down: no answer.
+    pub(super) fn purge_target_down(&mut self, r: u8) {
+        if self.purge.asked.is_some_and(|(_, to, _)| to == r) {
+            self.purge.asked = None;
+            self.counts.purges_abandoned += 1;
+        }
+    }
+
+    /// Replica `r` committed purge op `op` (it emitted its purge): the
+    /// next generation's point if no replica committed it before.
+    pub(super) fn purge_committed(&mut self, r: u8, op: u64) -> Result<(), Violation> {
+        match self.purge.points.last() {
+            Some(&last) if op <= last => {
+                if !self.purge.points.contains(&op) {
+                    let detail = format!(
+                        "replica {r} committed purge op {op}; the purges so far: {:?}",
+                        self.purge.points
+                    );
+                    return Err(violation("purge generations agree", detail));
+                }
+            }
+            _ => {
+                self.purge.points.push(op);
+                self.counts.purges += 1;
+                let g = self.purge.generation();
+                self.trace
+                    .line(self.tick, format_args!("purge {g} through op {op}"));
+            }
+        }
+        Ok(())
+    }
+
+    /// `r`'s store ran a purge just now, to `generation`.
+    pub(super) fn purge_ran(
+        &mut self,
+        r: u8,
+        through_op: u64,
+        (generation, over_snapshots): (u64, bool),
+    ) -> Result<(), Violation> {
+        self.counts.replica_purges += 1;
+        self.counts.purges_over_snapshots += u64::from(over_snapshots);
+        let point = usize::try_from(generation)
+            .ok()
+            .and_then(|g| self.purge.points.get(g.wrapping_sub(1)).copied());
+        if point != Some(through_op) {
+            let detail = format!(
+                "replica {r}'s store reached purge generation {generation} through op \
+                 {through_op}; the purges: {:?}",
+                self.purge.points
+            );
+            return Err(violation("purge generations agree", detail));
         }
         self.trace.line(
             self.tick,
-            format_args!("R{r} purged to generation {target} (transferring {transferring})"),
+            format_args!("R{r} purged to generation {generation} through op {through_op}"),
         );
-        self.purged(r, transferring)
-    }
-
-    /// `r`'s store purged: the model forgets its batches, and the replica
-    /// boots from the purged store (a transferring one's transfer is
-    /// dropped: its repair asks for one again if it still needs it).
-    fn purged(&mut self, r: u8, transferring: bool) -> Result<(), Violation> {
-        let seed = self.rng.next_u64();
-        let cfg = replica_config(self.n, r, self.uncommitted_headroom_bytes);
-        let node = &mut self.nodes[usize::from(r)];
-        let Some(store) = node.store.as_mut() else {
-            return Err(violation("store after a purge", "no store".into()));
-        };
-        // Booting reads the store like recovery does: with faults off.
-        node.io
-            .set_faults(ringlog_storage::io::sim::Faults::default());
-        let rec = replica_io::recover(store, &mut node.io, BOOT_COMMITTED_OPS_KEPT)
-            .map_err(|e| violation("replica boots from its store", e.reason))?;
-        node.io.set_faults(node.disk_faults.clone());
-        node.model.clear();
-        if rec.base.op > 0 {
-            node.model.insert(rec.base.op, rec.base.checksum);
-        }
-        node.model
-            .extend(rec.headers.iter().map(|h| (h.vsr_op, h.header_checksum)));
-        if transferring {
-            // The old attempt's offers are stale now. The replica (stepped
-            // while it waits for an offer) reboots like the others; its
-            // repair asks for a transfer again if it still needs one, and
-            // a new receiver asks with the purged store's state.
-            node.xfer.receiver = None;
-            node.xfer.wanted = false;
-        }
-        let replica = Replica::restart(cfg, seed, rec.durable, rec.base, &rec.headers)
-            .map_err(|e| violation("replica config", e.to_string()))?;
-        node.replica = Some(replica);
-        node.wiped = rec.durable.wiped;
-        self.client.in_flight.retain(|_, (to, _)| *to != r);
-        self.checker.booted(r, 0);
         self.check_purged(r)
     }
 
     /// Guards against: purged data returning. A store at purge generation
-    /// `g` holds no op at or below `P_g`.
+    /// `g` holds no op at or below `P_g`, and `g` is a generation the log
+    /// made.
     pub(super) fn check_purged(&mut self, r: u8) -> Result<(), Violation> {
         let node = &mut self.nodes[usize::from(r)];
+        self.counts.purges_at_recovery += std::mem::take(&mut node.recovery_purges);
         let Some(g) = node.store.as_ref().map(|s| s.superblock().purge_generation) else {
             return Ok(());
         };
+        if g > self.purge.generation() {
+            let detail = format!(
+                "replica {r}'s store is at purge generation {g}; the log made {}",
+                self.purge.generation()
+            );
+            return Err(violation("purge generations agree", detail));
+        }
         let point = self.purge.purged_through(g);
         if g == 0 || point == 0 {
             return Ok(());
@@ -351,13 +269,6 @@ impl Cluster {
     }
 }
 
-/// Whether `x`'s store is below purge generation `g`.
-fn behind(x: &Node, g: u64) -> bool {
-    x.store
-        .as_ref()
-        .is_some_and(|s| s.superblock().purge_generation < g)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -372,24 +283,60 @@ mod tests {
         c
     }
 
-    /// Guards against: the client paused without bound by a purge the
-    /// group never goes quiet for: it is given up past the wait bound.
+    /// The operator asks the primary for a purge now.
+    fn ask_purge(c: &mut Cluster) {
+        let primary = (0..c.n)
+            .find(|&r| {
+                c.nodes[usize::from(r)]
+                    .replica
+                    .as_ref()
+                    .is_some_and(|x| x.is_primary() && x.status() == Status::Normal)
+            })
+            .expect("a primary");
+        c.client.believed_primary = primary;
+        c.client.next_token += 1;
+        let token = c.client.next_token;
+        c.purge.asked = Some((token, primary, c.tick));
+        c.step(primary, Input::ClientPurge { token })
+            .expect("no violation");
+    }
+
+    /// Guards against: a replicated purge not reaching every store, or
+    /// reaching one through another op: the operator's purge commits, every
+    /// store applies it once, at the same op, and holds nothing through it.
     #[test]
-    fn a_purge_never_quiet_is_given_up_at_its_wait_bound() {
+    fn a_purge_op_commits_and_every_store_applies_it_once() {
+        let mut c = cluster(5);
+        c.run_faulty(60).expect("calm run");
+        let before = c.nodes[0].replica.as_ref().expect("up").op();
+        assert!(before > 0, "nothing committed");
+        ask_purge(&mut c);
+        c.run_faulty(200).expect("the purge commits and lands");
+        assert_eq!(c.purge.generation(), 1, "{}", c.state_line());
+        assert!(c.purge.points[0] > before);
+        assert!(c.purges_landed(), "{}", c.state_line());
+        assert_eq!(c.counts.replica_purges, 3, "one store purge per replica");
+        for r in 0..c.n {
+            c.check_purged(r).expect("nothing through the point");
+            let op = c.nodes[usize::from(r)].replica.as_ref().expect("up").op();
+            assert!(op > c.purge.points[0], "R{r}: no op after the purge");
+        }
+    }
+
+    /// Guards against: an operator request that is never answered holding
+    /// the operator without bound: it is given up past its bound.
+    #[test]
+    fn an_unanswered_purge_request_is_given_up_at_its_bound() {
         let mut c = cluster(3);
-        c.purge.requested = Some((0, false));
-        // A storage op that never runs: replica 0 is never quiescent.
-        c.nodes[0]
-            .pending
-            .push_back(Queued::Io(1 << 40, StorageOp::Flush));
-        for t in 1..=PURGE_WAIT_TICKS_MAX {
+        c.purge.asked = Some((1 << 40, 0, 0));
+        for t in 1..=PURGE_REPLY_TICKS_MAX {
             c.tick = t;
             c.purge_tick(false).expect("no violation");
-            assert!(c.purge.pauses_client(), "given up early, at tick {t}");
+            assert!(c.purge.asked.is_some(), "given up early, at tick {t}");
         }
         c.tick += 1;
         c.purge_tick(false).expect("no violation");
-        assert!(!c.purge.pauses_client(), "still waiting past the bound");
+        assert!(c.purge.asked.is_none(), "still waiting past the bound");
         assert_eq!((c.counts.purges, c.counts.purges_abandoned), (0, 1));
     }
 
@@ -400,14 +347,11 @@ mod tests {
     fn a_purged_store_holding_an_op_through_the_point_is_a_violation() {
         let mut c = cluster(5);
         c.run_faulty(60).expect("calm run");
-        let purged_at = c.nodes[0].replica.as_ref().expect("up").op();
-        assert!(purged_at > 0, "nothing committed");
-        c.purge.points.push(purged_at);
-        c.run_faulty(200)
-            .expect("the operator purges every replica");
-        assert!(c.purges_landed(), "{}", c.state_line());
+        ask_purge(&mut c);
+        c.run_faulty(200).expect("the purge lands");
+        assert!(c.purges_landed() && c.purge.generation() == 1);
         let op = c.nodes[0].replica.as_ref().expect("up").op();
-        assert!(op > purged_at + 1, "no ops after the purge");
+        assert!(op > c.purge.points[0] + 1, "no ops after the purge");
         c.check_purged(0)
             .expect("ops after the point are not purged");
         // As if the purge had covered the ops written after it.
@@ -425,11 +369,10 @@ mod tests {
     fn a_purged_op_sent_or_a_stale_offer_taken_is_a_violation() {
         let mut c = cluster(7);
         c.run_faulty(60).expect("calm run");
-        let purged_at = c.nodes[0].replica.as_ref().expect("up").op();
-        c.purge.points.push(purged_at);
-        c.run_faulty(200)
-            .expect("the operator purges every replica");
-        assert!(c.purges_landed(), "{}", c.state_line());
+        ask_purge(&mut c);
+        c.run_faulty(200).expect("the purge lands");
+        assert!(c.purges_landed() && c.purge.generation() == 1);
+        let purged_at = c.purge.points[0];
         let prepare = |op: u64| Message {
             view: 0,
             body: Body::Prepare(crate::vsr::Prepare {
@@ -448,5 +391,20 @@ mod tests {
             .expect("the store's own generation");
         let v = c.check_offer_taken(0, 0).expect_err("a stale generation");
         assert_eq!(v.check, "stale pre-purge offers refused");
+    }
+
+    /// Guards against: stores disagreeing on a generation's point going
+    /// unnoticed: a store reaching generation 1 through another op than
+    /// the committed purge op is a violation, and so is a second purge
+    /// committed at an op below the last one that is not one of them.
+    #[test]
+    fn a_purge_at_another_op_is_a_violation() {
+        let mut c = cluster(9);
+        c.purge_committed(0, 10).expect("the first purge");
+        c.purge_committed(1, 10).expect("the same purge, elsewhere");
+        let v = c.purge_committed(2, 7).expect_err("an op below it");
+        assert_eq!(v.check, "purge generations agree");
+        let v = c.purge_ran(1, 11, (1, false)).expect_err("another op");
+        assert_eq!(v.check, "purge generations agree");
     }
 }

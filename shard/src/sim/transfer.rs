@@ -328,6 +328,7 @@ impl Cluster {
             .set_faults(ringlog_storage::io::sim::Faults::default());
         let all = replica_io::recover(store, &mut node.io, u64::MAX)
             .map_err(|e| violation("store after an install", e.reason))?;
+        node.recovery_purges += u64::from(all.purged);
         let committed = self.checker.committed();
         let mut model: BTreeMap<u64, u64> = BTreeMap::new();
         if all.base.op > 0 {

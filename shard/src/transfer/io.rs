@@ -353,7 +353,10 @@ fn open_committed(
     now_ms: u64,
 ) -> Result<IoOutcome, Fault> {
     let mut m = store.open_snapshot(io, now_ms).map_err(fault)?;
-    m.commit = m.commit.max(commit);
+    // The replica's commit can lag its store's sealed floor (after a
+    // restart it starts from the superblock's), and retention may have
+    // retired every op at or below it: nothing would be left to offer.
+    m.commit = m.commit.max(commit).max(store.committed_floor());
     while m.last_op > m.commit {
         let Some(a) = m.artifacts.pop() else {
             break;

@@ -1,6 +1,12 @@
 //! The serving side: offers snapshots (at most `snapshots_max` open per
 //! partition, each leased in ticks), reads the chunks asked for and sends
 //! them, several reads in flight while earlier chunks are on the wire.
+//! A purge replicated in the log does not wait for leases: it invalidates
+//! the store's open snapshots, and the next read of one answers the
+//! receiver with a final refusal (`UnknownSnapshot`); so does an install.
+//! A snapshot is cut to the committed prefix: the replica's commit, or the
+//! store's sealed floor when that is higher (a restarted replica's commit
+//! can lag what its store sealed).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -1668,6 +1668,55 @@ fn the_server_offers_only_committed_sealed_data_and_bounds_its_reads() {
     );
 }
 
+/// Guards against: a server whose replica's commit lags what its store
+/// sealed (after a restart the replica starts from the superblock's
+/// commit, which may be older than the rolls it saw) refusing every
+/// request as transient for good once retention retired everything at or
+/// below that commit (seed 9100137: the only holder of the ops two
+/// receivers needed answered Busy for ~2800 ticks, "no committed prefix
+/// to offer below op 122"). Sealed segments hold only committed ops, so
+/// the committed prefix reaches the op before the active segment: with
+/// sealed segments left they are offered, with all retired an empty
+/// snapshot at that op is.
+#[test]
+fn a_server_whose_commit_lags_its_sealed_segments_offers_them() {
+    for (seed, retention_bytes) in [(240, 64 * 1024), (241, 1)] {
+        let config = StoreConfig {
+            retention_bytes: Some(retention_bytes),
+            ..store_config()
+        };
+        let mut disk = Disk::with(seed, "/src", PID, config);
+        // 150 ops committed as they came (noted: rolls seal them), the
+        // superblock's commit written once, early, at op 1.
+        for i in 0..150 {
+            disk.append(1, 700, 10_000 + i);
+            if i == 0 {
+                disk.commit(1);
+            }
+            let op = disk.store.chain().last_op;
+            disk.store.note_commit(op);
+        }
+        disk.append(3, 700, 20_000);
+        disk.store
+            .apply_retention(&mut disk.io, NOW_MS)
+            .expect("retention");
+        assert!(disk.store.log_start_offset() > 1, "nothing retired");
+        let f = disk.store.superblock().frontier;
+        let sealed = disk.store.sealed_segments().count();
+        assert_eq!(sealed == 0, retention_bytes == 1, "{sealed} sealed left");
+        // The replica's commit (op 1): below every op the store still holds.
+        let outcome = disk.run(&TransferOp::OpenSnapshot { commit: 1 });
+        let Ok(IoOutcome::Snapshot(m)) = outcome else {
+            panic!("no offer at a lagging commit: {outcome:?}");
+        };
+        assert_eq!(m.next_offset, f.active_base, "not up to the active segment");
+        assert_eq!((m.last_op, m.commit), (f.active_prev_op, f.active_prev_op));
+        assert_eq!(m.artifacts.len(), sealed);
+        // The uncommitted tail (the active segment) is still not offered.
+        assert!(disk.store.durable().last_op > m.last_op);
+    }
+}
+
 #[test]
 fn a_not_normal_or_behind_server_refuses() {
     let mut disk = source(240, "/src");

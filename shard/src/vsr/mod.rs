@@ -85,6 +85,21 @@
 //! header the StartView named: such a peer may hold uncommitted ops of an
 //! older view that link all the same.
 
+//!
+//! A purge is an op in the log ([`Input::ClientPurge`]: a one-record batch
+//! marked `ATTR_PURGE`; a producer's batch carrying the mark is refused).
+//! The primary sequences nothing after an uncommitted purge op (client
+//! appends wait in its bounded queue), so an uncommitted purge op is
+//! always the log's head, and an op after one proves it committed: a
+//! replica appending that op commits the purge first. Every replica, as it
+//! commits the purge op, emits [`StorageOp::Purge`] before any later
+//! storage op and drops its repair reads in flight; the executor applies
+//! it once (a store that no longer holds the op has applied it), and store
+//! recovery applies one committed but not run before a crash
+//! (`replica_io::apply_committed_purge`). Open snapshots do not hold a
+//! purge up: it invalidates them, and the transfers they serve end with a
+//! final refusal (`UnknownSnapshot`).
+
 /// Whether planted bug `$plant` is on: always false (and compiled out)
 /// without the test-only `planted-bugs` feature.
 macro_rules! planted {

@@ -4,7 +4,10 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
-use ringlog_protocol::batch::{BatchHeader, BatchView, Stamp, VerifiedBatch};
+use ringlog_protocol::batch::{
+    encode_header, BatchBuilder, BatchError, BatchHeader, BatchView, Record, Stamp, VerifiedBatch,
+    ATTR_PURGE,
+};
 
 use super::log::{Anchor, Entry, Log};
 use super::timeout::{Rng, Timeout};
@@ -255,6 +258,12 @@ pub struct Replica {
     /// the ops), but never leads or sends PrepareOk. Ends at the next
     /// append (the gap closed) or with the reboot onto an install.
     pub(super) transferring: bool,
+    /// A purge op in the log not yet committed: always the log's head (the
+    /// primary sequences nothing after it, and an op after it proves it
+    /// committed: see `append`).
+    pub(super) purge_op: Option<u64>,
+    /// [`StorageOp::Purge`] ids in flight.
+    pub(super) purges: BTreeSet<IoId>,
 }
 
 impl Replica {
@@ -300,6 +309,8 @@ impl Replica {
         if lone {
             r.commit = r.log.op();
             r.commit_max = r.commit_max.max(r.commit);
+            // Applied at recovery (`replica_io::recover_lone`).
+            r.purge_op = None;
             r.status = Status::Normal;
             r.arm_for_status();
         }
@@ -340,6 +351,20 @@ impl Replica {
         let mut r = Self::blank(cfg, seed, durable, log)?;
         r.wiped = durable.wiped;
         r.commit = durable.commit.min(r.log.op()).max(base.op);
+        // An op after a purge op was appended only once the purge had
+        // committed (and been applied: `append`); one at the head may not be.
+        if let Some(p) = headers
+            .iter()
+            .rev()
+            .find(|h| h.is_purge())
+            .map(|h| h.vsr_op)
+        {
+            if p < r.log.op() {
+                r.commit = r.commit.max(p);
+            } else if p > r.commit {
+                r.purge_op = Some(p);
+            }
+        }
         r.commit_max = durable.commit.max(r.commit);
         r.status = Status::Recovering;
         r.nonce = r.rng.next_u64() | 1;
@@ -407,6 +432,8 @@ impl Replica {
             unverified_above: None,
             drain_bytes: 0,
             transferring: false,
+            purge_op: None,
+            purges: BTreeSet::new(),
         })
     }
 
@@ -489,7 +516,9 @@ impl Replica {
     pub fn step(&mut self, input: Input, out: &mut Outbox) {
         let before = (self.commit, self.durable, self.view);
         match input {
-            Input::ClientAppend { token, .. } if self.status == Status::Fenced => {
+            Input::ClientAppend { token, .. } | Input::ClientPurge { token }
+                if self.status == Status::Fenced =>
+            {
                 out.push(Output::Reply {
                     token,
                     result: Err(AppendError::Fenced),
@@ -497,7 +526,20 @@ impl Replica {
             }
             _ if self.status == Status::Fenced => {}
             Input::Tick => self.on_tick(out),
-            Input::ClientAppend { token, batch } => self.on_client_append(token, batch, out),
+            Input::ClientAppend { token, batch } => match BatchHeader::decode(batch.as_ref()) {
+                // Only `ClientPurge` sequences a purge.
+                Ok(h) if h.is_purge() => out.push(Output::Reply {
+                    token,
+                    result: Err(AppendError::InvalidBatch(BatchError::NonZeroReserved {
+                        field: "attributes",
+                    })),
+                }),
+                _ => self.on_client_append(token, batch, out),
+            },
+            Input::ClientPurge { token } => {
+                let batch = self.purge_batch();
+                self.on_client_append(token, batch.into(), out)
+            }
             Input::IoDone { id, result } => self.on_io_done(id, result, out),
             Input::Message { from, msg } => self.on_message(from, msg, out),
         }
@@ -561,6 +603,11 @@ impl Replica {
             self.unverified_above
                 .is_none_or(|v| v >= self.commit && v < self.log.op()),
             "unverified ops include committed ones"
+        );
+        assert!(
+            self.purge_op
+                .is_none_or(|p| p == self.log.op() && p > self.commit),
+            "an uncommitted purge op below the log's head"
         );
         let leading = self.status == Status::Normal && self.is_primary();
         assert!(
@@ -821,6 +868,8 @@ impl Replica {
         } else if self.truncations.remove(&id) {
             self.persist_log_view_when_ready(out);
             self.try_finish_view(out);
+        } else if self.purges.remove(&id) {
+            // Applied; nothing waits on it (later ops ran after it).
         } else if !self.appends.remove(&id) {
             out.event(Event::Dropped {
                 what: "io completion",
@@ -949,7 +998,47 @@ impl Replica {
             .drain_every_bytes
             .is_some_and(|max| self.drain_bytes >= max)
             && self.commit < self.log.op();
-        !self.pipeline_full() && !draining
+        !self.pipeline_full() && !draining && self.purge_op.is_none()
+    }
+
+    /// The operator's purge as a batch: one empty record, marked
+    /// `ATTR_PURGE` (the primary stamps it like any batch).
+    fn purge_batch(&self) -> Vec<u8> {
+        let mut b = BatchBuilder::new(self.cfg.partition_id);
+        let record = Record {
+            key: &[],
+            headers: &[],
+            value: &[],
+            timestamp_ms: 0,
+        };
+        let built = b.push(&record).and_then(|()| b.finish(&Stamp::default()));
+        let Ok(mut batch) = built else {
+            unreachable!("an empty record fits a batch");
+        };
+        let mut header = match BatchHeader::decode(&batch) {
+            Ok(h) => h,
+            Err(e) => unreachable!("a built batch decodes: {e}"),
+        };
+        header.attributes = ATTR_PURGE;
+        if let Some(head) = batch.first_chunk_mut() {
+            encode_header(&header, head);
+        }
+        debug_assert!(BatchHeader::decode(&batch).is_ok_and(|h| h.is_purge()));
+        batch
+    }
+
+    /// `op` is committed here: tells the host, and applies a purge op.
+    /// Repair reads in flight may hold ops the purge drops: their answers
+    /// are dropped (the askers ask again and learn the range is purged).
+    fn on_committed(&mut self, op: u64, out: &mut Outbox) {
+        debug_assert!(op == self.commit);
+        out.event(Event::Committed { op });
+        if self.purge_op == Some(op) {
+            self.purge_op = None;
+            self.reads.clear();
+            let id = self.io(out, StorageOp::Purge { through_op: op });
+            self.purges.insert(id);
+        }
     }
 
     /// Primary: stamps op, offset, view and chain link, appends, prepares.
@@ -1019,9 +1108,19 @@ impl Replica {
         self.transferring = false;
         // It links to our head: the whole chain below is the canonical one.
         self.unverified_above = None;
+        if let Some(p) = self.purge_op {
+            // An op after a purge op: no primary sequences one before the
+            // purge commits, so it committed. Applied before this append.
+            debug_assert_eq!(p + 1, op, "the purge op is the head");
+            self.advance_commit(p, out);
+            assert!(self.purge_op.is_none(), "purge op {p} not committed");
+        }
         // The body serves prepares and repairs for peers; a cluster of one
         // has none, and the store holds the bytes already.
         let body = (self.cfg.replica_count > 1).then(|| batch.clone());
+        if header.is_purge() {
+            self.purge_op = Some(op);
+        }
         self.log.push(Entry {
             header,
             batch: body,
@@ -1080,7 +1179,7 @@ impl Replica {
             self.acks.remove(&op);
             self.commit = op;
             self.commit_max = self.commit_max.max(op);
-            out.event(Event::Committed { op });
+            self.on_committed(op, out);
             if let Some(token) = self.waiting.remove(&op) {
                 let h = self.log.get(op).map(|e| e.header);
                 let result = h.map(|h| Appended {
@@ -1466,7 +1565,7 @@ impl Replica {
         let target = self.commit_max.min(self.log.op()).min(verified);
         while self.commit < target {
             self.commit += 1;
-            out.event(Event::Committed { op: self.commit });
+            self.on_committed(self.commit, out);
         }
         self.acks.retain(|&op, _| op > self.commit);
         self.log.prune(self.commit, self.cfg.journal_ops_max);
@@ -1507,6 +1606,9 @@ impl Replica {
         }
         if self.unverified_above.is_some_and(|v| v >= op) {
             self.unverified_above = None;
+        }
+        if self.purge_op.is_some_and(|p| p > op) {
+            self.purge_op = None;
         }
         let id = self.io(out, StorageOp::TruncateAbove { op });
         self.truncations.insert(id);

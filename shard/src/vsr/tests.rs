@@ -10,6 +10,8 @@ use ringlog_protocol::replication as wire;
 
 use super::*;
 
+#[path = "tests_purge.rs"]
+mod purge;
 #[path = "tests_transfer.rs"]
 mod transfer;
 
@@ -71,6 +73,10 @@ struct Node {
     ops: BTreeMap<u64, BatchBytes>,
     /// Highest op a completed Flush covered: a crash loses the rest.
     synced: u64,
+    /// The chain point of the last purge the store ran (its batches are
+    /// gone; the log continues above it) and the purges it ran.
+    purged: Option<Anchor>,
+    purges_run: u64,
     vsr: VsrState,
     fail: Option<Fail>,
     sent: Vec<(u8, Message)>,
@@ -90,6 +96,8 @@ impl Node {
             pending_io: VecDeque::new(),
             ops: BTreeMap::new(),
             synced: 0,
+            purged: None,
+            purges_run: 0,
             vsr: VsrState::default(),
             fail: None,
             sent: Vec::new(),
@@ -107,10 +115,26 @@ impl Node {
         }
         match op {
             StorageOp::Append { op, batch } => {
-                assert_eq!(self.ops.keys().next_back().copied().unwrap_or(0) + 1, *op);
+                assert_eq!(self.last_op() + 1, *op);
                 self.ops.insert(*op, batch.clone());
             }
-            StorageOp::Flush => self.synced = self.ops.keys().next_back().copied().unwrap_or(0),
+            StorageOp::Flush => self.synced = self.last_op(),
+            StorageOp::Purge { through_op } => {
+                // As `replica_io::purge`: a no-op once the op is gone.
+                let Some(b) = self.ops.get(through_op) else {
+                    return Ok(IoOutcome::Done);
+                };
+                assert_eq!(self.last_op(), *through_op, "ops above a purge");
+                let h = BatchHeader::decode(b).expect("stored batch");
+                self.purged = Some(Anchor {
+                    op: h.vsr_op,
+                    checksum: h.header_checksum,
+                    next_offset: h.next_offset(),
+                });
+                self.ops.clear();
+                self.synced = *through_op;
+                self.purges_run += 1;
+            }
             StorageOp::PersistVsr(state) => self.vsr = *state,
             StorageOp::TruncateAbove { op } => {
                 self.ops.split_off(&(op + 1));
@@ -122,6 +146,11 @@ impl Node {
             }
         }
         Ok(IoOutcome::Done)
+    }
+
+    fn last_op(&self) -> u64 {
+        let purged = self.purged.map_or(0, |a| a.op);
+        self.ops.keys().next_back().copied().unwrap_or(purged)
     }
 
     fn sent_kinds(&self) -> Vec<&'static str> {
@@ -309,7 +338,7 @@ impl Cluster {
             config(n, r),
             99 + u64::from(r),
             node.vsr,
-            Anchor::default(),
+            node.purged.unwrap_or_default(),
             &headers,
         )
         .expect("config");
@@ -324,6 +353,7 @@ impl Cluster {
         node.replica = Replica::wiped(config(n, r), 77 + u64::from(r)).expect("config");
         node.ops.clear();
         node.synced = 0;
+        node.purged = None;
         // What a host writes to a wiped replica's new store first.
         node.vsr = VsrState {
             wiped: true,

@@ -236,6 +236,14 @@ pub enum Input {
         token: Token,
         batch: ClientBatch,
     },
+    /// The operator's purge of the partition: the primary sequences it as
+    /// an op (a one-record batch marked `ATTR_PURGE`) and every replica,
+    /// when it commits that op, drops every batch through it
+    /// ([`StorageOp::Purge`]). The primary sequences nothing after it
+    /// until it commits. Answered like an append (its op and offsets).
+    ClientPurge {
+        token: Token,
+    },
     IoDone {
         id: IoId,
         result: Result<IoOutcome, IoFailure>,
@@ -278,6 +286,12 @@ pub enum StorageOp {
     TruncateAbove { op: u64 },
     /// Read ops `op_min..=op_max` (or a prefix of them) from the segments.
     ReadBatches { op_min: u64, op_max: u64 },
+    /// The purge op `through_op` committed: drop every batch through it
+    /// (the store keeps its chain point and bumps its durable purge
+    /// generation). Emitted once, before any append above it, so the
+    /// store's last op is `through_op`; a store that no longer holds it
+    /// applied it already (a no-op: exactly once across restarts).
+    Purge { through_op: u64 },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -77,6 +77,15 @@ impl PartitionStore {
         Ok(())
     }
 
+    /// [`PartitionStore::purge`] for a purge replicated in the log: open
+    /// snapshots do not hold it up, they are invalidated (their reads
+    /// return [`super::TransferError::SnapshotGone`]), as an install does.
+    pub fn purge_over_snapshots(&mut self, io: &mut impl IoBackend) -> Result<(), StoreError> {
+        self.check_fenced()?;
+        self.invalidate_snapshots();
+        self.purge(io)
+    }
+
     /// After a commit that named a new generation: makes it the live one in
     /// memory (its directory, sealed segments and empty active segment at
     /// `(file, prev)`, starting after `prev`) and removes the old

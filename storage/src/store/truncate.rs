@@ -139,6 +139,18 @@ impl PartitionStore {
         self.sb.vsr.commit.max(self.commit_noted)
     }
 
+    /// With an uncommitted headroom, the op before the active segment:
+    /// committed, as a roll seals only committed ops and an install or a
+    /// purge starts the active segment after a committed op. 0 without a
+    /// headroom (a roll seals whatever fills the segment). The superblock's
+    /// commit can lag it (it is written lazily, rolls are not).
+    pub fn committed_floor(&self) -> u64 {
+        if self.config.uncommitted_headroom_bytes.is_none() {
+            return 0;
+        }
+        self.sb.frontier.active_prev_op
+    }
+
     /// Whether appending a batch of `len_bytes` now rolls the segment first
     /// (a roll flushes, so a caller with a flush in flight completes it
     /// before such an append). Without a headroom: when the batch does not
