@@ -679,7 +679,13 @@ impl Partition {
         let durable = store.durable().next_offset;
         if offset >= end && offset <= durable {
             // Durable here but not committed yet (a replicated partition).
-            return Ok(self.empty_fetch(offset));
+            // The reply keeps the pooled buffer, so it goes back to its pool.
+            let mut buf = buf;
+            buf.clear();
+            return Ok(FetchReply {
+                batches: buf,
+                ..self.empty_fetch(offset)
+            });
         }
         let fetched = store
             .read_into(io, offset, max_bytes as usize, buf)
