@@ -352,19 +352,21 @@ fn the_idle_write_buffer_bound_is_stated_in_bytes() {
     );
 }
 
-/// A shard other than 0 sends its replicas' messages through shard 0's
-/// mailbox (bound: its capacity, here 2): a full one drops the message and
-/// counts it; nothing blocks and nothing queues elsewhere.
-#[test]
-fn replica_messages_from_another_shard_go_through_shard_0_and_a_full_mailbox_drops_them() {
-    let (tx0, rx0) = crate::mailbox::mailbox(2, 1 << 20, 2).expect("mailbox");
-    let (tx1, rx1) = crate::mailbox::mailbox(16, 1 << 20, 16).expect("mailbox");
-    let setup = ShardSetup {
-        id: 1,
-        config: Arc::new(config()),
-        catalog: Arc::new(Catalog::new(TopicTable::default())),
-        peers: Arc::new(vec![tx0, tx1]),
-        rx: rx1,
+/// A shard's setup with everything but its id, config, topics and mailboxes
+/// left idle (no peer transport, unused channels).
+fn shard_setup(
+    id: usize,
+    config: ServerConfig,
+    table: TopicTable,
+    peers: Vec<crate::mailbox::MailboxTx>,
+    rx: crate::mailbox::MailboxRx,
+) -> ShardSetup {
+    ShardSetup {
+        id,
+        config: Arc::new(config),
+        catalog: Arc::new(Catalog::new(table)),
+        peers: Arc::new(peers),
+        rx,
         metrics: Arc::default(),
         shutdown: Arc::default(),
         listener: std::net::TcpListener::bind("127.0.0.1:0").expect("bind"),
@@ -374,7 +376,17 @@ fn replica_messages_from_another_shard_go_through_shard_0_and_a_full_mailbox_dro
         meta_io: crate::meta_io::channel().0,
         peer: None,
         reply_pool: Arc::new(crate::reply_pool::ReplyPool::for_shards(2)),
-    };
+    }
+}
+
+/// A shard other than 0 sends its replicas' messages through shard 0's
+/// mailbox (bound: its capacity, here 2): a full one drops the message and
+/// counts it; nothing blocks and nothing queues elsewhere.
+#[test]
+fn replica_messages_from_another_shard_go_through_shard_0_and_a_full_mailbox_drops_them() {
+    let (tx0, rx0) = crate::mailbox::mailbox(2, 1 << 20, 2).expect("mailbox");
+    let (tx1, rx1) = crate::mailbox::mailbox(16, 1 << 20, 16).expect("mailbox");
+    let setup = shard_setup(1, config(), TopicTable::default(), vec![tx0, tx1], rx1);
     let s = Shard::new(setup, data_dir(7), EventFd::new().expect("eventfd")).0;
     for i in 0..3u8 {
         s.send_to_peer(2, 9, vec![i; 16]);
@@ -429,22 +441,7 @@ fn replicated_shard(seed: u64) -> Shard<SimBackend> {
         },
     );
     let (tx, rx) = crate::mailbox::mailbox(16, 1 << 20, 16).expect("mailbox");
-    let setup = ShardSetup {
-        id: 0,
-        config: Arc::new(config),
-        catalog: Arc::new(Catalog::new(table)),
-        peers: Arc::new(vec![tx]),
-        rx,
-        metrics: Arc::default(),
-        shutdown: Arc::default(),
-        listener: std::net::TcpListener::bind("127.0.0.1:0").expect("bind"),
-        core: None,
-        ready: crossbeam_channel::bounded(1).0,
-        trash: crate::trash::channel().0,
-        meta_io: crate::meta_io::channel().0,
-        peer: None,
-        reply_pool: Arc::new(crate::reply_pool::ReplyPool::for_shards(2)),
-    };
+    let setup = shard_setup(0, config, table, vec![tx], rx);
     let s = Shard::new(setup, data_dir(seed), EventFd::new().expect("eventfd")).0;
     assert_eq!(s.open_owned_partitions(), 1);
     s
