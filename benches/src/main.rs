@@ -26,6 +26,7 @@
 //! ([`jobfile`]) in order; `--plot FILE.svg` draws throughput over time and
 //! latency percentiles of every run ([`plot`]).
 
+mod cluster_bench;
 mod fio;
 mod group_commit;
 mod harness;
@@ -424,6 +425,11 @@ struct ProduceArgs {
     /// requests_in_flight_max, 16 by default, at once).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
     in_flight: u32,
+    /// Start a local cluster of N nodes (127.0.0.1) and produce to a topic
+    /// replicated on all of them, against the same produce to a single node
+    /// started alongside (reps alternated).
+    #[arg(long, value_name = "N", conflicts_with_all = ["vs_append", "addr"])]
+    cluster: Option<u32>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -562,7 +568,15 @@ fn run_command(command: Command) -> Result<(OutputFormat, Box<dyn JobReport>), B
     Ok(match command {
         Command::Append(a) => (a.rep.output_format, Box::new(append_report(&a)?)),
         Command::Transfer(a) => (a.rep.output_format, Box::new(transfer_report(&a)?)),
-        Command::Produce(a) => (a.common.rep.output_format, Box::new(produce_report(&a)?)),
+        Command::Produce(a) => match a.cluster {
+            Some(n) => (
+                a.common.rep.output_format,
+                Box::new(cluster_bench::ClusterReport(
+                    cluster_bench::cluster_produce_report(&a, n)?,
+                )),
+            ),
+            None => (a.common.rep.output_format, Box::new(produce_report(&a)?)),
+        },
         Command::Consume(a) => (a.common.rep.output_format, Box::new(consume_report(&a)?)),
         Command::Fetch(a) => (a.rep.output_format, Box::new(fetch_report(&a)?)),
         Command::Partitions(a) => (a.output_format, Box::new(partitions_report(&a)?)),

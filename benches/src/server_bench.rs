@@ -54,18 +54,7 @@ impl Target {
             a.shards,
             dir.display()
         );
-        // The append job's store settings: same segment size and write buffer.
-        let batch_size = to_usize("--batch-size", a.batch.batch_size)?;
-        let store = append::store_config_for(batch_size, a.segment_size);
-        let mut extra = vec![
-            "--segment-size-bytes".to_owned(),
-            a.segment_size.to_string(),
-            "--set".to_owned(),
-            format!("write_buffer_bytes={}", store.write_buffer_bytes),
-        ];
-        for set in sets {
-            extra.extend(["--set".to_owned(), set.clone()]);
-        }
+        let extra = server_flags(a, sets)?;
         let s = ServerProcess::start(&bin, dir, a.shards, &extra)?;
         let pid = s.pid().map_or(String::new(), |p| format!(" (pid {p})"));
         eprintln!("ringlog-bench: server ready at {}{pid}", s.addr);
@@ -87,6 +76,26 @@ impl Target {
             None => Ok(()),
         }
     }
+}
+
+/// The flags of a started server: the append job's store settings (same
+/// segment size and write buffer), then the config overrides `sets`.
+pub(crate) fn server_flags(
+    a: &ServerClientArgs,
+    sets: &[String],
+) -> Result<Vec<String>, BenchError> {
+    let batch_size = to_usize("--batch-size", a.batch.batch_size)?;
+    let store = append::store_config_for(batch_size, a.segment_size);
+    let mut extra = vec![
+        "--segment-size-bytes".to_owned(),
+        a.segment_size.to_string(),
+        "--set".to_owned(),
+        format!("write_buffer_bytes={}", store.write_buffer_bytes),
+    ];
+    for set in sets {
+        extra.extend(["--set".to_owned(), set.clone()]);
+    }
+    Ok(extra)
 }
 
 /// Checks the settings both jobs share; creates `--dir` and the workspace

@@ -45,8 +45,8 @@ use ringlog_storage::store::{PartitionStore, StoreConfig, StoreError, StorePool}
 use crate::ops::{OpError, PartitionStatus};
 use crate::replica_io::{self, AppendFailure};
 use crate::vsr::{
-    AppendError, Appended, ClientBatch, Config as ReplicaConfig, Input, IoFailure, IoId, IoOutcome,
-    Message, Outbox, Output, Replica, Status as ReplicaStatus, StorageOp, Token,
+    AppendError, Appended, ClientBatch, Config as ReplicaConfig, Event, Input, IoFailure, IoId,
+    IoOutcome, Message, Outbox, Output, Replica, Status as ReplicaStatus, StorageOp, Token,
 };
 
 /// A replicated partition's place in its replica group (absent: a cluster
@@ -956,6 +956,14 @@ impl Hosted {
                     Output::Send { to, msg } if self.repl.is_some() => self.sends.push((to, msg)),
                     Output::Event(event) => {
                         replica_io::note_event(&mut self.store, &event);
+                        if let Event::Fenced { reason } = &event {
+                            // Fail-stop: the operator must see why.
+                            tracing::error!(
+                                partition_id = self.store.partition_id(),
+                                %reason,
+                                "replica fenced: the partition stops serving"
+                            );
+                        }
                         tracing::trace!(
                             partition_id = self.store.partition_id(),
                             ?event,
@@ -1442,6 +1450,17 @@ mod replicated_tests {
     /// Replica `replica` of a fresh three-node group in `dir`.
     fn open(dir: &Path, io: &mut UringBackend, replica: u8, group_id: u128) -> Partition {
         let config = ServerConfig::default().store_config();
+        open_with(dir, io, replica, group_id, config)
+    }
+
+    /// [`open`] with the store settings `config`.
+    fn open_with(
+        dir: &Path,
+        io: &mut UringBackend,
+        replica: u8,
+        group_id: u128,
+        config: StoreConfig,
+    ) -> Partition {
         let pool = StorePool::new(
             dir.join(format!("recycle{replica}")),
             ringlog_storage::store::PoolConfig::private(&config),
@@ -1547,6 +1566,67 @@ mod replicated_tests {
         assert_eq!(e.code, ErrorCode::NotPrimary, "{e}");
         assert!(e.message.contains("primary_node=1"), "{e}");
         assert!(e.message.contains("127.0.0.1:7001"), "{e}");
+    }
+
+    /// Guards against: a backup appending a prepare before taking the
+    /// commit the prepare carries. Its store then never saw its whole tail
+    /// committed when a batch crossed the roll point, so it never rolled,
+    /// filled the segment's headroom, refused the next append
+    /// (`UncommittedTail`) and fenced: every backup of a real cluster
+    /// fenced at its first segment end (found by `ringlog-bench produce
+    /// --cluster 3`, 256 MiB into the run).
+    #[test]
+    fn backups_roll_segments_with_the_primary_and_stay_identical() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut io = UringBackend::new(64).unwrap();
+        let config = StoreConfig {
+            segment_size_bytes: 1 << 20,
+            write_buffer_bytes: 256 << 10,
+            ..ServerConfig::default().store_config()
+        };
+        let mut parts: Vec<Partition> = (0..3)
+            .map(|r| open_with(dir.path(), &mut io, r, GROUP, config.clone()))
+            .collect();
+        let value = vec![7u8; 60 << 10];
+        let batch = batch_of(&[value.as_slice()]).unwrap();
+        // 64 batches of 60 KiB: almost 4 segments of 1 MiB each.
+        for i in 0..64u64 {
+            let token = parts[0].produce(&mut io, batch.clone().into()).unwrap();
+            pump(&mut io, &mut parts, None);
+            let replies: Vec<Reply> = parts[0].take_replies().collect();
+            assert_eq!(replies.len(), 1, "batch {i}");
+            assert_eq!(replies[0].0, token);
+            let app = replies[0]
+                .1
+                .clone()
+                .unwrap_or_else(|e| panic!("batch {i}: {e}"));
+            assert_eq!(app.base_offset, i);
+        }
+        for _ in 0..10 {
+            parts[0].tick(&mut io);
+            pump(&mut io, &mut parts, None);
+        }
+        let all = |io: &mut UringBackend, p: &mut Partition| {
+            let mut batches = Vec::new();
+            let mut at = 0;
+            loop {
+                let f = p.fetch(io, at, 1 << 20, Vec::new()).unwrap();
+                if f.batches.is_empty() {
+                    return batches;
+                }
+                at = f.next_offset;
+                batches.extend_from_slice(&f.batches);
+            }
+        };
+        let primary = all(&mut io, &mut parts[0]);
+        for (r, p) in parts.iter_mut().enumerate() {
+            let st = p.status(0);
+            assert!(st.fault.is_none(), "replica {r}: {:?}", st.fault);
+            let segments = p.store().unwrap().sealed_segments().count();
+            assert!(segments >= 3, "replica {r} rolled: {segments} segments");
+            assert_eq!(p.high_watermark(), Some(64), "replica {r}");
+            assert_eq!(all(&mut io, p), primary, "replica {r}");
+        }
     }
 
     /// A message of another replica group, from a node other than the one

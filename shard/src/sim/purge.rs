@@ -367,7 +367,8 @@ mod tests {
     /// receiver at generation 1 taking an offer of generation 0.
     #[test]
     fn a_purged_op_sent_or_a_stale_offer_taken_is_a_violation() {
-        let mut c = cluster(7);
+        // A seed whose first 260 ticks hold exactly one purge.
+        let mut c = cluster(13);
         c.run_faulty(60).expect("calm run");
         ask_purge(&mut c);
         c.run_faulty(200).expect("the purge lands");

@@ -1407,6 +1407,12 @@ impl Replica {
         if op <= self.log.op() {
             self.on_prepare_held(op, commit, header.header_checksum, out);
         } else if self.log.links(&header) {
+            // The commit first: a store rolls its segment only once its
+            // whole tail is committed (`StoreConfig::uncommitted_headroom_bytes`),
+            // so it must know the commit the prepare carries before it takes
+            // the op; appended first, a backup's tail is never all committed
+            // at an append and it never rolls.
+            self.advance_commit(commit, out);
             self.append(header, batch, out);
         } else if op == self.log.op() + 1 {
             out.event(Event::Dropped {

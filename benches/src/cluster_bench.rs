@@ -1,0 +1,402 @@
+//! `ringlog-bench produce --cluster N`: produce to a replicated topic on a
+//! local N-node cluster this job starts (real processes on 127.0.0.1,
+//! peers over loopback TCP), against the same produce to a single node
+//! started alongside, reps alternated. Issue 11 item 7's targets: at least
+//! 390 MB/s of 1 KB records replicated on 3 nodes, and a p50 ack latency
+//! within the single node's + 0.3 ms.
+
+use std::fs;
+use std::io::Read as _;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::harness::{self, Header, Job, RepNo};
+use crate::jobs::produce::{self, ProduceConfig, ProduceResult};
+use crate::jobs::server::{self, ServerProcess};
+use serde_json::{json, Value};
+
+use crate::plot::Series;
+use crate::report::{Comparison, JobReport, Report, PRODUCE_ACK_NOTE};
+use crate::server_bench::{common_notes, common_settings, produce_config, server_flags, workspace};
+use crate::size::Secs;
+use crate::{fs_err, BenchError, ProduceArgs};
+
+/// Replicated throughput target, bytes per second (issue 11 item 7).
+pub const CLUSTER_BYTES_PER_SEC_MIN: f64 = 390e6;
+/// The cluster's p50 ack latency may exceed the single node's by this.
+pub const CLUSTER_P50_EXTRA_NS_MAX: u64 = 300_000;
+/// Nodes a local cluster may have (the server's peer table is small).
+pub const CLUSTER_NODES_MAX: u32 = 7;
+
+pub const CLUSTER_VS_SINGLE: Comparison = Comparison {
+    pair: "cluster/single",
+    latency: "ack",
+    cpu: false,
+    notes: &[
+        "cluster = produce to a topic replicated on every node of the started cluster (R = \
+         nodes): acknowledged once durable (fdatasync) on a quorum; single = the same produce \
+         to one node started alongside (R = 1); all servers share this machine's disk and cores",
+        "targets (issue 11 item 7): cluster throughput >= 390 MB/s, cluster p50 ack latency <= \
+         single p50 + 0.3 ms; see the targets line",
+    ],
+};
+
+/// A started local cluster: node `i + 1` is `nodes[i]`.
+struct LocalCluster {
+    nodes: Vec<ServerProcess>,
+}
+
+impl LocalCluster {
+    /// Starts `n` nodes in `dir/n<id>` with a generated secret and derived
+    /// peer ports; each node runs `--shards shards` with `flags`.
+    fn start(
+        bin: &Path,
+        dir: &Path,
+        n: u32,
+        shards: u32,
+        flags: &[String],
+    ) -> Result<LocalCluster, BenchError> {
+        assert!(
+            (2..=CLUSTER_NODES_MAX).contains(&n),
+            "checked by the caller"
+        );
+        fs::create_dir(dir).map_err(fs_err("create", dir))?;
+        let secret = dir.join("secret");
+        write_secret(&secret)?;
+        let mut peers = Vec::new();
+        for id in 1..=n {
+            peers.push(format!("{id}=127.0.0.1:{}", free_port()?));
+        }
+        let mut nodes = Vec::new();
+        for id in 1..=n {
+            let mut args: Vec<String> = vec![
+                "--cluster-id".into(),
+                "bench".into(),
+                "--node-id".into(),
+                id.to_string(),
+                "--cluster-secret-file".into(),
+                secret.display().to_string(),
+            ];
+            for p in &peers {
+                args.extend(["--peer".to_owned(), p.clone()]);
+            }
+            args.extend(flags.iter().cloned());
+            let node = ServerProcess::start(bin, &dir.join(format!("n{id}")), shards, &args)?;
+            eprintln!("ringlog-bench: cluster node {id} ready at {}", node.addr);
+            nodes.push(node);
+        }
+        Ok(LocalCluster { nodes })
+    }
+
+    /// Creates `topic` on every node (cluster topics are created per node
+    /// until the metadata group is hosted; see the README).
+    fn create_topic(&self, topic: &str, partitions: u32) -> Result<(), BenchError> {
+        for n in &self.nodes {
+            produce::create_topic(&n.addr, topic, partitions)?;
+        }
+        Ok(())
+    }
+
+    fn delete_topic(&self, topic: &str) -> Result<(), BenchError> {
+        for n in &self.nodes {
+            produce::delete_topic(&n.addr, topic)?;
+        }
+        Ok(())
+    }
+
+    /// The primary of a new topic's view 0: the node with the smallest id.
+    fn primary_addr(&self) -> &str {
+        &self.nodes[0].addr
+    }
+
+    fn stop(self) -> Result<(), BenchError> {
+        let mut first = Ok(());
+        for n in self.nodes {
+            if let Err(e) = n.stop() {
+                first = first.and(Err(e.into()));
+            }
+        }
+        first
+    }
+}
+
+/// 32 random bytes, hex, mode 0600 from creation (as `cluster up` makes).
+fn write_secret(path: &Path) -> Result<(), BenchError> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut raw = [0u8; 32];
+    fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut raw))
+        .map_err(fs_err("read", Path::new("/dev/urandom")))?;
+    let hex: String = raw.iter().map(|b| format!("{b:02x}")).collect();
+    fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .and_then(|mut f| f.write_all(hex.as_bytes()))
+        .map_err(fs_err("write", path))
+}
+
+/// A port free now, below the kernel's ephemeral range (32768 and up by
+/// default), so no outgoing connection's source port takes it meanwhile.
+fn free_port() -> Result<u16, BenchError> {
+    use std::sync::atomic::{AtomicU16, Ordering};
+    // Each call moves on: a port just probed is free again at once.
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let salt = (std::process::id() % 97) as u16 * 60;
+    for _ in 0..6_000u16 {
+        // At most 21_000 + 5_760 + 5_999 < 32_768.
+        let port = 21_000 + salt + NEXT.fetch_add(1, Ordering::Relaxed) % 6_000;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    Err(BenchError::Usage(
+        "no free peer port in 21000-32767 on 127.0.0.1".into(),
+    ))
+}
+
+/// Runs the job and cleans up; the report is not printed.
+pub(crate) fn cluster_produce_report(
+    args: &ProduceArgs,
+    nodes: u32,
+) -> Result<Report<ProduceResult, ProduceResult>, BenchError> {
+    let a = &args.common;
+    if a.addr.is_some() || args.vs_append {
+        return Err(BenchError::Usage(
+            "--cluster starts its own servers (no --addr) and compares with a single node \
+             (no --vs-append)"
+                .into(),
+        ));
+    }
+    if !(2..=CLUSTER_NODES_MAX).contains(&nodes) {
+        return Err(BenchError::Usage(format!(
+            "--cluster {nodes}: a local cluster has 2 to {CLUSTER_NODES_MAX} nodes"
+        )));
+    }
+    let cfg = produce_config(a, args.duration, args.size, args.in_flight)?;
+    let cluster_dir = a.data.dir.join("cluster");
+    let ws = workspace(a, Some(&cluster_dir))?;
+    let job = ClusterJob {
+        args,
+        nodes,
+        cfg,
+        cluster_dir,
+        cluster: None,
+        single: None,
+    };
+    harness::run(job, ws, a.rep.reps, true)
+}
+
+struct ClusterJob<'a> {
+    args: &'a ProduceArgs,
+    nodes: u32,
+    cfg: ProduceConfig,
+    cluster_dir: PathBuf,
+    /// Set by `start`.
+    cluster: Option<LocalCluster>,
+    single: Option<ServerProcess>,
+}
+
+impl ClusterJob<'_> {
+    /// One timed produce into a new topic at `addr`.
+    fn produce(&self, addr: &str, topic: &str) -> Result<ProduceResult, BenchError> {
+        Ok(produce::run(&ProduceConfig {
+            addr: addr.to_owned(),
+            topic: topic.to_owned(),
+            ..self.cfg.clone()
+        })?)
+    }
+}
+
+impl Job for ClusterJob<'_> {
+    type Ours = ProduceResult;
+    type Theirs = ProduceResult;
+    const NAME: &'static str = "produce-cluster";
+    const LABELS: [&'static str; 2] = ["cluster", "single"];
+    const COMPARISON: Option<Comparison> = Some(CLUSTER_VS_SINGLE);
+
+    fn planned(&self) -> Option<Duration> {
+        Some(self.cfg.duration)
+    }
+
+    fn start(&mut self) -> Result<(), BenchError> {
+        let a = &self.args.common;
+        let bin = server::locate_binary(a.server_bin.as_deref())?;
+        let flags = server_flags(a, &[])?;
+        self.cluster = Some(LocalCluster::start(
+            &bin,
+            &self.cluster_dir,
+            self.nodes,
+            a.shards,
+            &flags,
+        )?);
+        let single = ServerProcess::start(&bin, &a.server_dir(), a.shards, &flags)?;
+        eprintln!("ringlog-bench: single node ready at {}", single.addr);
+        self.single = Some(single);
+        Ok(())
+    }
+
+    fn ours(&mut self, rep: RepNo) -> Result<ProduceResult, BenchError> {
+        let c = self.cluster.as_ref().expect("start sets the cluster");
+        let topic = format!("{}-{}-cluster", self.args.common.topic, rep.n);
+        c.create_topic(&topic, self.cfg.partitions)?;
+        let result = self.produce(c.primary_addr(), &topic);
+        if !self.args.common.data.keep {
+            c.delete_topic(&topic)?;
+        }
+        result
+    }
+
+    fn theirs(&mut self, rep: RepNo, _: &ProduceResult) -> Result<ProduceResult, BenchError> {
+        let addr = self.single.as_ref().expect("start sets it").addr.clone();
+        let topic = format!("{}-{}-single", self.args.common.topic, rep.n);
+        produce::create_topic(&addr, &topic, self.cfg.partitions)?;
+        let result = self.produce(&addr, &topic);
+        if !self.args.common.data.keep {
+            produce::delete_topic(&addr, &topic)?;
+        }
+        result
+    }
+
+    fn stop(&mut self) -> Result<(), BenchError> {
+        let cluster = self.cluster.take().map_or(Ok(()), LocalCluster::stop);
+        let single = self.single.take().map_or(Ok(()), |s| Ok(s.stop()?));
+        cluster.and(single)
+    }
+
+    fn header(&self) -> Header {
+        let (args, a) = (self.args, &self.args.common);
+        let mut settings = common_settings(a);
+        settings.extend([
+            ("cluster", self.nodes.to_string()),
+            ("duration", Secs(args.duration).to_string()),
+            ("in_flight", args.in_flight.to_string()),
+            ("reps", a.rep.reps.to_string()),
+        ]);
+        let mut notes = common_notes(a);
+        notes.push(format!(
+            "{} nodes (each --shards {}) and one single node, started by ringlog-bench on \
+             127.0.0.1; each rep produces into a new topic on each side (created on every node \
+             by hand, deleted after), to the cluster's view-0 primary (node 1)",
+            self.nodes, a.shards
+        ));
+        notes.push(PRODUCE_ACK_NOTE.to_owned());
+        Header {
+            settings,
+            fio_version: None,
+            notes,
+        }
+    }
+}
+
+/// The job's report with its targets line (text) and field (JSON).
+pub struct ClusterReport(pub Report<ProduceResult, ProduceResult>);
+
+impl JobReport for ClusterReport {
+    fn text(&self) -> String {
+        let mut out = self.0.text();
+        out.push_str(&targets_line(&self.0));
+        out.push('\n');
+        out
+    }
+    fn json(&self) -> Value {
+        let mut v = self.0.json();
+        v["targets"] = json!(targets_line(&self.0));
+        v
+    }
+    fn series(&self) -> Vec<Series<'_>> {
+        self.0.series()
+    }
+}
+
+/// The targets line: the medians over the reps of the cluster's MB/s and
+/// of its p50 excess over the single node, against issue 11 item 7.
+pub fn targets_line(report: &Report<ProduceResult, ProduceResult>) -> String {
+    let mut mbps = Vec::new();
+    let mut extra_ns = Vec::new();
+    for rep in &report.reps {
+        let c = &rep.ours.summary;
+        mbps.push(c.bytes as f64 / c.runtime.as_secs_f64().max(1e-9));
+        if let Some(s) = &rep.theirs {
+            extra_ns.push(c.lat.at(50.0) as i64 - s.summary.lat.at(50.0) as i64);
+        }
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+    };
+    let mut extra: Vec<f64> = extra_ns.iter().map(|&n| n as f64).collect();
+    let (bw, lat) = (median(&mut mbps), median(&mut extra));
+    format!(
+        "targets: cluster {:.1} MB/s (median; target >= {:.0}) {}; cluster p50 - single p50 = \
+         {:.3} ms (median; target <= {:.1}) {}",
+        bw / 1e6,
+        CLUSTER_BYTES_PER_SEC_MIN / 1e6,
+        if bw >= CLUSTER_BYTES_PER_SEC_MIN {
+            "met"
+        } else {
+            "MISSED"
+        },
+        lat / 1e6,
+        CLUSTER_P50_EXTRA_NS_MAX as f64 / 1e6,
+        if lat <= CLUSTER_P50_EXTRA_NS_MAX as f64 {
+            "met"
+        } else {
+            "MISSED"
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    //! Against real `ringlog` servers (ci/test's `cargo test --workspace`
+    //! builds the binary; alone: `cargo build -p ringlog` first).
+
+    use super::*;
+    use crate::testutil::{data_dir, produce};
+
+    #[test]
+    fn a_cluster_needs_two_to_seven_nodes_and_its_own_servers() {
+        let (_tmp, dir) = data_dir();
+        let d = dir.display();
+        for line in [
+            format!("produce --dir {d} --cluster 1"),
+            format!("produce --dir {d} --cluster 8"),
+        ] {
+            let a = produce(&line);
+            let n = a.cluster.unwrap();
+            let e = cluster_produce_report(&a, n).err();
+            assert!(matches!(e, Some(BenchError::Usage(_))), "{line}: {e:?}");
+        }
+        assert!(!dir.exists(), "a usage error creates nothing");
+        let argv = "ringlog-bench produce --cluster 3 --vs-append";
+        assert!(<crate::Cli as clap::Parser>::try_parse_from(argv.split(' ')).is_err());
+    }
+
+    /// Starts 3 nodes and a single node, produces 1 MiB to each side per
+    /// rep (past a 256 KiB segment's end, so backups roll), and checks the
+    /// report and its targets line.
+    #[test]
+    fn produce_to_a_local_cluster_smoke() {
+        let (_tmp, dir) = data_dir();
+        let a = produce(&format!(
+            "produce --dir {} --cluster 3 --shards 1 --segment-size 256k --batch-size 16k \
+             --duration 30 --size 1m --reps 2",
+            dir.display()
+        ));
+        let report = cluster_produce_report(&a, 3).unwrap_or_else(|e| panic!("{e}"));
+        assert!(!dir.exists(), "data dir is removed without --keep");
+        assert_eq!(report.reps.len(), 2);
+        for rep in &report.reps {
+            for side in [&rep.ours, rep.theirs.as_ref().unwrap()] {
+                assert_eq!(side.summary.bytes, 1 << 20);
+                assert_eq!(side.summary.lat.samples, 64);
+            }
+        }
+        let text = ClusterReport(report).text();
+        assert!(text.contains("ratio throughput cluster/single"), "{text}");
+        assert!(text.contains("targets: cluster "), "{text}");
+    }
+}
