@@ -527,7 +527,8 @@ impl IoBackend for Recorder {
     fn open_file(&mut self, path: &Path, mode: OpenMode) -> std::io::Result<FileId> {
         let file = self.inner.open_file(path, mode)?;
         let name = path.to_string_lossy();
-        let segment = name.ends_with(".log") || name.contains("recycle") || name.contains(SPARE_FILE);
+        let segment =
+            name.ends_with(".log") || name.contains("recycle") || name.contains(SPARE_FILE);
         if segment {
             self.segments.insert(file.0);
         } else {
@@ -586,7 +587,13 @@ fn journaled_flushes_overwrite_blocks_already_written() {
         writes: Vec::new(),
     };
     let steps: Vec<Step> = (0..120u64)
-        .map(|t| Step::Turn(PIDS.iter().map(|&p| (p, 1, 300 + (t % 5) as usize * 97)).collect()))
+        .map(|t| {
+            Step::Turn(
+                PIDS.iter()
+                    .map(|&p| (p, 1, 300 + (t % 5) as usize * 97))
+                    .collect(),
+            )
+        })
         .collect();
     let mut model = Model::default();
     drop(run(&mut io, &steps, &mut model).unwrap());
@@ -599,8 +606,15 @@ fn journaled_flushes_overwrite_blocks_already_written() {
         let end = w.offset + w.len;
         if w.zeros {
             zero_writes += 1;
-            assert!(w.len <= ZERO_AHEAD_BYTES, "zeros ahead over their bound: {}", w.len);
-            assert!(w.offset >= data_end.get(&w.file).copied().unwrap_or(0), "zeros over data");
+            assert!(
+                w.len <= ZERO_AHEAD_BYTES,
+                "zeros ahead over their bound: {}",
+                w.len
+            );
+            assert!(
+                w.offset >= data_end.get(&w.file).copied().unwrap_or(0),
+                "zeros over data"
+            );
         } else {
             data_writes += 1;
             // A segment's first write has nothing written before it.
@@ -613,8 +627,14 @@ fn journaled_flushes_overwrite_blocks_already_written() {
         let e = written_end.entry(w.file).or_default();
         *e = (*e).max(end);
     }
-    assert_eq!(conversions, 0, "{conversions} of {data_writes} data writes past the written blocks");
-    assert!(data_writes > 400 && zero_writes > 0, "{data_writes} data, {zero_writes} zeros");
+    assert_eq!(
+        conversions, 0,
+        "{conversions} of {data_writes} data writes past the written blocks"
+    );
+    assert!(
+        data_writes > 400 && zero_writes > 0,
+        "{data_writes} data, {zero_writes} zeros"
+    );
     assert!(check_recovery(io.inner, &model, "zeros ahead"));
 }
 
