@@ -15,15 +15,17 @@
 
 mod common;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use common::{next_batch, read_all, small_config};
 use ringlog_protocol::BatchHeader;
 use ringlog_storage::io::sim::{Fault, FaultOp, Faults, SimBackend};
-use ringlog_storage::io::{Completion, IoBackend, Op, Sqe};
+use ringlog_storage::io::{BatchId, Completion, FileId, IoBackend, Op, OpenMode, Sqe};
 use ringlog_storage::journal::{Journal, JournalConfig, JournalError, DATA_START};
-use ringlog_storage::store::{PartitionStore, PoolConfig, StoreConfig, StorePool};
+use ringlog_storage::store::{
+    PartitionStore, PoolConfig, StoreConfig, StorePool, SPARE_FILE, ZERO_AHEAD_BYTES,
+};
 
 const SHARD: &str = "/shard";
 
@@ -471,9 +473,11 @@ fn one_journal_write_and_one_fdatasync_per_turn() {
     let mut io = SimBackend::new(3);
     let mut model = Model::default();
     let mut shard = Shard::create(&mut io, &PIDS).unwrap();
+    let batches: Vec<_> = PIDS.iter().map(|&p| (p, 1, 100)).collect();
+    // The first turn also writes each segment's zeros ahead.
+    shard.turn(&mut io, &batches, &mut model).unwrap();
     let syncs = io.op_count(FaultOp::Sync);
     let writes = io.op_count(FaultOp::Write);
-    let batches: Vec<_> = PIDS.iter().map(|&p| (p, 1, 100)).collect();
     shard.turn(&mut io, &batches, &mut model).unwrap();
     // Four segment writes (behind, no fdatasync) + one journal write.
     assert_eq!(io.op_count(FaultOp::Write) - writes, 5);
@@ -482,7 +486,156 @@ fn one_journal_write_and_one_fdatasync_per_turn() {
         1,
         "one fdatasync for four partitions"
     );
-    assert_eq!(model.acked.len(), 4);
+    assert_eq!(model.acked.len(), 8);
+}
+
+/// One write to a segment file, as submitted.
+struct SegmentWrite {
+    file: u32,
+    offset: u64,
+    len: u64,
+    zeros: bool,
+}
+
+/// The sim backend, recording every write to a segment file (`.log`, a
+/// recycled or a spare one) on its way.
+struct Recorder {
+    inner: SimBackend,
+    /// Ids (`FileId.0`) of the open segment files.
+    segments: BTreeSet<u32>,
+    writes: Vec<SegmentWrite>,
+}
+
+impl Recorder {
+    fn record(&mut self, batch: &[Sqe]) {
+        for sqe in batch {
+            if let Op::Write { file, offset, buf } = &sqe.op {
+                if self.segments.contains(&file.0) {
+                    self.writes.push(SegmentWrite {
+                        file: file.0,
+                        offset: *offset,
+                        len: buf.len() as u64,
+                        zeros: buf.iter().all(|&b| b == 0),
+                    });
+                }
+            }
+        }
+    }
+}
+
+impl IoBackend for Recorder {
+    fn open_file(&mut self, path: &Path, mode: OpenMode) -> std::io::Result<FileId> {
+        let file = self.inner.open_file(path, mode)?;
+        let name = path.to_string_lossy();
+        let segment =
+            name.ends_with(".log") || name.contains("recycle") || name.contains(SPARE_FILE);
+        if segment {
+            self.segments.insert(file.0);
+        } else {
+            self.segments.remove(&file.0);
+        }
+        Ok(file)
+    }
+    fn open_dir(&mut self, path: &Path) -> std::io::Result<FileId> {
+        self.inner.open_dir(path)
+    }
+    fn close(&mut self, file: FileId) {
+        self.segments.remove(&file.0);
+        self.inner.close(file)
+    }
+    fn create_dir(&mut self, path: &Path) -> std::io::Result<()> {
+        self.inner.create_dir(path)
+    }
+    fn list_dir(&mut self, path: &Path) -> std::io::Result<Vec<String>> {
+        self.inner.list_dir(path)
+    }
+    fn exists(&mut self, path: &Path) -> std::io::Result<bool> {
+        self.inner.exists(path)
+    }
+    fn file_size(&mut self, file: FileId) -> std::io::Result<u64> {
+        self.inner.file_size(file)
+    }
+    fn allocate_range(&mut self, file: FileId, offset: u64, len_bytes: u64) -> std::io::Result<()> {
+        self.inner.allocate_range(file, offset, len_bytes)
+    }
+    fn submit(&mut self, batch: Vec<Sqe>) -> Vec<Completion> {
+        self.record(&batch);
+        self.inner.submit(batch)
+    }
+    fn submit_nowait(&mut self, batch: Vec<Sqe>) -> BatchId {
+        self.record(&batch);
+        self.inner.submit_nowait(batch)
+    }
+    fn reap(&mut self) -> Vec<(BatchId, Vec<Completion>)> {
+        self.inner.reap()
+    }
+    fn batches_running(&self) -> usize {
+        self.inner.batches_running()
+    }
+}
+
+/// Small journaled flushes overwrite blocks written before (by an earlier
+/// flush or the zeros ahead), so on ext4 they need no unwritten-extent
+/// conversion and io_uring does not hand them to a worker thread; the
+/// zeros never land on data, stay within their bound, and recovery reads
+/// everything acknowledged back.
+#[test]
+fn journaled_flushes_overwrite_blocks_already_written() {
+    let mut io = Recorder {
+        inner: SimBackend::new(31),
+        segments: BTreeSet::new(),
+        writes: Vec::new(),
+    };
+    let steps: Vec<Step> = (0..120u64)
+        .map(|t| {
+            Step::Turn(
+                PIDS.iter()
+                    .map(|&p| (p, 1, 300 + (t % 5) as usize * 97))
+                    .collect(),
+            )
+        })
+        .collect();
+    let mut model = Model::default();
+    drop(run(&mut io, &steps, &mut model).unwrap());
+    let capacity = store_config().segment_size_bytes;
+    // Per file: the end of the blocks written so far, and of the data.
+    let mut written_end: BTreeMap<u32, u64> = BTreeMap::new();
+    let mut data_end: BTreeMap<u32, u64> = BTreeMap::new();
+    let (mut zero_writes, mut data_writes, mut conversions) = (0, 0, 0);
+    for w in io.writes.iter().filter(|w| w.offset < capacity) {
+        let end = w.offset + w.len;
+        if w.zeros {
+            zero_writes += 1;
+            assert!(
+                w.len <= ZERO_AHEAD_BYTES,
+                "zeros ahead over their bound: {}",
+                w.len
+            );
+            assert!(
+                w.offset >= data_end.get(&w.file).copied().unwrap_or(0),
+                "zeros over data"
+            );
+        } else {
+            data_writes += 1;
+            // A segment's first write has nothing written before it.
+            if written_end.get(&w.file).is_some_and(|&e| end > e) {
+                conversions += 1;
+            }
+            let d = data_end.entry(w.file).or_default();
+            *d = (*d).max(end);
+        }
+        let e = written_end.entry(w.file).or_default();
+        *e = (*e).max(end);
+    }
+    assert_eq!(
+        conversions, 0,
+        "{conversions} of {data_writes} data writes past the written blocks"
+    );
+    assert!(
+        data_writes > 400 && zero_writes > 0,
+        "{data_writes} data, {zero_writes} zeros"
+    );
+    assert!(check_recovery(io.inner, &model, "zeros ahead"));
 }
 
 /// Without replay, the written-behind segment bytes are lost at a power cut

@@ -109,6 +109,12 @@ const COPY_PIECE_BYTES: usize = 32 * 1024;
 /// frontier record slot (linked before its fdatasync); the others carry
 /// their record in a trailer inside their data write (see `open.rs`).
 pub const FRONTIER_SLOT_EVERY_FLUSHES: u64 = 32;
+/// A journaled flush writes zeros this far ahead of its data (within the
+/// allocation), so the small writes that follow overwrite written blocks:
+/// an O_DIRECT write into a fallocated (unwritten) extent cannot complete
+/// without waiting (ext4 converts the extent), so io_uring hands it to a
+/// worker thread, about one small write in four at 1 KiB batches.
+pub const ZERO_AHEAD_BYTES: u64 = 256 * 1024;
 
 /// Where the log ends: the next offset and the hash chain anchor.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -171,6 +177,9 @@ struct ActiveSegment {
     /// The file is known to be allocated (fallocate or written) up to
     /// here; 0 until the first append's fallocate.
     allocated_bytes: u64,
+    /// Blocks below here were written by this store (data or zeros ahead):
+    /// a write there needs no extent conversion. 0 when unknown.
+    overwrite_end: u64,
     /// Size bound of the data, fixed when the segment was created (from
     /// the superblock at open, never from the current configuration); the
     /// frontier record slots follow it.
@@ -825,6 +834,7 @@ impl PartitionStore {
             if let Some(last) = sqes.last_mut() {
                 last.link_next = false;
             }
+            self.active.push_zero_ahead(sqes, start + written as u64);
             self.behind = true;
         } else {
             sqes.push(Sqe::new(Op::Fdatasync {
@@ -992,9 +1002,10 @@ impl PartitionStore {
                 // Write buffers are at least two blocks (validated).
                 if buf.capacity() == segment::SLOT_BYTES as usize {
                     self.slot_buf = Some(buf);
-                } else {
+                } else if written.is_none() {
                     written = Some(buf);
                 }
+                // A later one is the zeros ahead (`push_zero_ahead`): freed.
             }
         }
         if let Some(buf) = written {
@@ -1435,6 +1446,35 @@ impl PartitionStore {
 }
 
 impl ActiveSegment {
+    /// Queues a write of zeros past `write_end` (the end of this flush's
+    /// data write, trailer included) when the written region ends within
+    /// half of [`ZERO_AHEAD_BYTES`] of it; never past the allocation or the
+    /// capacity (the frontier slots follow it). The region holds no data:
+    /// recovery reads zeros there as it reads an unwritten extent.
+    fn push_zero_ahead(&mut self, sqes: &mut Vec<Sqe>, write_end: u64) {
+        debug_assert_eq!(write_end % BLOCK_SIZE as u64, 0, "writes end on a block");
+        self.overwrite_end = self.overwrite_end.max(write_end);
+        if write_end + ZERO_AHEAD_BYTES / 2 <= self.overwrite_end {
+            return;
+        }
+        let from = self.overwrite_end;
+        let to = (from + ZERO_AHEAD_BYTES)
+            .min(align_down(self.allocated_bytes))
+            .min(align_down(self.capacity_bytes));
+        if to <= from {
+            return;
+        }
+        let mut buf = AlignedBuf::new((to - from) as usize);
+        buf.set_len((to - from) as usize);
+        debug_assert!(buf.iter().all(|&b| b == 0), "zeros ahead are zeros");
+        sqes.push(Sqe::new(Op::Write {
+            file: self.file,
+            offset: from,
+            buf,
+        }));
+        self.overwrite_end = to;
+    }
+
     /// A new segment with nothing in it (and no write buffer), as the
     /// superblock `frontier` that names it records it (position 0), so no
     /// slot record is due yet. Its allocation is not known: the first
@@ -1462,6 +1502,7 @@ impl ActiveSegment {
             pending: None,
             tail: Vec::new(),
             allocated_bytes,
+            overwrite_end: 0,
             capacity_bytes,
             slot_sequence: 0,
             slot_floor: 0,

@@ -900,6 +900,7 @@ pub(super) fn recover_active(
         // Unknown (the file may hold written, preallocated or sparse
         // space): the first append's fallocate covers whatever is missing.
         allocated_bytes: 0,
+        overwrite_end: 0,
         capacity_bytes: capacity,
         slot_sequence: record.slot_sequence,
         slot_floor: frontier.slot_floor,
