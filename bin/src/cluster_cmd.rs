@@ -141,9 +141,9 @@ fn up(a: &UpArgs) -> Result<(), ClusterError> {
             pids: live.iter().map(|(_, p)| *p).collect(),
         });
     }
-    std::fs::create_dir_all(&dir).map_err(io_err("create", &dir))?;
+    std::fs::create_dir_all(dir).map_err(io_err("create", dir))?;
     // Absolute paths in the servers' command lines: `down` knows its own.
-    let root = dir.canonicalize().map_err(io_err("resolve", &dir))?;
+    let root = dir.canonicalize().map_err(io_err("resolve", dir))?;
     let secret = root.join(SECRET_FILE);
     write_secret(&secret)?;
     let nodes: Vec<Node> = (1..=a.nodes)

@@ -515,8 +515,43 @@ fn a_wiped_node_recovers_by_repair_and_the_cluster_then_survives_losing_another(
         .unwrap();
     produce_batches(&cluster, &mut at, &mut acks, 50..60);
     check_identical(&cluster, &acks, Duration::from_secs(30));
+    // ctl partitions on the recovered node: a backup of view 0, caught
+    // up, after repairing.
+    let parts = cluster.nodes[&3].ctl(&["partitions"]);
+    for p in parts["result"].as_array().unwrap() {
+        assert_eq!(p["role"], "backup", "{p}");
+        assert_eq!(p["view"], 0, "{p}");
+        assert!(p["repairs"].as_u64().unwrap() > 0, "{p}");
+        assert_eq!(p["lag_ops"], 0, "{p}");
+    }
     cluster.kill(1);
     produce_batches(&cluster, &mut at, &mut acks, 60..80);
     assert_ne!(at, 1);
     check_identical(&cluster, &acks, Duration::from_secs(30));
+    // ctl cluster on node 2: node 1 is gone, node 3 reachable.
+    let view = cluster.nodes[&2].ctl(&["cluster"]);
+    let nodes = view["result"]["nodes"].as_array().unwrap();
+    assert_eq!(nodes.len(), 3, "{view}");
+    assert_eq!(nodes[0]["reachable"], false, "{view}");
+    assert_eq!(nodes[1]["self"], true, "{view}");
+    assert_eq!(nodes[2]["reachable"], true, "{view}");
+    assert!(nodes[2]["incarnation"].as_u64().is_some(), "{view}");
+    assert!(
+        nodes[2]["last_seen_ms_ago"].as_u64().unwrap() < 5_000,
+        "{view}"
+    );
+    // The view changed on the survivors, and the metrics say so.
+    for id in [2, 3] {
+        let parts = cluster.nodes[&id].ctl(&["partitions"]);
+        for p in parts["result"].as_array().unwrap() {
+            assert!(p["view"].as_u64().unwrap() >= 1, "node {id}: {p}");
+            assert!(p["view_changes"].as_u64().unwrap() >= 1, "node {id}: {p}");
+        }
+    }
+    let metrics = cluster.nodes[&2].ctl(&["metrics"]);
+    let text = metrics["result"]["text"].as_str().unwrap();
+    assert!(
+        text.contains("ringlog_partition_view_changes_total{topic=\"replicated\",partition=\"0\"}"),
+        "{text}"
+    );
 }

@@ -46,8 +46,8 @@ use ringlog_storage::superblock;
 use crate::ops::{OpError, PartitionStatus};
 use crate::replica_io::{self, AppendFailure};
 use crate::vsr::{
-    AppendError, Appended, ClientBatch, Config as ReplicaConfig, Input, IoFailure, IoId, IoOutcome,
-    Message, Outbox, Output, Replica, Status as ReplicaStatus, StorageOp, Token,
+    AppendError, Appended, Body, ClientBatch, Config as ReplicaConfig, Event, Input, IoFailure,
+    IoId, IoOutcome, Message, Outbox, Output, Replica, Status as ReplicaStatus, StorageOp, Token,
 };
 
 /// A replicated partition's place in its replica group (absent: a cluster
@@ -162,6 +162,10 @@ struct Hosted {
     /// that stepped it): bounded by what those steps emit, O(pipeline x
     /// replicas) each.
     sends: Vec<(u8, Message)>,
+    /// View changes the replica entered, and repair requests it sent,
+    /// since it booted here (`ctl partitions`, metrics).
+    view_changes: u64,
+    repairs: u64,
 }
 
 pub struct Partition {
@@ -803,6 +807,12 @@ impl Partition {
             size_bytes: 0,
             purge_generation: 0,
             fault: None,
+            view: None,
+            op: None,
+            commit_op: None,
+            lag_ops: None,
+            view_changes: None,
+            repairs: None,
         };
         match &self.state {
             State::Open(h) => {
@@ -821,6 +831,13 @@ impl Partition {
                         ReplicaStatus::Recovering => "recovering",
                         ReplicaStatus::Fenced => "fenced",
                     };
+                    let r = &h.replica;
+                    st.view = Some(r.view());
+                    st.op = Some(r.op());
+                    st.commit_op = Some(r.commit());
+                    st.lag_ops = Some(r.commit_max().saturating_sub(r.commit()));
+                    st.view_changes = Some(h.view_changes);
+                    st.repairs = Some(h.repairs);
                 }
                 st.sealed_segments = s.sealed_segments().count();
                 st.size_bytes = s.size_bytes();
@@ -906,6 +923,8 @@ impl Hosted {
             next_token: 1,
             repl,
             sends: Vec::new(),
+            view_changes: 0,
+            repairs: 0,
         })
     }
 
@@ -965,8 +984,20 @@ impl Hosted {
                             result.map_err(|e| client_error(&self.store, self.repl.as_ref(), e));
                         self.replies.push((token, result));
                     }
-                    Output::Send { to, msg } if self.repl.is_some() => self.sends.push((to, msg)),
+                    Output::Send { to, msg } if self.repl.is_some() => {
+                        if matches!(msg.body, Body::RequestPrepares(_)) {
+                            self.repairs += 1;
+                        }
+                        self.sends.push((to, msg))
+                    }
                     Output::Event(event) => {
+                        if let Event::StatusChanged {
+                            status: ReplicaStatus::ViewChange,
+                            ..
+                        } = event
+                        {
+                            self.view_changes += 1;
+                        }
                         replica_io::note_event(&mut self.store, &event);
                         tracing::trace!(
                             partition_id = self.store.partition_id(),
@@ -1637,7 +1668,12 @@ mod replicated_tests {
         let mut io = UringBackend::new(64).unwrap();
         let mut parts = committed_group(dir.path(), &mut io, 3);
         wipe_replica_2(dir.path(), &mut io, &mut parts, true);
-        assert_eq!(parts[2].as_ref().unwrap().status(0).role, "wiped");
+        let wiped = parts[2].as_ref().unwrap().status(0);
+        assert_eq!(wiped.role, "wiped");
+        assert_eq!(
+            (wiped.op, wiped.commit_op, wiped.repairs),
+            (Some(0), Some(0), Some(0))
+        );
         let superblock = parts[2].as_ref().unwrap().store().unwrap().superblock().vsr;
         assert!(
             superblock.wiped,
@@ -1676,6 +1712,12 @@ mod replicated_tests {
         );
         let repaired = parts[2].as_ref().unwrap().status(0);
         assert_eq!(repaired.role, "backup", "{repaired:?}");
+        let primary = parts[0].as_ref().unwrap().status(0);
+        assert_eq!(repaired.view, primary.view);
+        assert_eq!(repaired.commit_op, primary.commit_op);
+        assert_eq!(repaired.op, Some(4), "the 3 committed ops and the new one");
+        assert!(repaired.repairs.unwrap() > 0, "{repaired:?}");
+        assert_eq!(repaired.lag_ops, Some(0));
         assert!(
             !parts[2]
                 .as_ref()
@@ -1743,6 +1785,9 @@ mod replicated_tests {
                 "no view completed: {st:?}"
             );
         }
+        let node2 = parts[1].as_ref().unwrap().status(0);
+        assert!(node2.view_changes.unwrap() >= 1, "{node2:?}");
+        assert_eq!(node2.commit_op, Some(3), "its commits kept: {node2:?}");
         // Node 1 returns from its disk: a view change completes and the
         // wiped replica repairs; nothing committed is lost.
         parts[0] = Some(reopen(dir.path(), &mut io, 0, false));

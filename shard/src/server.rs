@@ -32,7 +32,7 @@ use crate::control::{ControlContext, ControlServer, LogLevelHook, MetricsHttp};
 use crate::mailbox::mailbox;
 use crate::meta_io::MetaIo;
 use crate::metrics::ShardMetrics;
-use crate::net::peer::{PeerLimits, PeerSetup};
+use crate::net::peer::{PeerLimits, PeerSetup, PeerStats};
 use crate::peer_route::PeerRouter;
 use crate::reply_pool::ReplyPool;
 use crate::shard::{self, ShardSetup, Shutdown, RECYCLE_DIR};
@@ -200,6 +200,7 @@ pub fn start(mut config: ServerConfig, hooks: Hooks) -> Result<Running, ServerEr
     let metrics: Vec<Arc<ShardMetrics>> = (0..shards).map(|_| Arc::default()).collect();
     let router = PeerRouter::new(catalog.clone(), peers.clone(), metrics[0].clone());
     let mut peer = peer_setup(&config, shards, router)?;
+    let peer_stats = peer.as_ref().map(|p| p.stats.clone());
     let cores = if config.pin_cores {
         core_affinity::get_core_ids().unwrap_or_default()
     } else {
@@ -278,6 +279,7 @@ pub fn start(mut config: ServerConfig, hooks: Hooks) -> Result<Running, ServerEr
         client_addr,
         config_origins: hooks.config_origins,
         consumers: Default::default(),
+        peer_stats,
     });
     let metrics_http = match start_metrics_http(&config.metrics_addr, &ctx) {
         Ok(m) => m,
@@ -341,6 +343,12 @@ fn peer_setup(
     let incarnation = crate::net::peer::new_incarnation().map_err(err)?;
     tracing::info!(node = cluster.node_id, cluster = %cluster.cluster_id, peer_addr = %addr,
         incarnation, "cluster node");
+    let others = cluster
+        .peers
+        .keys()
+        .copied()
+        .filter(|&n| n != cluster.node_id);
+    let stats = Arc::new(PeerStats::for_nodes(others));
     Ok(Some(PeerSetup {
         cluster,
         listener,
@@ -348,7 +356,7 @@ fn peer_setup(
         shard_count: u16::try_from(shards).unwrap_or(u16::MAX),
         incarnation,
         sink: Box::new(router),
-        stats: Arc::default(),
+        stats,
     }))
 }
 
