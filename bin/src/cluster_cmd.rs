@@ -2,7 +2,8 @@
 //! replication. `up` writes one config and data dir per node under DIR, a
 //! generated cluster secret (mode 0600), starts the servers detached (their
 //! own process group, so the shell's Ctrl-C does not reach them), waits for
-//! each one's ready line and records the pids in DIR/pids; `down` stops
+//! each one's ready line and records the pids in DIR/pids (on a DIR where
+//! some nodes still run, it starts only the others); `down` stops
 //! them (SIGTERM, then SIGKILL after [`STOP_TIMEOUT`]) and is idempotent.
 //!
 //! Ports derive from `--base-port` B: node i serves clients on B + i and
@@ -34,7 +35,8 @@ const SECRET_BYTES: usize = 32;
 
 #[derive(Subcommand)]
 pub enum ClusterCmd {
-    /// Start N local nodes of one cluster on 127.0.0.1.
+    /// Start N local nodes of one cluster on 127.0.0.1 (or, on a DIR
+    /// where some still run, the ones that do not).
     Up(UpArgs),
     /// Stop the nodes `up` started in DIR (a no-op if none run).
     Down(DirArg),
@@ -68,7 +70,7 @@ enum ClusterError {
     Nodes(u32),
     #[error("--base-port {0}: node ports would pass 65535")]
     Ports(u16),
-    #[error("a cluster already runs in {dir} (pids {pids:?}): run `ringlog cluster down --dir {dir}` first")]
+    #[error("every node already runs in {dir} (pids {pids:?}): run `ringlog cluster down --dir {dir}` first")]
     Running { dir: String, pids: Vec<i32> },
     #[error("{what} {path}: {source}")]
     Io {
@@ -135,7 +137,7 @@ fn up(a: &UpArgs) -> Result<(), ClusterError> {
     }
     let dir = &a.dir.dir;
     let live = live_pids(dir)?;
-    if !live.is_empty() {
+    if live.len() >= a.nodes as usize {
         return Err(ClusterError::Running {
             dir: dir.display().to_string(),
             pids: live.iter().map(|(_, p)| *p).collect(),
@@ -157,16 +159,23 @@ fn up(a: &UpArgs) -> Result<(), ClusterError> {
         .iter()
         .map(|n| format!("{}=127.0.0.1:{}", n.id, u32::from(a.base_port) + 100 + n.id))
         .collect();
-    let mut started = Vec::new();
-    for n in &nodes {
+    // Nodes still running stay (so `up` restarts the ones that died).
+    let mut pids = live.clone();
+    for n in nodes
+        .iter()
+        .filter(|n| !live.iter().any(|(id, _)| *id == n.id))
+    {
         match start_node(n, &peers, &secret, a.shards) {
             Ok(pid) => {
-                started.push((n.id, pid));
-                record_pids(dir, &started)?;
+                pids.push((n.id, pid));
+                pids.sort_unstable();
+                record_pids(dir, &pids)?;
             }
             Err(e) => {
-                // Leave nothing half up.
-                let _ = down(dir);
+                if live.is_empty() {
+                    // Leave nothing half up.
+                    let _ = down(dir);
+                }
                 return Err(e);
             }
         }

@@ -79,6 +79,27 @@ fn cluster_up_starts_three_nodes_that_replicate_and_down_stops_them_once() {
     let again = cluster(&["up", "--base-port", &base], &dir);
     assert!(!again.status.success());
     assert!(text(&again).contains("already runs"), "{}", text(&again));
+    let pids_of = |dir: &Path| -> Vec<i32> {
+        std::fs::read_to_string(dir.join("pids"))
+            .unwrap()
+            .lines()
+            .map(|l| l.split_once(' ').unwrap().1.parse().unwrap())
+            .collect()
+    };
+    // A node that died is started again by `up`; the others stay.
+    let before = pids_of(&dir);
+    // SAFETY: kill(2) on a server this test started.
+    unsafe { libc::kill(before[1], libc::SIGKILL) };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while pid_alive(before[1]) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let restarted = cluster(&["up", "--base-port", &base], &dir);
+    assert!(restarted.status.success(), "{}", text(&restarted));
+    let after = pids_of(&dir);
+    assert_eq!((after[0], after[2]), (before[0], before[2]));
+    assert_ne!(after[1], before[1]);
+    assert!(pid_alive(after[1]));
 
     for a in &addrs {
         Client::connect(a.as_str())
@@ -109,11 +130,7 @@ fn cluster_up_starts_three_nodes_that_replicate_and_down_stops_them_once() {
         .collect();
     assert_eq!(got, [b"one".to_vec(), b"two".to_vec(), b"three".to_vec()]);
 
-    let pids: Vec<i32> = std::fs::read_to_string(dir.join("pids"))
-        .unwrap()
-        .lines()
-        .map(|l| l.split_once(' ').unwrap().1.parse().unwrap())
-        .collect();
+    let pids = pids_of(&dir);
     assert_eq!(pids.len(), 3);
     // Node 3 cannot heed SIGTERM while stopped: down kills it after its
     // bound.
