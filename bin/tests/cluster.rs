@@ -555,3 +555,61 @@ fn a_wiped_node_recovers_by_repair_and_the_cluster_then_survives_losing_another(
         "{text}"
     );
 }
+
+/// SIGSTOP the primary past its timeout, then SIGCONT: the others elect a
+/// new primary meanwhile, and the old one, continued, acknowledges
+/// nothing from its old view (a produce sent to it right after SIGCONT
+/// is refused as not_primary once it learned the view, or fails); every
+/// acknowledged record is then on all three nodes exactly once, with
+/// identical bytes.
+#[test]
+fn a_primary_stopped_past_its_timeout_acknowledges_nothing_from_its_old_view() {
+    let mut cluster = Cluster::start(3);
+    create_everywhere(&cluster);
+    let mut acks = Acks::new();
+    let mut at = 1;
+    produce_batches(&cluster, &mut at, &mut acks, 0..20);
+    assert_eq!(at, 1);
+    let stopped = cluster.nodes.remove(&1).unwrap();
+    let pid = stopped.child.as_ref().unwrap().id() as i32;
+    // SAFETY: kill(2) on a server this test started.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    let started = Instant::now();
+    at = 2;
+    produce_batches(&cluster, &mut at, &mut acks, 20..40);
+    assert_ne!(at, 1);
+    eprintln!(
+        "new primary node {at} took produces {:?} after the SIGSTOP",
+        started.elapsed()
+    );
+    // SAFETY: as above.
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    let stale = batch_of(&[b"sent to the old primary".as_slice()]).unwrap();
+    let outcome =
+        Client::connect(stopped.addr.as_str()).and_then(|mut c| c.produce(TOPIC, 0, stale));
+    match &outcome {
+        Ok(a) => panic!("the old primary acknowledged {a:?} after SIGCONT"),
+        Err(e) => eprintln!("the old primary answered: {e}"),
+    }
+    cluster.nodes.insert(1, stopped);
+    // It learns the new view: a refusal naming the new primary, in time.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let batch = batch_of(&[b"probe".as_slice()]).unwrap();
+        let e = cluster.nodes[&1]
+            .client()
+            .produce(TOPIC, 0, batch)
+            .expect_err("node 1 is no longer the primary");
+        if e.code() == Some(ErrorCode::NotPrimary) {
+            assert_ne!(e.primary_node(), Some(1), "{e}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node 1 never learned the view: {e}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    produce_batches(&cluster, &mut at, &mut acks, 40..50);
+    check_identical(&cluster, &acks, Duration::from_secs(30));
+}
