@@ -1822,6 +1822,33 @@ mod replicated_tests {
         );
     }
 
+    /// A crash between a recovering node's store creation and its wiped
+    /// flag leaves a store that never held anything: with the marker it
+    /// boots wiped too; one that holds ops restarts as itself.
+    #[test]
+    fn a_recovering_node_boots_a_never_written_store_wiped_and_keeps_a_written_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut io = UringBackend::new(64).unwrap();
+        let empty = reopen(dir.path(), &mut io, 2, false);
+        assert_eq!(empty.status(0).role, "backup");
+        empty.close(&mut io).unwrap();
+        let again = reopen(dir.path(), &mut io, 2, true);
+        assert_eq!(again.status(0).role, "wiped");
+        assert!(again.store().unwrap().superblock().vsr.wiped);
+        again.close(&mut io).unwrap();
+        // The flag is durable: it boots wiped without the marker too.
+        let rebooted = reopen(dir.path(), &mut io, 2, false);
+        assert_eq!(rebooted.status(0).role, "wiped");
+        rebooted.close(&mut io).unwrap();
+        let other = tempfile::tempdir().unwrap();
+        let mut parts = committed_group(other.path(), &mut io, 2);
+        parts[2].take().unwrap().close(&mut io).unwrap();
+        let kept = reopen(other.path(), &mut io, 2, true);
+        assert_ne!(kept.status(0).role, "wiped");
+        assert!(!kept.store().unwrap().superblock().vsr.wiped);
+        assert_eq!(kept.store().unwrap().durable().last_op, 2);
+    }
+
     fn one_batch(seed: u8) -> Vec<u8> {
         batch_of(&[[seed; 50].as_slice(), [seed; 60].as_slice()]).unwrap()
     }
