@@ -36,7 +36,8 @@ enum CtlCommand {
     Status,
     /// Topics and their partition counts.
     Topics,
-    /// Partitions: shard, frontier, commit, segments, bytes.
+    /// Partitions: shard, role, frontier, commit (offsets), and for a
+    /// replicated one its view, op, commit op and lag; segments, bytes.
     Partitions { topic: Option<String> },
     /// Create a topic.
     CreateTopic { topic: String, partitions: u32 },
@@ -53,6 +54,9 @@ enum CtlCommand {
     Consumers { group: Option<String> },
     /// Prometheus metrics text.
     Metrics,
+    /// Cluster nodes: id, peer address, reachable (our session to it is
+    /// up), its session to us, incarnation, last heard from.
+    Cluster,
     /// Effective config: every key, its value and where it came from
     /// (default, file, environment, flag).
     Config,
@@ -186,6 +190,7 @@ pub fn run(args: CtlArgs) -> i32 {
         }
         CtlCommand::Consumers { group } => json!({"cmd": "consumers", "group": group}),
         CtlCommand::Metrics => json!({"cmd": "metrics"}),
+        CtlCommand::Cluster => json!({"cmd": "cluster"}),
         CtlCommand::Config => json!({"cmd": "config"}),
         CtlCommand::LogLevel { level } => json!({"cmd": "log_level", "level": level}),
         CtlCommand::Shutdown => json!({"cmd": "shutdown"}),
@@ -224,8 +229,21 @@ pub fn run(args: CtlArgs) -> i32 {
         ),
         CtlCommand::Partitions { .. } => table(
             &[
-                "TOPIC", "PART", "ID", "SHARD", "ROLE", "START", "FRONTIER", "COMMIT", "SEGMENTS",
-                "BYTES", "FAULT",
+                "TOPIC",
+                "PART",
+                "ID",
+                "SHARD",
+                "ROLE",
+                "START",
+                "FRONTIER",
+                "COMMIT",
+                "VIEW",
+                "OP",
+                "COMMIT_OP",
+                "LAG_OPS",
+                "SEGMENTS",
+                "BYTES",
+                "FAULT",
             ],
             rows(
                 result,
@@ -238,6 +256,10 @@ pub fn run(args: CtlArgs) -> i32 {
                     "log_start_offset",
                     "frontier",
                     "commit",
+                    "view",
+                    "op",
+                    "commit_op",
+                    "lag_ops",
                     "sealed_segments",
                     "size_bytes",
                     "fault",
@@ -245,6 +267,36 @@ pub fn run(args: CtlArgs) -> i32 {
             ),
         ),
         CtlCommand::Consumers { .. } => print_consumers(result),
+        CtlCommand::Cluster => {
+            println!(
+                "cluster {} (this node: {})",
+                cell(&result["cluster_id"]),
+                cell(&result["node_id"])
+            );
+            table(
+                &[
+                    "NODE",
+                    "ADDRESS",
+                    "SELF",
+                    "REACHABLE",
+                    "INBOUND",
+                    "INCARNATION",
+                    "LAST_SEEN_MS_AGO",
+                ],
+                rows(
+                    &result["nodes"],
+                    &[
+                        "id",
+                        "address",
+                        "self",
+                        "reachable",
+                        "inbound",
+                        "incarnation",
+                        "last_seen_ms_ago",
+                    ],
+                ),
+            )
+        }
         CtlCommand::Metrics => print!("{}", result["text"].as_str().unwrap_or("")),
         CtlCommand::Config => table(
             &["KEY", "VALUE", "SOURCE"],

@@ -2,6 +2,7 @@
 //! control socket; `produce` and `consume` are a command-line client; `sim` replays
 //! simulator seeds.
 
+mod cluster_cmd;
 mod ctl;
 mod groups;
 mod io_cmds;
@@ -31,6 +32,9 @@ enum Command {
     Produce(io_cmds::ProduceArgs),
     /// Read records of every partition (or one) from a start position.
     Consume(io_cmds::ConsumeArgs),
+    /// Start or stop a local cluster on 127.0.0.1 (`cluster up --nodes 3`).
+    #[command(subcommand)]
+    Cluster(cluster_cmd::ClusterCmd),
     /// Replay seeds of the deterministic cluster simulator.
     Sim(sim_cmd::SimArgs),
 }
@@ -42,6 +46,7 @@ fn main() {
         Command::Ctl(a) => ctl::run(a),
         Command::Produce(a) => io_cmds::produce(a),
         Command::Consume(a) => io_cmds::consume(a),
+        Command::Cluster(c) => cluster_cmd::run(c),
         Command::Sim(a) => sim_cmd::run(a),
     };
     std::process::exit(code);

@@ -72,6 +72,12 @@ pub struct ServerArgs {
     /// was lost or is corrupt; a present file is kept as topics.json.replaced).
     #[arg(long)]
     rebuild_catalog: bool,
+    /// This node lost its data dir and rejoins its cluster: replicated
+    /// partitions created here boot wiped (no vote, no lead) until they
+    /// repaired every committed op. Persisted in the data dir (file
+    /// RECOVER), so later boots keep it; cluster mode only.
+    #[arg(long)]
+    recover: bool,
     /// Any other config key: --set key=value (repeatable).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     set: Vec<String>,
@@ -116,6 +122,9 @@ impl ServerArgs {
                 };
                 out.push((key.to_string(), v));
             }
+        }
+        if self.recover {
+            out.push(("recover".to_string(), "true".to_string()));
         }
         if !self.peer.is_empty() {
             // One comma-separated string, as in RINGLOG_PEERS.

@@ -120,7 +120,17 @@ pub struct ServerConfig {
     /// Where this node accepts peer connections; empty = its own `peers`
     /// address.
     pub peer_listen_addr: String,
+    /// This node lost its data dir and rejoins its cluster (`server
+    /// --recover`): replicated partitions created here from now on boot
+    /// wiped (they neither vote nor lead until they learned the view and
+    /// repaired every committed op). Persisted as [`RECOVER_MARKER`] in the
+    /// data dir at boot; a marker there sets this on later boots too.
+    pub recover: bool,
 }
+
+/// The file in the data dir saying this node is recovering a lost disk
+/// (see [`ServerConfig::recover`]); only an operator removes it.
+pub const RECOVER_MARKER: &str = "RECOVER";
 
 /// `group_commit`: see [`ServerConfig::group_commit`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -180,6 +190,7 @@ impl Default for ServerConfig {
             peers: Vec::new(),
             cluster_secret_file: PathBuf::new(),
             peer_listen_addr: String::new(),
+            recover: false,
         }
     }
 }
@@ -590,6 +601,7 @@ impl ServerConfig {
                 !self.cluster_secret_file.as_os_str().is_empty(),
             ),
             ("peer_listen_addr", !self.peer_listen_addr.is_empty()),
+            ("recover", self.recover),
         ];
         match set.iter().find(|(_, on)| *on) {
             Some((key, _)) => Err((
@@ -786,6 +798,8 @@ mod tests {
             ("peers", "1=127.0.0.1:7421"),
             ("cluster_secret_file", "/tmp/s"),
             ("peer_listen_addr", "127.0.0.1:7421"),
+            // `--recover` rejoins a cluster: alone it would mean nothing.
+            ("recover", "true"),
         ] {
             let err =
                 ServerConfig::load(None, Vec::new(), &[(key.into(), value.into())]).unwrap_err();

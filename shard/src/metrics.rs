@@ -247,6 +247,9 @@ pub struct PartitionFigures {
     pub commit: u64,
     pub size_bytes: u64,
     pub faulted: bool,
+    /// A replicated partition's counters since it opened (None alone).
+    pub view_changes: Option<u64>,
+    pub repairs: Option<u64>,
 }
 
 /// A consumer group's position on one partition (see `control::consumers`).
@@ -573,6 +576,36 @@ impl Scrape {
                 |p| u64::from(p.faulted),
             ),
         ];
+        type Counted = (
+            &'static str,
+            &'static str,
+            fn(&PartitionFigures) -> Option<u64>,
+        );
+        let counted: &[Counted] = &[
+            (
+                "ringlog_partition_view_changes",
+                "View changes the partition's replica entered since it opened here",
+                |p| p.view_changes,
+            ),
+            (
+                "ringlog_partition_repair_requests",
+                "Repair requests (RequestPrepares) the partition's replica sent since it opened here",
+                |p| p.repairs,
+            ),
+        ];
+        for (name, help, get) in counted {
+            let mut family = enc.encode_descriptor(name, help, None, MetricType::Counter)?;
+            for p in &self.partitions {
+                let Some(v) = get(p) else { continue };
+                let labels = [
+                    ("topic", p.topic.clone()),
+                    ("partition", p.partition.to_string()),
+                ];
+                family
+                    .encode_family(&labels)?
+                    .encode_counter::<NoLabelSet, _, u64>(&v, None)?;
+            }
+        }
         for (name, help, get) in rows {
             let series = self.partitions.iter().map(|p| {
                 let labels = [
@@ -799,6 +832,8 @@ mod tests {
                 commit: 7,
                 size_bytes: 4096,
                 faulted: false,
+                view_changes: Some(2),
+                repairs: Some(5),
             }],
             shards_unanswered: 0,
             consumers: vec![ConsumerLag {
@@ -845,6 +880,9 @@ mod tests {
             // The label value is escaped.
             "ringlog_partition_commit_offset{topic=\"t\\\"x\",partition=\"3\"} 7\n",
             "ringlog_partition_frontier_offset{topic=\"t\\\"x\",partition=\"3\"} 9\n",
+            "# TYPE ringlog_partition_view_changes_total counter\n",
+            "ringlog_partition_view_changes_total{topic=\"t\\\"x\",partition=\"3\"} 2\n",
+            "ringlog_partition_repair_requests_total{topic=\"t\\\"x\",partition=\"3\"} 5\n",
             "# TYPE ringlog_consumer_lag gauge\n",
             "ringlog_consumer_lag{group=\"g\\\"1\",topic=\"t\",partition=\"3\"} 2\n",
             "ringlog_consumer_committed_offset{group=\"g\\\"1\",topic=\"t\",partition=\"3\"} 5\n",

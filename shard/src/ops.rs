@@ -49,6 +49,20 @@ pub struct PartitionStatus {
     pub purge_generation: u64,
     /// Why the partition is stopped, if it is.
     pub fault: Option<String>,
+    /// The replica's view; the VSR figures below are None for a
+    /// partition that is not replicated (or is unavailable).
+    pub view: Option<u32>,
+    /// The last op in this replica's log (its frontier, in ops).
+    pub op: Option<u64>,
+    /// The last op this replica committed.
+    pub commit_op: Option<u64>,
+    /// Ops committed in the group (as far as this replica heard from the
+    /// primary) that this replica has not committed: its lag.
+    pub lag_ops: Option<u64>,
+    /// View changes this replica entered since the partition opened here.
+    pub view_changes: Option<u64>,
+    /// Repair requests (RequestPrepares) it sent since then.
+    pub repairs: Option<u64>,
 }
 
 /// What a shard reports to `status`.

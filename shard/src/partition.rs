@@ -41,12 +41,13 @@ use ringlog_protocol::{encode_header, BatchHeader, HEADER_LEN};
 use ringlog_storage::io::{Completion, IoBackend, Op, Sqe, BLOCK_SIZE};
 use ringlog_storage::journal::Journal;
 use ringlog_storage::store::{PartitionStore, StoreConfig, StoreError, StorePool};
+use ringlog_storage::superblock;
 
 use crate::ops::{OpError, PartitionStatus};
 use crate::replica_io::{self, AppendFailure};
 use crate::vsr::{
-    AppendError, Appended, ClientBatch, Config as ReplicaConfig, Event, Input, IoFailure, IoId,
-    IoOutcome, Message, Outbox, Output, Replica, Status as ReplicaStatus, StorageOp, Token,
+    AppendError, Appended, Body, ClientBatch, Config as ReplicaConfig, Event, Input, IoFailure,
+    IoId, IoOutcome, Message, Outbox, Output, Replica, Status as ReplicaStatus, StorageOp, Token,
 };
 
 /// A replicated partition's place in its replica group (absent: a cluster
@@ -62,6 +63,11 @@ pub struct Replication {
     pub group_id: u128,
     /// Peer addresses, to name the primary in a not-primary refusal.
     pub addrs: BTreeMap<u32, SocketAddr>,
+    /// This node lost its disk (`ServerConfig::recover`): a store created
+    /// here, or one created here that never held anything, boots wiped
+    /// ([`Replica::wiped`]) instead of as a fresh view-0 member, which
+    /// could vote with an empty log and lose committed ops.
+    pub boot_wiped: bool,
 }
 
 impl Replication {
@@ -156,6 +162,10 @@ struct Hosted {
     /// that stepped it): bounded by what those steps emit, O(pipeline x
     /// replicas) each.
     sends: Vec<(u8, Message)>,
+    /// View changes the replica entered, and repair requests it sent,
+    /// since it booted here (`ctl partitions`, metrics).
+    view_changes: u64,
+    repairs: u64,
 }
 
 pub struct Partition {
@@ -797,6 +807,12 @@ impl Partition {
             size_bytes: 0,
             purge_generation: 0,
             fault: None,
+            view: None,
+            op: None,
+            commit_op: None,
+            lag_ops: None,
+            view_changes: None,
+            repairs: None,
         };
         match &self.state {
             State::Open(h) => {
@@ -806,12 +822,22 @@ impl Partition {
                 st.commit = self.readable_end().unwrap_or(0);
                 if h.repl.is_some() {
                     st.role = match h.replica.status() {
+                        // Lost its disk: neither votes nor leads until its
+                        // log is whole again.
+                        _ if h.replica.is_wiped() => "wiped",
                         ReplicaStatus::Normal if h.replica.is_primary() => "primary",
                         ReplicaStatus::Normal => "backup",
                         ReplicaStatus::ViewChange => "view_change",
                         ReplicaStatus::Recovering => "recovering",
                         ReplicaStatus::Fenced => "fenced",
                     };
+                    let r = &h.replica;
+                    st.view = Some(r.view());
+                    st.op = Some(r.op());
+                    st.commit_op = Some(r.commit());
+                    st.lag_ops = Some(r.commit_max().saturating_sub(r.commit()));
+                    st.view_changes = Some(h.view_changes);
+                    st.repairs = Some(h.repairs);
                 }
                 st.sealed_segments = s.sealed_segments().count();
                 st.size_bytes = s.size_bytes();
@@ -874,7 +900,10 @@ impl Hosted {
                 let cfg = r.replica_config(id, store.config());
                 // Replicas' timeouts jitter apart (seeded, no clock).
                 let seed = u64::from(id) << 8 | u64::from(r.replica);
-                if created {
+                if r.boot_wiped && (created || never_written(&store)) {
+                    mark_wiped(io, &mut store).map_err(err)?;
+                    Replica::wiped(cfg, seed)
+                } else if created {
                     Replica::new(cfg, seed)
                 } else {
                     let rec = replica_io::recover(&mut store, io, BOOT_COMMITTED_OPS_KEPT)
@@ -894,6 +923,8 @@ impl Hosted {
             next_token: 1,
             repl,
             sends: Vec::new(),
+            view_changes: 0,
+            repairs: 0,
         })
     }
 
@@ -953,8 +984,20 @@ impl Hosted {
                             result.map_err(|e| client_error(&self.store, self.repl.as_ref(), e));
                         self.replies.push((token, result));
                     }
-                    Output::Send { to, msg } if self.repl.is_some() => self.sends.push((to, msg)),
+                    Output::Send { to, msg } if self.repl.is_some() => {
+                        if matches!(msg.body, Body::RequestPrepares(_)) {
+                            self.repairs += 1;
+                        }
+                        self.sends.push((to, msg))
+                    }
                     Output::Event(event) => {
+                        if let Event::StatusChanged {
+                            status: ReplicaStatus::ViewChange,
+                            ..
+                        } = event
+                        {
+                            self.view_changes += 1;
+                        }
                         replica_io::note_event(&mut self.store, &event);
                         if let Event::Fenced { reason } = &event {
                             // Fail-stop: the operator must see why.
@@ -1128,6 +1171,34 @@ fn open_or_create(
     PartitionStore::create_in(io, dir, id, config, pool.clone())
         .map(|s| (s, true))
         .map_err(|e| format!("create {}: {e}", dir.display()))
+}
+
+/// A store holding nothing, its VSR state untouched since creation: on a
+/// recovering node, one whose wiped flag a crash kept from being written
+/// right after its creation (booting it wiped is never unsafe: a wiped
+/// replica only waits longer before it votes).
+fn never_written(store: &PartitionStore) -> bool {
+    let sb = store.superblock();
+    sb.vsr == superblock::VsrState::default() && store.durable().last_op == 0
+}
+
+/// The host's first write for a wiped replica (see [`Replica::wiped`]):
+/// durable before the replica steps, so a crash reboots it wiped again.
+fn mark_wiped(io: &mut impl IoBackend, store: &mut PartitionStore) -> Result<(), String> {
+    debug_assert_eq!(
+        store.durable().last_op,
+        0,
+        "only an empty store boots wiped"
+    );
+    let vsr = superblock::VsrState {
+        wiped: true,
+        ..superblock::VsrState::default()
+    };
+    store
+        .set_vsr(io, vsr)
+        .map_err(|e| format!("mark the store wiped: {e}"))?;
+    debug_assert!(store.superblock().vsr.wiped);
+    Ok(())
 }
 
 /// Creates `dir` and its missing ancestors through the backend, fsyncing
@@ -1444,6 +1515,7 @@ mod replicated_tests {
             replica,
             group_id,
             addrs,
+            boot_wiped: false,
         }
     }
 
@@ -1504,6 +1576,296 @@ mod replicated_tests {
                 parts[to as usize - 1].deliver(io, from, &payload).unwrap();
             }
         }
+    }
+
+    /// Replica `replica` of the group over its dir in `dir` (created if
+    /// missing), booting a created store wiped if `boot_wiped`.
+    fn reopen(dir: &Path, io: &mut UringBackend, replica: u8, boot_wiped: bool) -> Partition {
+        let config = ServerConfig::default().store_config();
+        let pool = StorePool::new(
+            dir.join(format!("recycle{replica}")),
+            ringlog_storage::store::PoolConfig::private(&config),
+        );
+        let pdir = dir.join(format!("r{replica}"));
+        let mut repl = replication(replica, GROUP);
+        repl.boot_wiped = boot_wiped;
+        let p = Partition::open_replicated(io, &pool, &pdir, "t", 0, 7, config, true, Some(repl));
+        assert!(p.status(0).fault.is_none(), "{:?}", p.status(0).fault);
+        p
+    }
+
+    /// One round among the live replicas (`parts[i]` is node i + 1; None
+    /// is down): every live one ticks, then messages are carried until
+    /// quiet. Returns each message carried as (from node, command, whether
+    /// the sender was wiped when it sent it).
+    fn round(
+        io: &mut UringBackend,
+        parts: &mut [Option<Partition>],
+    ) -> Vec<(u32, wire::Command, bool)> {
+        let mut seen = Vec::new();
+        for p in parts.iter_mut().flatten() {
+            p.tick(io);
+        }
+        loop {
+            let mut mail = Vec::new();
+            for (i, p) in parts.iter_mut().enumerate() {
+                let Some(p) = p else { continue };
+                flush(io, p);
+                let wiped = p.status(0).role == "wiped";
+                let mut sends = Vec::new();
+                p.take_sends(&mut sends);
+                mail.extend(
+                    sends
+                        .into_iter()
+                        .map(|(to, m)| (i as u32 + 1, to, m, wiped)),
+                );
+            }
+            if mail.is_empty() {
+                return seen;
+            }
+            for (from, to, payload, wiped) in mail {
+                let decoded =
+                    wire::Message::decode(&payload, &ReplicationLimits::default()).unwrap();
+                seen.push((from, decoded.command(), wiped));
+                if let Some(p) = parts[to as usize - 1].as_mut() {
+                    p.deliver(io, from, &payload).unwrap();
+                }
+            }
+        }
+    }
+
+    fn all_records(io: &mut UringBackend, p: &mut Partition) -> Vec<u8> {
+        p.fetch(io, 0, 1 << 20, Vec::new()).unwrap().batches
+    }
+
+    /// Three replicas that committed `batches` batches, every one's commit
+    /// known to all.
+    fn committed_group(dir: &Path, io: &mut UringBackend, batches: u8) -> Vec<Option<Partition>> {
+        let mut parts: Vec<Option<Partition>> =
+            (0..3).map(|r| Some(reopen(dir, io, r, false))).collect();
+        for seed in 0..batches {
+            parts[0]
+                .as_mut()
+                .unwrap()
+                .produce(io, one_batch(seed).into())
+                .unwrap();
+            round(io, &mut parts);
+        }
+        for _ in 0..10 {
+            round(io, &mut parts);
+        }
+        let end = 2 * u64::from(batches);
+        for p in parts.iter().flatten() {
+            assert_eq!(p.high_watermark(), Some(end), "{:?}", p.status(0));
+        }
+        assert_eq!(
+            parts[0].as_mut().unwrap().take_replies().count(),
+            usize::from(batches)
+        );
+        parts
+    }
+
+    /// Replica 2's disk is lost: closed, its dir removed, reopened.
+    fn wipe_replica_2(
+        dir: &Path,
+        io: &mut UringBackend,
+        parts: &mut [Option<Partition>],
+        boot_wiped: bool,
+    ) {
+        parts[2].take().unwrap().close(io).unwrap();
+        std::fs::remove_dir_all(dir.join("r2")).unwrap();
+        parts[2] = Some(reopen(dir, io, 2, boot_wiped));
+    }
+
+    /// A node that lost its disk and boots with `--recover`: its replica
+    /// acknowledges no prepare and joins no view change while wiped; it
+    /// repairs every committed op from the primary, then takes part, with
+    /// bytes identical to the primary's.
+    #[test]
+    fn a_wiped_replica_acknowledges_nothing_until_it_repaired_the_commits() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut io = UringBackend::new(64).unwrap();
+        let mut parts = committed_group(dir.path(), &mut io, 3);
+        wipe_replica_2(dir.path(), &mut io, &mut parts, true);
+        let wiped = parts[2].as_ref().unwrap().status(0);
+        assert_eq!(wiped.role, "wiped");
+        assert_eq!(
+            (wiped.op, wiped.commit_op, wiped.repairs),
+            (Some(0), Some(0), Some(0))
+        );
+        let superblock = parts[2].as_ref().unwrap().store().unwrap().superblock().vsr;
+        assert!(
+            superblock.wiped,
+            "the wiped flag is durable first: {superblock:?}"
+        );
+        // Node 2 is down: a produce now needs the wiped replica's vote.
+        let node2 = parts[1].take();
+        let token = parts[0]
+            .as_mut()
+            .unwrap()
+            .produce(&mut io, one_batch(9).into())
+            .unwrap();
+        let mut seen = Vec::new();
+        for _ in 0..20 {
+            seen.extend(round(&mut io, &mut parts));
+        }
+        let wiped_votes: Vec<_> = seen
+            .iter()
+            .filter(|(from, cmd, wiped)| {
+                *from == 3
+                    && *wiped
+                    && matches!(
+                        cmd,
+                        wire::Command::PrepareOk
+                            | wire::Command::StartViewChange
+                            | wire::Command::DoViewChange
+                    )
+            })
+            .collect();
+        assert!(wiped_votes.is_empty(), "{wiped_votes:?}");
+        assert!(
+            seen.iter().any(|(from, cmd, wiped)| *from == 3
+                && *wiped
+                && *cmd == wire::Command::RequestPrepares),
+            "it repairs: {seen:?}"
+        );
+        let repaired = parts[2].as_ref().unwrap().status(0);
+        assert_eq!(repaired.role, "backup", "{repaired:?}");
+        let primary = parts[0].as_ref().unwrap().status(0);
+        assert_eq!(repaired.view, primary.view);
+        assert_eq!(repaired.commit_op, primary.commit_op);
+        assert_eq!(repaired.op, Some(4), "the 3 committed ops and the new one");
+        assert!(repaired.repairs.unwrap() > 0, "{repaired:?}");
+        assert_eq!(repaired.lag_ops, Some(0));
+        assert!(
+            !parts[2]
+                .as_ref()
+                .unwrap()
+                .store()
+                .unwrap()
+                .superblock()
+                .vsr
+                .wiped
+        );
+        // Repaired, it voted: the produce is acknowledged at the quorum.
+        let replies: Vec<Reply> = parts[0].as_mut().unwrap().take_replies().collect();
+        assert_eq!(replies.len(), 1);
+        assert_eq!(replies[0].0, token);
+        assert_eq!(replies[0].1.as_ref().unwrap().next_offset, 8);
+        parts[1] = node2;
+        for _ in 0..10 {
+            round(&mut io, &mut parts);
+        }
+        let primary = all_records(&mut io, parts[0].as_mut().unwrap());
+        assert_eq!(
+            primary.len(),
+            all_records(&mut io, parts[1].as_mut().unwrap()).len()
+        );
+        assert_eq!(primary, all_records(&mut io, parts[2].as_mut().unwrap()));
+    }
+
+    /// The failure a wiped boot prevents: after the wipe the primary dies,
+    /// leaving {node 2, wiped node 3}. The wiped replica joins no view
+    /// change, so none completes (a fresh view-0 boot would vote with its
+    /// empty log: shown last); once node 1 is back, every committed op is
+    /// there, identical, on all three.
+    #[test]
+    fn a_wiped_replica_forms_no_view_change_quorum_and_nothing_committed_is_lost() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut io = UringBackend::new(64).unwrap();
+        let mut parts = committed_group(dir.path(), &mut io, 3);
+        let committed = all_records(&mut io, parts[0].as_mut().unwrap());
+        wipe_replica_2(dir.path(), &mut io, &mut parts, true);
+        parts[0].take().unwrap().close(&mut io).unwrap();
+        // Well past the primary-silent timeout (30 ticks) and several
+        // view-change rounds.
+        let mut seen = Vec::new();
+        for _ in 0..300 {
+            seen.extend(round(&mut io, &mut parts));
+        }
+        assert!(
+            seen.iter()
+                .any(|(from, cmd, _)| *from == 2 && *cmd == wire::Command::StartViewChange),
+            "node 2 tried: {seen:?}"
+        );
+        assert!(
+            !seen.iter().any(|(from, _, wiped)| *from == 3 && !wiped),
+            "node 3 stayed wiped"
+        );
+        assert!(!seen.iter().any(|(from, cmd, _)| *from == 3
+            && matches!(
+                cmd,
+                wire::Command::StartViewChange | wire::Command::DoViewChange
+            )));
+        for p in parts.iter().flatten() {
+            let st = p.status(0);
+            assert!(
+                st.role != "primary" && st.role != "backup",
+                "no view completed: {st:?}"
+            );
+        }
+        let node2 = parts[1].as_ref().unwrap().status(0);
+        assert!(node2.view_changes.unwrap() >= 1, "{node2:?}");
+        assert_eq!(node2.commit_op, Some(3), "its commits kept: {node2:?}");
+        // Node 1 returns from its disk: a view change completes and the
+        // wiped replica repairs; nothing committed is lost.
+        parts[0] = Some(reopen(dir.path(), &mut io, 0, false));
+        for _ in 0..300 {
+            round(&mut io, &mut parts);
+            if parts
+                .iter()
+                .flatten()
+                .all(|p| p.high_watermark() == Some(6) && p.status(0).role != "wiped")
+            {
+                break;
+            }
+        }
+        for p in parts.iter_mut().flatten() {
+            assert_eq!(p.high_watermark(), Some(6), "{:?}", p.status(0));
+            assert_eq!(all_records(&mut io, p), committed);
+        }
+        // The bug, for contrast: booted as a fresh view-0 member the same
+        // empty replica joins the view change at once.
+        let other = tempfile::tempdir().unwrap();
+        let mut parts = committed_group(other.path(), &mut io, 3);
+        wipe_replica_2(other.path(), &mut io, &mut parts, false);
+        parts[0].take().unwrap().close(&mut io).unwrap();
+        let mut seen = Vec::new();
+        for _ in 0..300 {
+            seen.extend(round(&mut io, &mut parts));
+        }
+        assert!(
+            seen.iter()
+                .any(|(from, cmd, _)| *from == 3 && *cmd == wire::Command::DoViewChange),
+            "a fresh empty replica votes"
+        );
+    }
+
+    /// A crash between a recovering node's store creation and its wiped
+    /// flag leaves a store that never held anything: with the marker it
+    /// boots wiped too; one that holds ops restarts as itself.
+    #[test]
+    fn a_recovering_node_boots_a_never_written_store_wiped_and_keeps_a_written_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut io = UringBackend::new(64).unwrap();
+        let empty = reopen(dir.path(), &mut io, 2, false);
+        assert_eq!(empty.status(0).role, "backup");
+        empty.close(&mut io).unwrap();
+        let again = reopen(dir.path(), &mut io, 2, true);
+        assert_eq!(again.status(0).role, "wiped");
+        assert!(again.store().unwrap().superblock().vsr.wiped);
+        again.close(&mut io).unwrap();
+        // The flag is durable: it boots wiped without the marker too.
+        let rebooted = reopen(dir.path(), &mut io, 2, false);
+        assert_eq!(rebooted.status(0).role, "wiped");
+        rebooted.close(&mut io).unwrap();
+        let other = tempfile::tempdir().unwrap();
+        let mut parts = committed_group(other.path(), &mut io, 2);
+        parts[2].take().unwrap().close(&mut io).unwrap();
+        let kept = reopen(other.path(), &mut io, 2, true);
+        assert_ne!(kept.status(0).role, "wiped");
+        assert!(!kept.store().unwrap().superblock().vsr.wiped);
+        assert_eq!(kept.store().unwrap().durable().last_op, 2);
     }
 
     fn one_batch(seed: u8) -> Vec<u8> {

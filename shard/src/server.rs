@@ -32,7 +32,7 @@ use crate::control::{ControlContext, ControlServer, LogLevelHook, MetricsHttp};
 use crate::mailbox::mailbox;
 use crate::meta_io::MetaIo;
 use crate::metrics::ShardMetrics;
-use crate::net::peer::{PeerLimits, PeerSetup};
+use crate::net::peer::{PeerLimits, PeerSetup, PeerStats};
 use crate::peer_route::PeerRouter;
 use crate::reply_pool::ReplyPool;
 use crate::shard::{self, ShardSetup, Shutdown, RECYCLE_DIR};
@@ -124,7 +124,7 @@ pub struct Running {
     _lock: std::fs::File,
 }
 
-pub fn start(config: ServerConfig, hooks: Hooks) -> Result<Running, ServerError> {
+pub fn start(mut config: ServerConfig, hooks: Hooks) -> Result<Running, ServerError> {
     let started = Instant::now();
     let data_dir = config.data_dir.clone();
     let dir_err = |source| ServerError::DataDir {
@@ -134,6 +134,7 @@ pub fn start(config: ServerConfig, hooks: Hooks) -> Result<Running, ServerError>
     std::fs::create_dir_all(data_dir.join(TOPICS_DIR)).map_err(dir_err)?;
     let lock = lock_data_dir(&data_dir)?;
     check_filesystem(&data_dir, open_direct)?;
+    config.recover = recover_marker(&data_dir, &config)?;
     let files_max = raise_files_limit();
     tracing::info!(files_max, "file descriptor limit");
     let mut table = if hooks.rebuild_catalog {
@@ -199,6 +200,7 @@ pub fn start(config: ServerConfig, hooks: Hooks) -> Result<Running, ServerError>
     let metrics: Vec<Arc<ShardMetrics>> = (0..shards).map(|_| Arc::default()).collect();
     let router = PeerRouter::new(catalog.clone(), peers.clone(), metrics[0].clone());
     let mut peer = peer_setup(&config, shards, router)?;
+    let peer_stats = peer.as_ref().map(|p| p.stats.clone());
     let cores = if config.pin_cores {
         core_affinity::get_core_ids().unwrap_or_default()
     } else {
@@ -277,6 +279,7 @@ pub fn start(config: ServerConfig, hooks: Hooks) -> Result<Running, ServerError>
         client_addr,
         config_origins: hooks.config_origins,
         consumers: Default::default(),
+        peer_stats,
     });
     let metrics_http = match start_metrics_http(&config.metrics_addr, &ctx) {
         Ok(m) => m,
@@ -340,6 +343,12 @@ fn peer_setup(
     let incarnation = crate::net::peer::new_incarnation().map_err(err)?;
     tracing::info!(node = cluster.node_id, cluster = %cluster.cluster_id, peer_addr = %addr,
         incarnation, "cluster node");
+    let others = cluster
+        .peers
+        .keys()
+        .copied()
+        .filter(|&n| n != cluster.node_id);
+    let stats = Arc::new(PeerStats::for_nodes(others));
     Ok(Some(PeerSetup {
         cluster,
         listener,
@@ -347,7 +356,7 @@ fn peer_setup(
         shard_count: u16::try_from(shards).unwrap_or(u16::MAX),
         incarnation,
         sink: Box::new(router),
-        stats: Arc::default(),
+        stats,
     }))
 }
 
@@ -491,6 +500,43 @@ fn check_filesystem(
         }),
         Err(e) => Err(dir_err(e)),
     }
+}
+
+/// Whether this node boots recovering a lost disk: writes the marker
+/// durably (file and directory fsynced, here on the boot thread before any
+/// shard starts) for `recover`, and finds one an earlier `--recover` left.
+/// The marker is never removed here: the node cannot tell which topics the
+/// cluster still has it hold, so any replicated partition it creates from
+/// now on boots wiped, which only delays a new topic's replica until it
+/// heard the view from a quorum. An operator removes it once `ctl
+/// partitions` shows no wiped replica and every topic was re-created (see
+/// README "Cluster notes"). Ignored by a single node (config refuses
+/// `recover` there).
+fn recover_marker(data_dir: &Path, config: &ServerConfig) -> Result<bool, ServerError> {
+    if config.cluster_id.is_empty() {
+        return Ok(false);
+    }
+    let path = data_dir.join(crate::config::RECOVER_MARKER);
+    let err = |source| ServerError::DataDir {
+        path: path.clone(),
+        source,
+    };
+    if config.recover {
+        let text = format!("node {} recovering a lost disk\n", config.node_id);
+        let file = std::fs::File::create(&path).map_err(err)?;
+        std::io::Write::write_all(&mut &file, text.as_bytes()).map_err(err)?;
+        file.sync_all().map_err(err)?;
+        std::fs::File::open(data_dir)
+            .and_then(|d| d.sync_all())
+            .map_err(err)?;
+        tracing::warn!(marker = %path.display(), "recovering: replicated partitions created here boot wiped");
+        return Ok(true);
+    }
+    let found = path.try_exists().map_err(err)?;
+    if found {
+        tracing::warn!(marker = %path.display(), "recover marker present: replicated partitions created here boot wiped");
+    }
+    Ok(found)
 }
 
 /// An exclusive flock on `<data_dir>/LOCK`, held while the process runs.

@@ -748,6 +748,7 @@ impl<B: IoBackend> Shard<B> {
                     nodes,
                     replica: replica as u8,
                     addrs: self.nodes.clone(),
+                    boot_wiped: self.config.recover,
                 }))
             }
             _ => Err(format!(

@@ -95,6 +95,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "config",
             "mailbox",
             "metrics",
+            "net",
             "ops",
             "placement",
             "shard",

@@ -1,5 +1,6 @@
 //! Control commands: parse a JSON line, ask the shards, build the reply.
 
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use ringlog_protocol::wire::ErrorCode;
@@ -48,6 +49,7 @@ enum Command {
     },
     Metrics,
     Config,
+    Cluster,
     LogLevel {
         level: String,
     },
@@ -78,7 +80,8 @@ impl Command {
             | Command::Partitions { .. }
             | Command::Consumers { .. }
             | Command::Metrics
-            | Command::Config => None,
+            | Command::Config
+            | Command::Cluster => None,
         }
     }
 }
@@ -90,14 +93,14 @@ pub(super) fn execute(ctx: &ControlContext, line: &[u8], who: &str) -> Value {
         Err(e) => return fail(format!("malformed JSON: {e}")),
     };
     let Some(name) = value.get("cmd").and_then(Value::as_str).map(str::to_string) else {
-        return fail("missing \"cmd\" (a string); commands: status, topics, partitions, create_topic, delete_topic, purge, consumers, metrics, config, log_level, shutdown");
+        return fail("missing \"cmd\" (a string); commands: status, topics, partitions, create_topic, delete_topic, purge, consumers, metrics, config, cluster, log_level, shutdown");
     };
     let cmd: Command = match serde_json::from_value(value) {
         Ok(c) => c,
         Err(e) => {
             let msg = e.to_string();
             return if msg.contains("unknown variant") {
-                fail(format!("unknown command {name:?}; commands: status, topics, partitions, create_topic, delete_topic, purge, consumers, metrics, config, log_level, shutdown"))
+                fail(format!("unknown command {name:?}; commands: status, topics, partitions, create_topic, delete_topic, purge, consumers, metrics, config, cluster, log_level, shutdown"))
             } else {
                 fail(format!("bad arguments for {name:?}: {msg}"))
             };
@@ -116,6 +119,40 @@ pub(super) fn execute(ctx: &ControlContext, line: &[u8], who: &str) -> Value {
         Ok(result) => json!({"ok": true, "result": result}),
         Err(e) => fail(e),
     }
+}
+
+/// `cluster`: this node and each peer as the transport last saw it.
+/// `reachable` is our session to it (we can send); `inbound` its session
+/// to us; `last_seen_ms_ago` is null if never heard from.
+fn cluster_nodes(ctx: &ControlContext) -> Value {
+    let config = &ctx.config;
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    let nodes: Vec<Value> = config
+        .cluster_nodes()
+        .into_iter()
+        .map(|(id, addr)| {
+            if id == config.node_id {
+                return json!({"id": id, "address": addr.to_string(), "self": true,
+                    "reachable": true, "inbound": null, "incarnation": null, "last_seen_ms_ago": 0});
+            }
+            let seen = ctx.peer_stats.as_ref().and_then(|s| s.nodes.get(&id));
+            let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+            let flag = |a: &std::sync::atomic::AtomicBool| a.load(Ordering::Relaxed);
+            let last = seen.map_or(0, |n| load(&n.last_seen_unix_ms));
+            json!({
+                "id": id,
+                "address": addr.to_string(),
+                "self": false,
+                "reachable": seen.is_some_and(|n| flag(&n.connected)),
+                "inbound": seen.is_some_and(|n| flag(&n.inbound)),
+                "incarnation": seen.map(|n| load(&n.incarnation)).filter(|&i| i != 0),
+                "last_seen_ms_ago": (last != 0).then(|| now_ms.saturating_sub(last)),
+            })
+        })
+        .collect();
+    json!({"cluster_id": config.cluster_id, "node_id": config.node_id, "nodes": nodes})
 }
 
 fn fail(message: impl Into<String>) -> Value {
@@ -270,6 +307,8 @@ pub(super) fn metrics_text(ctx: &ControlContext) -> String {
                     frontier: p.frontier,
                     commit: p.commit,
                     size_bytes: p.size_bytes,
+                    view_changes: p.view_changes,
+                    repairs: p.repairs,
                 }))
             }
             Ok(other) => {
@@ -378,6 +417,7 @@ fn run(ctx: &ControlContext, cmd: Command) -> Result<Value, String> {
                 .collect();
             Ok(json!(topics))
         }
+        Command::Cluster => Ok(cluster_nodes(ctx)),
         Command::Partitions { topic } => {
             if let Some(t) = &topic {
                 // Like purge: a name that is not a topic is an error, not an
@@ -479,6 +519,7 @@ mod tests {
             client_addr: "127.0.0.1:1".parse().unwrap(),
             config_origins: Default::default(),
             consumers: Default::default(),
+            peer_stats: None,
         }
     }
 
@@ -507,6 +548,12 @@ mod tests {
                     size_bytes: 4096,
                     purge_generation: 0,
                     fault: None,
+                    view: None,
+                    op: None,
+                    commit_op: None,
+                    lag_ops: None,
+                    view_changes: None,
+                    repairs: None,
                 };
                 if let ReplyTo::Thread(tx) = env.reply {
                     let _ = tx.send(Ok(OpReply::Partitions(vec![status])));

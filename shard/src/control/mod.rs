@@ -56,4 +56,7 @@ pub struct ControlContext {
     pub config_origins: crate::config::ConfigOrigins,
     /// Commits read so far, so `consumers` and each scrape read only new ones.
     pub consumers: consumers::ConsumerTable,
+    /// The replication transport's counters and node table (a cluster
+    /// node only).
+    pub peer_stats: Option<Arc<crate::net::peer::PeerStats>>,
 }

@@ -457,6 +457,13 @@ impl Replica {
         self.log.op()
     }
 
+    /// The highest op this replica heard is committed anywhere (at least
+    /// its own commit): what it lags behind.
+    pub fn commit_max(&self) -> u64 {
+        debug_assert!(self.commit_max >= self.commit);
+        self.commit_max
+    }
+
     pub fn durable(&self) -> VsrState {
         self.durable
     }

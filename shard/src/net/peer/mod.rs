@@ -48,7 +48,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -132,9 +132,50 @@ pub struct PeerStats {
     /// Frames not queued because the peer's queue was full, plus frames
     /// lost with a broken connection.
     pub queue_drops_total: AtomicU64,
+    /// Each other node as the transport last saw it (`ctl cluster`);
+    /// fixed at construction ([`PeerStats::for_nodes`]), empty by default.
+    pub nodes: BTreeMap<NodeId, NodeSeen>,
+}
+
+/// One peer node's sessions as last seen (readable from any thread).
+#[derive(Debug, Default)]
+pub struct NodeSeen {
+    /// Our session to it is up (we can send).
+    pub connected: AtomicBool,
+    /// Its session to us is up (it can send to us).
+    pub inbound: AtomicBool,
+    /// The incarnation its last authenticated session announced (0: none).
+    pub incarnation: AtomicU64,
+    /// Unix time (ms) it was last heard from: a frame, a heartbeat or a
+    /// session change (0: never).
+    pub last_seen_unix_ms: AtomicU64,
+}
+
+impl NodeSeen {
+    fn heard(&self) {
+        let ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        self.last_seen_unix_ms.store(ms, Ordering::Relaxed);
+    }
 }
 
 impl PeerStats {
+    /// Counters with a [`NodeSeen`] entry for each of `nodes`.
+    pub fn for_nodes(nodes: impl IntoIterator<Item = NodeId>) -> PeerStats {
+        PeerStats {
+            nodes: nodes
+                .into_iter()
+                .map(|n| (n, NodeSeen::default()))
+                .collect(),
+            ..PeerStats::default()
+        }
+    }
+
+    fn seen(&self, node: NodeId) -> Option<&NodeSeen> {
+        self.nodes.get(&node)
+    }
+
     pub fn refused(&self, kind: usize) -> u64 {
         self.refused_total[kind].load(Ordering::Relaxed)
     }

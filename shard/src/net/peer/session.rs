@@ -4,6 +4,7 @@
 
 use std::net::SocketAddr;
 use std::rc::Rc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use monoio::buf::{IoBuf, IoBufMut};
@@ -300,6 +301,12 @@ async fn inbound(
         inc(&ctx.stats.sessions_accepted_total);
         tracing::info!(node = ctx.node_id, from = hello.node_id, %peer,
             incarnation = hello.incarnation, shards = hello.shard_count, "peer session accepted");
+        let seen = ctx.stats.seen(hello.node_id);
+        if let Some(seen) = seen {
+            seen.incarnation.store(hello.incarnation, Ordering::Relaxed);
+            seen.inbound.store(true, Ordering::Relaxed);
+            seen.heard();
+        }
         serve(&ctx, hello.node_id, &mut stream, &replaced).await;
     }
     let mut map = ctx.inbound.borrow_mut();
@@ -308,6 +315,10 @@ async fn inbound(
         .is_some_and(|e| e.session == session)
     {
         map.remove(&hello.node_id);
+        // Not if a newer session of the node replaced this one.
+        if let Some(seen) = ctx.stats.seen(hello.node_id) {
+            seen.inbound.store(false, Ordering::Relaxed);
+        }
     }
 }
 
@@ -323,6 +334,11 @@ async fn serve(ctx: &Ctx, from: NodeId, stream: &mut TcpStream, replaced: &Signa
             _ = ctx.stop.wait() => return,
             _ = replaced.wait() => return,
         };
+        if read.is_ok() {
+            if let Some(seen) = ctx.stats.seen(from) {
+                seen.heard();
+            }
+        }
         let why = match read.map(codec::decode_body) {
             Ok(Ok(Inbound::Heartbeat)) => continue,
             Ok(Ok(Inbound::Message(frame))) => {
@@ -433,9 +449,16 @@ pub(crate) async fn connector(ctx: Rc<Ctx>, to: NodeId, _task: TaskGuard) {
                 warned = false;
                 inc(&ctx.stats.sessions_connected_total);
                 out.connected.set(true);
+                if let Some(seen) = ctx.stats.seen(to) {
+                    seen.connected.store(true, Ordering::Relaxed);
+                    seen.heard();
+                }
                 tracing::info!(node = ctx.node_id, to, addr = %out.addr, "peer connected");
                 let result = pump(&ctx, to, &mut stream).await;
                 out.connected.set(false);
+                if let Some(seen) = ctx.stats.seen(to) {
+                    seen.connected.store(false, Ordering::Relaxed);
+                }
                 if let Err(e) = result {
                     tracing::warn!(node = ctx.node_id, to, error = %e, "peer connection lost");
                 }

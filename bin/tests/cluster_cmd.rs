@@ -1,0 +1,158 @@
+//! `ringlog cluster up|down`: three local nodes from one command, a
+//! replicated topic created on each by hand, produced to the primary and
+//! consumed from a backup; `down` stops them (SIGKILL for one that does not
+//! heed SIGTERM within its bound), and a second `down` is a no-op.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use common::BIN;
+use ringlog_shard::client::{batch_of, records, Client};
+
+/// A base port whose derived client (B+1..B+3) and peer (B+101..B+103)
+/// ports are free, below the ephemeral range.
+fn free_base() -> u16 {
+    let salt = (std::process::id() % 50) as u16 * 100;
+    (0..100u16)
+        .map(|i| 25_000 + salt + i * 200 % 5_000)
+        .find(|b| {
+            (1..=3).all(|i| {
+                std::net::TcpListener::bind(("127.0.0.1", b + i)).is_ok()
+                    && std::net::TcpListener::bind(("127.0.0.1", b + 100 + i)).is_ok()
+            })
+        })
+        .expect("a free port range")
+}
+
+fn cluster(args: &[&str], dir: &Path) -> Output {
+    Command::new(BIN)
+        .arg("cluster")
+        .args(args)
+        .arg("--dir")
+        .arg(dir)
+        .output()
+        .unwrap()
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+fn pid_alive(pid: i32) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    !stat.is_empty() && !stat.contains(") Z ")
+}
+
+#[test]
+fn cluster_up_starts_three_nodes_that_replicate_and_down_stops_them_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("c");
+    let base = free_base().to_string();
+    let up = cluster(&["up", "--nodes", "3", "--base-port", &base], &dir);
+    let said = text(&up);
+    assert!(up.status.success(), "{said}");
+    let addrs: Vec<String> = said
+        .lines()
+        .filter(|l| l.starts_with("node "))
+        .filter_map(|l| l.split_whitespace().find_map(|w| w.strip_prefix("client=")))
+        .map(str::to_string)
+        .collect();
+    assert_eq!(addrs.len(), 3, "{said}");
+    assert!(
+        said.contains("control=") && said.contains("ringlog ready"),
+        "{said}"
+    );
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(dir.join("cluster.secret"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+    // A second `up` on the same dir is refused while it runs.
+    let again = cluster(&["up", "--base-port", &base], &dir);
+    assert!(!again.status.success());
+    assert!(text(&again).contains("already runs"), "{}", text(&again));
+    let pids_of = |dir: &Path| -> Vec<i32> {
+        std::fs::read_to_string(dir.join("pids"))
+            .unwrap()
+            .lines()
+            .map(|l| l.split_once(' ').unwrap().1.parse().unwrap())
+            .collect()
+    };
+    // A node that died is started again by `up`; the others stay.
+    let before = pids_of(&dir);
+    // SAFETY: kill(2) on a server this test started.
+    unsafe { libc::kill(before[1], libc::SIGKILL) };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while pid_alive(before[1]) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let restarted = cluster(&["up", "--base-port", &base], &dir);
+    assert!(restarted.status.success(), "{}", text(&restarted));
+    let after = pids_of(&dir);
+    assert_eq!((after[0], after[2]), (before[0], before[2]));
+    assert_ne!(after[1], before[1]);
+    assert!(pid_alive(after[1]));
+
+    for a in &addrs {
+        Client::connect(a.as_str())
+            .unwrap()
+            .create_topic("t", 1)
+            .unwrap();
+    }
+    let values: Vec<&[u8]> = vec![b"one", b"two", b"three"];
+    let acked = Client::connect(addrs[0].as_str())
+        .unwrap()
+        .produce("t", 0, batch_of(&values).unwrap())
+        .unwrap();
+    assert_eq!((acked.base_offset, acked.next_offset), (0, 3));
+    // A backup serves it once it learned the commit.
+    let mut backup = Client::connect(addrs[1].as_str()).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let page = loop {
+        let page = backup.fetch("t", 0, 0, 1 << 20, 0).unwrap();
+        if page.high_watermark >= 3 || Instant::now() > deadline {
+            break page;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let got: Vec<Vec<u8>> = records(&page.batches)
+        .unwrap()
+        .into_iter()
+        .map(|r| r.value.to_vec())
+        .collect();
+    assert_eq!(got, [b"one".to_vec(), b"two".to_vec(), b"three".to_vec()]);
+
+    let pids = pids_of(&dir);
+    assert_eq!(pids.len(), 3);
+    // Node 3 cannot heed SIGTERM while stopped: down kills it after its
+    // bound.
+    // SAFETY: kill(2) on a server this test started.
+    unsafe { libc::kill(pids[2], libc::SIGSTOP) };
+    let down = cluster(&["down"], &dir);
+    let said = text(&down);
+    assert!(down.status.success(), "{said}");
+    assert!(
+        said.contains("node 1") && said.contains("stopped"),
+        "{said}"
+    );
+    assert!(
+        said.contains("node 3") && said.contains("killed after"),
+        "{said}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while pids.iter().any(|&p| pid_alive(p)) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(!pids.iter().any(|&p| pid_alive(p)), "all stopped");
+    let again = cluster(&["down"], &dir);
+    assert!(again.status.success());
+    assert!(text(&again).contains("nothing to stop"), "{}", text(&again));
+}
