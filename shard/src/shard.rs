@@ -902,6 +902,10 @@ impl<B: IoBackend> Shard<B> {
             // Fetches answered from waiters count too.
             metrics::set_read_cache(&self.metrics, &self.core.borrow().pool.read_cache_stats());
             metrics::set_read_ahead(&self.metrics, &self.core.borrow().pool.read_ahead_stats());
+            metrics::set_transfers(
+                &self.metrics,
+                &transfer_totals(&self.core.borrow().partitions),
+            );
             if !self.is_stopping() {
                 self.checkpoint_idle(now);
             }
@@ -1020,6 +1024,28 @@ pub(crate) const JOURNAL_DIR: &str = "journal";
 /// Shard `id`'s journal file when the node runs `shards` shards: a journal
 /// holds records of the partitions its shard owns, which a different shard
 /// count would place elsewhere (see `server::check_journals`).
+/// The transfer counters of `partitions`, summed.
+fn transfer_totals(partitions: &HashMap<u32, Partition>) -> metrics::TransferTotals {
+    let mut t = metrics::TransferTotals::default();
+    for x in partitions.values().filter_map(Partition::transfer) {
+        let c = x.counters();
+        let (bytes_received, chunks_received) = x.received();
+        let (bytes_served, chunks_served) = x.served();
+        t.started += c.started;
+        t.installs += c.installs;
+        t.attempts_failed += c.attempts_failed;
+        t.rotations += c.rotations;
+        t.refusals += c.refusals;
+        t.charges += c.charges;
+        t.quarantines += c.quarantines;
+        t.bytes_received += bytes_received;
+        t.chunks_received += chunks_received;
+        t.bytes_served += bytes_served;
+        t.chunks_served += chunks_served;
+    }
+    t
+}
+
 pub(crate) fn journal_file_name(id: usize, shards: usize) -> String {
     format!("shard-{id}-of-{shards}")
 }

@@ -221,6 +221,18 @@ fn a_backup_behind_retention_transfers_installs_and_acks_again() {
     }
     assert!(charged_garbage, "the transfer was never seen running");
     assert_eq!(g.installs_of(2), 1, "replica 2 never installed");
+    // What the shard's metrics sum: received here, served by the others.
+    let x = g.parts[2].transfer().unwrap();
+    let (bytes_received, chunks_received) = x.received();
+    assert!(x.counters().started >= 1);
+    assert!(chunks_received > 0 && bytes_received >= chunks_received);
+    let served: u64 = (0..2)
+        .map(|i| g.parts[i].transfer().unwrap().served().1)
+        .sum();
+    assert!(
+        served >= chunks_received,
+        "served {served} < {chunks_received}"
+    );
     let hw = g.parts[0].high_watermark().unwrap();
     assert_eq!(g.parts[2].high_watermark(), Some(hw));
     let start = g.parts[2].store().unwrap().log_start_offset();
