@@ -133,6 +133,19 @@ pub struct ShardMetrics {
     pub read_ahead_refused_total: AtomicU64,
     pub read_ahead_errors_total: AtomicU64,
     pub read_ahead_bytes: AtomicU64,
+    /// Sums of the shard's partitions' transfer counters (see
+    /// [`set_transfers`]).
+    pub transfer_started_total: AtomicU64,
+    pub transfer_installs_total: AtomicU64,
+    pub transfer_attempts_failed_total: AtomicU64,
+    pub transfer_rotations_total: AtomicU64,
+    pub transfer_refusals_total: AtomicU64,
+    pub transfer_charges_total: AtomicU64,
+    pub transfer_quarantines_total: AtomicU64,
+    pub transfer_bytes_received_total: AtomicU64,
+    pub transfer_chunks_received_total: AtomicU64,
+    pub transfer_bytes_served_total: AtomicU64,
+    pub transfer_chunks_served_total: AtomicU64,
     /// Fetch reply buffers this shard allocated because the server's pool
     /// (`reply_pool`) had none idle: flat while consumers are served from
     /// kept buffers.
@@ -183,6 +196,17 @@ impl Default for ShardMetrics {
             read_ahead_refused_total: AtomicU64::new(0),
             read_ahead_errors_total: AtomicU64::new(0),
             read_ahead_bytes: AtomicU64::new(0),
+            transfer_started_total: AtomicU64::new(0),
+            transfer_installs_total: AtomicU64::new(0),
+            transfer_attempts_failed_total: AtomicU64::new(0),
+            transfer_rotations_total: AtomicU64::new(0),
+            transfer_refusals_total: AtomicU64::new(0),
+            transfer_charges_total: AtomicU64::new(0),
+            transfer_quarantines_total: AtomicU64::new(0),
+            transfer_bytes_received_total: AtomicU64::new(0),
+            transfer_chunks_received_total: AtomicU64::new(0),
+            transfer_bytes_served_total: AtomicU64::new(0),
+            transfer_chunks_served_total: AtomicU64::new(0),
             reply_buffers_allocated_total: AtomicU64::new(0),
             reply_buffers_dropped_total: AtomicU64::new(0),
             produce_buffers_lent_total: AtomicU64::new(0),
@@ -217,6 +241,46 @@ pub fn set_read_ahead(m: &ShardMetrics, s: &ReadAheadStats) {
         .store(s.refused, Ordering::Relaxed);
     m.read_ahead_errors_total.store(s.errors, Ordering::Relaxed);
     m.read_ahead_bytes.store(s.held_bytes, Ordering::Relaxed);
+}
+
+/// The shard's transfer counters, summed over its partitions (a closed
+/// partition's are gone with it).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TransferTotals {
+    pub started: u64,
+    pub installs: u64,
+    pub attempts_failed: u64,
+    pub rotations: u64,
+    pub refusals: u64,
+    pub charges: u64,
+    pub quarantines: u64,
+    pub bytes_received: u64,
+    pub chunks_received: u64,
+    pub bytes_served: u64,
+    pub chunks_served: u64,
+}
+
+pub fn set_transfers(m: &ShardMetrics, t: &TransferTotals) {
+    m.transfer_started_total.store(t.started, Ordering::Relaxed);
+    m.transfer_installs_total
+        .store(t.installs, Ordering::Relaxed);
+    m.transfer_attempts_failed_total
+        .store(t.attempts_failed, Ordering::Relaxed);
+    m.transfer_rotations_total
+        .store(t.rotations, Ordering::Relaxed);
+    m.transfer_refusals_total
+        .store(t.refusals, Ordering::Relaxed);
+    m.transfer_charges_total.store(t.charges, Ordering::Relaxed);
+    m.transfer_quarantines_total
+        .store(t.quarantines, Ordering::Relaxed);
+    m.transfer_bytes_received_total
+        .store(t.bytes_received, Ordering::Relaxed);
+    m.transfer_chunks_received_total
+        .store(t.chunks_received, Ordering::Relaxed);
+    m.transfer_bytes_served_total
+        .store(t.bytes_served, Ordering::Relaxed);
+    m.transfer_chunks_served_total
+        .store(t.chunks_served, Ordering::Relaxed);
 }
 
 /// A shard's mailbox figures, read when the scrape starts.
@@ -408,6 +472,61 @@ const COUNTERS: &[CounterRow] = &[
         "ringlog_read_ahead_errors",
         "Read-aheads that failed (the fetch read the device itself)",
         |m| &m.read_ahead_errors_total,
+    ),
+    (
+        "ringlog_transfer_started",
+        "State transfers a replica started (its repair peer answered RangeEvicted)",
+        |m| &m.transfer_started_total,
+    ),
+    (
+        "ringlog_transfer_installs",
+        "State transfer installs committed (the replica rebooted on the installed log)",
+        |m| &m.transfer_installs_total,
+    ),
+    (
+        "ringlog_transfer_attempts_failed",
+        "State transfer attempts that ended without an install",
+        |m| &m.transfer_attempts_failed_total,
+    ),
+    (
+        "ringlog_transfer_rotations",
+        "State transfer peer rotations (stalled or refusing peer)",
+        |m| &m.transfer_rotations_total,
+    ),
+    (
+        "ringlog_transfer_refusals",
+        "State transfer offers refused as stale or oversized",
+        |m| &m.transfer_refusals_total,
+    ),
+    (
+        "ringlog_transfer_charges",
+        "Faults charged to a transfer peer (garbage, unrequested or undecodable frames)",
+        |m| &m.transfer_charges_total,
+    ),
+    (
+        "ringlog_transfer_quarantines",
+        "Transfer peers quarantined after too many charges",
+        |m| &m.transfer_quarantines_total,
+    ),
+    (
+        "ringlog_transfer_bytes_received",
+        "Chunk bytes a receiving transfer accepted",
+        |m| &m.transfer_bytes_received_total,
+    ),
+    (
+        "ringlog_transfer_chunks_received",
+        "Chunks a receiving transfer accepted",
+        |m| &m.transfer_chunks_received_total,
+    ),
+    (
+        "ringlog_transfer_bytes_served",
+        "Chunk bytes served to transferring peers",
+        |m| &m.transfer_bytes_served_total,
+    ),
+    (
+        "ringlog_transfer_chunks_served",
+        "Chunks served to transferring peers",
+        |m| &m.transfer_chunks_served_total,
     ),
     (
         "ringlog_reply_buffers_allocated",

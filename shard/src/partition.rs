@@ -30,6 +30,10 @@
 //! same bytes): [`Partition::append_must_wait`] tells the shard to hold such
 //! an append until the flush completed.
 
+mod transfer_host;
+#[cfg(test)]
+mod transfer_tests;
+
 use std::path::{Path, PathBuf};
 
 use std::collections::{BTreeMap, VecDeque};
@@ -45,10 +49,13 @@ use ringlog_storage::superblock;
 
 use crate::ops::{OpError, PartitionStatus};
 use crate::replica_io::{self, AppendFailure};
+use crate::transfer::io::Installs;
+use crate::transfer::Message as TransferMessage;
 use crate::vsr::{
     AppendError, Appended, Body, ClientBatch, Config as ReplicaConfig, Event, Input, IoFailure,
     IoId, IoOutcome, Message, Outbox, Output, Replica, Status as ReplicaStatus, StorageOp, Token,
 };
+pub use transfer_host::{TransferCounters, TransferHost, TransferProgress};
 
 /// A replicated partition's place in its replica group (absent: a cluster
 /// of one).
@@ -117,9 +124,9 @@ pub enum PeerDrop {
     WrongGroup { got: u128, want: u128 },
     #[error("message claims replica {claimed} but came from node {node}")]
     WrongSender { node: u32, claimed: u8 },
-    /// State transfer commands are not routed to a transfer session yet.
-    #[error("state transfer message ({0:?}) not handled on the server yet")]
-    Transfer(wire::Command),
+    /// A command neither the replica nor the transfer machines take.
+    #[error("message of unknown command {0:?}")]
+    Unrouted(wire::Command),
 }
 
 /// Unanswered RequestStartView rounds before a restarted replica joins a
@@ -166,6 +173,8 @@ struct Hosted {
     /// since it booted here (`ctl partitions`, metrics).
     view_changes: u64,
     repairs: u64,
+    /// State transfer beside the replica (replicated partitions only).
+    xfer: Option<Box<TransferHost>>,
 }
 
 pub struct Partition {
@@ -566,16 +575,29 @@ impl Partition {
     /// something). A cluster of one that is Normal never has.
     pub fn needs_tick(&self) -> bool {
         match &self.state {
-            State::Open(h) => h.replica.needs_tick(),
+            State::Open(h) => {
+                h.replica.needs_tick() || h.xfer.as_ref().is_some_and(|x| x.needs_tick())
+            }
             State::Unavailable(_) => false,
         }
     }
 
-    /// One tick of the replica's clock.
-    pub fn tick(&mut self, io: &mut impl IoBackend) {
+    /// One tick of the replica's clock and of its transfer machines
+    /// (`installs`: the shard's; `now_ms` for snapshot leases).
+    pub fn tick(&mut self, io: &mut impl IoBackend, installs: &mut Installs, now_ms: u64) {
         if let State::Open(h) = &mut self.state {
             h.run(io, Input::Tick);
             h.answer_flushes(io);
+            h.transfer_check_needed(io, installs, now_ms);
+            h.transfer_tick(io, installs, now_ms);
+        }
+    }
+
+    /// The partition's transfer machines (replicated partitions only).
+    pub fn transfer(&self) -> Option<&TransferHost> {
+        match &self.state {
+            State::Open(h) => h.xfer.as_deref(),
+            State::Unavailable(_) => None,
         }
     }
 
@@ -583,15 +605,20 @@ impl Partition {
         matches!(&self.state, State::Open(h) if h.repl.is_some())
     }
 
-    /// Steps the replica with a message from node `from`: one replication
-    /// message (`ringlog_protocol::replication`), decoded within the
-    /// protocol's limits, of this partition's replica group, claiming the
-    /// sender's own replica index. The caller holds it while a flush is in
-    /// flight: a message may make the replica cut or persist, which the
-    /// store runs synchronously, one flush at a time.
+    /// Steps the replica (or, for a state transfer command, its transfer
+    /// machines, see `transfer::route`) with a message from node `from`:
+    /// one replication message (`ringlog_protocol::replication`), decoded
+    /// within the protocol's limits, of this partition's replica group,
+    /// claiming the sender's own replica index. The caller holds it while a
+    /// flush is in flight: a message may make the replica cut or persist,
+    /// which the store runs synchronously, one flush at a time. A frame
+    /// that does not decode while a transfer runs is charged to the
+    /// sender's replica by the receiver.
     pub fn deliver(
         &mut self,
         io: &mut impl IoBackend,
+        installs: &mut Installs,
+        now_ms: u64,
         from: u32,
         payload: &[u8],
     ) -> Result<(), PeerDrop> {
@@ -602,8 +629,15 @@ impl Partition {
         let Some(repl) = &h.repl else {
             return Err(PeerDrop::NotReplicated);
         };
-        let decoded = wire::Message::decode(payload, &ReplicationLimits::default())
-            .map_err(|e| PeerDrop::Undecodable(e.to_string()))?;
+        let decoded = match wire::Message::decode(payload, &ReplicationLimits::default()) {
+            Ok(d) => d,
+            Err(e) => {
+                if let Some(index) = repl.nodes.iter().position(|&n| n == from) {
+                    h.transfer_undecodable(io, installs, now_ms, index as u8);
+                }
+                return Err(PeerDrop::Undecodable(e.to_string()));
+            }
+        };
         let env = decoded.envelope;
         if env.cluster_id != repl.group_id || env.partition_id != self.id {
             return Err(PeerDrop::WrongGroup {
@@ -617,11 +651,17 @@ impl Partition {
                 claimed: env.replica,
             });
         }
-        let Some((replica, msg)) = Message::from_wire(&decoded) else {
-            return Err(PeerDrop::Transfer(decoded.command()));
-        };
-        h.run(io, Input::Message { from: replica, msg });
-        h.answer_flushes(io);
+        match crate::transfer::route(&decoded) {
+            Some(crate::transfer::Routed::Vsr { from, msg }) => {
+                h.run(io, Input::Message { from, msg });
+                h.answer_flushes(io);
+                h.transfer_check_needed(io, installs, now_ms);
+            }
+            Some(crate::transfer::Routed::Transfer { from, msg }) => {
+                h.deliver_transfer(io, installs, now_ms, from, msg);
+            }
+            None => return Err(PeerDrop::Unrouted(decoded.command())),
+        }
         Ok(())
     }
 
@@ -655,6 +695,14 @@ impl Partition {
                 Ok(()) => out.push((node, payload)),
                 Err(e) => {
                     tracing::error!(partition_id = id, to = node, what = msg.body.name(), error = %e, "replication message not encoded");
+                }
+            }
+        }
+        let view = h.store.superblock().vsr.view;
+        if let Some(x) = h.xfer.as_mut() {
+            for (to, msg) in x.sends.drain(..) {
+                if let Some(payload) = encode_transfer(repl, id, view, to, &msg) {
+                    out.push(payload);
                 }
             }
         }
@@ -899,7 +947,7 @@ impl Hosted {
             Some(r) => {
                 let cfg = r.replica_config(id, store.config());
                 // Replicas' timeouts jitter apart (seeded, no clock).
-                let seed = u64::from(id) << 8 | u64::from(r.replica);
+                let seed = seed_of(id, r);
                 if r.boot_wiped && (created || never_written(&store)) {
                     mark_wiped(io, &mut store).map_err(err)?;
                     Replica::wiped(cfg, seed)
@@ -921,6 +969,9 @@ impl Hosted {
             flushes: VecDeque::new(),
             replies: Vec::new(),
             next_token: 1,
+            xfer: repl
+                .as_ref()
+                .map(|r| Box::new(TransferHost::new(seed_of(id, r)))),
             repl,
             sends: Vec::new(),
             view_changes: 0,
@@ -932,6 +983,18 @@ impl Hosted {
     /// completions of storage ops back in, until it is quiet. Flushes wait
     /// for the group commit ([`Hosted::answer_flushes`]).
     fn run(&mut self, io: &mut impl IoBackend, input: Input) {
+        if self.xfer.as_ref().is_some_and(|x| x.freezes(&input)) {
+            // An install replaces this replica's log: it takes nothing
+            // but completions (see `transfer_host`).
+            if let Input::ClientAppend { token, .. } = input {
+                let e = OpError::new(
+                    ErrorCode::PartitionUnavailable,
+                    "the replica is installing a state transfer".to_string(),
+                );
+                self.replies.push((token, Err(e)));
+            }
+            return;
+        }
         self.inputs.push_back(input);
         self.drive(io);
     }
@@ -998,6 +1061,11 @@ impl Hosted {
                         {
                             self.view_changes += 1;
                         }
+                        if let (Some(x), Event::TransferNeeded { .. }) =
+                            (self.xfer.as_mut(), &event)
+                        {
+                            x.want();
+                        }
                         replica_io::note_event(&mut self.store, &event);
                         if let Event::Fenced { reason } = &event {
                             // Fail-stop: the operator must see why.
@@ -1061,6 +1129,41 @@ impl Hosted {
         }
         self.drive(io);
     }
+}
+
+/// A transfer message for replica `to` as (node, payload); None (logged)
+/// for an index out of range or a message the encoder refuses.
+fn encode_transfer(
+    repl: &Replication,
+    id: u32,
+    view: u32,
+    to: u8,
+    msg: &TransferMessage,
+) -> Option<(u32, Vec<u8>)> {
+    let Some(node) = repl.node(to) else {
+        tracing::error!(
+            partition_id = id,
+            to,
+            "transfer message to a replica index out of range"
+        );
+        return None;
+    };
+    let mut payload = Vec::new();
+    match msg
+        .to_wire(repl.group_id, id, repl.replica, view)
+        .encode(&mut payload)
+    {
+        Ok(()) => Some((node, payload)),
+        Err(e) => {
+            tracing::error!(partition_id = id, to = node, error = %e, "transfer message not encoded");
+            None
+        }
+    }
+}
+
+/// A replica's seed: timeouts of one group's replicas jitter apart.
+fn seed_of(id: u32, repl: &Replication) -> u64 {
+    u64::from(id) << 8 | u64::from(repl.replica)
 }
 
 /// What a producer sees for a replica's refusal.
@@ -1573,7 +1676,9 @@ mod replicated_tests {
                     continue;
                 }
                 carried += 1;
-                parts[to as usize - 1].deliver(io, from, &payload).unwrap();
+                parts[to as usize - 1]
+                    .deliver(io, &mut installs(), 0, from, &payload)
+                    .unwrap();
             }
         }
     }
@@ -1604,7 +1709,7 @@ mod replicated_tests {
     ) -> Vec<(u32, wire::Command, bool)> {
         let mut seen = Vec::new();
         for p in parts.iter_mut().flatten() {
-            p.tick(io);
+            p.tick(io, &mut installs(), 0);
         }
         loop {
             let mut mail = Vec::new();
@@ -1628,7 +1733,7 @@ mod replicated_tests {
                     wire::Message::decode(&payload, &ReplicationLimits::default()).unwrap();
                 seen.push((from, decoded.command(), wiped));
                 if let Some(p) = parts[to as usize - 1].as_mut() {
-                    p.deliver(io, from, &payload).unwrap();
+                    p.deliver(io, &mut installs(), 0, from, &payload).unwrap();
                 }
             }
         }
@@ -1868,6 +1973,11 @@ mod replicated_tests {
         assert_eq!(kept.store().unwrap().durable().last_op, 2);
     }
 
+    /// A shard's install slots (these tests run no transfer).
+    fn installs() -> Installs {
+        Installs::new(1, ringlog_storage::store::InstallBudget::new(1 << 30))
+    }
+
     fn one_batch(seed: u8) -> Vec<u8> {
         batch_of(&[[seed; 50].as_slice(), [seed; 60].as_slice()]).unwrap()
     }
@@ -1892,7 +2002,9 @@ mod replicated_tests {
         parts[0].take_sends(&mut sends);
         assert_eq!(sends.iter().map(|(to, _)| *to).collect::<Vec<_>>(), [2, 3]);
         // Node 2 takes the prepare; node 3 is cut off.
-        parts[1].deliver(&mut io, 1, &sends[0].1).unwrap();
+        parts[1]
+            .deliver(&mut io, &mut installs(), 0, 1, &sends[0].1)
+            .unwrap();
         flush(&mut io, &mut parts[1]);
         assert!(parts[1].store().unwrap().durable().next_offset == 2);
         assert_eq!(parts[1].high_watermark(), Some(0), "durable, not committed");
@@ -1910,7 +2022,7 @@ mod replicated_tests {
         assert_eq!(parts[0].high_watermark(), Some(2));
         // The commit reaches the backup with the next heartbeat.
         for _ in 0..10 {
-            parts[0].tick(&mut io);
+            parts[0].tick(&mut io, &mut installs(), 0);
             pump(&mut io, &mut parts, Some(3));
         }
         assert_eq!(parts[1].high_watermark(), Some(2));
@@ -1965,7 +2077,7 @@ mod replicated_tests {
             assert_eq!(app.base_offset, i);
         }
         for _ in 0..10 {
-            parts[0].tick(&mut io);
+            parts[0].tick(&mut io, &mut installs(), 0);
             pump(&mut io, &mut parts, None);
         }
         let all = |io: &mut UringBackend, p: &mut Partition| {
@@ -2006,11 +2118,11 @@ mod replicated_tests {
         primary.take_sends(&mut sends);
         let prepare = sends[0].1.clone();
         assert!(matches!(
-            stranger.deliver(&mut io, 1, &prepare),
+            stranger.deliver(&mut io, &mut installs(), 0, 1, &prepare),
             Err(PeerDrop::WrongGroup { got: GROUP, .. })
         ));
         assert!(matches!(
-            backup.deliver(&mut io, 3, &prepare),
+            backup.deliver(&mut io, &mut installs(), 0, 3, &prepare),
             Err(PeerDrop::WrongSender {
                 node: 3,
                 claimed: 0
@@ -2020,12 +2132,14 @@ mod replicated_tests {
         let last = garbled.len() - 1;
         garbled[last] ^= 1;
         assert!(matches!(
-            backup.deliver(&mut io, 1, &garbled),
+            backup.deliver(&mut io, &mut installs(), 0, 1, &garbled),
             Err(PeerDrop::Undecodable(_))
         ));
         // None of those reached the replica: its log is empty still.
         assert_eq!(backup.store().unwrap().chain().next_offset, 0);
-        backup.deliver(&mut io, 1, &prepare).unwrap();
+        backup
+            .deliver(&mut io, &mut installs(), 0, 1, &prepare)
+            .unwrap();
         assert_eq!(backup.store().unwrap().chain().next_offset, 2);
         // A cluster-of-one partition takes no peer messages at all.
         let lone_dir = tempfile::tempdir().unwrap();
@@ -2045,7 +2159,7 @@ mod replicated_tests {
             true,
         );
         assert_eq!(
-            lone.deliver(&mut io, 1, &prepare),
+            lone.deliver(&mut io, &mut installs(), 0, 1, &prepare),
             Err(PeerDrop::NotReplicated)
         );
     }

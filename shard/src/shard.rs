@@ -62,7 +62,7 @@ use ringlog_storage::io::{
     BatchBuf, BatchId, Completion, IoBackend, Op as StorageOp, Sqe, BLOCK_SIZE,
 };
 use ringlog_storage::journal::{Journal, JournalError};
-use ringlog_storage::store::{PoolConfig, StorePool};
+use ringlog_storage::store::{InstallBudget, PoolConfig, StorePool};
 
 use crate::catalog::{Catalog, CatalogView, TopicState, TopicTable};
 use crate::config::ServerConfig;
@@ -78,6 +78,7 @@ use crate::ops::{
 use crate::partition::Partition;
 use crate::placement::shard_for;
 use crate::reply_pool::ReplyPool;
+use crate::transfer::io::Installs;
 use crate::trash::{self, Poker};
 use crate::vsr::Token;
 
@@ -233,7 +234,17 @@ struct Core<B: IoBackend> {
     /// bytes they want), by partition; at most `fetch_waiters_max` each,
     /// more read the device at once.
     read_ahead_parked: BTreeMap<u32, Vec<Work>>,
+    /// State transfer installs on this shard: at most
+    /// [`TRANSFER_INSTALLS_MAX`] at once, within
+    /// [`TRANSFER_INSTALL_BUDGET_BYTES`] of staged disk.
+    installs: Installs,
 }
+
+/// Installs a shard runs at once: each holds a window of chunk buffers and
+/// its staged files; one keeps a node's disk bandwidth for the rest.
+const TRANSFER_INSTALLS_MAX: usize = 1;
+/// Disk the shard's installs may reserve for staged artifacts at once.
+const TRANSFER_INSTALL_BUDGET_BYTES: u64 = 16 << 30;
 
 /// What a background batch of a partition does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -287,6 +298,9 @@ struct Applied {
     /// The time of this turn, read once by the runtime loop that started
     /// it: applying work reads no clock.
     now: Instant,
+    /// Wall-clock milliseconds read with it (the store's snapshot leases
+    /// and retention share this clock).
+    now_ms: u64,
 }
 
 impl Applied {
@@ -295,6 +309,7 @@ impl Applied {
             replies: Vec::with_capacity(n),
             touched: Vec::new(),
             now,
+            now_ms: now_ms(),
         }
     }
 
@@ -624,6 +639,10 @@ impl<B: IoBackend> Shard<B> {
                 checkpoint: None,
                 spares: HashMap::new(),
                 read_ahead_parked: BTreeMap::new(),
+                installs: Installs::new(
+                    TRANSFER_INSTALLS_MAX,
+                    InstallBudget::new(TRANSFER_INSTALL_BUDGET_BYTES),
+                ),
             }),
             queue: RefCell::new(VecDeque::new()),
             turn: Notify::default(),
@@ -884,6 +903,10 @@ impl<B: IoBackend> Shard<B> {
             // Fetches answered from waiters count too.
             metrics::set_read_cache(&self.metrics, &self.core.borrow().pool.read_cache_stats());
             metrics::set_read_ahead(&self.metrics, &self.core.borrow().pool.read_ahead_stats());
+            metrics::set_transfers(
+                &self.metrics,
+                &transfer_totals(&self.core.borrow().partitions),
+            );
             if !self.is_stopping() {
                 self.checkpoint_idle(now);
             }
@@ -1002,6 +1025,28 @@ pub(crate) const JOURNAL_DIR: &str = "journal";
 /// Shard `id`'s journal file when the node runs `shards` shards: a journal
 /// holds records of the partitions its shard owns, which a different shard
 /// count would place elsewhere (see `server::check_journals`).
+/// The transfer counters of `partitions`, summed.
+fn transfer_totals(partitions: &HashMap<u32, Partition>) -> metrics::TransferTotals {
+    let mut t = metrics::TransferTotals::default();
+    for x in partitions.values().filter_map(Partition::transfer) {
+        let c = x.counters();
+        let (bytes_received, chunks_received) = x.received();
+        let (bytes_served, chunks_served) = x.served();
+        t.started += c.started;
+        t.installs += c.installs;
+        t.attempts_failed += c.attempts_failed;
+        t.rotations += c.rotations;
+        t.refusals += c.refusals;
+        t.charges += c.charges;
+        t.quarantines += c.quarantines;
+        t.bytes_received += bytes_received;
+        t.chunks_received += chunks_received;
+        t.bytes_served += bytes_served;
+        t.chunks_served += chunks_served;
+    }
+    t
+}
+
 pub(crate) fn journal_file_name(id: usize, shards: usize) -> String {
     format!("shard-{id}-of-{shards}")
 }

@@ -31,7 +31,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("meta_io", &["catalog", "eventfd"]),
     (
         "partition",
-        &["client", "config", "ops", "replica_io", "vsr"],
+        &["client", "config", "ops", "replica_io", "transfer", "vsr"],
     ),
     (
         "peer_route",
@@ -84,6 +84,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "partition",
             "placement",
             "reply_pool",
+            "transfer",
             "trash",
             "vsr",
         ],

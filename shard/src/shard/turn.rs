@@ -98,12 +98,14 @@ impl<B: IoBackend> Shard<B> {
             lanes,
             ticking,
             read_ahead_parked,
+            installs,
             ..
         } = core;
         let Applied {
             replies,
             touched,
             now,
+            now_ms,
         } = out;
         match op {
             Op::Produce {
@@ -293,7 +295,7 @@ impl<B: IoBackend> Shard<B> {
                     metrics::inc(&self.metrics.peer_drops_total);
                     return;
                 };
-                match p.deliver(io, from, &payload) {
+                match p.deliver(io, installs, *now_ms, from, &payload) {
                     Ok(()) => {
                         metrics::inc(&self.metrics.peer_messages_total);
                         touch(touched, partition_id);
@@ -873,7 +875,7 @@ impl<B: IoBackend> Shard<B> {
                     // change): it waits for the next tick, like a message.
                     continue;
                 }
-                p.tick(&mut core.io);
+                p.tick(&mut core.io, &mut core.installs, out.now_ms);
                 ticked += 1;
                 if !p.needs_tick() {
                     core.ticking.remove(&pid);

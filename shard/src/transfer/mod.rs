@@ -37,7 +37,7 @@
 //! retired ops answers RangeEvicted and the asker emits
 //! `vsr::Event::TransferNeeded`; [`route`] splits decoded frames between
 //! the replica and these machines; the simulator drives them,
-//! `sim/transfer.rs`; the shard does not yet): on a trigger, step `Receiver` with
+//! `sim/transfer.rs`, and the server, `partition/transfer_host.rs`): on a trigger, step `Receiver` with
 //! `Start { trigger, local }` (`local` from the superblock and durable
 //! frontier) and keep stepping the replica (it still votes, see
 //! `vsr::Replica::is_transferring`; once it is no longer transferring,

@@ -1,0 +1,530 @@
+//! State transfer hosted beside a replicated partition's replica (DESIGN.md
+//! section 7), the server's counterpart of `sim/transfer.rs`: a transfer
+//! `Server` always, a `Receiver` from the replica's `TransferNeeded` until
+//! the transfer ends.
+//!
+//! The replica keeps being stepped while its receiver waits for an offer
+//! (it still votes). From the receiver's BeginInstall on it is frozen: it
+//! takes only storage completions, which here are its waiting group-commit
+//! flushes (every other op of the replica runs synchronously inside its
+//! step, so nothing else is queued). Before the install begins the store is
+//! flushed and those flushes answered: a frozen replica is a backup (a
+//! transferring replica never leads), its appends are durable before the
+//! install, and the PrepareOks they earn go out; an op it never
+//! acknowledged is the primary's to retransmit. Then the superblock is
+//! marked wiped (`StorageOp::PersistVsr`), so a crash during the install
+//! reboots the replica wiped, and the install runs. An attempt that does not
+//! commit unmarks it and the replica is stepped again on its old log; an
+//! install reboots it (`replica_io::recover` + `Replica::restart`) wiped on
+//! the installed frontier, and it repairs from there.
+//!
+//! Storage: the transfer's ops run with `transfer::io::execute` inside the
+//! step that emitted them, waiting in the ring like the replica's own
+//! synchronous ops (cut, persist); chunk reads and staged writes are not
+//! yet overlapped with the network (`transfer::io::Pipeline` is not wired
+//! to the shard's reaping). Each op waits for at most one window of chunks.
+
+use std::collections::VecDeque;
+
+use ringlog_storage::io::IoBackend;
+use ringlog_storage::store::PartitionStore;
+
+use super::{Hosted, BOOT_COMMITTED_OPS_KEPT};
+use crate::replica_io;
+use crate::transfer::io::{execute, Installs};
+use crate::transfer::{
+    Budgets, Event as XEvent, Frontier, IoId, Local, Message as XMsg, Outbox, Output, Receiver,
+    ReceiverConfig, ReceiverInput, Server, ServerConfig, ServerInput, ServingState, TransferOp,
+    Trigger,
+};
+use crate::vsr::{Input, Replica, Status, StorageOp, VsrState};
+
+/// Transfer ops queued behind one another in a partition: a step emits at
+/// most a window of chunk ops plus a few, and they all run before the step
+/// returns, so more than this is a bug (refused, logged).
+const PENDING_OPS_MAX: usize = 256;
+
+/// What a partition's transfers did (its shard sums them into metrics).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TransferCounters {
+    pub started: u64,
+    pub installs: u64,
+    pub attempts_failed: u64,
+    pub rotations: u64,
+    pub refusals: u64,
+    pub charges: u64,
+    pub quarantines: u64,
+    pub undecodable: u64,
+}
+
+/// A running transfer, for `ctl transfers`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TransferProgress {
+    pub state: &'static str,
+    pub trigger: Option<Trigger>,
+    pub bytes_received: u64,
+    pub chunks_received: u64,
+    pub chunks_in_flight: usize,
+    pub frozen: bool,
+}
+
+/// One replicated partition's transfer machines and driver state.
+pub struct TransferHost {
+    server: Server,
+    receiver: Option<Receiver>,
+    /// The replica asked for a transfer: the receiver starts at the next
+    /// tick.
+    wanted: bool,
+    /// BeginInstall was emitted: the replica takes only completions.
+    frozen: bool,
+    /// The superblock is marked wiped for an install.
+    marked: bool,
+    /// An install was begun and neither committed nor aborted.
+    installing: bool,
+    /// An install committed: the replica is rebooted before its next step.
+    installed: bool,
+    /// (for the receiver, id, op), in emission order.
+    pending: VecDeque<(bool, IoId, TransferOp)>,
+    /// Messages for peers (replica index), taken with the replica's.
+    pub(super) sends: Vec<(u8, XMsg)>,
+    seed: u64,
+    counters: TransferCounters,
+}
+
+impl TransferHost {
+    pub(super) fn new(seed: u64) -> Self {
+        Self {
+            server: Server::new(ServerConfig::default()),
+            receiver: None,
+            wanted: false,
+            frozen: false,
+            marked: false,
+            installing: false,
+            installed: false,
+            pending: VecDeque::new(),
+            sends: Vec::new(),
+            seed,
+            counters: TransferCounters::default(),
+        }
+    }
+
+    pub fn counters(&self) -> TransferCounters {
+        self.counters
+    }
+
+    /// Bytes served to peers, and chunks (from the serving machine).
+    pub fn served(&self) -> (u64, u64) {
+        let c = self.server.counters();
+        (c.bytes_served, c.chunks_served)
+    }
+
+    /// Bytes and chunks received by every transfer of this boot.
+    pub fn received(&self) -> (u64, u64) {
+        self.receiver.as_ref().map_or((0, 0), |r| {
+            let c = r.counters();
+            (c.bytes_received, c.chunks_received)
+        })
+    }
+
+    /// The transfer running, if one is.
+    pub fn progress(&self) -> Option<TransferProgress> {
+        let rx = self.receiver.as_ref().filter(|r| r.is_active())?;
+        let c = rx.counters();
+        Some(TransferProgress {
+            state: rx.phase_name(),
+            trigger: rx.trigger(),
+            bytes_received: c.bytes_received,
+            chunks_received: c.chunks_received,
+            chunks_in_flight: rx.in_flight_chunks(),
+            frozen: self.frozen,
+        })
+    }
+
+    /// The replica must not be stepped with `input` (see the module docs).
+    pub(super) fn freezes(&self, input: &Input) -> bool {
+        self.frozen && !matches!(input, Input::IoDone { .. })
+    }
+
+    pub(super) fn is_frozen(&self) -> bool {
+        self.frozen
+    }
+
+    /// A tick does something: a transfer is wanted or running, or a
+    /// snapshot is leased out.
+    pub(super) fn needs_tick(&self) -> bool {
+        self.wanted
+            || self.receiver.as_ref().is_some_and(Receiver::is_active)
+            || self.server.snapshots_open() > 0
+    }
+
+    /// The replica emitted `TransferNeeded`.
+    pub(super) fn want(&mut self) {
+        if !self.receiver.as_ref().is_some_and(Receiver::is_active) {
+            self.wanted = true;
+        }
+    }
+}
+
+fn budgets(store: &PartitionStore) -> Budgets {
+    let cfg = store.config();
+    Budgets {
+        chunk_size_bytes: cfg.transfer_chunk_bytes,
+        artifact_bytes_max: cfg.segment_size_bytes,
+        ..Budgets::default()
+    }
+}
+
+impl Hosted {
+    /// One tick of the transfer machines; starts a wanted transfer.
+    pub(super) fn transfer_tick(
+        &mut self,
+        io: &mut impl IoBackend,
+        installs: &mut Installs,
+        now_ms: u64,
+    ) {
+        self.transfer_start(io, installs, now_ms);
+        self.step_server(io, installs, now_ms, ServerInput::Tick);
+        self.step_receiver(io, installs, now_ms, ReceiverInput::Tick);
+    }
+
+    fn transfer_start(&mut self, io: &mut impl IoBackend, installs: &mut Installs, now_ms: u64) {
+        let (Some(x), Some(repl)) = (self.xfer.as_mut(), self.repl.as_ref()) else {
+            return;
+        };
+        if !x.wanted || x.receiver.as_ref().is_some_and(Receiver::is_active) {
+            return;
+        }
+        x.wanted = false;
+        if x.receiver.is_none() {
+            let cfg = ReceiverConfig {
+                replica_count: repl.nodes.len() as u8,
+                replica: repl.replica,
+                budgets: budgets(&self.store),
+            };
+            x.seed = x.seed.wrapping_mul(6364136223846793005).wrapping_add(1);
+            match Receiver::new(cfg, x.seed) {
+                Ok(r) => x.receiver = Some(r),
+                Err(e) => {
+                    tracing::error!(partition_id = self.store.partition_id(), error = %e.0, "transfer budgets refused");
+                    return;
+                }
+            }
+        }
+        x.counters.started += 1;
+        let sb = self.store.superblock();
+        let end = self.store.durable();
+        let local = Local {
+            partition_id: self.store.partition_id(),
+            view: sb.vsr.view,
+            commit: sb.vsr.commit,
+            purge_generation: sb.purge_generation,
+            frontier: Frontier {
+                next_offset: end.next_offset,
+                last_op: end.last_op,
+                last_checksum: end.last_checksum,
+            },
+        };
+        tracing::info!(partition_id = local.partition_id, "state transfer started");
+        let trigger = Trigger::RangeEvicted;
+        self.step_receiver(
+            io,
+            installs,
+            now_ms,
+            ReceiverInput::Start { trigger, local },
+        );
+    }
+
+    /// After the replica stepped: one whose log grew again (a peer still
+    /// held the ops) needs no transfer; its receiver is cancelled unless
+    /// its install began.
+    pub(super) fn transfer_check_needed(
+        &mut self,
+        io: &mut impl IoBackend,
+        installs: &mut Installs,
+        now_ms: u64,
+    ) {
+        let Some(x) = self.xfer.as_mut() else {
+            return;
+        };
+        if self.replica.is_transferring() || x.frozen || x.installing {
+            return;
+        }
+        x.wanted = false;
+        if x.receiver.as_ref().is_some_and(Receiver::is_active) {
+            self.step_receiver(io, installs, now_ms, ReceiverInput::Cancel);
+        }
+    }
+
+    /// A transfer message from replica `from`.
+    pub(super) fn deliver_transfer(
+        &mut self,
+        io: &mut impl IoBackend,
+        installs: &mut Installs,
+        now_ms: u64,
+        from: u8,
+        msg: XMsg,
+    ) {
+        if msg.for_receiver() {
+            let input = ReceiverInput::Message { from, msg };
+            return self.step_receiver(io, installs, now_ms, input);
+        }
+        let frozen = self.xfer.as_ref().is_some_and(|x| x.is_frozen());
+        let r = &self.replica;
+        let state = ServingState {
+            available: !frozen && r.status() != Status::Fenced,
+            normal: !frozen && r.status() == Status::Normal && !r.is_wiped(),
+            commit: r.commit(),
+            commit_max: r.commit(),
+        };
+        let input = ServerInput::Message { from, msg, state };
+        self.step_server(io, installs, now_ms, input);
+    }
+
+    /// A frame from `from` that did not decode: charged by the receiver.
+    pub(super) fn transfer_undecodable(
+        &mut self,
+        io: &mut impl IoBackend,
+        installs: &mut Installs,
+        now_ms: u64,
+        from: u8,
+    ) {
+        if let Some(x) = self.xfer.as_mut() {
+            x.counters.undecodable += 1;
+        }
+        let input = ReceiverInput::Undecodable { from };
+        self.step_receiver(io, installs, now_ms, input);
+    }
+
+    fn step_server(
+        &mut self,
+        io: &mut impl IoBackend,
+        installs: &mut Installs,
+        now_ms: u64,
+        input: ServerInput,
+    ) {
+        let Some(x) = self.xfer.as_mut() else {
+            return;
+        };
+        let mut out = Outbox::new();
+        x.server.step(input, &mut out);
+        self.transfer_outputs(io, installs, now_ms, false, out);
+    }
+
+    fn step_receiver(
+        &mut self,
+        io: &mut impl IoBackend,
+        installs: &mut Installs,
+        now_ms: u64,
+        input: ReceiverInput,
+    ) {
+        let Some(rx) = self.xfer.as_mut().and_then(|x| x.receiver.as_mut()) else {
+            return;
+        };
+        let mut out = Outbox::new();
+        rx.step(input, &mut out);
+        self.transfer_outputs(io, installs, now_ms, true, out);
+    }
+
+    /// Queues the machines' outputs, then runs the queued ops in order
+    /// (their completions step the machines again, which may queue more).
+    fn transfer_outputs(
+        &mut self,
+        io: &mut impl IoBackend,
+        installs: &mut Installs,
+        now_ms: u64,
+        rx: bool,
+        out: Outbox,
+    ) {
+        self.queue_outputs(rx, out);
+        while let Some((rx, id, op)) = self.xfer.as_mut().and_then(|x| x.pending.pop_front()) {
+            self.run_transfer_op(io, installs, now_ms, rx, id, op);
+        }
+        if self.xfer.as_ref().is_some_and(|x| x.installed) {
+            self.reboot_installed(io);
+        }
+    }
+
+    fn queue_outputs(&mut self, rx: bool, mut out: Outbox) {
+        let pid = self.store.partition_id();
+        let Some(x) = self.xfer.as_mut() else {
+            return;
+        };
+        for o in out.drain() {
+            match o {
+                Output::Send { to, msg } => x.sends.push((to, msg)),
+                Output::Io { id, op } => {
+                    if x.pending.len() >= PENDING_OPS_MAX {
+                        tracing::error!(
+                            partition_id = pid,
+                            op = op.name(),
+                            "transfer op queue full"
+                        );
+                        debug_assert!(false, "transfer op queue full");
+                        continue;
+                    }
+                    if matches!(op, TransferOp::BeginInstall { .. }) {
+                        x.frozen = true;
+                    }
+                    x.pending.push_back((rx, id, op));
+                }
+                Output::Event(e) => x.installed |= x.note(pid, &e),
+            }
+        }
+    }
+
+    /// Runs one transfer op, and feeds its result back.
+    fn run_transfer_op(
+        &mut self,
+        io: &mut impl IoBackend,
+        installs: &mut Installs,
+        now_ms: u64,
+        rx: bool,
+        id: IoId,
+        op: TransferOp,
+    ) {
+        let begin = matches!(op, TransferOp::BeginInstall { .. });
+        let result = if begin && !self.prepare_install(io) {
+            Err(crate::transfer::Fault {
+                kind: crate::transfer::FaultKind::Local,
+                reason: "the superblock could not be marked wiped".into(),
+            })
+        } else {
+            execute(&mut self.store, io, installs, &op, now_ms)
+        };
+        let Some(x) = self.xfer.as_mut() else {
+            return;
+        };
+        match (&op, &result) {
+            (TransferOp::BeginInstall { .. }, Ok(_)) => x.installing = true,
+            (TransferOp::CommitInstall | TransferOp::AbortInstall, _) => x.installing = false,
+            _ => {}
+        }
+        let failed = match op {
+            TransferOp::BeginInstall { .. } | TransferOp::CommitInstall => result.is_err(),
+            TransferOp::AbortInstall => true,
+            _ => false,
+        };
+        if failed {
+            // The old log is in place: the replica resumes with it.
+            x.frozen = false;
+            if x.marked {
+                self.mark_wiped(io, false);
+            }
+        }
+        let Some(x) = self.xfer.as_mut() else {
+            return;
+        };
+        let mut out = Outbox::new();
+        if rx {
+            if let Some(r) = x.receiver.as_mut() {
+                r.step(ReceiverInput::IoDone { id, result }, &mut out);
+            }
+        } else {
+            x.server.step(ServerInput::IoDone { id, result }, &mut out);
+        }
+        self.queue_outputs(rx, out);
+    }
+
+    /// Before an install begins: the frozen replica's waiting flushes are
+    /// made durable and answered, then the superblock is marked wiped.
+    /// False if either write failed (the store is fenced then).
+    fn prepare_install(&mut self, io: &mut impl IoBackend) -> bool {
+        if !self.flushes.is_empty() {
+            if let Err(e) = self.store.flush(io) {
+                tracing::warn!(partition_id = self.store.partition_id(), error = %e, "flush before an install failed");
+            }
+            self.answer_flushes(io);
+        }
+        if self.store.fenced().is_some() {
+            return false;
+        }
+        self.mark_wiped(io, true)
+    }
+
+    /// Marks the superblock wiped before an install, or unmarks it after
+    /// one that did not commit. False if the write failed.
+    fn mark_wiped(&mut self, io: &mut impl IoBackend, wiped: bool) -> bool {
+        debug_assert!(self.flushes.is_empty() || !wiped, "flushes answered first");
+        let durable = self.replica.durable();
+        let state = VsrState {
+            wiped: wiped || durable.wiped,
+            ..durable
+        };
+        let result = replica_io::execute(&mut self.store, io, &StorageOp::PersistVsr(state));
+        if let Err(e) = result {
+            let pid = self.store.partition_id();
+            tracing::error!(partition_id = pid, wiped, error = %e.reason, "transfer superblock mark failed");
+            return false;
+        }
+        if let Some(x) = self.xfer.as_mut() {
+            x.marked = wiped;
+        }
+        true
+    }
+
+    /// The install committed: the replica reboots from the store, wiped,
+    /// on the installed frontier (the transfer machines are kept: their
+    /// counters, and the server's leases).
+    fn reboot_installed(&mut self, io: &mut impl IoBackend) {
+        let pid = self.store.partition_id();
+        let (Some(x), Some(repl)) = (self.xfer.as_mut(), self.repl.as_ref()) else {
+            return;
+        };
+        x.installed = false;
+        x.seed = x.seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let cfg = repl.replica_config(pid, self.store.config());
+        let seed = x.seed;
+        let booted = replica_io::recover(&mut self.store, io, BOOT_COMMITTED_OPS_KEPT)
+            .map_err(|e| e.to_string())
+            .and_then(|rec| {
+                Replica::restart(cfg, seed, rec.durable, rec.base, &rec.headers)
+                    .map_err(|e| e.to_string())
+            });
+        let replica = match booted {
+            Ok(replica) => replica,
+            Err(e) => {
+                // The store holds the install; the old replica must not
+                // step on it: it stays frozen (fail-stop for this
+                // partition), and a restart recovers it wiped.
+                tracing::error!(partition_id = pid, error = %e, "replica reboot after an install failed");
+                return;
+            }
+        };
+        debug_assert!(replica.is_wiped(), "an installed replica boots wiped");
+        self.replica = replica;
+        self.flushes.clear();
+        self.inputs.clear();
+        if let Some(x) = self.xfer.as_mut() {
+            x.frozen = false;
+            x.marked = false;
+            x.installing = false;
+            x.wanted = false;
+        }
+        tracing::info!(
+            partition_id = pid,
+            "state transfer installed; replica rebooted"
+        );
+    }
+}
+
+impl TransferHost {
+    /// Counts an event; true for an install.
+    fn note(&mut self, pid: u32, e: &XEvent) -> bool {
+        let c = &mut self.counters;
+        match e {
+            XEvent::Installed { .. } => c.installs += 1,
+            XEvent::AttemptFailed { .. } => c.attempts_failed += 1,
+            XEvent::Rotated { .. } => c.rotations += 1,
+            XEvent::OfferRefused { .. } => c.refusals += 1,
+            XEvent::Quarantined { .. } => c.quarantines += 1,
+            XEvent::Dropped {
+                what: "charged", ..
+            } => c.charges += 1,
+            _ => {}
+        }
+        if !matches!(e, XEvent::Dropped { .. }) {
+            tracing::info!(partition_id = pid, event = ?e, "state transfer");
+        }
+        matches!(e, XEvent::Installed { .. })
+    }
+}
