@@ -57,6 +57,9 @@ enum CtlCommand {
     /// Cluster nodes: id, peer address, reachable (our session to it is
     /// up), its session to us, incarnation, last heard from.
     Cluster,
+    /// State transfers running: partition, peer node, state, bytes and
+    /// chunks received of the offer's total, rate, ETA.
+    Transfers,
     /// Effective config: every key, its value and where it came from
     /// (default, file, environment, flag).
     Config,
@@ -191,6 +194,7 @@ pub fn run(args: CtlArgs) -> i32 {
         CtlCommand::Consumers { group } => json!({"cmd": "consumers", "group": group}),
         CtlCommand::Metrics => json!({"cmd": "metrics"}),
         CtlCommand::Cluster => json!({"cmd": "cluster"}),
+        CtlCommand::Transfers => json!({"cmd": "transfers"}),
         CtlCommand::Config => json!({"cmd": "config"}),
         CtlCommand::LogLevel { level } => json!({"cmd": "log_level", "level": level}),
         CtlCommand::Shutdown => json!({"cmd": "shutdown"}),
@@ -267,6 +271,39 @@ pub fn run(args: CtlArgs) -> i32 {
             ),
         ),
         CtlCommand::Consumers { .. } => print_consumers(result),
+        CtlCommand::Transfers => table(
+            &[
+                "TOPIC",
+                "PART",
+                "SHARD",
+                "PEER",
+                "STATE",
+                "BYTES",
+                "OF",
+                "CHUNKS",
+                "OF",
+                "IN_FLIGHT",
+                "RATE_B/S",
+                "ETA_S",
+            ],
+            rows(
+                result,
+                &[
+                    "topic",
+                    "partition",
+                    "shard",
+                    "peer_node",
+                    "state",
+                    "bytes_received",
+                    "bytes_total",
+                    "chunks_received",
+                    "chunks_total",
+                    "chunks_in_flight",
+                    "rate_bytes_per_second",
+                    "eta_seconds",
+                ],
+            ),
+        ),
         CtlCommand::Cluster => {
             println!(
                 "cluster {} (this node: {})",

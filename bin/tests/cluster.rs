@@ -540,6 +540,9 @@ fn a_wiped_node_recovers_by_repair_and_the_cluster_then_survives_losing_another(
         nodes[2]["last_seen_ms_ago"].as_u64().unwrap() < 5_000,
         "{view}"
     );
+    // Caught up by repair: no transfer runs, and ctl transfers says so.
+    let transfers = cluster.nodes[&2].ctl(&["transfers"]);
+    assert_eq!(transfers["result"], serde_json::json!([]), "{transfers}");
     // The view changed on the survivors, and the metrics say so.
     for id in [2, 3] {
         let parts = cluster.nodes[&id].ctl(&["partitions"]);

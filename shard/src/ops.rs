@@ -63,6 +63,27 @@ pub struct PartitionStatus {
     pub view_changes: Option<u64>,
     /// Repair requests (RequestPrepares) it sent since then.
     pub repairs: Option<u64>,
+    /// The state transfer this replica runs, if one is (`ctl transfers`).
+    pub transfer: Option<TransferStatus>,
+}
+
+/// A running state transfer, as `ctl transfers` shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct TransferStatus {
+    /// The receiver's phase (`asking`, `pulling`, ...).
+    pub state: &'static str,
+    /// The node whose offer was taken, once one was.
+    pub peer_node: Option<u32>,
+    pub bytes_received: u64,
+    /// The offer's bytes (its manifest's artifacts), once the install began.
+    pub bytes_total: Option<u64>,
+    pub chunks_received: u64,
+    pub chunks_total: Option<u64>,
+    pub chunks_in_flight: usize,
+    /// Wall clock (ms since the epoch) when this transfer started.
+    pub started_ms: u64,
+    /// The replica is frozen for the install.
+    pub frozen: bool,
 }
 
 /// What a shard reports to `status`.

@@ -861,6 +861,7 @@ impl Partition {
             lag_ops: None,
             view_changes: None,
             repairs: None,
+            transfer: None,
         };
         match &self.state {
             State::Open(h) => {
@@ -886,6 +887,7 @@ impl Partition {
                     st.lag_ops = Some(r.commit_max().saturating_sub(r.commit()));
                     st.view_changes = Some(h.view_changes);
                     st.repairs = Some(h.repairs);
+                    st.transfer = h.transfer_status();
                 }
                 st.sealed_segments = s.sealed_segments().count();
                 st.size_bytes = s.size_bytes();

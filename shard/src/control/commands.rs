@@ -11,7 +11,7 @@ use super::ControlContext;
 use crate::catalog::TopicState;
 use crate::mailbox::{MailboxTx, SendError};
 use crate::metrics::{ConsumerLag, MailboxFigures, PartitionFigures, Scrape};
-use crate::ops::{Envelope, MetaOp, Op, OpError, OpReply, Outcome, ReplyTo};
+use crate::ops::{Envelope, MetaOp, Op, OpError, OpReply, Outcome, PartitionStatus, ReplyTo};
 use crate::placement::shard_for;
 
 /// Attempts while a shard's mailbox is full, 10 ms apart.
@@ -50,6 +50,7 @@ enum Command {
     Metrics,
     Config,
     Cluster,
+    Transfers,
     LogLevel {
         level: String,
     },
@@ -81,7 +82,8 @@ impl Command {
             | Command::Consumers { .. }
             | Command::Metrics
             | Command::Config
-            | Command::Cluster => None,
+            | Command::Cluster
+            | Command::Transfers => None,
         }
     }
 }
@@ -93,14 +95,14 @@ pub(super) fn execute(ctx: &ControlContext, line: &[u8], who: &str) -> Value {
         Err(e) => return fail(format!("malformed JSON: {e}")),
     };
     let Some(name) = value.get("cmd").and_then(Value::as_str).map(str::to_string) else {
-        return fail("missing \"cmd\" (a string); commands: status, topics, partitions, create_topic, delete_topic, purge, consumers, metrics, config, cluster, log_level, shutdown");
+        return fail("missing \"cmd\" (a string); commands: status, topics, partitions, create_topic, delete_topic, purge, consumers, metrics, config, cluster, transfers, log_level, shutdown");
     };
     let cmd: Command = match serde_json::from_value(value) {
         Ok(c) => c,
         Err(e) => {
             let msg = e.to_string();
             return if msg.contains("unknown variant") {
-                fail(format!("unknown command {name:?}; commands: status, topics, partitions, create_topic, delete_topic, purge, consumers, metrics, config, cluster, log_level, shutdown"))
+                fail(format!("unknown command {name:?}; commands: status, topics, partitions, create_topic, delete_topic, purge, consumers, metrics, config, cluster, transfers, log_level, shutdown"))
             } else {
                 fail(format!("bad arguments for {name:?}: {msg}"))
             };
@@ -160,6 +162,74 @@ fn fail(message: impl Into<String>) -> Value {
 }
 
 /// Sends `op` to shard `shard` and waits for its answer.
+/// Every partition of every shard (of `topic`, if given), by topic and
+/// index.
+fn all_partitions(
+    ctx: &ControlContext,
+    shards: usize,
+    topic: Option<String>,
+) -> Result<Vec<PartitionStatus>, String> {
+    if let Some(t) = &topic {
+        // Like purge: a name that is not a topic is an error, not an
+        // empty table.
+        let table = ctx.catalog.snapshot();
+        if !table.topics.contains_key(t) {
+            return Err(format!("no topic {t:?}"));
+        }
+    }
+    let mut all = Vec::new();
+    for s in 0..shards {
+        match ask(
+            ctx,
+            s,
+            Op::Describe {
+                partition_ids: None,
+            },
+        )
+        .map_err(|e| e.to_string())?
+        {
+            OpReply::Partitions(list) => all.extend(
+                list.into_iter()
+                    .filter(|p| topic.as_ref().is_none_or(|t| &p.topic == t)),
+            ),
+            other => return Err(format!("unexpected reply {other:?}")),
+        }
+    }
+    all.sort_by(|a, b| (&a.topic, a.partition).cmp(&(&b.topic, b.partition)));
+    Ok(all)
+}
+
+/// `ctl transfers`' row of `p`, if it runs a transfer: its progress, and
+/// the rate and ETA from the clock `now_ms` (the shard's machines have
+/// none).
+fn transfer_row(p: &PartitionStatus, now_ms: u64) -> Option<Value> {
+    let t = p.transfer.as_ref()?;
+    let elapsed_ms = now_ms.saturating_sub(t.started_ms).max(1);
+    let rate = t.bytes_received as f64 * 1000.0 / elapsed_ms as f64;
+    let eta_seconds = t.bytes_total.and_then(|total| {
+        let left = total.saturating_sub(t.bytes_received);
+        (rate > 0.0).then(|| (left as f64 / rate * 10.0).round() / 10.0)
+    });
+    debug_assert!(rate.is_finite());
+    Some(json!({
+        "topic": p.topic,
+        "partition": p.partition,
+        "partition_id": p.partition_id,
+        "shard": p.shard,
+        "peer_node": t.peer_node,
+        "state": t.state,
+        "frozen": t.frozen,
+        "bytes_received": t.bytes_received,
+        "bytes_total": t.bytes_total,
+        "chunks_received": t.chunks_received,
+        "chunks_total": t.chunks_total,
+        "chunks_in_flight": t.chunks_in_flight,
+        "elapsed_seconds": elapsed_ms as f64 / 1000.0,
+        "rate_bytes_per_second": rate.round(),
+        "eta_seconds": eta_seconds,
+    }))
+}
+
 fn ask(ctx: &ControlContext, shard: usize, op: Op) -> Outcome {
     ask_within(&ctx.peers, shard, op, &Patience::command())
 }
@@ -419,34 +489,18 @@ fn run(ctx: &ControlContext, cmd: Command) -> Result<Value, String> {
         }
         Command::Cluster => Ok(cluster_nodes(ctx)),
         Command::Partitions { topic } => {
-            if let Some(t) = &topic {
-                // Like purge: a name that is not a topic is an error, not an
-                // empty table.
-                let table = ctx.catalog.snapshot();
-                if !table.topics.contains_key(t) {
-                    return Err(format!("no topic {t:?}"));
-                }
-            }
-            let mut all = Vec::new();
-            for s in 0..shards {
-                match ask(
-                    ctx,
-                    s,
-                    Op::Describe {
-                        partition_ids: None,
-                    },
-                )
-                .map_err(err)?
-                {
-                    OpReply::Partitions(list) => all.extend(
-                        list.into_iter()
-                            .filter(|p| topic.as_ref().is_none_or(|t| &p.topic == t)),
-                    ),
-                    other => return Err(format!("unexpected reply {other:?}")),
-                }
-            }
-            all.sort_by(|a, b| (&a.topic, a.partition).cmp(&(&b.topic, b.partition)));
+            let all = all_partitions(ctx, shards, topic)?;
             serde_json::to_value(all).map_err(|e| e.to_string())
+        }
+        Command::Transfers => {
+            let now_ms = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64);
+            let all = all_partitions(ctx, shards, None)?;
+            Ok(json!(all
+                .iter()
+                .filter_map(|p| transfer_row(p, now_ms))
+                .collect::<Vec<_>>()))
         }
         Command::CreateTopic { topic, partitions } => {
             ask(ctx, 0, Op::Meta(MetaOp::CreateTopic { topic, partitions })).map_err(err)?;
@@ -554,6 +608,7 @@ mod tests {
                     lag_ops: None,
                     view_changes: None,
                     repairs: None,
+                    transfer: None,
                 };
                 if let ReplyTo::Thread(tx) = env.reply {
                     let _ = tx.send(Ok(OpReply::Partitions(vec![status])));
@@ -601,5 +656,53 @@ mod tests {
             text.contains("ringlog_appends_total{shard=\"2\"} 0\n"),
             "{text}"
         );
+    }
+
+    /// `ctl transfers`: a partition without a transfer has no row; one
+    /// with shows its progress, rate from its start and ETA from its total.
+    #[test]
+    fn a_transfer_row_has_rate_and_eta_from_its_start_and_total() {
+        use crate::ops::TransferStatus;
+        let mut p = PartitionStatus {
+            topic: "t".into(),
+            partition: 1,
+            partition_id: 9,
+            shard: 0,
+            role: "backup",
+            log_start_offset: 0,
+            frontier: 0,
+            commit: 0,
+            sealed_segments: 0,
+            size_bytes: 0,
+            purge_generation: 0,
+            fault: None,
+            view: Some(1),
+            op: Some(0),
+            commit_op: Some(0),
+            lag_ops: Some(5),
+            view_changes: Some(0),
+            repairs: Some(1),
+            transfer: None,
+        };
+        assert_eq!(transfer_row(&p, 5_000), None);
+        p.transfer = Some(TransferStatus {
+            state: "pulling",
+            peer_node: Some(2),
+            bytes_received: 4 << 20,
+            bytes_total: Some(12 << 20),
+            chunks_received: 4,
+            chunks_total: Some(12),
+            chunks_in_flight: 4,
+            started_ms: 1_000,
+            frozen: true,
+        });
+        let row = transfer_row(&p, 3_000).unwrap();
+        assert_eq!(row["peer_node"], 2);
+        assert_eq!(row["rate_bytes_per_second"], f64::from(2u32 << 20));
+        assert_eq!(row["eta_seconds"], 4.0);
+        assert_eq!(row["chunks_total"], 12);
+        // Before the install began: no total, so no ETA.
+        p.transfer.as_mut().unwrap().bytes_total = None;
+        assert_eq!(transfer_row(&p, 3_000).unwrap()["eta_seconds"], Value::Null);
     }
 }

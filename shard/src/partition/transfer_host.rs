@@ -30,6 +30,7 @@ use ringlog_storage::io::IoBackend;
 use ringlog_storage::store::PartitionStore;
 
 use super::{Hosted, BOOT_COMMITTED_OPS_KEPT};
+use crate::ops::TransferStatus;
 use crate::replica_io;
 use crate::transfer::io::{execute, Installs};
 use crate::transfer::{
@@ -62,10 +63,28 @@ pub struct TransferCounters {
 pub struct TransferProgress {
     pub state: &'static str,
     pub trigger: Option<Trigger>,
+    /// The replica whose offer was taken, once one was.
+    pub peer: Option<u8>,
     pub bytes_received: u64,
     pub chunks_received: u64,
+    /// The offer's bytes and chunks, once its install began.
+    pub bytes_total: Option<u64>,
+    pub chunks_total: Option<u64>,
     pub chunks_in_flight: usize,
+    /// The driver's clock when the transfer started.
+    pub started_ms: u64,
     pub frozen: bool,
+}
+
+/// What `ctl transfers` shows of the running transfer beyond the
+/// receiver's counters: the host keeps it (the machine has no clock).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Running {
+    started_ms: u64,
+    peer: Option<u8>,
+    /// (bytes, chunks) the offer holds; counters received at its start.
+    total: Option<(u64, u64)>,
+    received_at_start: (u64, u64),
 }
 
 /// One replicated partition's transfer machines and driver state.
@@ -89,6 +108,7 @@ pub struct TransferHost {
     pub(super) sends: Vec<(u8, XMsg)>,
     seed: u64,
     counters: TransferCounters,
+    running: Running,
 }
 
 impl TransferHost {
@@ -105,6 +125,7 @@ impl TransferHost {
             sends: Vec::new(),
             seed,
             counters: TransferCounters::default(),
+            running: Running::default(),
         }
     }
 
@@ -130,12 +151,21 @@ impl TransferHost {
     pub fn progress(&self) -> Option<TransferProgress> {
         let rx = self.receiver.as_ref().filter(|r| r.is_active())?;
         let c = rx.counters();
+        let run = &self.running;
+        // The receiver's counters span its boot; this transfer's are the
+        // growth since it started.
+        let (bytes0, chunks0) = run.received_at_start;
+        debug_assert!(c.bytes_received >= bytes0 && c.chunks_received >= chunks0);
         Some(TransferProgress {
             state: rx.phase_name(),
             trigger: rx.trigger(),
-            bytes_received: c.bytes_received,
-            chunks_received: c.chunks_received,
+            peer: run.peer,
+            bytes_received: c.bytes_received.saturating_sub(bytes0),
+            chunks_received: c.chunks_received.saturating_sub(chunks0),
+            bytes_total: run.total.map(|t| t.0),
+            chunks_total: run.total.map(|t| t.1),
             chunks_in_flight: rx.in_flight_chunks(),
+            started_ms: run.started_ms,
             frozen: self.frozen,
         })
     }
@@ -187,6 +217,28 @@ impl Hosted {
         self.step_receiver(io, installs, now_ms, ReceiverInput::Tick);
     }
 
+    /// The running transfer, as `ctl transfers` shows it.
+    pub(super) fn transfer_status(&self) -> Option<TransferStatus> {
+        let p = self.xfer.as_ref()?.progress()?;
+        let repl = self.repl.as_ref()?;
+        let peer_node = p.peer.and_then(|r| repl.nodes.get(usize::from(r)).copied());
+        debug_assert!(
+            p.peer.is_none() || peer_node.is_some(),
+            "a peer of the group"
+        );
+        Some(TransferStatus {
+            state: p.state,
+            peer_node,
+            bytes_received: p.bytes_received,
+            bytes_total: p.bytes_total,
+            chunks_received: p.chunks_received,
+            chunks_total: p.chunks_total,
+            chunks_in_flight: p.chunks_in_flight,
+            started_ms: p.started_ms,
+            frozen: p.frozen,
+        })
+    }
+
     fn transfer_start(&mut self, io: &mut impl IoBackend, installs: &mut Installs, now_ms: u64) {
         let (Some(x), Some(repl)) = (self.xfer.as_mut(), self.repl.as_ref()) else {
             return;
@@ -211,6 +263,12 @@ impl Hosted {
             }
         }
         x.counters.started += 1;
+        let received_at_start = x.received();
+        x.running = Running {
+            started_ms: now_ms,
+            received_at_start,
+            ..Running::default()
+        };
         let sb = self.store.superblock();
         let end = self.store.durable();
         let local = Local {
@@ -362,8 +420,15 @@ impl Hosted {
                         debug_assert!(false, "transfer op queue full");
                         continue;
                     }
-                    if matches!(op, TransferOp::BeginInstall { .. }) {
+                    if let TransferOp::BeginInstall { manifest } = &op {
                         x.frozen = true;
+                        let bytes = manifest.artifacts.iter().map(|a| a.length_bytes).sum();
+                        let chunks = manifest
+                            .artifacts
+                            .iter()
+                            .map(|a| a.chunk_checksums.len() as u64)
+                            .sum();
+                        x.running.total = Some((bytes, chunks));
                     }
                     x.pending.push_back((rx, id, op));
                 }
@@ -513,6 +578,7 @@ impl TransferHost {
         let c = &mut self.counters;
         match e {
             XEvent::Installed { .. } => c.installs += 1,
+            XEvent::OfferTaken { peer, .. } => self.running.peer = Some(*peer),
             XEvent::AttemptFailed { .. } => c.attempts_failed += 1,
             XEvent::Rotated { .. } => c.rotations += 1,
             XEvent::OfferRefused { .. } => c.refusals += 1,

@@ -205,6 +205,8 @@ fn a_backup_behind_retention_transfers_installs_and_acks_again() {
     }
     assert_eq!(g.installs_of(2), 0);
     let mut charged_garbage = false;
+    // What `ctl transfers` showed while the install pulled chunks.
+    let mut pulling_seen = false;
     for _ in 0..2_000 {
         g.tick_only();
         // Message rounds one at a time, to catch the transfer running.
@@ -214,6 +216,16 @@ fn a_backup_behind_retention_transfers_installs_and_acks_again() {
                 inject_garbage_chunk(&mut g);
                 charged_garbage = true;
             }
+            if let Some(t) = g.parts[2].status(0).transfer {
+                assert!(t.started_ms <= g.now_ms, "{t:?}");
+                if let Some(total) = t.bytes_total {
+                    assert!(t.bytes_received <= total, "{t:?}");
+                    assert!(t.chunks_received <= t.chunks_total.unwrap(), "{t:?}");
+                    assert!(matches!(t.peer_node, Some(1 | 2)), "{t:?}");
+                    assert!(t.frozen, "an install began: {t:?}");
+                    pulling_seen = true;
+                }
+            }
         }
         let caught_up = g.parts[2].high_watermark() == g.parts[0].high_watermark();
         if g.installs_of(2) > 0 && caught_up && g.parts[2].status(0).role == "backup" {
@@ -221,6 +233,12 @@ fn a_backup_behind_retention_transfers_installs_and_acks_again() {
         }
     }
     assert!(charged_garbage, "the transfer was never seen running");
+    assert!(pulling_seen, "ctl transfers never showed the install");
+    assert_eq!(
+        g.parts[2].status(0).transfer,
+        None,
+        "done: no transfer shown"
+    );
     assert_eq!(g.installs_of(2), 1, "replica 2 never installed");
     // What the shard's metrics sum: received here, served by the others.
     let x = g.parts[2].transfer().unwrap();
