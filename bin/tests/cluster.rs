@@ -43,10 +43,17 @@ struct Cluster {
     secret: PathBuf,
     peers: Vec<String>,
     nodes: BTreeMap<u32, Server>,
+    /// More flags for every node.
+    extra: Vec<String>,
 }
 
 impl Cluster {
     fn start(n: u32) -> Cluster {
+        Cluster::start_with(n, &[])
+    }
+
+    /// [`Cluster::start`] with `extra` flags on every node.
+    fn start_with(n: u32, extra: &[&str]) -> Cluster {
         use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().unwrap();
         let secret = dir.path().join("secret");
@@ -60,6 +67,7 @@ impl Cluster {
             secret,
             peers,
             nodes: BTreeMap::new(),
+            extra: extra.iter().map(|s| s.to_string()).collect(),
         };
         for id in 1..=n {
             c.boot(id);
@@ -92,6 +100,7 @@ impl Cluster {
         for p in &self.peers {
             args.extend(["--peer", p.as_str()]);
         }
+        args.extend(self.extra.iter().map(String::as_str));
         args.extend(extra);
         self.nodes.insert(id, Server::start(&data, &args));
     }
@@ -181,10 +190,15 @@ fn next_node(ids: &[u32], at: u32) -> u32 {
 /// The partition's raw batches from offset 0 up to `end`, as node `addr`
 /// serves them, waiting (bounded) until its high watermark reaches `end`.
 fn read_up_to(addr: &str, partition: u32, end: u64, limit: Duration) -> Vec<u8> {
+    read_range(addr, partition, 0, end, limit)
+}
+
+/// [`read_up_to`] from offset `from`.
+fn read_range(addr: &str, partition: u32, from: u64, end: u64, limit: Duration) -> Vec<u8> {
     let deadline = Instant::now() + limit;
     let mut client = Client::connect(addr).unwrap();
     loop {
-        let page = client.fetch(TOPIC, partition, 0, 1, 0).unwrap();
+        let page = client.fetch(TOPIC, partition, from, 1, 0).unwrap();
         if page.high_watermark >= end {
             break;
         }
@@ -196,7 +210,7 @@ fn read_up_to(addr: &str, partition: u32, end: u64, limit: Duration) -> Vec<u8> 
         std::thread::sleep(Duration::from_millis(50));
     }
     let mut out = Vec::new();
-    let mut offset = 0;
+    let mut offset = from;
     while offset < end {
         let page = client.fetch(TOPIC, partition, offset, 1 << 20, 0).unwrap();
         assert!(
@@ -259,10 +273,23 @@ fn produce_batches(
     acks: &mut Acks,
     range: std::ops::Range<usize>,
 ) -> Vec<(Instant, u32)> {
+    produce_sized(cluster, at, acks, range, 100)
+}
+
+/// [`produce_batches`] with records of `value_bytes`.
+fn produce_sized(
+    cluster: &Cluster,
+    at: &mut u32,
+    acks: &mut Acks,
+    range: std::ops::Range<usize>,
+    value_bytes: usize,
+) -> Vec<(Instant, u32)> {
     let mut times = Vec::with_capacity(range.len());
     for b in range {
         let partition = (b % PARTITIONS as usize) as u32;
-        let values: Vec<Vec<u8>> = (0..PER_BATCH).map(|i| value(0, b, i, 100)).collect();
+        let values: Vec<Vec<u8>> = (0..PER_BATCH)
+            .map(|i| value(0, b, i, value_bytes))
+            .collect();
         let refs: Vec<&[u8]> = values.iter().map(Vec::as_slice).collect();
         let batch = batch_of(&refs).unwrap();
         let deadline = Instant::now() + Duration::from_secs(30);
@@ -615,4 +642,104 @@ fn a_primary_stopped_past_its_timeout_acknowledges_nothing_from_its_old_view() {
     }
     produce_batches(&cluster, &mut at, &mut acks, 40..50);
     check_identical(&cluster, &acks, Duration::from_secs(30));
+}
+
+/// The sum over shards of counter `name` in node `id`'s metrics.
+fn counter(cluster: &Cluster, id: u32, name: &str) -> u64 {
+    let m = cluster.nodes[&id].ctl(&["metrics"]);
+    let text = m["result"]["text"].as_str().unwrap().to_owned();
+    text.lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap() as u64)
+        .sum()
+}
+
+/// Each node's log start of `partition` (ctl partitions).
+fn log_start(cluster: &Cluster, id: u32, partition: u32) -> u64 {
+    let parts = cluster.nodes[&id].ctl(&["partitions"]);
+    let p = parts["result"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["partition"] == partition)
+        .unwrap_or_else(|| panic!("node {id}: no partition {partition}: {parts}"));
+    p["log_start_offset"].as_u64().unwrap()
+}
+
+/// Issue 11 item 6: a backup is SIGKILLed, the others produce on and
+/// retention retires segments it lacks; restarted, it cannot repair those
+/// ops from anyone, so it installs a snapshot from a peer by state
+/// transfer (counted), repairs past it, and then serves, from the common
+/// log start on, the same bytes as the others with every acknowledged
+/// record there exactly once.
+#[test]
+fn retention_while_a_backup_is_down_forces_a_transfer_when_it_returns() {
+    // 256 KiB segments (a roll every ~6 batches of 4 x 8 KiB records),
+    // retention keeping ~256 KiB, checked every 100 ms.
+    let mut cluster = Cluster::start_with(
+        3,
+        &[
+            "--set",
+            "segment_size_bytes=262144",
+            "--set",
+            "write_buffer_bytes=65536",
+            "--set",
+            "retention_bytes=262144",
+            "--set",
+            "retention_check_ms=100",
+        ],
+    );
+    create_everywhere(&cluster);
+    let (mut at, mut acks) = (1, Acks::new());
+    const VALUE_BYTES: usize = 8 << 10;
+    produce_sized(&cluster, &mut at, &mut acks, 0..8, VALUE_BYTES);
+    cluster.kill(3);
+    produce_sized(&cluster, &mut at, &mut acks, 8..160, VALUE_BYTES);
+    // Retention on the survivors retired what node 3 lacks (it holds
+    // offsets below 16 of each partition).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while [1, 2]
+        .iter()
+        .any(|&id| (0..PARTITIONS).any(|p| log_start(&cluster, id, p) <= 16))
+    {
+        assert!(Instant::now() < deadline, "retention retired nothing");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(acked_end(&acks, 0), 80 * PER_BATCH as u64);
+    cluster.boot(3);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while counter(&cluster, 3, "ringlog_transfer_installs_total") < u64::from(PARTITIONS) {
+        assert!(
+            Instant::now() < deadline,
+            "node 3 installed {} snapshots, want {PARTITIONS}",
+            counter(&cluster, 3, "ringlog_transfer_installs_total")
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for p in 0..PARTITIONS {
+        let from = (1..=3).map(|id| log_start(&cluster, id, p)).max().unwrap();
+        let end = acked_end(&acks, p);
+        let kept: BTreeMap<u64, (Vec<Vec<u8>>, bool)> = acks[&p]
+            .range(from..)
+            .map(|(k, v)| (*k, v.clone()))
+            .collect();
+        assert!(
+            !kept.is_empty(),
+            "partition {p}: nothing acknowledged past {from}"
+        );
+        let mut first: Option<Vec<u8>> = None;
+        for (&id, node) in &cluster.nodes {
+            let bytes = read_range(&node.addr, p, from, end, Duration::from_secs(30));
+            let n = check_acked(&bytes, &kept) as u64;
+            assert_eq!(
+                n,
+                end - from,
+                "node {id} partition {p}: records {from}..{end}"
+            );
+            match &first {
+                None => first = Some(bytes),
+                Some(b) => assert!(*b == bytes, "partition {p}: node {id} differs"),
+            }
+        }
+    }
 }
