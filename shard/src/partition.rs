@@ -1627,24 +1627,24 @@ mod replicated_tests {
     /// Replica `replica` of a fresh three-node group in `dir`.
     fn open(dir: &Path, io: &mut UringBackend, replica: u8, group_id: u128) -> Partition {
         let config = ServerConfig::default().store_config();
-        open_with(dir, io, replica, group_id, config)
+        open_with(dir, io, replication(replica, group_id), config)
     }
 
-    /// [`open`] with the store settings `config`.
+    /// Replica `repl.replica` over its dir in `dir` (created if missing),
+    /// with the store settings `config`.
     fn open_with(
         dir: &Path,
         io: &mut UringBackend,
-        replica: u8,
-        group_id: u128,
+        repl: Replication,
         config: StoreConfig,
     ) -> Partition {
+        let replica = repl.replica;
         let pool = StorePool::new(
             dir.join(format!("recycle{replica}")),
             ringlog_storage::store::PoolConfig::private(&config),
         );
         let pdir = dir.join(format!("r{replica}"));
-        let repl = Some(replication(replica, group_id));
-        let p = Partition::open_replicated(io, &pool, &pdir, "t", 0, 7, config, true, repl);
+        let p = Partition::open_replicated(io, &pool, &pdir, "t", 0, 7, config, true, Some(repl));
         assert!(p.status(0).fault.is_none(), "{:?}", p.status(0).fault);
         p
     }
@@ -1688,17 +1688,9 @@ mod replicated_tests {
     /// Replica `replica` of the group over its dir in `dir` (created if
     /// missing), booting a created store wiped if `boot_wiped`.
     fn reopen(dir: &Path, io: &mut UringBackend, replica: u8, boot_wiped: bool) -> Partition {
-        let config = ServerConfig::default().store_config();
-        let pool = StorePool::new(
-            dir.join(format!("recycle{replica}")),
-            ringlog_storage::store::PoolConfig::private(&config),
-        );
-        let pdir = dir.join(format!("r{replica}"));
         let mut repl = replication(replica, GROUP);
         repl.boot_wiped = boot_wiped;
-        let p = Partition::open_replicated(io, &pool, &pdir, "t", 0, 7, config, true, Some(repl));
-        assert!(p.status(0).fault.is_none(), "{:?}", p.status(0).fault);
-        p
+        open_with(dir, io, repl, ServerConfig::default().store_config())
     }
 
     /// One round among the live replicas (`parts[i]` is node i + 1; None
@@ -1742,7 +1734,16 @@ mod replicated_tests {
     }
 
     fn all_records(io: &mut UringBackend, p: &mut Partition) -> Vec<u8> {
-        p.fetch(io, 0, 1 << 20, Vec::new()).unwrap().batches
+        let mut batches = Vec::new();
+        let mut at = 0;
+        loop {
+            let f = p.fetch(io, at, 1 << 20, Vec::new()).unwrap();
+            if f.batches.is_empty() {
+                return batches;
+            }
+            at = f.next_offset;
+            batches.extend_from_slice(&f.batches);
+        }
     }
 
     /// Three replicas that committed `batches` batches, every one's commit
@@ -2061,7 +2062,7 @@ mod replicated_tests {
             ..ServerConfig::default().store_config()
         };
         let mut parts: Vec<Partition> = (0..3)
-            .map(|r| open_with(dir.path(), &mut io, r, GROUP, config.clone()))
+            .map(|r| open_with(dir.path(), &mut io, replication(r, GROUP), config.clone()))
             .collect();
         let value = vec![7u8; 60 << 10];
         let batch = batch_of(&[value.as_slice()]).unwrap();
@@ -2082,26 +2083,14 @@ mod replicated_tests {
             parts[0].tick(&mut io, &mut installs(), 0);
             pump(&mut io, &mut parts, None);
         }
-        let all = |io: &mut UringBackend, p: &mut Partition| {
-            let mut batches = Vec::new();
-            let mut at = 0;
-            loop {
-                let f = p.fetch(io, at, 1 << 20, Vec::new()).unwrap();
-                if f.batches.is_empty() {
-                    return batches;
-                }
-                at = f.next_offset;
-                batches.extend_from_slice(&f.batches);
-            }
-        };
-        let primary = all(&mut io, &mut parts[0]);
+        let primary = all_records(&mut io, &mut parts[0]);
         for (r, p) in parts.iter_mut().enumerate() {
             let st = p.status(0);
             assert!(st.fault.is_none(), "replica {r}: {:?}", st.fault);
             let segments = p.store().unwrap().sealed_segments().count();
             assert!(segments >= 3, "replica {r} rolled: {segments} segments");
             assert_eq!(p.high_watermark(), Some(64), "replica {r}");
-            assert_eq!(all(&mut io, p), primary, "replica {r}");
+            assert_eq!(all_records(&mut io, p), primary, "replica {r}");
         }
     }
 
