@@ -589,27 +589,7 @@ mod tests {
                     std::thread::sleep(Duration::from_millis(1));
                     continue;
                 };
-                let status = PartitionStatus {
-                    topic: "t".into(),
-                    partition: 0,
-                    partition_id: 0,
-                    shard: 0,
-                    role: "leader",
-                    log_start_offset: 0,
-                    frontier: 5,
-                    commit: 5,
-                    sealed_segments: 0,
-                    size_bytes: 4096,
-                    purge_generation: 0,
-                    fault: None,
-                    view: None,
-                    op: None,
-                    commit_op: None,
-                    lag_ops: None,
-                    view_changes: None,
-                    repairs: None,
-                    transfer: None,
-                };
+                let status = partition_status();
                 if let ReplyTo::Thread(tx) = env.reply {
                     let _ = tx.send(Ok(OpReply::Partitions(vec![status])));
                 }
@@ -621,6 +601,31 @@ mod tests {
     /// cost a scrape at most SCRAPE_WAIT, not the control socket's long
     /// reply timeout per shard; the answering shard's partition is there
     /// and the others are counted as unanswered.
+    /// A partition as the stub shard describes it.
+    fn partition_status() -> PartitionStatus {
+        PartitionStatus {
+            topic: "t".into(),
+            partition: 0,
+            partition_id: 0,
+            shard: 0,
+            role: "leader",
+            log_start_offset: 0,
+            frontier: 5,
+            commit: 5,
+            sealed_segments: 0,
+            size_bytes: 4096,
+            purge_generation: 0,
+            fault: None,
+            view: None,
+            op: None,
+            commit_op: None,
+            lag_ops: None,
+            view_changes: None,
+            repairs: None,
+            transfer: None,
+        }
+    }
+
     #[test]
     fn a_wedged_or_full_shard_does_not_hold_a_scrape() {
         let (tx0, rx0) = mailbox(4, 1 << 20, 4).unwrap();
@@ -664,25 +669,8 @@ mod tests {
     fn a_transfer_row_has_rate_and_eta_from_its_start_and_total() {
         use crate::ops::TransferStatus;
         let mut p = PartitionStatus {
-            topic: "t".into(),
-            partition: 1,
-            partition_id: 9,
-            shard: 0,
             role: "backup",
-            log_start_offset: 0,
-            frontier: 0,
-            commit: 0,
-            sealed_segments: 0,
-            size_bytes: 0,
-            purge_generation: 0,
-            fault: None,
-            view: Some(1),
-            op: Some(0),
-            commit_op: Some(0),
-            lag_ops: Some(5),
-            view_changes: Some(0),
-            repairs: Some(1),
-            transfer: None,
+            ..partition_status()
         };
         assert_eq!(transfer_row(&p, 5_000), None);
         p.transfer = Some(TransferStatus {
