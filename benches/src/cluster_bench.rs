@@ -315,19 +315,18 @@ impl JobReport for ClusterReport {
 /// of its p50 excess over the single node, against issue 11 item 7.
 pub fn targets_line(report: &Report<ProduceResult, ProduceResult>) -> String {
     let mut mbps = Vec::new();
-    let mut extra_ns = Vec::new();
+    let mut extra = Vec::new();
     for rep in &report.reps {
         let c = &rep.ours.summary;
         mbps.push(c.bytes as f64 / c.runtime.as_secs_f64().max(1e-9));
         if let Some(s) = &rep.theirs {
-            extra_ns.push(c.lat.at(50.0) as i64 - s.summary.lat.at(50.0) as i64);
+            extra.push(c.lat.at(50.0) as f64 - s.summary.lat.at(50.0) as f64);
         }
     }
     let median = |v: &mut Vec<f64>| {
         v.sort_by(f64::total_cmp);
         v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
     };
-    let mut extra: Vec<f64> = extra_ns.iter().map(|&n| n as f64).collect();
     let (bw, lat) = (median(&mut mbps), median(&mut extra));
     format!(
         "targets: cluster {:.1} MB/s (median; target >= {:.0}) {}; cluster p50 - single p50 = \
