@@ -14,7 +14,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use clap::{Args, Subcommand};
@@ -26,6 +26,9 @@ const NODES_MAX: u32 = 7;
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
 /// A node still running this long after SIGTERM gets SIGKILL.
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+/// A node's ports still held this long (say by a killed predecessor whose
+/// threads are still exiting) mean another process has them.
+const PORTS_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often `up`/`down` look at a node's state while waiting.
 const POLL: Duration = Duration::from_millis(50);
 const PIDS_FILE: &str = "pids";
@@ -78,6 +81,8 @@ enum ClusterError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("node {id}: {addr} stayed in use for {PORTS_TIMEOUT:?}; stop what listens there or pick another --base-port")]
+    PortBusy { id: u32, addr: String },
     #[error("node {id} did not start: {why}; its log: {log}")]
     Start { id: u32, why: String, log: PathBuf },
     #[error("{path}: unreadable line {line:?}")]
@@ -107,6 +112,7 @@ pub fn run(cmd: ClusterCmd) -> i32 {
 struct Node {
     id: u32,
     client: String,
+    peer: String,
     dir: PathBuf,
 }
 
@@ -152,21 +158,24 @@ fn up(a: &UpArgs) -> Result<(), ClusterError> {
         .map(|id| Node {
             id,
             client: format!("127.0.0.1:{}", u32::from(a.base_port) + id),
+            peer: format!("127.0.0.1:{}", u32::from(a.base_port) + 100 + id),
             dir: root.join(format!("n{id}")),
         })
         .collect();
     let peers: Vec<String> = nodes
         .iter()
-        .map(|n| format!("{}=127.0.0.1:{}", n.id, u32::from(a.base_port) + 100 + n.id))
+        .map(|n| format!("{}={}", n.id, n.peer))
         .collect();
     // Nodes still running stay (so `up` restarts the ones that died).
     let mut pids = live.clone();
+    let mut started = Vec::new();
     for n in nodes
         .iter()
         .filter(|n| !live.iter().any(|(id, _)| *id == n.id))
     {
-        match start_node(n, &peers, &secret, a.shards) {
-            Ok(pid) => {
+        match wait_ports_free(n).and_then(|()| start_node(n, &peers, &secret, a.shards)) {
+            Ok((pid, child)) => {
+                started.push((n.id, child));
                 pids.push((n.id, pid));
                 pids.sort_unstable();
                 record_pids(dir, &pids)?;
@@ -181,7 +190,8 @@ fn up(a: &UpArgs) -> Result<(), ClusterError> {
         }
     }
     for n in &nodes {
-        let ready = wait_ready(n)?;
+        let child = started.iter_mut().find(|(id, _)| *id == n.id);
+        let ready = wait_ready(n, child.map(|(_, c)| c))?;
         println!(
             "node {} client={} control={} log={} ({ready})",
             n.id,
@@ -223,8 +233,36 @@ fn write_secret(path: &Path) -> Result<(), ClusterError> {
     writeln!(f, "{hex}").map_err(io_err("write", path))
 }
 
-/// Writes `n`'s config and starts its server detached; returns its pid.
-fn start_node(n: &Node, peers: &[String], secret: &Path, shards: u32) -> Result<i32, ClusterError> {
+/// Waits (bounded by [`PORTS_TIMEOUT`]) until `n`'s client and peer ports
+/// can be bound: a node killed just before may hold them until its last
+/// thread has exited, after its pid already shows as a zombie.
+fn wait_ports_free(n: &Node) -> Result<(), ClusterError> {
+    let deadline = Instant::now() + PORTS_TIMEOUT;
+    for addr in [&n.client, &n.peer] {
+        while let Err(e) = std::net::TcpListener::bind(addr.as_str()) {
+            if e.kind() != std::io::ErrorKind::AddrInUse {
+                return Err(io_err("bind", Path::new(addr))(e));
+            }
+            if Instant::now() > deadline {
+                return Err(ClusterError::PortBusy {
+                    id: n.id,
+                    addr: addr.clone(),
+                });
+            }
+            std::thread::sleep(POLL);
+        }
+    }
+    Ok(())
+}
+
+/// Writes `n`'s config and starts its server detached; returns its pid
+/// and handle.
+fn start_node(
+    n: &Node,
+    peers: &[String],
+    secret: &Path,
+    shards: u32,
+) -> Result<(i32, Child), ClusterError> {
     std::fs::create_dir_all(n.data()).map_err(io_err("create", &n.data()))?;
     let quoted: Vec<String> = peers.iter().map(|p| format!("{p:?}")).collect();
     let config = format!(
@@ -250,15 +288,18 @@ fn start_node(n: &Node, peers: &[String], secret: &Path, shards: u32) -> Result<
         .process_group(0)
         .spawn()
         .map_err(io_err("start", &n.config()))?;
-    i32::try_from(child.id()).map_err(|_| ClusterError::Start {
+    let pid = i32::try_from(child.id()).map_err(|_| ClusterError::Start {
         id: n.id,
         why: format!("pid {} out of range", child.id()),
         log: n.log(),
-    })
+    })?;
+    Ok((pid, child))
 }
 
-/// Waits (bounded by [`READY_TIMEOUT`]) for `n`'s ready line.
-fn wait_ready(n: &Node) -> Result<String, ClusterError> {
+/// Waits (bounded by [`READY_TIMEOUT`]) for `n`'s ready line; `child`, if
+/// this `up` started it, is watched so that a server that exits says why at
+/// once.
+fn wait_ready(n: &Node, mut child: Option<&mut Child>) -> Result<String, ClusterError> {
     let deadline = Instant::now() + READY_TIMEOUT;
     loop {
         let out = File::open(n.out()).map_err(io_err("read", &n.out()))?;
@@ -268,6 +309,17 @@ fn wait_ready(n: &Node) -> Result<String, ClusterError> {
             .find(|l| l.starts_with("ringlog ready"));
         if let Some(line) = ready {
             return Ok(line);
+        }
+        if let Some(status) = child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+            let last = std::fs::read_to_string(n.log()).unwrap_or_default();
+            return Err(ClusterError::Start {
+                id: n.id,
+                why: format!(
+                    "it exited ({status}): {}",
+                    last.lines().last().unwrap_or("no output")
+                ),
+                log: n.log(),
+            });
         }
         if Instant::now() > deadline {
             return Err(ClusterError::Start {

@@ -7,17 +7,21 @@ mod common;
 
 use std::path::Path;
 use std::process::{Command, Output};
+use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::{Duration, Instant};
 
 use common::BIN;
 use ringlog_shard::client::{batch_of, records, Client};
 
 /// A base port whose derived client (B+1..B+3) and peer (B+101..B+103)
-/// ports are free, below the ephemeral range.
+/// ports are free, below the ephemeral range; each call in this process
+/// starts its search elsewhere, as the tests run side by side.
 fn free_base() -> u16 {
-    let salt = (std::process::id() % 50) as u16 * 100;
-    (0..100u16)
-        .map(|i| 25_000 + salt + i * 200 % 5_000)
+    static CALLS: AtomicU16 = AtomicU16::new(0);
+    let call = CALLS.fetch_add(1, Ordering::Relaxed);
+    let salt = (std::process::id() % 25) as u16;
+    (0..25u16)
+        .map(|i| 25_000 + (salt + call * 7 + i) % 25 * 200)
         .find(|b| {
             (1..=3).all(|i| {
                 std::net::TcpListener::bind(("127.0.0.1", b + i)).is_ok()
@@ -45,6 +49,16 @@ fn text(out: &Output) -> String {
     )
 }
 
+/// Stops the cluster in its dir when the test ends, passed or failed, so a
+/// failure leaves no servers holding ports.
+struct DownOnDrop<'a>(&'a Path);
+
+impl Drop for DownOnDrop<'_> {
+    fn drop(&mut self) {
+        let _ = cluster(&["down"], self.0);
+    }
+}
+
 fn pid_alive(pid: i32) -> bool {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     !stat.is_empty() && !stat.contains(") Z ")
@@ -55,6 +69,7 @@ fn cluster_up_starts_three_nodes_that_replicate_and_down_stops_them_once() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("c");
     let base = free_base().to_string();
+    let _down = DownOnDrop(&dir);
     let up = cluster(&["up", "--nodes", "3", "--base-port", &base], &dir);
     let said = text(&up);
     assert!(up.status.success(), "{said}");
@@ -155,4 +170,52 @@ fn cluster_up_starts_three_nodes_that_replicate_and_down_stops_them_once() {
     let again = cluster(&["down"], &dir);
     assert!(again.status.success());
     assert!(text(&again).contains("nothing to stop"), "{}", text(&again));
+}
+
+#[test]
+fn up_names_a_port_another_process_holds_and_leaves_nothing_running() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("c");
+    let base = free_base();
+    let _down = DownOnDrop(&dir);
+    let _squatter = std::net::TcpListener::bind(("127.0.0.1", base + 2)).unwrap();
+    let started = Instant::now();
+    let up = cluster(
+        &["up", "--nodes", "3", "--base-port", &base.to_string()],
+        &dir,
+    );
+    let said = text(&up);
+    assert!(!up.status.success(), "{said}");
+    assert!(
+        said.contains("node 2") && said.contains(&format!("127.0.0.1:{}", base + 2)),
+        "{said}"
+    );
+    assert!(said.contains("stayed in use"), "{said}");
+    // Bounded: the port wait, not the ready wait.
+    assert!(started.elapsed() < Duration::from_secs(40), "{said}");
+    // Node 1 had started; a failed first `up` stops it again.
+    assert!(!dir.join("pids").exists(), "{said}");
+    let log = std::fs::read_to_string(dir.join("n1/server.out")).unwrap();
+    assert!(log.contains("ringlog ready"), "node 1 had started: {log}");
+}
+
+#[test]
+fn up_says_at_once_why_a_node_exited_before_its_ready_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("c");
+    let base = free_base().to_string();
+    let _down = DownOnDrop(&dir);
+    // A file where the server wants its journal directory: it exits.
+    std::fs::create_dir_all(dir.join("n1/data")).unwrap();
+    std::fs::write(dir.join("n1/data/journal"), b"not a directory").unwrap();
+    let started = Instant::now();
+    let up = cluster(&["up", "--nodes", "1", "--base-port", &base], &dir);
+    let said = text(&up);
+    assert!(!up.status.success(), "{said}");
+    assert!(said.contains("node 1 did not start: it exited"), "{said}");
+    assert!(said.contains("journal"), "the server's own reason: {said}");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "not the ready timeout: {said}"
+    );
 }
