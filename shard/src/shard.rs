@@ -390,6 +390,8 @@ pub fn run(mut setup: ShardSetup) {
     let (shard, listener, ready) = Shard::new(setup, io, storage_wake);
     let shard = Rc::new(shard);
     rt.block_on(async move {
+        // Tasks still pending at the end are dropped without waking.
+        let _end = crate::oneshot::RuntimeEnd::arm();
         let opened = shard.open_owned_partitions();
         let listener = match monoio::net::TcpListener::from_std(listener) {
             Ok(l) => l,
