@@ -716,9 +716,33 @@ fn retention_while_a_backup_is_down_forces_a_transfer_when_it_returns() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+    check_from_common_start(&cluster, &acks);
+}
+
+/// Every node serves, from the highest log start among them up to the
+/// acknowledged end, the same bytes, holding every acknowledged record of
+/// that range exactly once.
+fn check_from_common_start(cluster: &Cluster, acks: &Acks) {
+    // Retention may still be retiring what the last produce pushed past
+    // it: the log starts must hold still (nothing more is produced).
+    let starts = || -> Vec<u64> {
+        (1..=3)
+            .flat_map(|id| (0..PARTITIONS).map(move |p| (id, p)))
+            .map(|(id, p)| log_start(cluster, id, p))
+            .collect()
+    };
+    let (mut last, mut still) = (starts(), 0);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while still < 5 {
+        assert!(Instant::now() < deadline, "log starts never settled");
+        std::thread::sleep(Duration::from_millis(100));
+        let now = starts();
+        still = if now == last { still + 1 } else { 0 };
+        last = now;
+    }
     for p in 0..PARTITIONS {
-        let from = (1..=3).map(|id| log_start(&cluster, id, p)).max().unwrap();
-        let end = acked_end(&acks, p);
+        let from = (1..=3).map(|id| log_start(cluster, id, p)).max().unwrap();
+        let end = acked_end(acks, p);
         let kept: BTreeMap<u64, (Vec<Vec<u8>>, bool)> = acks[&p]
             .range(from..)
             .map(|(k, v)| (*k, v.clone()))
@@ -741,5 +765,109 @@ fn retention_while_a_backup_is_down_forces_a_transfer_when_it_returns() {
                 Some(b) => assert!(*b == bytes, "partition {p}: node {id} differs"),
             }
         }
+    }
+}
+
+/// The first running transfer on node `id` whose peer is known and which
+/// received at least `chunks_min` chunks: (partition, peer node).
+fn transfer_from_peer(cluster: &Cluster, id: u32, chunks_min: u64) -> Option<(u32, u32)> {
+    let rows = cluster.nodes[&id].ctl(&["transfers"]);
+    rows["result"].as_array()?.iter().find_map(|t| {
+        let peer = t["peer_node"].as_u64()?;
+        (t["chunks_received"].as_u64()? >= chunks_min)
+            .then(|| (t["partition"].as_u64().unwrap() as u32, peer as u32))
+    })
+}
+
+/// Issue 11 item 6: the peer serving a transfer is SIGKILLed mid-transfer.
+/// The receiver's node is behind retention (as in the test above); once
+/// its transfer from peer P has received a seeded number of chunks, P is
+/// stopped at once (SIGSTOP, so the transfer cannot finish before the
+/// kill lands), checked to have left the install unfinished, and then
+/// SIGKILLed: the receiver rotates to the other peer (counted) and
+/// installs. P is restarted, and every node then holds the same bytes
+/// from the common log start, every acknowledged record once.
+fn serving_peer_killed_mid_transfer(seed: u64) {
+    let mut cluster = Cluster::start_with(
+        3,
+        &[
+            "--set",
+            "segment_size_bytes=1048576",
+            "--set",
+            "write_buffer_bytes=524288",
+            "--set",
+            "retention_bytes=16777216",
+            "--set",
+            "retention_check_ms=100",
+        ],
+    );
+    create_everywhere(&cluster);
+    let (mut at, mut acks) = (1, Acks::new());
+    const VALUE_BYTES: usize = 64 << 10;
+    produce_sized(&cluster, &mut at, &mut acks, 0..8, VALUE_BYTES);
+    cluster.kill(3);
+    // 20 MiB more per partition: node 3's offsets are retired.
+    produce_sized(&cluster, &mut at, &mut acks, 8..168, VALUE_BYTES);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while [1, 2]
+        .iter()
+        .any(|&id| (0..PARTITIONS).any(|p| log_start(&cluster, id, p) <= 16))
+    {
+        assert!(Instant::now() < deadline, "retention retired nothing");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    cluster.boot(3);
+    let chunks_min = moment(seed, 7).as_millis() as u64 % 6;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let (partition, serving) = loop {
+        if let Some(found) = transfer_from_peer(&cluster, 3, chunks_min) {
+            break found;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node 3 never pulled {chunks_min} chunks"
+        );
+    };
+    let stopped = cluster.nodes.remove(&serving).unwrap();
+    let pid = stopped.child.as_ref().unwrap().id() as i32;
+    // SAFETY: kill(2) on a server this test started.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    let installs = counter(&cluster, 3, "ringlog_transfer_installs_total");
+    eprintln!(
+        "seed {seed}: node {serving} stopped serving partition {partition} after {chunks_min}+ chunks; \
+         node 3 had {installs} installs"
+    );
+    assert!(
+        installs < u64::from(PARTITIONS),
+        "an install was left unfinished by the stop"
+    );
+    cluster.nodes.insert(serving, stopped);
+    cluster.kill(serving);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while counter(&cluster, 3, "ringlog_transfer_rotations_total") == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "node 3 never rotated off node {serving}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Back, so both partitions have a quorum whatever P was.
+    cluster.boot(serving);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while counter(&cluster, 3, "ringlog_transfer_installs_total") < u64::from(PARTITIONS) {
+        assert!(
+            Instant::now() < deadline,
+            "node 3 did not install every partition"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    produce_sized(&cluster, &mut at, &mut acks, 168..176, VALUE_BYTES);
+    check_from_common_start(&cluster, &acks);
+}
+
+#[test]
+fn the_peer_serving_a_transfer_is_killed_mid_transfer_and_the_receiver_rotates() {
+    for seed in 1..=3 {
+        serving_peer_killed_mid_transfer(seed);
     }
 }

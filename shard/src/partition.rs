@@ -1030,6 +1030,12 @@ impl Hosted {
                             Err(AppendFailure::Store { source, .. })
                                 if self.store.fenced().is_none() =>
                             {
+                                tracing::warn!(
+                                    partition_id = self.store.partition_id(),
+                                    op,
+                                    error = %source,
+                                    "the store refused an append"
+                                );
                                 refused.push((id, op, store_error(source)));
                             }
                             Err(e) => self.inputs.push_back(Input::IoDone {
@@ -2092,6 +2098,53 @@ mod replicated_tests {
             assert_eq!(p.high_watermark(), Some(64), "replica {r}");
             assert_eq!(all_records(&mut io, p), primary, "replica {r}");
         }
+    }
+
+    /// A backup that missed ops repairs them in answers of up to 16
+    /// batches; it took each answer's commit only after appending every
+    /// batch, so 16 batches of 120 KiB stood uncommitted at once, past a
+    /// 1 MiB segment's end and its headroom (a quarter of it): the append was
+    /// refused (`UncommittedTail`) and the backup fenced (found by
+    /// bin/tests/cluster.rs, the serving peer killed mid-transfer, whose
+    /// receiver repairs past its install).
+    #[test]
+    fn a_backup_repairs_a_run_of_large_ops_across_segment_ends() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut io = UringBackend::new(64).unwrap();
+        let config = StoreConfig {
+            segment_size_bytes: 1 << 20,
+            write_buffer_bytes: 256 << 10,
+            ..ServerConfig::default().store_config()
+        };
+        let mut parts: Vec<Partition> = (0..3)
+            .map(|r| open_with(dir.path(), &mut io, replication(r, GROUP), config.clone()))
+            .collect();
+        let value = vec![5u8; 120 << 10];
+        let batch = batch_of(&[value.as_slice()]).unwrap();
+        // Replica 3 is cut off for 40 batches (about 4.7 MiB).
+        for i in 0..40u64 {
+            parts[0].produce(&mut io, batch.clone().into()).unwrap();
+            pump(&mut io, &mut parts, Some(3));
+            let replies: Vec<Reply> = parts[0].take_replies().collect();
+            assert!(replies[0].1.is_ok(), "batch {i}: {:?}", replies[0].1);
+        }
+        assert_eq!(parts[2].high_watermark(), Some(0));
+        for _ in 0..200 {
+            if parts[2].high_watermark() == Some(40) {
+                break;
+            }
+            for p in parts.iter_mut() {
+                p.tick(&mut io, &mut installs(), 0);
+            }
+            pump(&mut io, &mut parts, None);
+        }
+        let st = parts[2].status(0);
+        assert!(st.fault.is_none(), "the backup fenced: {:?}", st.fault);
+        assert_eq!(parts[2].high_watermark(), Some(40));
+        assert!(st.repairs.is_some_and(|n| n > 0), "it caught up by repair");
+        let primary = all_records(&mut io, &mut parts[0]);
+        assert_eq!(all_records(&mut io, &mut parts[2]), primary);
+        assert!(parts[2].store().unwrap().sealed_segments().count() >= 4);
     }
 
     /// A message of another replica group, from a node other than the one

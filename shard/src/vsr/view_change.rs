@@ -698,6 +698,13 @@ impl Replica {
                 break;
             }
             self.target.remove(&h.vsr_op);
+            if self.status == Status::Normal {
+                // The commit before each op, as `on_prepare` takes it: a
+                // store rolls only once its whole tail is committed, and a
+                // whole answer of uncommitted batches can pass a segment's
+                // end and its headroom.
+                self.advance_commit(commit, out);
+            }
             self.append(h, batch, out);
         }
         if self.status == Status::Normal {
