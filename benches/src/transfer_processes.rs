@@ -1047,4 +1047,100 @@ mod tests {
             "an oversized request is refused"
         );
     }
+
+    #[test]
+    fn processes_takes_the_servers_window_and_chunk_and_two_segments_of_retention() {
+        use crate::testutil::{data_dir, transfer};
+        let (_tmp, dir) = data_dir();
+        let d = dir.display();
+        for bad in [
+            "--window 8",
+            "--chunk-size 256k",
+            "--size 4m --segment-size 4m",
+            "--segment-size 1001k --batch-size 64k",
+        ] {
+            let a = transfer(&format!("transfer --processes --dir {d} {bad}"));
+            let e = crate::processes_report(&a).err();
+            assert!(matches!(e, Some(BenchError::Usage(_))), "{bad}: {e:?}");
+        }
+        assert!(!dir.exists(), "a usage error creates nothing");
+        let argv = ["ringlog-bench", "transfer", "--server-bin", "x"];
+        assert!(<crate::Cli as clap::Parser>::try_parse_from(argv).is_err());
+    }
+
+    /// End to end against real servers (`cargo build -p ringlog` first; CI
+    /// does): two reps of a small transfer with 2 ms each way against the
+    /// lockstep pull of the same bytes, then one at no delay against fio.
+    #[test]
+    fn transfer_between_processes_smoke() {
+        use crate::testutil::{assert_has, data_dir, transfer};
+        let (_tmp, dir) = data_dir();
+        let a = transfer(&format!(
+            "transfer --processes --dir {} --size 8m --segment-size 2m --batch-size 64k \
+             --delay-ms 2 --vs-lockstep --reps 2",
+            dir.display()
+        ));
+        let report = ProcessesReport(crate::processes_report(&a).unwrap_or_else(|e| panic!("{e}")));
+        assert!(!dir.exists(), "data dir is removed without --keep");
+        assert_eq!(report.0.reps.len(), 2);
+        for rep in &report.0.reps {
+            let (ours, chunk) = (&rep.ours, u64::from(server_chunk_bytes()));
+            // The kept sealed segments, whole: at least two of 2 MiB.
+            assert!(ours.summary.bytes >= 4 << 20, "{ours:?}");
+            assert!(ours.summary.bytes <= 8 << 20, "{ours:?}");
+            // Whole chunks per artifact (segments and their index files).
+            let least = ours.summary.bytes.div_ceil(chunk);
+            assert!((least..=3 * least).contains(&ours.summary.ios), "{ours:?}");
+            assert_eq!((ours.installs, ours.attempts_failed), (1, 0));
+            assert!(ours.started >= 1 && ours.memory_samples >= 1);
+            assert!(ours.summary.runtime > Duration::ZERO);
+            let Some(ProcessBaseline::Lockstep(l)) = &rep.theirs else {
+                panic!("the lockstep pull ran");
+            };
+            assert_eq!(l.summary.bytes, ours.summary.bytes);
+            let chunks = ours.summary.bytes.div_ceil(u64::from(LOCKSTEP_CHUNK_BYTES));
+            assert_eq!(l.summary.ios, chunks);
+            assert!(l.summary.runtime >= Duration::from_millis(4) * chunks as u32);
+        }
+        let text = report.text();
+        assert_has(
+            &text,
+            &[
+                "ringlog transfer (processes): bw=",
+                "delay 2 ms each way (TCP proxy)",
+                "receiver memory: VmRSS ",
+                "lockstep, one 256KiB chunk at a time over TCP",
+                "ratio throughput ringlog/lockstep = ",
+                "targets: transfer ",
+                "(median; target >= 10) ",
+            ],
+        );
+        assert_eq!(report.json()["jobs"][1]["baseline"], "lockstep");
+
+        let (_tmp, dir) = data_dir();
+        let a = transfer(&format!(
+            "transfer --processes --dir {} --size 4m --segment-size 1m --batch-size 64k \
+             --vs-fio --reps 1",
+            dir.display()
+        ));
+        let report = ProcessesReport(crate::processes_report(&a).unwrap_or_else(|e| panic!("{e}")));
+        let rep = &report.0.reps[0];
+        let Some(ProcessBaseline::Fio(f)) = &rep.theirs else {
+            panic!("fio ran");
+        };
+        // Rounded up to whole fio blocks (the chunk size).
+        let fio_bytes = f.summary().map_or(0, |s| s.bytes);
+        let ours = rep.ours.summary.bytes;
+        assert!(
+            fio_bytes >= ours && fio_bytes < ours + (1 << 20),
+            "{fio_bytes} {ours}"
+        );
+        assert_has(
+            &report.text(),
+            &[
+                "ratio throughput ringlog/fio = ",
+                "(median; target >= 0.8) ",
+            ],
+        );
+    }
 }
