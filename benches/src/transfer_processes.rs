@@ -147,8 +147,11 @@ pub struct ProcessResult {
     /// Gate open to transfer start (peers reconnecting, repair finding the
     /// gap, the offer): not timed.
     pub lead_in: Duration,
-    /// VmRSS of the receiving server, bytes: before the gate opened, and
-    /// the highest sample from then to the install; VmHWM at the install.
+    /// VmRSS of the receiving server, bytes: after boot (before the gate
+    /// opened); at the transfer start (the last sample before its row was
+    /// seen; after boot if none was); the highest sample from the start
+    /// to the install. VmHWM (the kernel's peak since boot) at the install.
+    pub rss_boot_bytes: u64,
     pub rss_baseline_bytes: u64,
     pub rss_peak_bytes: u64,
     pub hwm_bytes: u64,
@@ -192,8 +195,9 @@ impl Measured for ProcessResult {
         );
         let _ = writeln!(
             out,
-            "    receiver memory: VmRSS {} before, peak {} ({} samples): +{}; bound {} (window x \
-             chunk + {}); VmHWM {}",
+            "    receiver memory: VmRSS {} after boot, {} at the start, peak {} ({} samples): \
+             +{}; bound {} (window x chunk + {}); VmHWM {}",
+            Bytes(self.rss_boot_bytes),
             Bytes(self.rss_baseline_bytes),
             Bytes(self.rss_peak_bytes),
             self.memory_samples,
@@ -217,6 +221,7 @@ impl Measured for ProcessResult {
             "rotations": self.rotations,
             "start_from_row": self.start_from_row,
             "lead_in_ms": self.lead_in.as_secs_f64() * 1000.0,
+            "receiver_rss_boot_bytes": self.rss_boot_bytes,
             "receiver_rss_baseline_bytes": self.rss_baseline_bytes,
             "receiver_rss_peak_bytes": self.rss_peak_bytes,
             "receiver_memory_bytes": self.memory_bytes(),
@@ -553,8 +558,9 @@ impl Job for ProcessesJob {
             ),
             format!(
                 "receiver memory = peak VmRSS of the receiving server sampled every poll from \
-                 the gate opening to the install, minus its VmRSS after boot before the gate \
-                 opened: the whole process (chunk buffers, peer sessions' buffers and queues, \
+                 the transfer start to the install, minus its last sample before the start \
+                 (its VmRSS after boot, before the gate opened, if no transfers row was seen \
+                 in time): the whole process (chunk buffers, peer sessions' buffers and queues, \
                  the repair after the install, allocator slack; not the page cache), against \
                  window x chunk size ({} x {}) + {}; the server's chunk size and window are its \
                  defaults (not configurable)",
@@ -597,19 +603,25 @@ impl Job for ProcessesJob {
 /// Start, memory and the timeline as the polls see them.
 struct Watch {
     start: Option<Instant>,
-    baseline: Memory,
+    boot: Memory,
+    /// The last sample, the one before the start, the peak since the
+    /// start (since boot while no start was seen).
+    last_rss: u64,
+    start_rss: u64,
     peak_rss: u64,
     hwm: u64,
     samples: u64,
 }
 
 impl Watch {
-    fn new(baseline: Memory) -> Watch {
+    fn new(boot: Memory) -> Watch {
         Watch {
             start: None,
-            peak_rss: baseline.rss_bytes,
-            hwm: baseline.hwm_bytes,
-            baseline,
+            last_rss: boot.rss_bytes,
+            start_rss: boot.rss_bytes,
+            peak_rss: boot.rss_bytes,
+            hwm: boot.hwm_bytes,
+            boot,
             samples: 0,
         }
     }
@@ -623,11 +635,16 @@ impl Watch {
             .filter(|e| e.is_finite() && *e >= 0.0);
         if let (None, Some(e)) = (self.start, elapsed) {
             self.start = polled.checked_sub(Duration::from_secs_f64(e));
+            // What the lead-in (reconnects, repair finding the gap) grew
+            // is not the transfer's.
+            self.start_rss = self.last_rss;
+            self.peak_rss = self.last_rss;
         }
     }
 
     fn memory(&mut self, m: Memory) {
         self.peak_rss = self.peak_rss.max(m.rss_bytes);
+        self.last_rss = m.rss_bytes;
         self.hwm = self.hwm.max(m.hwm_bytes);
         self.samples += 1;
     }
@@ -648,7 +665,8 @@ impl Watch {
             rotations: c.rotations,
             start_from_row: self.start.is_some(),
             lead_in: start - opened,
-            rss_baseline_bytes: self.baseline.rss_bytes,
+            rss_boot_bytes: self.boot.rss_bytes,
+            rss_baseline_bytes: self.start_rss,
             rss_peak_bytes: self.peak_rss,
             hwm_bytes: self.hwm,
             memory_samples: self.samples,
@@ -988,6 +1006,10 @@ mod tests {
         let mut w = Watch::new(base);
         w.row(&None, opened);
         assert!(w.start.is_none());
+        w.memory(Memory {
+            rss_bytes: 150,
+            hwm_bytes: 900,
+        });
         let polled = opened + Duration::from_millis(500);
         w.row(&Some(json!({"elapsed_seconds": 0.2})), polled);
         w.row(
@@ -1010,11 +1032,19 @@ mod tests {
         assert_eq!(r.summary.runtime, Duration::from_millis(1000));
         assert_eq!(r.lead_in, Duration::from_millis(300));
         assert!(r.start_from_row);
-        assert_eq!(r.memory_bytes(), 200);
-        assert_eq!((r.hwm_bytes, r.memory_samples), (400, 2));
-        let r = Watch::new(base).result(Duration::ZERO, c, opened, end);
+        // From the sample before the start (150) to the peak since (300).
+        assert_eq!((r.rss_boot_bytes, r.rss_baseline_bytes), (100, 150));
+        assert_eq!(r.memory_bytes(), 150);
+        assert_eq!((r.hwm_bytes, r.memory_samples), (900, 3));
+        let mut w = Watch::new(base);
+        w.memory(Memory {
+            rss_bytes: 250,
+            hwm_bytes: 250,
+        });
+        let r = w.result(Duration::ZERO, c, opened, end);
         assert!(!r.start_from_row, "no row: from the gate");
         assert_eq!(r.summary.runtime, Duration::from_millis(1300));
+        assert_eq!(r.memory_bytes(), 150, "no row: from boot");
     }
 
     /// The lockstep pull copies every byte, one chunk a round trip, and a
