@@ -837,7 +837,7 @@ fn processes_report(
         )));
     }
     check_segment_size(args.segment_size, args.batch_size)?;
-    if args.segment_size % 4096 != 0 || args.size < 2 * args.segment_size {
+    if !args.segment_size.is_multiple_of(4096) || args.size < 2 * args.segment_size {
         return Err(BenchError::Usage(format!(
             "--processes: --segment-size {} must be a multiple of 4KiB, and --size {} (the \
              retention) at least two segments",
@@ -1096,8 +1096,8 @@ impl TransferJob<'_> {
             ),
             format!(
                 "delay line: every request and reply is held {} ms each way in process (round \
-                 trip {} ms); not TCP (a transfer between two server processes needs the \
-                 replication transport, issue 11)",
+                 trip {} ms); not TCP (`transfer --processes` runs one between server \
+                 processes over loopback TCP)",
                 args.delay_ms,
                 2 * args.delay_ms
             ),

@@ -31,12 +31,13 @@ use serde_json::{json, Value};
 
 use crate::cluster_bench::{peer_addrs, LocalCluster};
 use crate::delay_proxy::DelayProxy;
+use crate::fio::FioTransferResult;
 use crate::harness::{FioFile, Header, Job, RepNo};
 use crate::jobs::produce::{self, ProduceConfig};
 use crate::jobs::server;
 use crate::jobs::transfer::LOCKSTEP_CHUNK_BYTES;
 use crate::plot::Series;
-use crate::report::{lat_lines, Comparison, JobReport, Measured, Report, TransferBaseline};
+use crate::report::{lat_lines, Comparison, JobReport, Measured, Report};
 use crate::size::Bytes;
 use crate::stats::{LatencyRecorder, LatencySummary, RunSummary, Spread, Timeline};
 use crate::{fio, BenchError, FioLayout};
@@ -156,6 +157,8 @@ pub struct ProcessResult {
     pub rss_peak_bytes: u64,
     pub hwm_bytes: u64,
     pub memory_samples: u64,
+    /// The receiver's bytes received at the sample that first saw the peak.
+    pub peak_at_bytes: u64,
 }
 
 impl ProcessResult {
@@ -196,12 +199,13 @@ impl Measured for ProcessResult {
         let _ = writeln!(
             out,
             "    receiver memory: VmRSS {} after boot, {} at the start, peak {} ({} samples): \
-             +{}; bound {} (window x chunk + {}); VmHWM {}",
+             +{}, peaking with {} received; bound {} (window x chunk + {}); VmHWM {}",
             Bytes(self.rss_boot_bytes),
             Bytes(self.rss_baseline_bytes),
             Bytes(self.rss_peak_bytes),
             self.memory_samples,
             Bytes(self.memory_bytes()),
+            Bytes(self.peak_at_bytes),
             Bytes(receiver_bound_bytes()),
             Bytes(RECEIVER_SLACK_BYTES),
             Bytes(self.hwm_bytes)
@@ -227,6 +231,7 @@ impl Measured for ProcessResult {
             "receiver_memory_bytes": self.memory_bytes(),
             "receiver_bound_bytes": receiver_bound_bytes(),
             "receiver_hwm_bytes": self.hwm_bytes,
+            "receiver_peak_at_bytes": self.peak_at_bytes,
         })
     }
 }
@@ -274,8 +279,9 @@ impl Measured for LockstepResult {
 /// The comparison run: fio's copy or the lockstep pull.
 #[derive(Debug, Clone)]
 pub enum ProcessBaseline {
-    Fio(TransferBaseline),
-    Lockstep(LockstepResult),
+    /// Boxed, both: the results are large and of unlike sizes.
+    Fio(Box<FioTransferResult>),
+    Lockstep(Box<LockstepResult>),
 }
 
 impl Measured for ProcessBaseline {
@@ -412,7 +418,7 @@ impl ProcessesJob {
             let polled = Instant::now();
             watch.row(&transfer_row(&ctl)?, polled);
             let counters = Counters::read(&ctl)?;
-            watch.memory(Memory::read(pid)?);
+            watch.memory(Memory::read(pid)?, counters.bytes);
             if counters.installs > 0 {
                 return Ok(watch.result(self.cfg.delay, counters, opened, Instant::now()));
             }
@@ -439,14 +445,14 @@ impl ProcessesJob {
         let need = job.effective_size_bytes();
         self.read.prepare(FioLayout::Prewritten, need)?;
         self.write.prepare(self.cfg.fio_layout, need)?;
-        Ok(ProcessBaseline::Fio(TransferBaseline::Fio(job.run()?)))
+        Ok(ProcessBaseline::Fio(Box::new(job.run()?)))
     }
 
     fn lockstep(&mut self, bytes: u64) -> Result<ProcessBaseline, BenchError> {
         self.read.prepare(FioLayout::Prewritten, bytes)?;
         crate::harness::remove_if_exists(&self.write.path)?;
         let r = lockstep_pull(&self.read.path, &self.write.path, bytes, self.cfg.delay)?;
-        Ok(ProcessBaseline::Lockstep(r))
+        Ok(ProcessBaseline::Lockstep(Box::new(r)))
     }
 }
 
@@ -609,6 +615,7 @@ struct Watch {
     last_rss: u64,
     start_rss: u64,
     peak_rss: u64,
+    peak_at_bytes: u64,
     hwm: u64,
     samples: u64,
 }
@@ -620,6 +627,7 @@ impl Watch {
             last_rss: boot.rss_bytes,
             start_rss: boot.rss_bytes,
             peak_rss: boot.rss_bytes,
+            peak_at_bytes: 0,
             hwm: boot.hwm_bytes,
             boot,
             samples: 0,
@@ -639,11 +647,16 @@ impl Watch {
             // is not the transfer's.
             self.start_rss = self.last_rss;
             self.peak_rss = self.last_rss;
+            self.peak_at_bytes = 0;
         }
     }
 
-    fn memory(&mut self, m: Memory) {
-        self.peak_rss = self.peak_rss.max(m.rss_bytes);
+    /// One sample, taken with `received_bytes` received so far.
+    fn memory(&mut self, m: Memory, received_bytes: u64) {
+        if m.rss_bytes > self.peak_rss {
+            self.peak_rss = m.rss_bytes;
+            self.peak_at_bytes = received_bytes;
+        }
         self.last_rss = m.rss_bytes;
         self.hwm = self.hwm.max(m.hwm_bytes);
         self.samples += 1;
@@ -670,6 +683,7 @@ impl Watch {
             rss_peak_bytes: self.peak_rss,
             hwm_bytes: self.hwm,
             memory_samples: self.samples,
+            peak_at_bytes: self.peak_at_bytes,
         }
     }
 }
@@ -950,6 +964,16 @@ impl JobReport for ProcessesReport {
     fn json(&self) -> Value {
         let mut v = self.0.json();
         v["targets"] = json!(self.lines());
+        if let (Some(r), Some(b)) = (self.ratio(), self.baseline()) {
+            let pair = match b {
+                Baseline::Fio => "ringlog/fio",
+                Baseline::Lockstep => "ringlog/lockstep",
+            };
+            v["ratios"] = json!({
+                "pair": pair,
+                "throughput": {"median": r.median, "min": r.min, "max": r.max, "reps": r.n},
+            });
+        }
         v
     }
     fn series(&self) -> Vec<Series<'_>> {
@@ -1006,21 +1030,27 @@ mod tests {
         let mut w = Watch::new(base);
         w.row(&None, opened);
         assert!(w.start.is_none());
-        w.memory(Memory {
-            rss_bytes: 150,
-            hwm_bytes: 900,
-        });
+        w.memory(
+            Memory {
+                rss_bytes: 150,
+                hwm_bytes: 900,
+            },
+            0,
+        );
         let polled = opened + Duration::from_millis(500);
         w.row(&Some(json!({"elapsed_seconds": 0.2})), polled);
         w.row(
             &Some(json!({"elapsed_seconds": 0.4})),
             polled + Duration::from_millis(200),
         );
-        w.memory(Memory {
-            rss_bytes: 300,
-            hwm_bytes: 400,
-        });
-        w.memory(base);
+        w.memory(
+            Memory {
+                rss_bytes: 300,
+                hwm_bytes: 400,
+            },
+            7,
+        );
+        w.memory(base, 9);
         let c = Counters {
             bytes: 1 << 20,
             chunks: 1,
@@ -1036,11 +1066,15 @@ mod tests {
         assert_eq!((r.rss_boot_bytes, r.rss_baseline_bytes), (100, 150));
         assert_eq!(r.memory_bytes(), 150);
         assert_eq!((r.hwm_bytes, r.memory_samples), (900, 3));
+        assert_eq!(r.peak_at_bytes, 7);
         let mut w = Watch::new(base);
-        w.memory(Memory {
-            rss_bytes: 250,
-            hwm_bytes: 250,
-        });
+        w.memory(
+            Memory {
+                rss_bytes: 250,
+                hwm_bytes: 250,
+            },
+            3,
+        );
         let r = w.result(Duration::ZERO, c, opened, end);
         assert!(!r.start_from_row, "no row: from the gate");
         assert_eq!(r.summary.runtime, Duration::from_millis(1300));
@@ -1145,7 +1179,10 @@ mod tests {
                 "(median; target >= 10) ",
             ],
         );
-        assert_eq!(report.json()["jobs"][1]["baseline"], "lockstep");
+        let v = report.json();
+        assert_eq!(v["jobs"][1]["baseline"], "lockstep");
+        assert_eq!(v["ratios"]["pair"], "ringlog/lockstep");
+        assert!(v["ratios"]["throughput"]["median"].as_f64().unwrap() > 0.0);
 
         let (_tmp, dir) = data_dir();
         let a = transfer(&format!(
