@@ -7,6 +7,7 @@
 
 use std::fs;
 use std::io::Read as _;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -41,9 +42,15 @@ pub const CLUSTER_VS_SINGLE: Comparison = Comparison {
     ],
 };
 
-/// A started local cluster: node `i + 1` is `nodes[i]`.
-struct LocalCluster {
-    nodes: Vec<ServerProcess>,
+/// A started local cluster: node `i + 1` is `nodes[i]` (None while it is
+/// killed).
+pub(crate) struct LocalCluster {
+    nodes: Vec<Option<ServerProcess>>,
+    bin: PathBuf,
+    dir: PathBuf,
+    shards: u32,
+    /// Each node's flags, kept to boot it again.
+    args: Vec<Vec<String>>,
 }
 
 impl LocalCluster {
@@ -56,6 +63,24 @@ impl LocalCluster {
         shards: u32,
         flags: &[String],
     ) -> Result<LocalCluster, BenchError> {
+        let listen = peer_addrs(n)?;
+        Self::start_routed(bin, dir, shards, flags, &listen, &|_, to| {
+            listen[to as usize - 1]
+        })
+    }
+
+    /// As [`LocalCluster::start`], node `i + 1` taking peer connections on
+    /// `listen[i]` and dialling node `to` at `route(from, to)` (a proxy in
+    /// between, or `listen` itself); a node's own entry is its `listen`.
+    pub(crate) fn start_routed(
+        bin: &Path,
+        dir: &Path,
+        shards: u32,
+        flags: &[String],
+        listen: &[SocketAddr],
+        route: &dyn Fn(u32, u32) -> SocketAddr,
+    ) -> Result<LocalCluster, BenchError> {
+        let n = listen.len() as u32;
         assert!(
             (2..=CLUSTER_NODES_MAX).contains(&n),
             "checked by the caller"
@@ -63,11 +88,13 @@ impl LocalCluster {
         fs::create_dir(dir).map_err(fs_err("create", dir))?;
         let secret = dir.join("secret");
         write_secret(&secret)?;
-        let mut peers = Vec::new();
-        for id in 1..=n {
-            peers.push(format!("{id}=127.0.0.1:{}", free_port()?));
-        }
-        let mut nodes = Vec::new();
+        let mut cluster = LocalCluster {
+            nodes: Vec::new(),
+            bin: bin.to_owned(),
+            dir: dir.to_owned(),
+            shards,
+            args: Vec::new(),
+        };
         for id in 1..=n {
             let mut args: Vec<String> = vec![
                 "--cluster-id".into(),
@@ -77,41 +104,77 @@ impl LocalCluster {
                 "--cluster-secret-file".into(),
                 secret.display().to_string(),
             ];
-            for p in &peers {
-                args.extend(["--peer".to_owned(), p.clone()]);
+            for to in 1..=n {
+                let addr = if to == id {
+                    listen[id as usize - 1]
+                } else {
+                    route(id, to)
+                };
+                args.extend(["--peer".to_owned(), format!("{to}={addr}")]);
             }
             args.extend(flags.iter().cloned());
-            let node = ServerProcess::start(bin, &dir.join(format!("n{id}")), shards, &args)?;
+            let node = ServerProcess::start(bin, &cluster.node_dir(id), shards, &args)?;
             eprintln!("ringlog-bench: cluster node {id} ready at {}", node.addr);
-            nodes.push(node);
+            cluster.nodes.push(Some(node));
+            cluster.args.push(args);
         }
-        Ok(LocalCluster { nodes })
+        Ok(cluster)
+    }
+
+    fn node_dir(&self, id: u32) -> PathBuf {
+        self.dir.join(format!("n{id}"))
+    }
+
+    /// Node `id`, while it runs.
+    pub(crate) fn node(&self, id: u32) -> Option<&ServerProcess> {
+        self.nodes.get(id as usize - 1)?.as_ref()
+    }
+
+    /// SIGKILLs node `id` (and reaps it); its data stays.
+    pub(crate) fn kill(&mut self, id: u32) {
+        if let Some(slot) = self.nodes.get_mut(id as usize - 1) {
+            drop(slot.take());
+        }
+    }
+
+    /// Starts killed node `id` again over its data, with its flags.
+    pub(crate) fn boot(&mut self, id: u32) -> Result<&ServerProcess, BenchError> {
+        let i = id as usize - 1;
+        assert!(self.nodes[i].is_none(), "boot a killed node");
+        let node = ServerProcess::launch(
+            &self.bin,
+            &self.node_dir(id),
+            self.shards,
+            &self.args[i],
+            None,
+        )?;
+        Ok(self.nodes[i].insert(node))
     }
 
     /// Creates `topic` on every node (cluster topics are created per node
     /// until the metadata group is hosted; see the README).
-    fn create_topic(&self, topic: &str, partitions: u32) -> Result<(), BenchError> {
-        for n in &self.nodes {
+    pub(crate) fn create_topic(&self, topic: &str, partitions: u32) -> Result<(), BenchError> {
+        for n in self.nodes.iter().flatten() {
             produce::create_topic(&n.addr, topic, partitions)?;
         }
         Ok(())
     }
 
-    fn delete_topic(&self, topic: &str) -> Result<(), BenchError> {
-        for n in &self.nodes {
+    pub(crate) fn delete_topic(&self, topic: &str) -> Result<(), BenchError> {
+        for n in self.nodes.iter().flatten() {
             produce::delete_topic(&n.addr, topic)?;
         }
         Ok(())
     }
 
     /// The primary of a new topic's view 0: the node with the smallest id.
-    fn primary_addr(&self) -> &str {
-        &self.nodes[0].addr
+    pub(crate) fn primary_addr(&self) -> &str {
+        self.node(1).map_or("", |n| n.addr.as_str())
     }
 
-    fn stop(self) -> Result<(), BenchError> {
+    pub(crate) fn stop(self) -> Result<(), BenchError> {
         let mut first = Ok(());
-        for n in self.nodes {
+        for n in self.nodes.into_iter().flatten() {
             if let Err(e) = n.stop() {
                 first = first.and(Err(e.into()));
             }
@@ -136,6 +199,13 @@ fn write_secret(path: &Path) -> Result<(), BenchError> {
         .open(path)
         .and_then(|mut f| f.write_all(hex.as_bytes()))
         .map_err(fs_err("write", path))
+}
+
+/// `n` peer addresses on 127.0.0.1, free now.
+pub(crate) fn peer_addrs(n: u32) -> Result<Vec<SocketAddr>, BenchError> {
+    (0..n)
+        .map(|_| Ok(SocketAddr::from(([127, 0, 0, 1], free_port()?))))
+        .collect()
 }
 
 /// A port free now, below the kernel's ephemeral range (32768 and up by

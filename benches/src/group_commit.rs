@@ -291,7 +291,7 @@ impl ServerCounters {
 }
 
 /// The sum of counter `name` over its labelled series in Prometheus text.
-fn counter_sum(text: &str, name: &str) -> Result<u64, BenchError> {
+pub(crate) fn counter_sum(text: &str, name: &str) -> Result<u64, BenchError> {
     let mut sum = 0u64;
     let mut found = false;
     for line in text.lines() {

@@ -7,7 +7,9 @@
 //! `ringlog-bench transfer` moves a partition log from one store to an empty
 //! one through the snapshot API (state transfer) and, with `--vs-fio`,
 //! compares it with fio reading the same bytes from one file and writing
-//! them to another.
+//! them to another. `transfer --processes` does it between real server
+//! processes over loopback TCP, with `--delay-ms` added by delay proxies
+//! ([`transfer_processes`]).
 //!
 //! `ringlog-bench produce` and `ringlog-bench consume` drive a `ringlog
 //! server` over TCP with blocking clients (one thread and connection each):
@@ -27,6 +29,7 @@
 //! latency percentiles of every run ([`plot`]).
 
 mod cluster_bench;
+mod delay_proxy;
 mod fio;
 mod group_commit;
 mod harness;
@@ -39,6 +42,7 @@ mod server_bench;
 mod size;
 mod stats;
 mod status;
+mod transfer_processes;
 
 use std::fs;
 use std::io::{self, Write as _};
@@ -339,9 +343,10 @@ struct TransferArgs {
     #[arg(long, default_value = "1m", value_parser = parse_size)]
     chunk_size: u64,
     /// Chunks the receiver keeps requested, on the wire or being written,
-    /// 2..=256 (fio's iodepth).
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=1024))]
-    window: u32,
+    /// 2..=256 (fio's iodepth) [default: 4; with --processes the server's
+    /// window, 8, which cannot be set].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    window: Option<u32>,
     /// Encoded bytes of each batch of the source's log.
     #[arg(long, default_value = "1m", value_parser = parse_size)]
     batch_size: u64,
@@ -349,15 +354,31 @@ struct TransferArgs {
     #[arg(long, default_value = "1k", value_parser = parse_size)]
     record_size: u64,
     /// Milliseconds every request and reply between the serving and the
-    /// receiving machine is held, each way (an in-process delay line, not
-    /// TCP; a round trip costs twice this).
+    /// receiving machine is held, each way (a round trip costs twice this):
+    /// an in-process delay line, or with --processes a TCP delay proxy
+    /// holding every segment of bytes, both ways.
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=10_000))]
     delay_ms: u64,
     /// Compare with a lockstep pull at the same delay: one 256KiB chunk
     /// requested, read, sent back and written before the next (the design
-    /// Apache Iggy ships), instead of fio.
+    /// Apache Iggy ships), instead of fio; with --processes over loopback
+    /// TCP through a delay proxy, from a file served by this process.
     #[arg(long, conflicts_with = "vs_fio")]
     vs_lockstep: bool,
+    /// Transfer between real `ringlog server` processes over loopback TCP:
+    /// a local 3-node cluster keeping --size per partition by retention;
+    /// node 3 is killed, falls behind the others' retention, is booted and
+    /// installs a snapshot of one partition, timed from its side. The
+    /// server's chunk size (1m) and window (8) are fixed.
+    #[arg(long)]
+    processes: bool,
+    /// With --processes: the `ringlog` binary [default: next to
+    /// ringlog-bench].
+    #[arg(long, requires = "processes")]
+    server_bin: Option<PathBuf>,
+    /// With --processes: shards of each server.
+    #[arg(long, default_value_t = 1, requires = "processes")]
+    shards: u32,
 }
 
 /// The server and client settings shared by `produce` and `consume`.
@@ -567,6 +588,10 @@ fn main() -> ExitCode {
 fn run_command(command: Command) -> Result<(OutputFormat, Box<dyn JobReport>), BenchError> {
     Ok(match command {
         Command::Append(a) => (a.rep.output_format, Box::new(append_report(&a)?)),
+        Command::Transfer(a) if a.processes => (
+            a.rep.output_format,
+            Box::new(transfer_processes::ProcessesReport(processes_report(&a)?)),
+        ),
         Command::Transfer(a) => (a.rep.output_format, Box::new(transfer_report(&a)?)),
         Command::Produce(a) => match a.cluster {
             Some(n) => (
@@ -796,6 +821,53 @@ impl Job for AppendJob<'_> {
     }
 }
 
+/// Runs `transfer --processes` and cleans up; the report is not printed.
+fn processes_report(
+    args: &TransferArgs,
+) -> Result<
+    Report<transfer_processes::ProcessResult, transfer_processes::ProcessBaseline>,
+    BenchError,
+> {
+    use transfer_processes::{server_chunk_bytes, Baseline, ProcessesConfig, ProcessesJob};
+    if args.window.is_some() || args.chunk_size != u64::from(server_chunk_bytes()) {
+        return Err(BenchError::Usage(format!(
+            "--processes uses the server's window and chunk size ({}); no --window or \
+             --chunk-size",
+            Bytes(u64::from(server_chunk_bytes()))
+        )));
+    }
+    check_segment_size(args.segment_size, args.batch_size)?;
+    if !args.segment_size.is_multiple_of(4096) || args.size < 2 * args.segment_size {
+        return Err(BenchError::Usage(format!(
+            "--processes: --segment-size {} must be a multiple of 4KiB, and --size {} (the \
+             retention) at least two segments",
+            Bytes(args.segment_size),
+            Bytes(args.size)
+        )));
+    }
+    let vs = match (args.fio.vs_fio, args.vs_lockstep) {
+        (true, _) => Some(Baseline::Fio),
+        (_, true) => Some(Baseline::Lockstep),
+        _ => None,
+    };
+    let fio_version = fio_version(args.fio.vs_fio)?;
+    let cfg = ProcessesConfig {
+        dir: args.data.dir.clone(),
+        bytes: args.size,
+        segment_size: args.segment_size,
+        batch_size: to_usize("--batch-size", args.batch_size)?,
+        record_size: to_usize("--record-size", args.record_size)?,
+        delay: Duration::from_millis(args.delay_ms),
+        server_bin: args.server_bin.clone(),
+        shards: args.shards,
+        vs,
+        fio_layout: args.fio.fio_layout,
+    };
+    let ws = Workspace::create(&args.data.dir, args.data.keep, ProcessesJob::paths(&cfg))?;
+    let job = ProcessesJob::new(cfg, "xfer", fio_version);
+    harness::run(job, ws, args.rep.reps, vs.is_some())
+}
+
 /// Runs the transfer job (and fio or the lockstep pull) and cleans up; the
 /// report is not printed.
 fn transfer_report(
@@ -814,10 +886,10 @@ fn transfer_report(
     if args.size == 0 {
         return Err(BenchError::Usage("--size must be positive".into()));
     }
-    if args.window < 2 || args.window > 256 {
+    let window = args.window.unwrap_or(4);
+    if !(2..=256).contains(&window) {
         return Err(BenchError::Usage(format!(
-            "--window {} must be in 2..=256 (a window is never lockstep; --vs-lockstep runs that)",
-            args.window
+            "--window {window} must be in 2..=256 (a window is never lockstep; --vs-lockstep runs that)"
         )));
     }
     let fio_version = fio_version(args.fio.vs_fio)?;
@@ -827,7 +899,7 @@ fn transfer_report(
         total_bytes: args.size,
         segment_size: args.segment_size,
         chunk_size,
-        window: to_usize("--window", u64::from(args.window))?,
+        window: to_usize("--window", u64::from(window))?,
         batch_size: to_usize("--batch-size", args.batch_size)?,
         record_size: to_usize("--record-size", args.record_size)?,
         delay: Duration::from_millis(args.delay_ms),
@@ -915,7 +987,7 @@ impl TransferJob<'_> {
             write_file: &write_file,
             block_size_bytes: self.args.chunk_size,
             size_bytes,
-            iodepth: self.args.window,
+            iodepth: self.cfg.window as u32,
         };
         let need = job.effective_size_bytes();
         self.read.prepare(FioLayout::Prewritten, need)?;
@@ -1005,7 +1077,7 @@ impl TransferJob<'_> {
             ("size", Bytes(args.size).to_string()),
             ("segment_size", Bytes(args.segment_size).to_string()),
             ("chunk_size", Bytes(args.chunk_size).to_string()),
-            ("window", args.window.to_string()),
+            ("window", self.cfg.window.to_string()),
             ("batch_size", Bytes(args.batch_size).to_string()),
             ("record_size", Bytes(args.record_size).to_string()),
             ("delay_ms", args.delay_ms.to_string()),
@@ -1020,12 +1092,12 @@ impl TransferJob<'_> {
                  pipelined executor, both stores on one io_uring ring: up to --window {} chunks \
                  requested at once; the server reads the next chunks while earlier ones are on \
                  the wire and being written",
-                args.window
+                self.cfg.window
             ),
             format!(
                 "delay line: every request and reply is held {} ms each way in process (round \
-                 trip {} ms); not TCP (a transfer between two server processes needs the \
-                 replication transport, issue 11)",
+                 trip {} ms); not TCP (`transfer --processes` runs one between server \
+                 processes over loopback TCP)",
                 args.delay_ms,
                 2 * args.delay_ms
             ),
@@ -1049,7 +1121,7 @@ impl TransferJob<'_> {
                 "fio keeps iodepth={} I/Os in flight and reads everything before it writes; \
                  ringlog also hashes every chunk on both sides and parses every batch on the \
                  receiver",
-                args.window
+                self.cfg.window
             ));
             notes.push(match args.fio.fio_layout {
                 FioLayout::Prewritten => "fio's write job overwrites a pre-written file (laid out \
@@ -1294,7 +1366,7 @@ mod tests {
         assert_eq!(t.size, 512 << 20);
         assert_eq!(t.segment_size, 256 << 20);
         assert_eq!(t.chunk_size, 1 << 20);
-        assert_eq!(t.window, 4);
+        assert_eq!(t.window, None);
         assert_eq!(t.batch_size, 1 << 20);
         assert_eq!(t.rep.reps, 1);
         assert!(!t.fio.vs_fio && !t.data.keep);
@@ -1308,7 +1380,7 @@ mod tests {
         );
         assert_eq!(t.size, 1 << 30);
         assert_eq!(t.chunk_size, 256 << 10);
-        assert_eq!(t.window, 8);
+        assert_eq!(t.window, Some(8));
         assert!(t.fio.vs_fio);
         assert_eq!(t.rep.output_format, OutputFormat::Json);
         assert!(Cli::try_parse_from(["ringlog-bench", "transfer", "--window", "0"]).is_err());

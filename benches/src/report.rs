@@ -771,7 +771,7 @@ fn us(ns: u64) -> f64 {
     ns as f64 / 1000.0
 }
 
-fn lat_lines(out: &mut String, name: &str, lat: &LatencySummary) {
+pub(crate) fn lat_lines(out: &mut String, name: &str, lat: &LatencySummary) {
     let _ = writeln!(
         out,
         "    {name} (usec): min={:.1}, avg={:.1}, stdev={:.1}, max={:.1}, samples={}",
