@@ -203,25 +203,24 @@ fn batch_opts(seed: u64) -> SimOptions {
 }
 
 /// Seeds of the transfer batch that hit an open bug; skipped by the batch,
-/// an open-bug test replays them (the two it held before are pinned in
-/// `pinned_transfer_seeds_purge_and_floor`).
-const TRANSFER_OPEN_BUG_SEEDS: &[u64] = &[7_000_168];
+/// an open-bug test replays them. None open now (those it held are pinned
+/// in `pinned_transfer_seeds_purge_and_floor` and
+/// `pinned_transfer_seed_an_install_covering_the_log_keeps_a_voter`).
+const TRANSFER_OPEN_BUG_SEEDS: &[u64] = &[];
 
-/// Open (liveness): 7000168 fails 'converges after healing'. The primary
-/// R0 crashes and reboots with its disk lost while R2, behind retention,
-/// installs a snapshot from R1; an install reboots its replica wiped (a
-/// non-voter until its log is whole), so two of three replicas cannot
-/// vote, R1 cannot finish a view change, and nobody is Normal to make the
-/// others whole. R2's install covered every op it held before it (so
-/// every op it ever acked): it could vote as a replica that is behind.
-/// Found when backups took each repaired op's commit before appending the
-/// next (which moved this seed's trajectory onto it).
+/// 7000168 failed 'converges after healing': the primary R0 crashed and
+/// rebooted with its disk lost while R2, behind retention, installed a
+/// snapshot from R1; an install rebooted its replica wiped (a non-voter
+/// until its log is whole), so two of three replicas could not vote, R1
+/// could not finish a view change, and nobody was Normal to make the
+/// others whole. R2's install covered every op its log held before it
+/// (so every op it may have acked): such an install now unmarks the
+/// superblock and the replica votes again as one that is behind. Found
+/// when backups took each repaired op's commit before appending the next
+/// (which moved this seed's trajectory onto it).
 #[test]
-#[ignore = "open bug: an install that covers the replica's log still reboots it a non-voter"]
-fn open_bug_two_non_voters_after_a_wipe_and_an_install() {
-    for &seed in TRANSFER_OPEN_BUG_SEEDS {
-        sim::run(batch_opts(seed)).unwrap_or_else(|f| panic!("seed {seed}: {f}"));
-    }
+fn pinned_transfer_seed_an_install_covering_the_log_keeps_a_voter() {
+    sim::run(batch_opts(7_000_168)).unwrap_or_else(|f| panic!("{f}"));
 }
 
 /// Seeds that failed 'cuts the store accepts' (7000212) and 'committed ops

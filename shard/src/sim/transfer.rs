@@ -9,7 +9,8 @@
 //! frozen only from the offer taken to the install's end: its storage ops
 //! drain, the superblock is marked wiped, the install runs; a failed
 //! attempt unmarks it and steps it again, an install reboots it from its
-//! disk on the installed frontier, wiped until its log is whole. On with
+//! disk on the installed frontier, wiped until its log is whole (unmarked
+//! first if the install covers the log it had: `vsr` module docs). On with
 //! [`super::SimOptions::transfers`].
 
 use std::collections::VecDeque;
@@ -45,6 +46,9 @@ pub struct NodeXfer {
     pub install_wanted: bool,
     /// The superblock is marked wiped for an install.
     pub marked: bool,
+    /// Marked for the install of a replica that was a voter: its log's op
+    /// then, the highest it may have acked (see `vsr` module docs).
+    pub voter_op: Option<u64>,
     pub server: Server,
     pub installs: Installs,
     /// (for the receiver, id, op), in emission order.
@@ -60,6 +64,7 @@ impl NodeXfer {
             wanted: false,
             install_wanted: false,
             marked: false,
+            voter_op: None,
             server: Server::new(ServerConfig::default()),
             installs: Installs::new(INSTALLS_MAX, InstallBudget::new(INSTALL_BUDGET_BYTES)),
             pending: VecDeque::new(),
@@ -311,7 +316,8 @@ impl Cluster {
     }
 
     /// The install committed: the installed ops must be committed ones;
-    /// the replica reboots from its disk (wiped: it repairs onto them).
+    /// the replica reboots from its disk (wiped, it repairs onto them; a
+    /// voter whose log the install covers is unmarked first).
     fn installed(&mut self, r: u8) -> Result<(), Violation> {
         self.counts.transfer_installs += 1;
         let seed = self.rng.next_u64();
@@ -354,7 +360,34 @@ impl Cluster {
             );
             return Err(violation("a wipe survives a crash", detail));
         }
+        let installed_op = model.keys().next_back().copied().unwrap_or(0);
         node.model = model;
+        if node
+            .xfer
+            .voter_op
+            .take()
+            .is_some_and(|op| installed_op >= op)
+        {
+            // The install holds every op the replica may have acked: it
+            // is a voter that is behind again, not a wiped one.
+            let unmark = StorageOp::PersistVsr(VsrState {
+                wiped: false,
+                ..all.durable
+            });
+            node.unwipe_asked = true;
+            let result = replica_io::execute(store, &mut node.io, &unmark);
+            if node.io.is_crashed() {
+                return self.crash(r, Some(&unmark));
+            }
+            if let Err(e) = result {
+                return Err(violation("unmark after an install", e.reason));
+            }
+            node.wiped = false;
+        }
+        let node = &mut self.nodes[usize::from(r)];
+        let Some(store) = node.store.as_mut() else {
+            return Err(violation("store after an install", "no store".into()));
+        };
         let rec = replica_io::recover(store, &mut node.io, BOOT_COMMITTED_OPS_KEPT)
             .map_err(|e| violation("replica boots from its store", e.reason))?;
         node.io.set_faults(node.disk_faults.clone());
@@ -478,6 +511,7 @@ impl Cluster {
         node.wiped = state.wiped;
         node.unwipe_asked = !state.wiped;
         node.xfer.marked = wiped;
+        node.xfer.voter_op = (wiped && !replica.is_wiped()).then(|| replica.op());
         Ok(true)
     }
 
