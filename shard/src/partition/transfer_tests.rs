@@ -87,9 +87,45 @@ impl Group {
         }
     }
 
-    /// Flushes every replica and carries one round of their messages
-    /// (nothing to or from `cut`); the number carried.
+    /// Hands every finished transfer batch to the replica whose pipeline
+    /// started it (each replica stands for its own shard, all on one
+    /// ring), as the shard's reaping does; waits a little in the ring when
+    /// batches are in flight and none has finished. The number handed
+    /// back plus the number still in flight.
+    fn reap(&mut self) -> usize {
+        let mut reaped: crate::transfer::io::Reaped = self
+            .installs
+            .iter_mut()
+            .flat_map(Installs::take_foreign)
+            .collect();
+        let in_flight = |g: &Group| {
+            g.installs
+                .iter()
+                .map(Installs::batches_in_flight)
+                .sum::<usize>()
+        };
+        if reaped.is_empty() && in_flight(self) > 0 {
+            reaped = self.io.reap_waiting(std::time::Duration::from_millis(5));
+        } else {
+            reaped.extend(self.io.reap());
+        }
+        let handed = reaped.len();
+        for (batch, completions) in reaped {
+            let i = (0..3)
+                .find(|&i| self.installs[i].owner(batch).is_some())
+                .expect("every batch on the ring is a transfer's");
+            let (io, installs) = (&mut self.io, &mut self.installs[i]);
+            let one = vec![(batch, completions)];
+            self.parts[i].transfer_reaped(io, installs, self.now_ms, one);
+        }
+        handed + in_flight(self)
+    }
+
+    /// Hands back finished transfer I/O, flushes every replica and carries
+    /// one round of their messages (nothing to or from `cut`); the number
+    /// carried, plus the batches handed back or still in flight.
     fn round(&mut self, cut: Option<u32>) -> usize {
+        let reaped = self.reap();
         let mut mail = Vec::new();
         for i in 0..3 {
             self.flush(i);
@@ -109,7 +145,7 @@ impl Group {
                 .deliver(io, installs, self.now_ms, from, &payload)
                 .unwrap();
         }
-        carried
+        carried + reaped
     }
 
     fn pump(&mut self, cut: Option<u32>) {
@@ -242,6 +278,15 @@ fn a_backup_behind_retention_transfers_installs_and_acks_again() {
     assert_eq!(g.installs_of(2), 1, "replica 2 never installed");
     // What the shard's metrics sum: received here, served by the others.
     let x = g.parts[2].transfer().unwrap();
+    // The staged writes went on the ring without waiting: several at once
+    // (1 would be lockstep), none left behind; the serving reads too.
+    let (left, peak) = x.io_in_flight();
+    assert_eq!(left, 0, "staged writes left in flight");
+    assert!(peak > 1, "staged writes never overlapped (peak {peak})");
+    let served_peak = (0..2)
+        .map(|i| g.parts[i].transfer().unwrap().io_in_flight().1)
+        .max();
+    assert!(served_peak >= Some(1), "no serving read went on the ring");
     let (bytes_received, chunks_received) = x.received();
     assert!(x.counters().started >= 1);
     assert!(chunks_received > 0 && bytes_received >= chunks_received);
