@@ -147,6 +147,7 @@ pub struct ShardMetrics {
     pub transfer_bytes_served_total: AtomicU64,
     pub transfer_chunks_served_total: AtomicU64,
     pub transfer_ops_refused_total: AtomicU64,
+    pub transfer_installs_deferred_total: AtomicU64,
     /// Fetch reply buffers this shard allocated because the server's pool
     /// (`reply_pool`) had none idle: flat while consumers are served from
     /// kept buffers.
@@ -209,6 +210,7 @@ impl Default for ShardMetrics {
             transfer_bytes_served_total: AtomicU64::new(0),
             transfer_chunks_served_total: AtomicU64::new(0),
             transfer_ops_refused_total: AtomicU64::new(0),
+            transfer_installs_deferred_total: AtomicU64::new(0),
             reply_buffers_allocated_total: AtomicU64::new(0),
             reply_buffers_dropped_total: AtomicU64::new(0),
             produce_buffers_lent_total: AtomicU64::new(0),
@@ -261,6 +263,7 @@ pub struct TransferTotals {
     pub bytes_served: u64,
     pub chunks_served: u64,
     pub ops_refused: u64,
+    pub installs_deferred: u64,
 }
 
 pub fn set_transfers(m: &ShardMetrics, t: &TransferTotals) {
@@ -286,6 +289,8 @@ pub fn set_transfers(m: &ShardMetrics, t: &TransferTotals) {
         .store(t.chunks_served, Ordering::Relaxed);
     m.transfer_ops_refused_total
         .store(t.ops_refused, Ordering::Relaxed);
+    m.transfer_installs_deferred_total
+        .store(t.installs_deferred, Ordering::Relaxed);
 }
 
 /// A shard's mailbox figures, read when the scrape starts.
@@ -537,6 +542,11 @@ const COUNTERS: &[CounterRow] = &[
         "ringlog_transfer_ops_refused",
         "Transfer storage ops refused because the partition's op queue was full",
         |m| &m.transfer_ops_refused_total,
+    ),
+    (
+        "ringlog_transfer_installs_deferred",
+        "State transfer installs that could not begin yet (the shard's install limit or budget); retried",
+        |m| &m.transfer_installs_deferred_total,
     ),
     (
         "ringlog_reply_buffers_allocated",

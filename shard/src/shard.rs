@@ -1043,6 +1043,7 @@ fn transfer_totals(partitions: &HashMap<u32, Partition>) -> metrics::TransferTot
         t.charges += c.charges;
         t.quarantines += c.quarantines;
         t.ops_refused += c.ops_refused;
+        t.installs_deferred += c.installs_deferred;
         t.bytes_received += bytes_received;
         t.chunks_received += chunks_received;
         t.bytes_served += bytes_served;

@@ -56,7 +56,7 @@ use crate::vsr::{Input, Replica, Status, StorageOp, VsrState};
 /// transient fault (counted in `ops_refused`), except those that release
 /// what an attempt holds (abort, commit, snapshot release: at most one of
 /// each per attempt or lease), which are always queued.
-const PENDING_OPS_MAX: usize = 256;
+pub(super) const PENDING_OPS_MAX: usize = 256;
 
 /// What a partition's transfers did (its shard sums them into metrics).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -71,6 +71,9 @@ pub struct TransferCounters {
     pub undecodable: u64,
     /// Ops refused because the partition's queue was full.
     pub ops_refused: u64,
+    /// Installs that could not begin yet (the shard's install limit or
+    /// budget, a busy log): retried on the receiver's flat interval.
+    pub installs_deferred: u64,
 }
 
 /// A running transfer, for `ctl transfers`.
@@ -652,6 +655,9 @@ impl Hosted {
         };
         match (kind, &result) {
             (Kind::Begin, Ok(_)) => x.installing = true,
+            (Kind::Begin, Err(f)) if f.kind == crate::transfer::FaultKind::Transient => {
+                x.counters.installs_deferred += 1;
+            }
             (Kind::Commit | Kind::Abort, _) => x.installing = false,
             _ => {}
         }

@@ -347,6 +347,15 @@ impl Pipeline {
         done: &mut Vec<(IoId, Result<IoOutcome, Fault>)>,
         foreign: &mut Reaped,
     ) {
+        // Another pipeline's drain may have reaped some of ours: the shard
+        // has not handed them back yet, and the ring never will again.
+        for (batch, completions) in std::mem::take(&mut installs.foreign) {
+            if self.owns(batch) {
+                self.complete(store, installs, batch, completions, done);
+            } else {
+                installs.foreign.push((batch, completions));
+            }
+        }
         while !self.in_flight.is_empty() {
             let reaped = io.reap_waiting(DRAIN_WAIT);
             for (batch, completions) in reaped {
