@@ -754,6 +754,12 @@ impl<B: IoBackend> Shard<B> {
             self.respond(reply, outcome);
         }
         self.flushed.notify();
+        // A transfer's drain above reaped others' batches, whose wake-up
+        // may already be spent: they are handled now, not at the next one
+        // (each round needs another install op, so this ends).
+        if self.core.borrow().installs.has_foreign() {
+            self.on_storage_completions(now);
+        }
     }
 
     /// Hands reaped transfer batches back to the partition whose pipeline

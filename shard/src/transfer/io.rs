@@ -75,6 +75,11 @@ impl Installs {
         self.foreign.append(reaped);
     }
 
+    /// Whether drains reaped batches the shard has not taken yet.
+    pub fn has_foreign(&self) -> bool {
+        !self.foreign.is_empty()
+    }
+
     /// The batches drains reaped for other owners, oldest first.
     pub fn take_foreign(&mut self) -> Reaped {
         std::mem::take(&mut self.foreign)
