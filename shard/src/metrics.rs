@@ -146,6 +146,8 @@ pub struct ShardMetrics {
     pub transfer_chunks_received_total: AtomicU64,
     pub transfer_bytes_served_total: AtomicU64,
     pub transfer_chunks_served_total: AtomicU64,
+    pub transfer_ops_refused_total: AtomicU64,
+    pub transfer_installs_deferred_total: AtomicU64,
     /// Fetch reply buffers this shard allocated because the server's pool
     /// (`reply_pool`) had none idle: flat while consumers are served from
     /// kept buffers.
@@ -207,6 +209,8 @@ impl Default for ShardMetrics {
             transfer_chunks_received_total: AtomicU64::new(0),
             transfer_bytes_served_total: AtomicU64::new(0),
             transfer_chunks_served_total: AtomicU64::new(0),
+            transfer_ops_refused_total: AtomicU64::new(0),
+            transfer_installs_deferred_total: AtomicU64::new(0),
             reply_buffers_allocated_total: AtomicU64::new(0),
             reply_buffers_dropped_total: AtomicU64::new(0),
             produce_buffers_lent_total: AtomicU64::new(0),
@@ -258,6 +262,8 @@ pub struct TransferTotals {
     pub chunks_received: u64,
     pub bytes_served: u64,
     pub chunks_served: u64,
+    pub ops_refused: u64,
+    pub installs_deferred: u64,
 }
 
 pub fn set_transfers(m: &ShardMetrics, t: &TransferTotals) {
@@ -281,6 +287,10 @@ pub fn set_transfers(m: &ShardMetrics, t: &TransferTotals) {
         .store(t.bytes_served, Ordering::Relaxed);
     m.transfer_chunks_served_total
         .store(t.chunks_served, Ordering::Relaxed);
+    m.transfer_ops_refused_total
+        .store(t.ops_refused, Ordering::Relaxed);
+    m.transfer_installs_deferred_total
+        .store(t.installs_deferred, Ordering::Relaxed);
 }
 
 /// A shard's mailbox figures, read when the scrape starts.
@@ -527,6 +537,16 @@ const COUNTERS: &[CounterRow] = &[
         "ringlog_transfer_chunks_served",
         "Chunks served to transferring peers",
         |m| &m.transfer_chunks_served_total,
+    ),
+    (
+        "ringlog_transfer_ops_refused",
+        "Transfer storage ops refused because the partition's op queue was full",
+        |m| &m.transfer_ops_refused_total,
+    ),
+    (
+        "ringlog_transfer_installs_deferred",
+        "State transfer installs that could not begin yet (the shard's install limit or budget); retried",
+        |m| &m.transfer_installs_deferred_total,
     ),
     (
         "ringlog_reply_buffers_allocated",

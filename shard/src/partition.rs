@@ -593,6 +593,28 @@ impl Partition {
         }
     }
 
+    /// Batches of this partition's transfer I/O the shard reaped (those
+    /// `installs` names it the owner of): answered to the transfer
+    /// machines; an install's begin, commit or abort they lead to waits
+    /// while a flush or spare of the partition is in flight.
+    pub fn transfer_reaped(
+        &mut self,
+        io: &mut impl IoBackend,
+        installs: &mut Installs,
+        now_ms: u64,
+        reaped: crate::transfer::io::Reaped,
+    ) {
+        let quiet = !self.flush_in_flight() && !self.spare_in_flight();
+        match &mut self.state {
+            State::Open(h) => h.transfer_reaped(io, installs, now_ms, reaped, quiet),
+            State::Unavailable(_) => {
+                for (batch, _) in reaped {
+                    installs.forget(batch);
+                }
+            }
+        }
+    }
+
     /// The partition's transfer machines (replicated partitions only).
     pub fn transfer(&self) -> Option<&TransferHost> {
         match &self.state {
@@ -963,6 +985,7 @@ impl Hosted {
             }
         }
         .map_err(|e| err(e.to_string()))?;
+        let chunk_bytes = store.config().transfer_chunk_bytes;
         Ok(Hosted {
             store,
             replica,
@@ -973,7 +996,7 @@ impl Hosted {
             next_token: 1,
             xfer: repl
                 .as_ref()
-                .map(|r| Box::new(TransferHost::new(seed_of(id, r)))),
+                .map(|r| Box::new(TransferHost::new(seed_of(id, r), chunk_bytes))),
             repl,
             sends: Vec::new(),
             view_changes: 0,

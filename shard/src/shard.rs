@@ -256,10 +256,13 @@ enum Ahead {
 }
 
 impl<B: IoBackend> Core<B> {
-    /// Group commits, spares or reads queued ahead are in flight on the
-    /// storage ring.
+    /// Group commits, spares, reads queued ahead or transfer I/O are in
+    /// flight on the storage ring.
     fn storage_busy(&self) -> bool {
-        !self.flights.is_empty() || !self.spares.is_empty() || self.pool.read_aheads_running() > 0
+        !self.flights.is_empty()
+            || !self.spares.is_empty()
+            || self.pool.read_aheads_running() > 0
+            || self.installs.batches_in_flight() > 0
     }
 }
 
@@ -1041,6 +1044,8 @@ fn transfer_totals(partitions: &HashMap<u32, Partition>) -> metrics::TransferTot
         t.refusals += c.refusals;
         t.charges += c.charges;
         t.quarantines += c.quarantines;
+        t.ops_refused += c.ops_refused;
+        t.installs_deferred += c.installs_deferred;
         t.bytes_received += bytes_received;
         t.chunks_received += chunks_received;
         t.bytes_served += bytes_served;

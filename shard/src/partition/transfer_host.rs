@@ -18,13 +18,22 @@
 //! install reboots it (`replica_io::recover` + `Replica::restart`) wiped on
 //! the installed frontier, and it repairs from there.
 //!
-//! Storage: the transfer's ops run with `transfer::io::execute` inside the
-//! step that emitted them, waiting in the ring like the replica's own
-//! synchronous ops (cut, persist); chunk reads and staged writes are not
-//! yet overlapped with the network (`transfer::io::Pipeline` is not wired
-//! to the shard's reaping). Each op waits for at most one window of chunks.
+//! Storage: chunk reads (serving) and staged writes (installing) go on the
+//! shard's ring through `transfer::io::Pipeline` without waiting: the
+//! shard's reaping hands their batches back (`Hosted::transfer_reaped`),
+//! and each completion, checked (a failed read or write is a Fault to its
+//! machine), is fed to it as an `IoDone`, so the serving side reads the
+//! next window while earlier chunks are on the wire and the receiver pulls
+//! while a window is being written. Snapshot leases run at once. An
+//! install's begin, commit and abort first drain the partition's transfer
+//! I/O in flight (at most a window of each machine's chunks), waiting in
+//! the ring, and run only while no flush or spare of the partition is in
+//! flight (as a replica's synchronous cut or persist): reached from a
+//! completion while one is, they wait in the queue, in emission order, for
+//! the next tick or message. Batches of other owners a drain reaps are
+//! stashed in the shard's `Installs` for its reaping to dispatch.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 
 use ringlog_storage::io::IoBackend;
 use ringlog_storage::store::PartitionStore;
@@ -32,7 +41,7 @@ use ringlog_storage::store::PartitionStore;
 use super::{Hosted, BOOT_COMMITTED_OPS_KEPT};
 use crate::ops::TransferStatus;
 use crate::replica_io;
-use crate::transfer::io::{execute, Installs};
+use crate::transfer::io::{Installs, Pipeline, Reaped};
 use crate::transfer::{
     Budgets, Event as XEvent, Frontier, IoId, Local, Message as XMsg, Outbox, Output, Receiver,
     ReceiverConfig, ReceiverInput, Server, ServerConfig, ServerInput, ServingState, TransferOp,
@@ -41,9 +50,13 @@ use crate::transfer::{
 use crate::vsr::{Input, Replica, Status, StorageOp, VsrState};
 
 /// Transfer ops queued behind one another in a partition: a step emits at
-/// most a window of chunk ops plus a few, and they all run before the step
-/// returns, so more than this is a bug (refused, logged).
-const PENDING_OPS_MAX: usize = 256;
+/// most a window of chunk ops plus a few, and they start before the step
+/// returns unless an install's begin, commit or abort waits at the head
+/// for a flush (see the module docs). Beyond it an op is refused with a
+/// transient fault (counted in `ops_refused`), except those that release
+/// what an attempt holds (abort, commit, snapshot release: at most one of
+/// each per attempt or lease), which are always queued.
+pub(super) const PENDING_OPS_MAX: usize = 256;
 
 /// What a partition's transfers did (its shard sums them into metrics).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -56,6 +69,11 @@ pub struct TransferCounters {
     pub charges: u64,
     pub quarantines: u64,
     pub undecodable: u64,
+    /// Ops refused because the partition's queue was full.
+    pub ops_refused: u64,
+    /// Installs that could not begin yet (the shard's install limit or
+    /// budget, a busy log): retried on the receiver's flat interval.
+    pub installs_deferred: u64,
 }
 
 /// A running transfer, for `ctl transfers`.
@@ -74,6 +92,40 @@ pub struct TransferProgress {
     /// The driver's clock when the transfer started.
     pub started_ms: u64,
     pub frozen: bool,
+}
+
+/// What kind of op a started one is, for what its answer changes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Begin,
+    Commit,
+    Abort,
+    Other,
+}
+
+/// An op on the pipeline: which machine asked, and its id there.
+#[derive(Debug, Clone, Copy)]
+struct Started {
+    rx: bool,
+    id: IoId,
+    kind: Kind,
+}
+
+impl Kind {
+    fn of(op: &TransferOp) -> Kind {
+        match op {
+            TransferOp::BeginInstall { .. } => Kind::Begin,
+            TransferOp::CommitInstall => Kind::Commit,
+            TransferOp::AbortInstall => Kind::Abort,
+            _ => Kind::Other,
+        }
+    }
+
+    /// It drains the partition's transfer I/O and writes the store's
+    /// files or superblock: only while no flush or spare is in flight.
+    fn drains(self) -> bool {
+        self != Kind::Other
+    }
 }
 
 /// What `ctl transfers` shows of the running transfer beyond the
@@ -102,8 +154,17 @@ pub struct TransferHost {
     installing: bool,
     /// An install committed: the replica is rebooted before its next step.
     installed: bool,
-    /// (for the receiver, id, op), in emission order.
+    /// (for the receiver, id, op), in emission order; at most
+    /// `pending_ops_max` but for the releasing ops (see [`PENDING_OPS_MAX`]).
     pending: VecDeque<(bool, IoId, TransferOp)>,
+    pending_ops_max: usize,
+    /// The partition's transfer I/O on the shard's ring.
+    pipeline: Pipeline,
+    /// Ops started and not answered, by the host's id for them (the two
+    /// machines number their ops independently): at most the pipeline's
+    /// batches in flight.
+    started: BTreeMap<IoId, Started>,
+    next_io: IoId,
     /// Messages for peers (replica index), taken with the replica's.
     pub(super) sends: Vec<(u8, XMsg)>,
     seed: u64,
@@ -112,7 +173,8 @@ pub struct TransferHost {
 }
 
 impl TransferHost {
-    pub(super) fn new(seed: u64) -> Self {
+    /// `chunk_bytes`: the store's transfer chunk size.
+    pub(super) fn new(seed: u64, chunk_bytes: u32) -> Self {
         Self {
             server: Server::new(ServerConfig::default()),
             receiver: None,
@@ -122,6 +184,11 @@ impl TransferHost {
             installing: false,
             installed: false,
             pending: VecDeque::new(),
+            pending_ops_max: PENDING_OPS_MAX,
+            // No idle read buffers kept: an idle partition holds none.
+            pipeline: Pipeline::new(chunk_bytes, 0),
+            started: BTreeMap::new(),
+            next_io: 1,
             sends: Vec::new(),
             seed,
             counters: TransferCounters::default(),
@@ -185,6 +252,19 @@ impl TransferHost {
         self.wanted
             || self.receiver.as_ref().is_some_and(Receiver::is_active)
             || self.server.snapshots_open() > 0
+            || !self.pending.is_empty()
+    }
+
+    /// Transfer batches of this partition on the ring now, and the most
+    /// there were at once.
+    pub fn io_in_flight(&self) -> (usize, usize) {
+        (self.pipeline.in_flight(), self.pipeline.in_flight_peak())
+    }
+
+    /// Lowers the queue bound (tests reach it without a full window).
+    #[cfg(test)]
+    pub(super) fn set_pending_ops_max(&mut self, ops_max: usize) {
+        self.pending_ops_max = ops_max;
     }
 
     /// The replica emitted `TransferNeeded`.
@@ -383,8 +463,10 @@ impl Hosted {
         self.transfer_outputs(io, installs, now_ms, true, out);
     }
 
-    /// Queues the machines' outputs, then runs the queued ops in order
-    /// (their completions step the machines again, which may queue more).
+    /// Queues the machines' outputs, then starts the queued ops in order
+    /// (answers ready at once step the machines again, which may queue
+    /// more). Only from a message or a tick: no flush of the partition is
+    /// in flight.
     fn transfer_outputs(
         &mut self,
         io: &mut impl IoBackend,
@@ -394,12 +476,63 @@ impl Hosted {
         out: Outbox,
     ) {
         self.queue_outputs(rx, out);
-        while let Some((rx, id, op)) = self.xfer.as_mut().and_then(|x| x.pending.pop_front()) {
-            self.run_transfer_op(io, installs, now_ms, rx, id, op);
+        self.run_pending(io, installs, now_ms, true);
+    }
+
+    /// Starts the queued ops in emission order; while not `quiet` (a flush
+    /// or spare of the partition in flight) it stops at the first that
+    /// drains (see the module docs).
+    fn run_pending(
+        &mut self,
+        io: &mut impl IoBackend,
+        installs: &mut Installs,
+        now_ms: u64,
+        quiet: bool,
+    ) {
+        while let Some(x) = self.xfer.as_mut() {
+            let blocked = |(_, _, op): &(bool, IoId, TransferOp)| !quiet && Kind::of(op).drains();
+            if x.pending.front().is_none_or(blocked) {
+                break;
+            }
+            let Some((rx, id, op)) = x.pending.pop_front() else {
+                break;
+            };
+            self.start_transfer_op(io, installs, now_ms, rx, id, op);
         }
         if self.xfer.as_ref().is_some_and(|x| x.installed) {
             self.reboot_installed(io);
         }
+    }
+
+    /// Batches of this partition's transfer I/O the shard reaped: each is
+    /// answered to its machine, and what that queues starts (`quiet`: no
+    /// flush or spare of the partition is in flight).
+    pub(super) fn transfer_reaped(
+        &mut self,
+        io: &mut impl IoBackend,
+        installs: &mut Installs,
+        now_ms: u64,
+        reaped: Reaped,
+        quiet: bool,
+    ) {
+        let mut done = Vec::with_capacity(reaped.len());
+        for (batch, completions) in reaped {
+            let Some(x) = self.xfer.as_mut() else {
+                installs.forget(batch);
+                continue;
+            };
+            if !x
+                .pipeline
+                .complete(&self.store, installs, batch, completions, &mut done)
+            {
+                tracing::error!(partition_id = self.store.partition_id(), batch = ?batch, "a transfer batch the pipeline does not hold");
+                installs.forget(batch);
+            }
+        }
+        for (hid, result) in done {
+            self.answer_transfer_op(io, hid, result);
+        }
+        self.run_pending(io, installs, now_ms, quiet);
     }
 
     fn queue_outputs(&mut self, rx: bool, mut out: Outbox) {
@@ -407,17 +540,25 @@ impl Hosted {
         let Some(x) = self.xfer.as_mut() else {
             return;
         };
+        let mut refused = Vec::new();
         for o in out.drain() {
             match o {
                 Output::Send { to, msg } => x.sends.push((to, msg)),
                 Output::Io { id, op } => {
-                    if x.pending.len() >= PENDING_OPS_MAX {
-                        tracing::error!(
+                    let releases = matches!(
+                        op,
+                        TransferOp::AbortInstall
+                            | TransferOp::CommitInstall
+                            | TransferOp::ReleaseSnapshot { .. }
+                    );
+                    if x.pending.len() >= x.pending_ops_max && !releases {
+                        tracing::warn!(
                             partition_id = pid,
                             op = op.name(),
-                            "transfer op queue full"
+                            "transfer op queue full; refused"
                         );
-                        debug_assert!(false, "transfer op queue full");
+                        x.counters.ops_refused += 1;
+                        refused.push(id);
                         continue;
                     }
                     if let TransferOp::BeginInstall { manifest } = &op {
@@ -435,10 +576,23 @@ impl Hosted {
                 Output::Event(e) => x.installed |= x.note(pid, &e),
             }
         }
+        for id in refused {
+            let fault = crate::transfer::Fault {
+                kind: crate::transfer::FaultKind::Transient,
+                reason: format!("{} transfer ops queued, the limit", x.pending.len()),
+            };
+            x.step_machine(rx, id, Err(fault), &mut out);
+        }
+        if !out.is_empty() {
+            // What the refusals made the machine emit (an abort, a
+            // release: always queued), so this recursion ends here.
+            self.queue_outputs(rx, out);
+        }
     }
 
-    /// Runs one transfer op, and feeds its result back.
-    fn run_transfer_op(
+    /// Starts one transfer op on the pipeline, and answers what finished
+    /// at once.
+    fn start_transfer_op(
         &mut self,
         io: &mut impl IoBackend,
         installs: &mut Installs,
@@ -447,27 +601,70 @@ impl Hosted {
         id: IoId,
         op: TransferOp,
     ) {
-        let begin = matches!(op, TransferOp::BeginInstall { .. });
-        let result = if begin && !self.prepare_install(io) {
-            Err(crate::transfer::Fault {
-                kind: crate::transfer::FaultKind::Local,
-                reason: "the superblock could not be marked wiped".into(),
-            })
-        } else {
-            execute(&mut self.store, io, installs, &op, now_ms)
-        };
+        let kind = Kind::of(&op);
         let Some(x) = self.xfer.as_mut() else {
             return;
         };
-        match (&op, &result) {
-            (TransferOp::BeginInstall { .. }, Ok(_)) => x.installing = true,
-            (TransferOp::CommitInstall | TransferOp::AbortInstall, _) => x.installing = false,
+        let hid = x.next_io;
+        x.next_io += 1;
+        x.started.insert(hid, Started { rx, id, kind });
+        let mut done = Vec::new();
+        if kind == Kind::Begin && !self.prepare_install(io) {
+            let fault = crate::transfer::Fault {
+                kind: crate::transfer::FaultKind::Local,
+                reason: "the superblock could not be marked wiped".into(),
+            };
+            done.push((hid, Err(fault)));
+        } else if let Some(x) = self.xfer.as_mut() {
+            let mut foreign = Reaped::new();
+            let store = &mut self.store;
+            x.pipeline.start(
+                store,
+                io,
+                installs,
+                hid,
+                &op,
+                now_ms,
+                &mut done,
+                &mut foreign,
+            );
+            installs.stash_foreign(&mut foreign);
+        }
+        debug_assert!(
+            kind == Kind::Other || done.last().is_some_and(|d| d.0 == hid),
+            "a draining op is answered at once, last"
+        );
+        for (hid, result) in done {
+            self.answer_transfer_op(io, hid, result);
+        }
+    }
+
+    /// Feeds the result of started op `hid` back to its machine.
+    fn answer_transfer_op(
+        &mut self,
+        io: &mut impl IoBackend,
+        hid: IoId,
+        result: Result<crate::transfer::IoOutcome, crate::transfer::Fault>,
+    ) {
+        let Some(x) = self.xfer.as_mut() else {
+            return;
+        };
+        let Some(Started { rx, id, kind }) = x.started.remove(&hid) else {
+            debug_assert!(false, "an answer to an op never started");
+            return;
+        };
+        match (kind, &result) {
+            (Kind::Begin, Ok(_)) => x.installing = true,
+            (Kind::Begin, Err(f)) if f.kind == crate::transfer::FaultKind::Transient => {
+                x.counters.installs_deferred += 1;
+            }
+            (Kind::Commit | Kind::Abort, _) => x.installing = false,
             _ => {}
         }
-        let failed = match op {
-            TransferOp::BeginInstall { .. } | TransferOp::CommitInstall => result.is_err(),
-            TransferOp::AbortInstall => true,
-            _ => false,
+        let failed = match kind {
+            Kind::Begin | Kind::Commit => result.is_err(),
+            Kind::Abort => true,
+            Kind::Other => false,
         };
         if failed {
             // The old log is in place: the replica resumes with it.
@@ -480,13 +677,7 @@ impl Hosted {
             return;
         };
         let mut out = Outbox::new();
-        if rx {
-            if let Some(r) = x.receiver.as_mut() {
-                r.step(ReceiverInput::IoDone { id, result }, &mut out);
-            }
-        } else {
-            x.server.step(ServerInput::IoDone { id, result }, &mut out);
-        }
+        x.step_machine(rx, id, result, &mut out);
         self.queue_outputs(rx, out);
     }
 
@@ -573,6 +764,23 @@ impl Hosted {
 }
 
 impl TransferHost {
+    /// Steps the machine that asked for op `id` with its result.
+    fn step_machine(
+        &mut self,
+        rx: bool,
+        id: IoId,
+        result: Result<crate::transfer::IoOutcome, crate::transfer::Fault>,
+        out: &mut Outbox,
+    ) {
+        if rx {
+            if let Some(r) = self.receiver.as_mut() {
+                r.step(ReceiverInput::IoDone { id, result }, out);
+            }
+        } else {
+            self.server.step(ServerInput::IoDone { id, result }, out);
+        }
+    }
+
     /// Counts an event; true for an install.
     fn note(&mut self, pid: u32, e: &XEvent) -> bool {
         let c = &mut self.counters;

@@ -8,16 +8,20 @@ use crate::client::batch_of;
 use crate::transfer::Message as XMsg;
 use ringlog_protocol::replication::{ChunkKey, RequestSnapshot};
 use ringlog_storage::io::uring::UringBackend;
+use ringlog_storage::io::{BatchId, FileId, OpenMode, Sqe};
 use ringlog_storage::store::{InstallBudget, PoolConfig};
 
 const GROUP: u128 = 0xfeed;
 const PID: u32 = 7;
 const SEGMENT_BYTES: u64 = 64 * 1024;
 
-struct Group {
-    io: UringBackend,
+/// Replicas of one or more groups: partition `g * 3 + r` is replica `r`
+/// of group `g` (node `r + 1`); the partitions of node `r` share its
+/// shard's ring `io[r]` and `installs[r]`.
+struct Group<B: IoBackend = UringBackend> {
+    io: Vec<B>,
     parts: Vec<Partition>,
-    /// One per replica: each stands for its own shard.
+    /// One per node: each stands for that node's shard.
     installs: Vec<Installs>,
     now_ms: u64,
     _dir: tempfile::TempDir,
@@ -48,24 +52,40 @@ fn store_config() -> StoreConfig {
 
 impl Group {
     fn new() -> Group {
+        Group::with(|| UringBackend::new(64).unwrap(), &[PID])
+    }
+}
+
+impl<B: IoBackend> Group<B> {
+    /// One group per partition id in `pids`, each node on a ring of `ring`.
+    fn with(ring: impl Fn() -> B, pids: &[u32]) -> Group<B> {
         let dir = tempfile::tempdir().unwrap();
-        let mut io = UringBackend::new(64).unwrap();
-        let parts = (0..3u8)
-            .map(|r| {
+        let mut io: Vec<B> = (0..3).map(|_| ring()).collect();
+        let mut parts = Vec::new();
+        for &pid in pids {
+            for r in 0..3u8 {
                 let config = store_config();
                 let pool = StorePool::new(
-                    dir.path().join(format!("recycle{r}")),
+                    dir.path().join(format!("recycle{pid}.{r}")),
                     PoolConfig::private(&config),
                 );
-                let pdir = dir.path().join(format!("r{r}"));
+                let pdir = dir.path().join(format!("p{pid}r{r}"));
                 let repl = Some(replication(r));
                 let p = Partition::open_replicated(
-                    &mut io, &pool, &pdir, "t", 0, PID, config, true, repl,
+                    &mut io[usize::from(r)],
+                    &pool,
+                    &pdir,
+                    "t",
+                    0,
+                    pid,
+                    config,
+                    true,
+                    repl,
                 );
                 assert!(p.status(0).fault.is_none(), "{:?}", p.status(0).fault);
-                p
-            })
-            .collect();
+                parts.push(p);
+            }
+        }
         let installs = (0..3)
             .map(|_| Installs::new(1, InstallBudget::new(64 << 20)))
             .collect();
@@ -79,7 +99,7 @@ impl Group {
     }
 
     fn flush(&mut self, i: usize) {
-        let (io, p) = (&mut self.io, &mut self.parts[i]);
+        let (io, p) = (&mut self.io[i % 3], &mut self.parts[i]);
         let mut sqes = Vec::new();
         if p.prepare_flush(io, &mut sqes).unwrap() > 0 {
             let completions = io.submit(sqes);
@@ -87,29 +107,67 @@ impl Group {
         }
     }
 
-    /// Flushes every replica and carries one round of their messages
-    /// (nothing to or from `cut`); the number carried.
+    /// Hands every finished transfer batch of each node's ring to the
+    /// partition whose pipeline started it, all of a partition's at once,
+    /// as the shard's reaping does; waits a little in the ring when batches
+    /// are in flight and none has finished. The number handed back plus
+    /// the number still in flight.
+    fn reap(&mut self) -> usize {
+        let mut counted = 0;
+        for r in 0..3 {
+            let mut reaped = self.installs[r].take_foreign();
+            if reaped.is_empty() && self.installs[r].batches_in_flight() > 0 {
+                reaped = self.io[r].reap_waiting(std::time::Duration::from_millis(5));
+            } else {
+                reaped.extend(self.io[r].reap());
+            }
+            counted += reaped.len();
+            let mut by_owner: BTreeMap<u32, crate::transfer::io::Reaped> = BTreeMap::new();
+            for (batch, completions) in reaped {
+                let pid = self.installs[r].owner(batch);
+                let pid = pid.expect("every batch on the ring is a transfer's");
+                by_owner.entry(pid).or_default().push((batch, completions));
+            }
+            for (pid, batches) in by_owner {
+                let i = (r..self.parts.len())
+                    .step_by(3)
+                    .find(|&i| self.parts[i].id == pid)
+                    .expect("the owner is hosted");
+                let (io, installs) = (&mut self.io[r], &mut self.installs[r]);
+                self.parts[i].transfer_reaped(io, installs, self.now_ms, batches);
+            }
+            counted += self.installs[r].batches_in_flight();
+        }
+        counted
+    }
+
+    /// Hands back finished transfer I/O, flushes every replica and carries
+    /// one round of their messages (nothing to or from node `cut`); the
+    /// number carried, plus the batches handed back or still in flight.
     fn round(&mut self, cut: Option<u32>) -> usize {
+        let reaped = self.reap();
         let mut mail = Vec::new();
-        for i in 0..3 {
+        for i in 0..self.parts.len() {
             self.flush(i);
             let mut sends = Vec::new();
             self.parts[i].take_sends(&mut sends);
-            mail.extend(sends.into_iter().map(|(to, m)| (i as u32 + 1, to, m)));
+            mail.extend(sends.into_iter().map(|(to, m)| (i, to, m)));
         }
         let mut carried = 0;
-        for (from, to, payload) in mail {
+        for (i_from, to, payload) in mail {
+            let from = (i_from % 3) as u32 + 1;
             if Some(to) == cut || Some(from) == cut {
                 continue;
             }
             carried += 1;
-            let i = to as usize - 1;
-            let (io, installs) = (&mut self.io, &mut self.installs[i]);
+            let r = to as usize - 1;
+            let i = i_from - i_from % 3 + r;
+            let (io, installs) = (&mut self.io[r], &mut self.installs[r]);
             self.parts[i]
                 .deliver(io, installs, self.now_ms, from, &payload)
                 .unwrap();
         }
-        carried
+        carried + reaped
     }
 
     fn pump(&mut self, cut: Option<u32>) {
@@ -129,34 +187,40 @@ impl Group {
 
     fn tick_only(&mut self) {
         self.now_ms += 20;
-        for i in 0..3 {
-            let (io, installs) = (&mut self.io, &mut self.installs[i]);
+        for i in 0..self.parts.len() {
+            let (io, installs) = (&mut self.io[i % 3], &mut self.installs[i % 3]);
             self.parts[i].tick(io, installs, self.now_ms);
         }
     }
 
-    /// Produces `n` batches of ~2 KiB on the primary, each acknowledged.
     fn produce(&mut self, n: usize, seed: usize, cut: Option<u32>) {
+        self.produce_in(0, n, seed, cut);
+    }
+
+    /// Produces `n` batches of ~2 KiB on group `g`'s primary, each acknowledged.
+    fn produce_in(&mut self, g: usize, n: usize, seed: usize, cut: Option<u32>) {
+        let primary = g * 3;
         for k in 0..n {
             let value = vec![(seed + k) as u8; 2000];
             let batch = batch_of(&[value.as_slice()]).unwrap();
-            let token = self.parts[0].produce(&mut self.io, batch.into()).unwrap();
+            let io = &mut self.io[0];
+            let token = self.parts[primary].produce(io, batch.into()).unwrap();
             self.pump(cut);
-            let mut replies: Vec<Reply> = self.parts[0].take_replies().collect();
+            let mut replies: Vec<Reply> = self.parts[primary].take_replies().collect();
             for _ in 0..50 {
                 if !replies.is_empty() {
                     break;
                 }
                 // A roll waits for the commit to reach the backups.
                 self.tick(cut);
-                replies.extend(self.parts[0].take_replies());
+                replies.extend(self.parts[primary].take_replies());
             }
             assert_eq!(
                 replies.len(),
                 1,
                 "batch {k} not acknowledged: {:?} {:?}",
-                self.parts[0].status(0),
-                self.parts[1].status(0)
+                self.parts[primary].status(0),
+                self.parts[primary + 1].status(0)
             );
             assert_eq!(replies[0].0, token);
             replies[0].1.clone().unwrap();
@@ -178,7 +242,7 @@ impl Group {
         let mut at = from;
         while at < end {
             let f = self.parts[i]
-                .fetch(&mut self.io, at, 1 << 20, Vec::new())
+                .fetch(&mut self.io[i % 3], at, 1 << 20, Vec::new())
                 .unwrap();
             assert!(f.next_offset > at, "fetch at {at} made no progress");
             out.extend_from_slice(&f.batches);
@@ -195,14 +259,7 @@ impl Group {
 #[test]
 fn a_backup_behind_retention_transfers_installs_and_acks_again() {
     let mut g = Group::new();
-    g.produce(3, 1, None);
-    // Replica 2 (node 3) is cut off; the others roll several segments.
-    g.produce(120, 10, Some(3));
-    for i in 0..2 {
-        g.parts[i].apply_retention(&mut g.io, g.now_ms);
-        let start = g.parts[i].store().unwrap().log_start_offset();
-        assert!(start > 3, "replica {i}: retention retired nothing");
-    }
+    fall_behind_retention(&mut g);
     assert_eq!(g.installs_of(2), 0);
     let mut charged_garbage = false;
     // What `ctl transfers` showed while the install pulled chunks.
@@ -242,6 +299,15 @@ fn a_backup_behind_retention_transfers_installs_and_acks_again() {
     assert_eq!(g.installs_of(2), 1, "replica 2 never installed");
     // What the shard's metrics sum: received here, served by the others.
     let x = g.parts[2].transfer().unwrap();
+    // The staged writes went on the ring without waiting: several at once
+    // (1 would be lockstep), none left behind; the serving reads too.
+    let (left, peak) = x.io_in_flight();
+    assert_eq!(left, 0, "staged writes left in flight");
+    assert!(peak > 1, "staged writes never overlapped (peak {peak})");
+    let served_peak = (0..2)
+        .map(|i| g.parts[i].transfer().unwrap().io_in_flight().1)
+        .max();
+    assert!(served_peak >= Some(1), "no serving read went on the ring");
     let (bytes_received, chunks_received) = x.received();
     assert!(x.counters().started >= 1);
     assert!(chunks_received > 0 && bytes_received >= chunks_received);
@@ -267,6 +333,256 @@ fn a_backup_behind_retention_transfers_installs_and_acks_again() {
     assert_eq!(g.bytes(2, start), g.bytes(0, start));
 }
 
+/// Every group's replica 2 (node 3) is cut off while the others roll
+/// several segments and retire the ops it lacks.
+fn fall_behind_retention<B: IoBackend>(g: &mut Group<B>) {
+    let groups = g.parts.len() / 3;
+    for gi in 0..groups {
+        g.produce_in(gi, 3, 1 + gi * 1000, None);
+    }
+    for gi in 0..groups {
+        g.produce_in(gi, 120, 10 + gi * 1000, Some(3));
+    }
+    for i in (0..g.parts.len()).filter(|i| i % 3 != 2) {
+        g.parts[i].apply_retention(&mut g.io[i % 3], g.now_ms);
+        let start = g.parts[i].store().unwrap().log_start_offset();
+        assert!(start > 3, "partition {i}: retention retired nothing");
+    }
+}
+
+/// Ticks, each followed by up to `rounds_per_tick` message rounds (fewer
+/// once quiet), until replica 2 of every group installed once and caught
+/// up with its primary, at most `ticks_max`; `watch` runs after every
+/// round. Whether it did.
+fn until_installed<B: IoBackend>(
+    g: &mut Group<B>,
+    ticks_max: usize,
+    rounds_per_tick: usize,
+    mut watch: impl FnMut(&mut Group<B>),
+) -> bool {
+    for _ in 0..ticks_max {
+        g.tick_only();
+        for _ in 0..rounds_per_tick {
+            let busy = g.round(None) > 0;
+            watch(g);
+            if !busy {
+                break;
+            }
+        }
+        let done = (0..g.parts.len()).step_by(3).all(|p| {
+            let caught_up = g.parts[p + 2].high_watermark() == g.parts[p].high_watermark();
+            caught_up && g.installs_of(p + 2) > 0 && g.parts[p + 2].status(0).role == "backup"
+        });
+        if done {
+            return true;
+        }
+    }
+    false
+}
+
+/// The transfer host of a replicated partition, to reach into its bounds.
+fn host_mut(p: &mut Partition) -> &mut TransferHost {
+    match &mut p.state {
+        State::Open(h) => h.xfer.as_deref_mut().expect("replicated"),
+        State::Unavailable(e) => panic!("unavailable: {e}"),
+    }
+}
+
+/// Whether replica `i` is still frozen for an install (as `ctl` shows it).
+fn frozen<B: IoBackend>(g: &Group<B>, i: usize) -> bool {
+    g.parts[i].status(0).transfer.is_some_and(|t| t.frozen)
+}
+
+/// The ring, failing the writes of chosen nowait batches: the next
+/// `staged_writes_to_fail` batches holding a write complete with EIO for
+/// each write, as a failing disk reports it. Here only a transfer's staged
+/// writes are nowait batches with writes (the harness flushes with
+/// `submit`).
+struct FailingRing {
+    ring: UringBackend,
+    staged_writes_to_fail: u64,
+    failing: std::collections::BTreeSet<BatchId>,
+    /// Batches answered with EIO so far.
+    failed: u64,
+}
+
+impl FailingRing {
+    fn new() -> Self {
+        FailingRing {
+            ring: UringBackend::new(64).unwrap(),
+            staged_writes_to_fail: 0,
+            failing: Default::default(),
+            failed: 0,
+        }
+    }
+
+    fn fail(&mut self, mut reaped: crate::transfer::io::Reaped) -> crate::transfer::io::Reaped {
+        for (batch, completions) in reaped.iter_mut() {
+            if !self.failing.remove(batch) {
+                continue;
+            }
+            self.failed += 1;
+            for c in completions.iter_mut() {
+                if matches!(c.op, StorageOpKind::Write { .. }) {
+                    c.result = Err(std::io::Error::from_raw_os_error(5));
+                }
+            }
+        }
+        reaped
+    }
+}
+
+use ringlog_storage::io::Op as StorageOpKind;
+
+impl IoBackend for FailingRing {
+    fn open_file(&mut self, path: &std::path::Path, mode: OpenMode) -> std::io::Result<FileId> {
+        self.ring.open_file(path, mode)
+    }
+    fn open_dir(&mut self, path: &std::path::Path) -> std::io::Result<FileId> {
+        self.ring.open_dir(path)
+    }
+    fn close(&mut self, file: FileId) {
+        self.ring.close(file)
+    }
+    fn create_dir(&mut self, path: &std::path::Path) -> std::io::Result<()> {
+        self.ring.create_dir(path)
+    }
+    fn list_dir(&mut self, path: &std::path::Path) -> std::io::Result<Vec<String>> {
+        self.ring.list_dir(path)
+    }
+    fn exists(&mut self, path: &std::path::Path) -> std::io::Result<bool> {
+        self.ring.exists(path)
+    }
+    fn file_size(&mut self, file: FileId) -> std::io::Result<u64> {
+        self.ring.file_size(file)
+    }
+    fn allocate_range(&mut self, file: FileId, offset: u64, len_bytes: u64) -> std::io::Result<()> {
+        self.ring.allocate_range(file, offset, len_bytes)
+    }
+    fn submit(&mut self, batch: Vec<Sqe>) -> Vec<Completion> {
+        self.ring.submit(batch)
+    }
+    fn submit_nowait(&mut self, batch: Vec<Sqe>) -> BatchId {
+        let writes = batch
+            .iter()
+            .any(|s| matches!(s.op, StorageOpKind::Write { .. }));
+        let id = self.ring.submit_nowait(batch);
+        if writes && self.staged_writes_to_fail > 0 {
+            self.staged_writes_to_fail -= 1;
+            self.failing.insert(id);
+        }
+        id
+    }
+    fn reap(&mut self) -> crate::transfer::io::Reaped {
+        let reaped = self.ring.reap();
+        self.fail(reaped)
+    }
+    fn reap_waiting(&mut self, timeout: std::time::Duration) -> crate::transfer::io::Reaped {
+        let reaped = self.ring.reap_waiting(timeout);
+        self.fail(reaped)
+    }
+    fn batches_running(&self) -> usize {
+        self.ring.batches_running()
+    }
+}
+
+/// Guards against: a staged write that failed on the disk being taken as
+/// written (the completion unchecked), or a failed attempt that leaves the
+/// superblock marked wiped, the replica frozen, or the shard's install slot
+/// held, so that no later attempt can install.
+#[test]
+fn a_failed_staged_write_fails_the_attempt_and_a_later_one_installs() {
+    let mut g = Group::with(FailingRing::new, &[PID]);
+    fall_behind_retention(&mut g);
+    g.io[2].staged_writes_to_fail = 1;
+    let mut failure_seen = false;
+    let installed = until_installed(&mut g, 3_000, usize::MAX, |g| {
+        let c = g.parts[2].transfer().unwrap().counters();
+        if failure_seen || c.attempts_failed == 0 {
+            return;
+        }
+        failure_seen = true;
+        assert_eq!(g.io[2].failed, 1, "an attempt failed, but not on the EIO");
+        assert_eq!(c.installs, 0, "installed despite the failed write");
+        let sb = g.parts[2].store().unwrap().superblock();
+        assert!(!sb.vsr.wiped, "the wiped mark was left set");
+        assert!(!frozen(g, 2), "the replica was left frozen");
+        assert_eq!(g.installs[2].active(), 0, "the install slot is held");
+    });
+    assert!(failure_seen, "the EIO never failed an attempt");
+    assert!(installed, "no later attempt installed");
+    let x = g.parts[2].transfer().unwrap();
+    // What `ringlog_transfer_attempts_failed_total` sums over the shard.
+    assert!(x.counters().attempts_failed >= 1);
+    assert_eq!(x.counters().installs, 1);
+    let start = g.parts[2].store().unwrap().log_start_offset();
+    assert_eq!(g.bytes(2, start), g.bytes(0, start), "bytes differ");
+}
+
+/// Guards against: ops beyond the transfer op queue's bound queued anyway
+/// (an unbounded queue) or dropped unanswered (a machine waiting forever
+/// for an IoDone): each is refused with a transient fault and counted, the
+/// attempt ends without freezing the replica, and once the queue has room
+/// the transfer installs.
+#[test]
+fn a_full_transfer_op_queue_refuses_counts_and_then_installs() {
+    let mut g = Group::new();
+    fall_behind_retention(&mut g);
+    // A bound of 0: the first op the receiver queues (its install's begin)
+    // finds the queue full.
+    host_mut(&mut g.parts[2]).set_pending_ops_max(0);
+    let installed = until_installed(&mut g, 200, usize::MAX, |g| {
+        assert!(!frozen(g, 2), "a refused begin froze the replica");
+    });
+    assert!(!installed, "installed past a full queue");
+    let c = g.parts[2].transfer().unwrap().counters();
+    assert!(c.ops_refused >= 1, "nothing refused: {c:?}");
+    assert_eq!(c.installs, 0);
+    assert_eq!(g.installs[2].active(), 0, "a refused begin holds the slot");
+    let sb = g.parts[2].store().unwrap().superblock();
+    assert!(!sb.vsr.wiped, "marked wiped for a begin that never ran");
+    host_mut(&mut g.parts[2]).set_pending_ops_max(super::transfer_host::PENDING_OPS_MAX);
+    assert!(
+        until_installed(&mut g, 3_000, usize::MAX, |_| {}),
+        "never installed"
+    );
+    let start = g.parts[2].store().unwrap().log_start_offset();
+    assert_eq!(g.bytes(2, start), g.bytes(0, start), "bytes differ");
+}
+
+/// Guards against: a second partition of the shard beginning its install
+/// while the first one's runs (past the shard's limit of one), or being
+/// refused for good rather than retrying once the slot is free.
+#[test]
+fn two_partitions_of_one_shard_install_one_after_the_other() {
+    let mut g = Group::with(|| UringBackend::new(64).unwrap(), &[PID, PID + 1]);
+    fall_behind_retention(&mut g);
+    // Replica 2 of group 0 and of group 1 share node 3's shard.
+    let mut both_frozen = false;
+    let mut one_waited = false;
+    // One message round per tick: an install spans ticks, so the other
+    // partition's transfer starts while it runs.
+    let installed = until_installed(&mut g, 20_000, 1, |g| {
+        assert!(g.installs[2].active() <= 1, "two installs on one shard");
+        both_frozen |= frozen(g, 2) && frozen(g, 5);
+        let running = |i: usize| g.parts[i].status(0).transfer.is_some();
+        one_waited |= (frozen(g, 2) && running(5) && !frozen(g, 5))
+            || (frozen(g, 5) && running(2) && !frozen(g, 2));
+    });
+    assert!(installed, "not both installed");
+    assert!(!both_frozen, "both replicas frozen at once");
+    let deferred: u64 = [2, 5]
+        .iter()
+        .map(|&i| g.parts[i].transfer().unwrap().counters().installs_deferred)
+        .sum();
+    assert!(deferred >= 1 && one_waited, "the installs never contended");
+    for p in [0, 3] {
+        assert_eq!(g.installs_of(p + 2), 1);
+        let start = g.parts[p + 2].store().unwrap().log_start_offset();
+        assert_eq!(g.bytes(p + 2, start), g.bytes(p, start), "bytes differ");
+    }
+}
+
 /// A chunk of a snapshot nobody offered, "from" node 2, to replica 2's
 /// running transfer: charged, and nothing installed.
 fn inject_garbage_chunk(g: &mut Group) {
@@ -282,7 +598,7 @@ fn inject_garbage_chunk(g: &mut Group) {
     };
     let mut frame = Vec::new();
     chunk.to_wire(GROUP, PID, 1, 0).encode(&mut frame).unwrap();
-    let (io, installs) = (&mut g.io, &mut g.installs[2]);
+    let (io, installs) = (&mut g.io[2], &mut g.installs[2]);
     g.parts[2]
         .deliver(io, installs, g.now_ms, 2, &frame)
         .unwrap();
@@ -309,7 +625,7 @@ fn a_transfer_frame_of_another_group_is_dropped() {
     req.to_wire(GROUP + 1, PID, 1, 0)
         .encode(&mut frame)
         .unwrap();
-    let (io, installs) = (&mut g.io, &mut g.installs[0]);
+    let (io, installs) = (&mut g.io[0], &mut g.installs[0]);
     let got = g.parts[0].deliver(io, installs, 1, 2, &frame);
     assert!(matches!(got, Err(PeerDrop::WrongGroup { .. })), "{got:?}");
     let mut sends = Vec::new();
@@ -318,7 +634,7 @@ fn a_transfer_frame_of_another_group_is_dropped() {
     // The same request of the group is answered (an offer or refusal).
     let mut frame = Vec::new();
     req.to_wire(GROUP, PID, 1, 0).encode(&mut frame).unwrap();
-    let (io, installs) = (&mut g.io, &mut g.installs[0]);
+    let (io, installs) = (&mut g.io[0], &mut g.installs[0]);
     g.parts[0].deliver(io, installs, 1, 2, &frame).unwrap();
     g.parts[0].take_sends(&mut sends);
     assert_eq!(sends.len(), 1);

@@ -673,13 +673,21 @@ impl<B: IoBackend> Shard<B> {
         {
             let mut core = self.core.borrow_mut();
             let core = &mut *core;
-            let reaped = core.io.reap();
+            // What a transfer drain reaped for others first (it was reaped
+            // earlier), then the ring.
+            let mut reaped = core.installs.take_foreign();
+            reaped.extend(core.io.reap());
             if reaped.is_empty() {
                 return;
             }
             let mut done: Vec<u32> = Vec::new();
             let mut read_aheads = 0usize;
+            let mut transfers: BTreeMap<u32, crate::transfer::io::Reaped> = BTreeMap::new();
             for (id, completions) in reaped {
+                if let Some(pid) = core.installs.owner(id) {
+                    transfers.entry(pid).or_default().push((id, completions));
+                    continue;
+                }
                 if let Some((pid, ahead)) = core.spares.remove(&id) {
                     self.on_ahead(core, pid, ahead, completions);
                     // Work parked behind the spare runs (or parks again).
@@ -703,6 +711,11 @@ impl<B: IoBackend> Shard<B> {
                 let elapsed_us = now.saturating_duration_since(flight.started).as_micros() as u64;
                 self.metrics.fsync_latency_us.record(elapsed_us);
                 self.complete_flight(core, flight, completions, &mut done);
+            }
+            // Transfer I/O after the flushes it may have waited for: an
+            // install's commit runs only with none in flight.
+            for (pid, batches) in transfers {
+                self.on_transfer_io(core, pid, batches, &mut out);
             }
             // The next journal write may go: what waited for it flushes now
             // (after a checkpoint started at the head, if one is due).
@@ -741,6 +754,32 @@ impl<B: IoBackend> Shard<B> {
             self.respond(reply, outcome);
         }
         self.flushed.notify();
+        // A transfer's drain above reaped others' batches, whose wake-up
+        // may already be spent: they are handled now, not at the next one
+        // (each round needs another install op, so this ends).
+        if self.core.borrow().installs.has_foreign() {
+            self.on_storage_completions(now);
+        }
+    }
+
+    /// Hands reaped transfer batches back to the partition whose pipeline
+    /// started them (a partition gone meanwhile: dropped, forgotten); its
+    /// sends go out and its flush, if any, with this turn's commit.
+    fn on_transfer_io(
+        &self,
+        core: &mut Core<B>,
+        pid: u32,
+        batches: crate::transfer::io::Reaped,
+        out: &mut Applied,
+    ) {
+        let Some(p) = core.partitions.get_mut(&pid) else {
+            for (batch, _) in batches {
+                core.installs.forget(batch);
+            }
+            return;
+        };
+        p.transfer_reaped(&mut core.io, &mut core.installs, out.now_ms, batches);
+        out.touch(pid);
     }
 
     /// A buffer for a fetch reply of up to `max_bytes`, from the server's

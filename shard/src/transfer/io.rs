@@ -32,11 +32,19 @@ use ringlog_storage::store::{
 use super::types::{ChunkData, Fault, FaultKind, IoId, IoOutcome, TransferOp};
 
 /// A shard's installs: at most `installs_max` at once (one per partition),
-/// within one disk reservation budget.
+/// within one disk reservation budget; and which partition's [`Pipeline`]
+/// each transfer batch on the shard's ring belongs to, so the shard's
+/// reaping hands it back there.
 pub struct Installs {
     installs_max: usize,
     budget: InstallBudget,
     active: BTreeMap<u32, Install>,
+    /// Transfer batches in flight, by owning partition: at most what the
+    /// shard's pipelines hold (a window of each machine's I/O).
+    owners: BTreeMap<BatchId, u32>,
+    /// Batches of other owners a [`Pipeline::drain`] reaped, for the shard
+    /// to dispatch: at most the batches in flight on the ring.
+    foreign: Reaped,
 }
 
 impl Installs {
@@ -46,7 +54,40 @@ impl Installs {
             installs_max,
             budget,
             active: BTreeMap::new(),
+            owners: BTreeMap::new(),
+            foreign: Reaped::new(),
         }
+    }
+
+    /// The partition whose pipeline started `batch`, if one did.
+    pub fn owner(&self, batch: BatchId) -> Option<u32> {
+        self.owners.get(&batch).copied()
+    }
+
+    /// Transfer batches of the shard's pipelines in flight.
+    pub fn batches_in_flight(&self) -> usize {
+        self.owners.len()
+    }
+
+    /// Keeps batches a drain reaped for another owner until the shard
+    /// takes them ([`Installs::take_foreign`]).
+    pub fn stash_foreign(&mut self, reaped: &mut Reaped) {
+        self.foreign.append(reaped);
+    }
+
+    /// Whether drains reaped batches the shard has not taken yet.
+    pub fn has_foreign(&self) -> bool {
+        !self.foreign.is_empty()
+    }
+
+    /// The batches drains reaped for other owners, oldest first.
+    pub fn take_foreign(&mut self) -> Reaped {
+        std::mem::take(&mut self.foreign)
+    }
+
+    /// A batch whose partition is gone: forgotten (its buffers dropped).
+    pub fn forget(&mut self, batch: BatchId) -> Option<u32> {
+        self.owners.remove(&batch)
     }
 
     /// Installs in progress on the shard.
@@ -144,6 +185,8 @@ enum InFlight {
 /// chunks).
 pub struct Pipeline {
     in_flight: BTreeMap<BatchId, InFlight>,
+    /// The most batches ever in flight at once (1 would mean lockstep).
+    in_flight_peak: usize,
     /// Read buffers, reused once a chunk is copied out to the wire.
     pool: BufPool,
 }
@@ -153,6 +196,7 @@ impl Pipeline {
     pub fn new(chunk_bytes: u32, buffers_max: usize) -> Self {
         Self {
             in_flight: BTreeMap::new(),
+            in_flight_peak: 0,
             pool: BufPool::lazy(chunk_bytes as usize, buffers_max),
         }
     }
@@ -160,6 +204,11 @@ impl Pipeline {
     /// Batches in flight.
     pub fn in_flight(&self) -> usize {
         self.in_flight.len()
+    }
+
+    /// The most batches that were in flight at once.
+    pub fn in_flight_peak(&self) -> usize {
+        self.in_flight_peak
     }
 
     pub fn owns(&self, batch: BatchId) -> bool {
@@ -181,16 +230,19 @@ impl Pipeline {
         done: &mut Vec<(IoId, Result<IoOutcome, Fault>)>,
         foreign: &mut Reaped,
     ) {
+        let pid = store.partition_id();
         match op {
             TransferOp::ReadChunks { snapshot_id, keys } => {
                 let pairs: Vec<(u32, u32)> = keys.iter().map(|k| (k.artifact, k.chunk)).collect();
                 match store.start_read_chunks(io, *snapshot_id, &pairs, now_ms, &mut self.pool) {
-                    Ok(reads) => self.queue(reads.batch(), InFlight::Read { id, reads }, done),
+                    Ok(reads) => {
+                        let batch = reads.batch();
+                        self.queue(installs, pid, batch, InFlight::Read { id, reads }, done)
+                    }
                     Err(e) => done.push((id, Err(fault(e)))),
                 }
             }
             TransferOp::AcceptChunks { chunks } => {
-                let pid = store.partition_id();
                 let Some(install) = installs.active.get_mut(&pid) else {
                     return done.push((id, Err(no_install())));
                 };
@@ -201,7 +253,9 @@ impl Pipeline {
                 match install.stage_chunks(io, &chunks) {
                     // Parked ahead of the cursor: taken, nothing to write.
                     Ok(None) => done.push((id, Ok(IoOutcome::Done))),
-                    Ok(Some(batch)) => self.queue(Some(batch), InFlight::Stage { id }, done),
+                    Ok(Some(batch)) => {
+                        self.queue(installs, pid, Some(batch), InFlight::Stage { id }, done)
+                    }
                     Err(e) => done.push((id, Err(fault(e)))),
                 }
             }
@@ -220,6 +274,8 @@ impl Pipeline {
 
     fn queue(
         &mut self,
+        installs: &mut Installs,
+        pid: u32,
         batch: Option<BatchId>,
         what: InFlight,
         done: &mut Vec<(IoId, Result<IoOutcome, Fault>)>,
@@ -228,6 +284,9 @@ impl Pipeline {
             Some(batch) => {
                 let replaced = self.in_flight.insert(batch, what);
                 debug_assert!(replaced.is_none(), "batch ids are unique per backend");
+                let owned = installs.owners.insert(batch, pid);
+                debug_assert!(owned.is_none(), "one owner per batch");
+                self.in_flight_peak = self.in_flight_peak.max(self.in_flight.len());
             }
             None => {
                 let id = match what {
@@ -252,6 +311,8 @@ impl Pipeline {
         let Some(what) = self.in_flight.remove(&batch) else {
             return false;
         };
+        let owner = installs.owners.remove(&batch);
+        debug_assert_eq!(owner, Some(store.partition_id()), "registered when queued");
         match what {
             InFlight::Read { id, reads } => {
                 let result = reads.finish(completions).map(|bufs| {
@@ -291,6 +352,15 @@ impl Pipeline {
         done: &mut Vec<(IoId, Result<IoOutcome, Fault>)>,
         foreign: &mut Reaped,
     ) {
+        // Another pipeline's drain may have reaped some of ours: the shard
+        // has not handed them back yet, and the ring never will again.
+        for (batch, completions) in std::mem::take(&mut installs.foreign) {
+            if self.owns(batch) {
+                self.complete(store, installs, batch, completions, done);
+            } else {
+                installs.foreign.push((batch, completions));
+            }
+        }
         while !self.in_flight.is_empty() {
             let reaped = io.reap_waiting(DRAIN_WAIT);
             for (batch, completions) in reaped {

@@ -1946,6 +1946,77 @@ fn a_receiver_crash_during_an_install_restarts_from_its_disk_and_completes() {
     assert!(committed >= 1, "no crash after the commit point");
 }
 
+/// Guards against: a drain waiting forever for a batch of its pipeline that
+/// another pipeline's drain on the same ring had already reaped (stashed in
+/// the shard's `Installs` for its reaping): the second drain finds it
+/// there, answers it and returns.
+#[test]
+fn a_drain_takes_its_batches_another_drain_stashed() {
+    use super::io::Pipeline;
+    use ringlog_storage::io::IoBackend;
+    let mut src = Disk::new(302, "/src");
+    src.grow(20, 0, 1);
+    let m = snapshot_of(&mut src);
+    let chunk = store_config().transfer_chunk_bytes;
+    let (mut a, mut b) = (Pipeline::new(chunk, 0), Pipeline::new(chunk, 0));
+    let read = |c: u32| TransferOp::ReadChunks {
+        snapshot_id: m.snapshot_id,
+        keys: vec![ChunkKey {
+            artifact: 0,
+            chunk: c,
+        }],
+    };
+    let mut done = Vec::new();
+    let mut foreign = io::Reaped::new();
+    for (p, id) in [(&mut a, 1), (&mut b, 2)] {
+        let (store, disk_io) = (&mut src.store, &mut src.io);
+        let op = read(id as u32 - 1);
+        p.start(
+            store,
+            disk_io,
+            &mut src.installs,
+            id,
+            &op,
+            NOW_MS,
+            &mut done,
+            &mut foreign,
+        );
+    }
+    assert!(done.is_empty() && src.installs.batches_in_flight() == 2);
+    // B's drain reaps both batches until its own is done: A's (if it
+    // finished first or with it) goes to `foreign`; make sure it did.
+    while a.in_flight() > 0 && foreign.is_empty() {
+        b.drain(
+            &src.store,
+            &mut src.io,
+            &mut src.installs,
+            &mut done,
+            &mut foreign,
+        );
+        if foreign.is_empty() && a.in_flight() > 0 {
+            // A's read was still running: reap it as another owner would.
+            for (batch, c) in src.io.reap() {
+                assert!(a.owns(batch));
+                foreign.push((batch, c));
+            }
+        }
+    }
+    assert_eq!(done.iter().map(|d| d.0).collect::<Vec<_>>(), vec![2]);
+    src.installs.stash_foreign(&mut foreign);
+    assert_eq!(a.in_flight(), 1, "A's batch is in the stash, not the ring");
+    a.drain(
+        &src.store,
+        &mut src.io,
+        &mut src.installs,
+        &mut done,
+        &mut foreign,
+    );
+    assert_eq!(a.in_flight(), 0);
+    assert!(matches!(done.last(), Some((1, Ok(IoOutcome::Chunks(c)))) if c.len() == 1));
+    assert!(src.installs.take_foreign().is_empty() && foreign.is_empty());
+    assert_eq!(src.installs.batches_in_flight(), 0);
+}
+
 /// The pipelined executor: serving reads and staged writes stay in flight
 /// until reaped; an abort waits for the writes queued before it (their
 /// answers come first); a failed staged write in flight fails its accept
