@@ -16,7 +16,9 @@
 //! reboots the replica wiped, and the install runs. An attempt that does not
 //! commit unmarks it and the replica is stepped again on its old log; an
 //! install reboots it (`replica_io::recover` + `Replica::restart`) wiped on
-//! the installed frontier, and it repairs from there.
+//! the installed frontier, and it repairs from there; if the install
+//! covers the log it had (a voter then), the superblock is unmarked first
+//! and it votes again as a replica that is behind (`vsr` module docs).
 //!
 //! Storage: chunk reads (serving) and staged writes (installing) go on the
 //! shard's ring through `transfer::io::Pipeline` without waiting: the
@@ -150,6 +152,9 @@ pub struct TransferHost {
     frozen: bool,
     /// The superblock is marked wiped for an install.
     marked: bool,
+    /// Marked for the install of a replica that was a voter: its log's op
+    /// then, the highest it may have acked (see `vsr` module docs).
+    voter_op: Option<u64>,
     /// An install was begun and neither committed nor aborted.
     installing: bool,
     /// An install committed: the replica is rebooted before its next step.
@@ -181,6 +186,7 @@ impl TransferHost {
             wanted: false,
             frozen: false,
             marked: false,
+            voter_op: None,
             installing: false,
             installed: false,
             pending: VecDeque::new(),
@@ -712,15 +718,45 @@ impl Hosted {
             tracing::error!(partition_id = pid, wiped, error = %e.reason, "transfer superblock mark failed");
             return false;
         }
+        let voter_op = (wiped && !self.replica.is_wiped()).then(|| self.replica.op());
         if let Some(x) = self.xfer.as_mut() {
             x.marked = wiped;
+            x.voter_op = voter_op;
         }
         true
     }
 
-    /// The install committed: the replica reboots from the store, wiped,
-    /// on the installed frontier (the transfer machines are kept: their
-    /// counters, and the server's leases).
+    /// After an install that covers the log the replica held when it was
+    /// marked (a voter then): unmarks the superblock, so the replica votes
+    /// again as one that is behind (`vsr` module docs). Returns the state
+    /// to boot from; kept wiped if the write fails (safe, only slower).
+    fn unmark_covered(
+        &mut self,
+        io: &mut impl IoBackend,
+        voter_op: Option<u64>,
+        rec: &replica_io::Recovered,
+    ) -> VsrState {
+        let installed_op = rec.headers.last().map_or(rec.base.op, |h| h.vsr_op);
+        if !rec.durable.wiped || voter_op.is_none_or(|op| installed_op < op) {
+            return rec.durable;
+        }
+        let state = VsrState {
+            wiped: false,
+            ..rec.durable
+        };
+        match replica_io::execute(&mut self.store, io, &StorageOp::PersistVsr(state)) {
+            Ok(_) => state,
+            Err(e) => {
+                let pid = self.store.partition_id();
+                tracing::warn!(partition_id = pid, error = %e.reason, "unmarking an installed replica failed; it stays wiped");
+                rec.durable
+            }
+        }
+    }
+
+    /// The install committed: the replica reboots from the store on the
+    /// installed frontier, wiped unless [`Hosted::unmark_covered`] (the
+    /// transfer machines are kept: their counters, and the server's leases).
     fn reboot_installed(&mut self, io: &mut impl IoBackend) {
         let pid = self.store.partition_id();
         let (Some(x), Some(repl)) = (self.xfer.as_mut(), self.repl.as_ref()) else {
@@ -728,12 +764,14 @@ impl Hosted {
         };
         x.installed = false;
         x.seed = x.seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let voter_op = x.voter_op.take();
         let cfg = repl.replica_config(pid, self.store.config());
         let seed = x.seed;
         let booted = replica_io::recover(&mut self.store, io, BOOT_COMMITTED_OPS_KEPT)
             .map_err(|e| e.to_string())
             .and_then(|rec| {
-                Replica::restart(cfg, seed, rec.durable, rec.base, &rec.headers)
+                let durable = self.unmark_covered(io, voter_op, &rec);
+                Replica::restart(cfg, seed, durable, rec.base, &rec.headers)
                     .map_err(|e| e.to_string())
             });
         let replica = match booted {
@@ -746,7 +784,10 @@ impl Hosted {
                 return;
             }
         };
-        debug_assert!(replica.is_wiped(), "an installed replica boots wiped");
+        debug_assert!(
+            replica.is_wiped() || voter_op.is_some(),
+            "an installed replica boots wiped unless it was a voter"
+        );
         self.replica = replica;
         self.flushes.clear();
         self.inputs.clear();

@@ -264,10 +264,17 @@ fn a_backup_behind_retention_transfers_installs_and_acks_again() {
     let mut charged_garbage = false;
     // What `ctl transfers` showed while the install pulled chunks.
     let mut pulling_seen = false;
+    // Right after the install: it covered replica 2's whole log (a voter
+    // then), so it reboots a voter, not wiped (vsr module docs).
+    let mut voter_after_install = None;
     for _ in 0..2_000 {
         g.tick_only();
         // Message rounds one at a time, to catch the transfer running.
         while g.round(None) > 0 {
+            if voter_after_install.is_none() && g.installs_of(2) > 0 {
+                let sb = g.parts[2].store().unwrap().superblock();
+                voter_after_install = Some(!sb.vsr.wiped && g.parts[2].status(0).role != "wiped");
+            }
             let x = g.parts[2].transfer().unwrap();
             if !charged_garbage && x.progress().is_some() {
                 inject_garbage_chunk(&mut g);
@@ -297,6 +304,11 @@ fn a_backup_behind_retention_transfers_installs_and_acks_again() {
         "done: no transfer shown"
     );
     assert_eq!(g.installs_of(2), 1, "replica 2 never installed");
+    assert_eq!(
+        voter_after_install,
+        Some(true),
+        "rebooted wiped after a covering install"
+    );
     // What the shard's metrics sum: received here, served by the others.
     let x = g.parts[2].transfer().unwrap();
     // The staged writes went on the ring without waiting: several at once
