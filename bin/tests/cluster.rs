@@ -336,9 +336,33 @@ fn check_identical(cluster: &Cluster, acks: &Acks, limit: Duration) {
     }
 }
 
-fn create_everywhere(cluster: &Cluster) {
-    for node in cluster.nodes.values() {
-        node.client().create_topic(TOPIC, PARTITIONS).unwrap();
+/// Creates the topic once, through node 1 (the metadata group makes it
+/// every node's), and waits until every live node lists it.
+fn create_topic(cluster: &Cluster) {
+    cluster.nodes[&1]
+        .client()
+        .create_topic(TOPIC, PARTITIONS)
+        .unwrap();
+    let ids: Vec<u32> = cluster.nodes.keys().copied().collect();
+    wait_listed(cluster, &ids, true);
+}
+
+/// Waits (bounded) until each node of `ids` lists the topic (`listed`)
+/// or no longer does.
+fn wait_listed(cluster: &Cluster, ids: &[u32], listed: bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for id in ids {
+        loop {
+            let topics = cluster.nodes[id].client().list_topics().unwrap();
+            if topics.iter().any(|t| t.topic == TOPIC) == listed {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "node {id}: topic listed is not {listed} after 30 s: {topics:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 }
 
@@ -363,7 +387,7 @@ fn moment(seed: u64, salt: u64) -> Duration {
 
 fn run_seed(seed: u64) {
     let mut cluster = Cluster::start(3);
-    create_everywhere(&cluster);
+    create_topic(&cluster);
     let mut acks = Acks::new();
     // Node 1 is replica 0: the primary of view 0.
     let mut at = 1;
@@ -455,7 +479,7 @@ fn run_seed(seed: u64) {
 #[test]
 fn a_cluster_killed_whole_restarts_with_every_acknowledged_record() {
     let mut cluster = Cluster::start(3);
-    create_everywhere(&cluster);
+    create_topic(&cluster);
     let mut acks = Acks::new();
     let mut at = 1;
     produce_batches(&cluster, &mut at, &mut acks, 0..30);
@@ -526,7 +550,7 @@ fn a_replicated_partition_survives_a_killed_backup_and_a_killed_primary() {
 #[test]
 fn a_wiped_node_recovers_by_repair_and_the_cluster_then_survives_losing_another() {
     let mut cluster = Cluster::start(3);
-    create_everywhere(&cluster);
+    create_topic(&cluster);
     let mut acks = Acks::new();
     let mut at = 1;
     produce_batches(&cluster, &mut at, &mut acks, 0..40);
@@ -595,7 +619,7 @@ fn a_wiped_node_recovers_by_repair_and_the_cluster_then_survives_losing_another(
 #[test]
 fn a_primary_stopped_past_its_timeout_acknowledges_nothing_from_its_old_view() {
     let mut cluster = Cluster::start(3);
-    create_everywhere(&cluster);
+    create_topic(&cluster);
     let mut acks = Acks::new();
     let mut at = 1;
     produce_batches(&cluster, &mut at, &mut acks, 0..20);
@@ -689,7 +713,7 @@ fn retention_while_a_backup_is_down_forces_a_transfer_when_it_returns() {
             "retention_check_ms=100",
         ],
     );
-    create_everywhere(&cluster);
+    create_topic(&cluster);
     let (mut at, mut acks) = (1, Acks::new());
     const VALUE_BYTES: usize = 8 << 10;
     produce_sized(&cluster, &mut at, &mut acks, 0..8, VALUE_BYTES);
@@ -742,4 +766,51 @@ fn retention_while_a_backup_is_down_forces_a_transfer_when_it_returns() {
             }
         }
     }
+}
+
+/// Topics are cluster metadata (a VSR group of its own): created once
+/// through node 2 (a backup of the metadata group, which forwards to its
+/// primary), the topic is on every node and served by each; a node
+/// SIGKILLed while the create commits catches up by repair of the
+/// metadata log when restarted; a second create of the name through
+/// another node is refused by the table; deleted through node 3 it is gone
+/// everywhere, and a client on any node is told so.
+#[test]
+fn a_topic_created_or_deleted_through_any_node_takes_effect_on_every_node() {
+    let mut cluster = Cluster::start(3);
+    let killer = kill_later(&cluster, 3, Duration::from_millis(5));
+    cluster.nodes[&2]
+        .client()
+        .create_topic(TOPIC, PARTITIONS)
+        .unwrap();
+    killer.join().unwrap();
+    cluster.kill(3);
+    wait_listed(&cluster, &[1, 2], true);
+    let mut acks = Acks::new();
+    let mut at = 1;
+    produce_batches(&cluster, &mut at, &mut acks, 0..10);
+    cluster.boot(3);
+    wait_listed(&cluster, &[1, 2, 3], true);
+    produce_batches(&cluster, &mut at, &mut acks, 10..20);
+    check_identical(&cluster, &acks, Duration::from_secs(30));
+
+    let e = cluster.nodes[&3]
+        .client()
+        .create_topic(TOPIC, 1)
+        .unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::TopicExists), "{e}");
+
+    cluster.nodes[&3].client().delete_topic(TOPIC).unwrap();
+    wait_listed(&cluster, &[1, 2, 3], false);
+    for (id, node) in &cluster.nodes {
+        let e = node.client().fetch(TOPIC, 0, 0, 1 << 10, 0).unwrap_err();
+        assert_eq!(e.code(), Some(ErrorCode::UnknownTopic), "node {id}: {e}");
+    }
+    // Created again through node 1 (new partition ids), it starts empty.
+    create_topic(&cluster);
+    let fresh = cluster.nodes[&1]
+        .client()
+        .fetch(TOPIC, 0, 0, 1 << 10, 0)
+        .unwrap();
+    assert_eq!(fresh.high_watermark, 0);
 }

@@ -601,6 +601,14 @@ impl Partition {
         }
     }
 
+    /// The replica, if open (its role, for the metadata group's host).
+    pub fn replica(&self) -> Option<&Replica> {
+        match &self.state {
+            State::Open(h) => Some(&h.replica),
+            State::Unavailable(_) => None,
+        }
+    }
+
     pub fn is_replicated(&self) -> bool {
         matches!(&self.state, State::Open(h) if h.repl.is_some())
     }

@@ -60,8 +60,12 @@ impl PeerRouter {
         }
     }
 
-    /// The shard owning `partition_id`, if a topic holds it.
+    /// The shard owning `partition_id`, if a topic holds it (the metadata
+    /// group's replica is on shard 0).
     fn owner(&self, partition_id: u32) -> Option<usize> {
+        if partition_id == crate::meta_hosted::META_PARTITION_ID {
+            return Some(0);
+        }
         let mut owners = self.owners.borrow_mut();
         let version = self.catalog.version();
         if owners.0 != version {

@@ -20,6 +20,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("oneshot", &[]),
     ("placement", &[]),
     ("meta", &["vsr"]),
+    ("meta_hosted", &["meta"]),
     ("vsr", &[]),
     ("replica_io", &["vsr"]),
     ("sim", &["meta", "replica_io", "transfer", "vsr"]),
@@ -35,7 +36,15 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ),
     (
         "peer_route",
-        &["catalog", "mailbox", "metrics", "net", "ops", "placement"],
+        &[
+            "catalog",
+            "mailbox",
+            "meta_hosted",
+            "metrics",
+            "net",
+            "ops",
+            "placement",
+        ],
     ),
     ("trash", &[]),
     (
@@ -43,6 +52,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
         &[
             "catalog",
             "config",
+            "meta",
+            "meta_hosted",
             "meta_io",
             "metrics",
             "oneshot",
@@ -65,7 +76,16 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ),
     (
         "controller",
-        &["catalog", "handle", "meta_io", "ops", "placement"],
+        &[
+            "catalog",
+            "handle",
+            "meta",
+            "meta_hosted",
+            "meta_io",
+            "ops",
+            "placement",
+            "vsr",
+        ],
     ),
     (
         "shard",
@@ -76,6 +96,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "eventfd",
             "handle",
             "mailbox",
+            "meta",
+            "meta_hosted",
             "meta_io",
             "metrics",
             "net",
