@@ -542,7 +542,7 @@ fn a_replicated_partition_survives_a_killed_backup_and_a_killed_primary() {
 }
 
 /// A node whose data dir is lost restarts with `--recover` and gets its
-/// topic re-created by hand: its replicas boot wiped, repair every
+/// topic back from the metadata group: its replicas boot wiped, repair every
 /// committed op from the primary (by repair: state transfer is not hosted
 /// yet), and then count in a quorum: with the primary killed, node 2 and
 /// the recovered node 3 elect a primary and still serve every
@@ -560,16 +560,15 @@ fn a_wiped_node_recovers_by_repair_and_the_cluster_then_survives_losing_another(
     produce_batches(&cluster, &mut at, &mut acks, 40..50);
     cluster.boot_with(3, &["--recover"]);
     assert!(cluster.data_dir(3).join("RECOVER").exists());
-    cluster.nodes[&3]
-        .client()
-        .create_topic(TOPIC, PARTITIONS)
-        .unwrap();
+    // Its metadata replica boots wiped, repairs the group's log, and the
+    // applied create makes the topic's replicas here (wiped too).
+    wait_listed(&cluster, &[3], true);
     produce_batches(&cluster, &mut at, &mut acks, 50..60);
     check_identical(&cluster, &acks, Duration::from_secs(30));
     // ctl partitions on the recovered node: a backup of view 0, caught
     // up, after repairing.
     let parts = cluster.nodes[&3].ctl(&["partitions"]);
-    for p in parts["result"].as_array().unwrap() {
+    for p in data_partitions(&parts) {
         assert_eq!(p["role"], "backup", "{p}");
         assert_eq!(p["view"], 0, "{p}");
         assert!(p["repairs"].as_u64().unwrap() > 0, "{p}");
@@ -597,7 +596,7 @@ fn a_wiped_node_recovers_by_repair_and_the_cluster_then_survives_losing_another(
     // The view changed on the survivors, and the metrics say so.
     for id in [2, 3] {
         let parts = cluster.nodes[&id].ctl(&["partitions"]);
-        for p in parts["result"].as_array().unwrap() {
+        for p in data_partitions(&parts) {
             assert!(p["view"].as_u64().unwrap() >= 1, "node {id}: {p}");
             assert!(p["view_changes"].as_u64().unwrap() >= 1, "node {id}: {p}");
         }
@@ -678,13 +677,22 @@ fn counter(cluster: &Cluster, id: u32, name: &str) -> u64 {
         .sum()
 }
 
-/// Each node's log start of `partition` (ctl partitions).
-fn log_start(cluster: &Cluster, id: u32, partition: u32) -> u64 {
-    let parts = cluster.nodes[&id].ctl(&["partitions"]);
-    let p = parts["result"]
+/// The rows of `ctl partitions` output for the test's topic (the node's
+/// metadata replica, topic `__meta`, is listed too).
+fn data_partitions(parts: &serde_json::Value) -> Vec<&serde_json::Value> {
+    parts["result"]
         .as_array()
         .unwrap()
         .iter()
+        .filter(|p| p["topic"] == TOPIC)
+        .collect()
+}
+
+/// Each node's log start of `partition` (ctl partitions).
+fn log_start(cluster: &Cluster, id: u32, partition: u32) -> u64 {
+    let parts = cluster.nodes[&id].ctl(&["partitions"]);
+    let p = data_partitions(&parts)
+        .into_iter()
         .find(|p| p["partition"] == partition)
         .unwrap_or_else(|| panic!("node {id}: no partition {partition}: {parts}"));
     p["log_start_offset"].as_u64().unwrap()
