@@ -123,7 +123,12 @@ fn cluster_up_starts_three_nodes_that_replicate_and_down_stops_them_once() {
         .unwrap();
     let mut primary = Client::connect(addrs[0].as_str()).unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
-    while !primary.list_topics().unwrap().iter().any(|t| t.topic == "t") {
+    while !primary
+        .list_topics()
+        .unwrap()
+        .iter()
+        .any(|t| t.topic == "t")
+    {
         assert!(Instant::now() < deadline, "node 1 never listed topic t");
         std::thread::sleep(Duration::from_millis(50));
     }

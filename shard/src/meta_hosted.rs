@@ -26,11 +26,11 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use ringlog_protocol::BatchHeader;
 
+pub use crate::meta::META_PARTITION_ID;
 use crate::meta::{
     Applied, Change, Command, DecodeError, EncodeError, HostError, LocalAction, MetaError,
     MetaHost, MetaTable, NodeId, Refusal,
 };
-pub use crate::meta::META_PARTITION_ID;
 
 /// The metadata group's name in logs and `ctl partitions`, and in its
 /// replica group id. No topic directory: its log is in [`META_DIR`].
@@ -149,12 +149,10 @@ impl MetaGroup {
     /// [`MetaGroup::applied_offset`]); returns its op and the local
     /// actions it implies.
     pub fn apply(&mut self, batch: &[u8]) -> Result<(u64, Vec<LocalAction>), MetaError> {
-        let header = BatchHeader::decode(batch)
-            .map_err(|source| MetaError::Batch { op: None, source })?;
+        let header =
+            BatchHeader::decode(batch).map_err(|source| MetaError::Batch { op: None, source })?;
         let seen = &self.seen;
-        let (applied, actions) = self
-            .host
-            .apply_skipping(batch, |id| seen.contains(&id))?;
+        let (applied, actions) = self.host.apply_skipping(batch, |id| seen.contains(&id))?;
         if let Applied::Done { outcomes, .. } = &applied {
             for o in outcomes {
                 let Some(id) = o.request_id else { continue };
@@ -265,14 +263,21 @@ mod tests {
         let id = g.start_request().expect("slot");
         assert_eq!(id, 2 << REQUEST_ID_NODE_SHIFT | 5);
         assert_eq!(g.take_outcome(id), None, "not applied yet");
-        let (op, actions) = g.apply(&committed(1, 0, &[(id, create("a"))])).expect("op 1");
+        let (op, actions) = g
+            .apply(&committed(1, 0, &[(id, create("a"))]))
+            .expect("op 1");
         assert_eq!((op, actions.len()), (1, 2), "both partitions are local");
         assert!(g.applied(id));
         assert_eq!(g.applied_offset(), 1);
         let dup = committed(2, 1, &[(id, create("a")), (9, create("b"))]);
         let (_, actions) = g.apply(&dup).expect("op 2");
-        assert!(actions.iter().all(|a| matches!(a, LocalAction::Create(p) if p.topic == "b")));
-        assert!(matches!(g.take_outcome(id), Some(Ok(Change::Created { .. }))));
+        assert!(actions
+            .iter()
+            .all(|a| matches!(a, LocalAction::Create(p) if p.topic == "b")));
+        assert!(matches!(
+            g.take_outcome(id),
+            Some(Ok(Change::Created { .. }))
+        ));
         assert_eq!(g.take_outcome(id), None, "taken once");
         for i in 0..APPLIED_IDS_MAX as u64 {
             g.remember(1000 + i);
@@ -282,9 +287,6 @@ mod tests {
         for _ in 0..WAITING_MAX {
             g.start_request().expect("slot");
         }
-        assert_eq!(
-            g.start_request(),
-            Err(WaitError::Full { max: WAITING_MAX })
-        );
+        assert_eq!(g.start_request(), Err(WaitError::Full { max: WAITING_MAX }));
     }
 }

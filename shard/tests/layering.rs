@@ -32,7 +32,16 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("meta_io", &["catalog", "eventfd"]),
     (
         "partition",
-        &["client", "config", "ops", "replica_io", "transfer", "vsr"],
+        &[
+            "client",
+            "config",
+            "meta",
+            "meta_hosted",
+            "ops",
+            "replica_io",
+            "transfer",
+            "vsr",
+        ],
     ),
     (
         "peer_route",

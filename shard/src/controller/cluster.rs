@@ -73,9 +73,10 @@ pub(crate) async fn run(shard: &impl ShardHandle, op: MetaOp) -> Outcome {
             ),
         ));
     };
-    let id = group.borrow_mut().start_request().map_err(|e| {
-        OpError::new(ErrorCode::Backpressure, format!("metadata commands: {e}"))
-    })?;
+    let id = group
+        .borrow_mut()
+        .start_request()
+        .map_err(|e| OpError::new(ErrorCode::Backpressure, format!("metadata commands: {e}")))?;
     let deadline = Instant::now() + Duration::from_millis(COMMAND_TIMEOUT_MS);
     let outcome = drive(shard, group, id, &cmd, deadline).await;
     group.borrow_mut().abandon(id);
@@ -172,7 +173,12 @@ async fn forwarded(shard: &impl ShardHandle, from: u32, payload: &[u8]) {
     let role = shard.meta_role();
     let primary = role.is_some_and(|r| r.status == Status::Normal && r.primary == r.replica);
     if !primary || group.borrow().applied(id) {
-        tracing::debug!(from, id, primary, "forwarded metadata command not submitted");
+        tracing::debug!(
+            from,
+            id,
+            primary,
+            "forwarded metadata command not submitted"
+        );
         return;
     }
     let submitted = match command_batch(META_PARTITION_ID, &[(id, cmd)]) {
@@ -209,7 +215,10 @@ fn reply_of(cmd: &Command, result: Result<Change, Refusal>) -> Outcome {
     };
     Err(OpError::new(
         code,
-        format!("{} refused by the cluster metadata: {refusal}", describe(cmd)),
+        format!(
+            "{} refused by the cluster metadata: {refusal}",
+            describe(cmd)
+        ),
     ))
 }
 
