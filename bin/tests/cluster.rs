@@ -791,6 +791,9 @@ fn a_topic_created_or_deleted_through_any_node_takes_effect_on_every_node() {
         .client()
         .create_topic(TOPIC, PARTITIONS)
         .unwrap();
+    // Answered once applied on node 2: listed there at once.
+    let topics = cluster.nodes[&2].client().list_topics().unwrap();
+    assert!(topics.iter().any(|t| t.topic == TOPIC), "{topics:?}");
     killer.join().unwrap();
     cluster.kill(3);
     wait_listed(&cluster, &[1, 2], true);

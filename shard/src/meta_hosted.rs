@@ -72,8 +72,12 @@ pub struct MetaGroup {
     /// Applied request ids, log order, at most [`APPLIED_IDS_MAX`].
     window: VecDeque<u64>,
     seen: BTreeSet<u64>,
-    /// This node's requests: None until their op applied.
+    /// This node's requests: None until their op applied and its local
+    /// actions ran ([`MetaGroup::release_outcomes`]).
     waiting: BTreeMap<u64, Option<Result<Change, Refusal>>>,
+    /// Outcomes of the last applied op for waiting requests, held until
+    /// its local actions ran (a client told "created" finds the topic).
+    staged: Vec<(u64, Result<Change, Refusal>)>,
     next_request_id: u64,
 }
 
@@ -98,6 +102,7 @@ impl MetaGroup {
             window: VecDeque::new(),
             seen: BTreeSet::new(),
             waiting: BTreeMap::new(),
+            staged: Vec::new(),
             next_request_id: u64::from(node) << REQUEST_ID_NODE_SHIFT | low,
         })
     }
@@ -160,14 +165,25 @@ impl MetaGroup {
                     continue;
                 }
                 self.remember(id);
-                if let Some(slot @ None) = self.waiting.get_mut(&id) {
-                    *slot = Some(o.result.clone());
+                if self.waiting.contains_key(&id) {
+                    self.staged.push((id, o.result.clone()));
                 }
             }
         }
         debug_assert!(header.next_offset() > self.applied_offset || header.record_count == 0);
         self.applied_offset = header.next_offset();
         Ok((header.vsr_op, actions))
+    }
+
+    /// Hands the outcomes of the ops applied so far to their waiters: call
+    /// once their local actions ran.
+    pub fn release_outcomes(&mut self) {
+        for (id, result) in self.staged.drain(..) {
+            if let Some(slot @ None) = self.waiting.get_mut(&id) {
+                *slot = Some(result);
+            }
+        }
+        debug_assert!(self.staged.is_empty());
     }
 
     fn remember(&mut self, id: u64) {
@@ -269,8 +285,10 @@ mod tests {
         assert_eq!((op, actions.len()), (1, 2), "both partitions are local");
         assert!(g.applied(id));
         assert_eq!(g.applied_offset(), 1);
+        assert_eq!(g.take_outcome(id), None, "held until its actions ran");
         let dup = committed(2, 1, &[(id, create("a")), (9, create("b"))]);
         let (_, actions) = g.apply(&dup).expect("op 2");
+        g.release_outcomes();
         assert!(actions
             .iter()
             .all(|a| matches!(a, LocalAction::Create(p) if p.topic == "b")));

@@ -7,7 +7,7 @@
 //!   peer frame, again every [`FORWARD_RETRY_MS`] while no outcome came
 //!   (the primary may have changed or the frame been dropped). Either way
 //!   the client is answered once the command's op applied on THIS node
-//!   (its partitions exist here by then), with the table's outcome, or a
+//!   and its local actions ran (its partitions exist here by then), with the table's outcome, or a
 //!   typed timeout after [`COMMAND_TIMEOUT_MS`] (no quorum, say; the
 //!   command may still apply later).
 //! * [`apply_loop`] follows the group's commit on every node: it applies
@@ -271,7 +271,10 @@ async fn apply_batches(
         let batch = bytes.get(at..at + len).ok_or(())?;
         let applied = group.borrow_mut().apply(batch);
         match applied {
-            Ok((op, actions)) => run_actions(shard, op, actions).await,
+            Ok((op, actions)) => {
+                run_actions(shard, op, actions).await;
+                group.borrow_mut().release_outcomes();
+            }
             Err(e) => {
                 // Stuck here (retried) rather than skip an op.
                 tracing::error!(error = %e, "metadata log: batch not applied");
