@@ -824,4 +824,23 @@ fn a_topic_created_or_deleted_through_any_node_takes_effect_on_every_node() {
         .fetch(TOPIC, 0, 0, 1 << 10, 0)
         .unwrap();
     assert_eq!(fresh.high_watermark, 0);
+
+    // Without a metadata quorum a create is answered, typed, after the
+    // controller's 10 s bound: its outcome unknown, nothing created.
+    cluster.kill(2);
+    cluster.kill(3);
+    let started = Instant::now();
+    let e = cluster.nodes[&1]
+        .client()
+        .create_topic("alone", 1)
+        .unwrap_err();
+    let took = started.elapsed();
+    assert_eq!(e.code(), Some(ErrorCode::PartitionUnavailable), "{e}");
+    assert!(e.to_string().contains("outcome is unknown"), "{e}");
+    assert!(
+        took >= Duration::from_secs(9) && took < Duration::from_secs(20),
+        "{took:?}"
+    );
+    let topics = cluster.nodes[&1].client().list_topics().unwrap();
+    assert!(topics.iter().all(|t| t.topic != "alone"), "{topics:?}");
 }

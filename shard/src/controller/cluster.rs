@@ -114,7 +114,7 @@ async fn drive(
         };
         let retry = Duration::from_millis(NO_PRIMARY_RETRY_MS);
         let until = match routed {
-            Ok(batch) => match submit(shard, batch).await {
+            Ok(batch) => match submit(shard, batch, deadline).await {
                 // Committed: its outcome comes with the apply.
                 Ok(()) => deadline,
                 Err(e) => {
@@ -135,13 +135,26 @@ async fn drive(
     }
 }
 
-/// Steps `batch` into this node's metadata replica; Ok once committed.
-async fn submit(shard: &impl ShardHandle, batch: Vec<u8>) -> Result<(), OpError> {
+/// Steps `batch` into this node's metadata replica; Ok once committed,
+/// an error if not by `deadline` (without a quorum the replica holds it;
+/// it may still commit later, and then applies like any op).
+async fn submit(
+    shard: &impl ShardHandle,
+    batch: Vec<u8>,
+    deadline: Instant,
+) -> Result<(), OpError> {
     let op = Op::Produce {
         partition_id: META_PARTITION_ID,
         batch: batch.into(),
     };
-    shard.call(0, op).await.map(|_| ())
+    let wait = deadline.saturating_duration_since(Instant::now());
+    monoio::select! {
+        outcome = shard.call(0, op) => outcome.map(|_| ()),
+        _ = monoio::time::sleep(wait) => Err(OpError::new(
+            ErrorCode::PartitionUnavailable,
+            "metadata command not committed in time",
+        )),
+    }
 }
 
 async fn wait_outcome(group: &RefCell<MetaGroup>, id: u64, until: Instant) {
@@ -181,8 +194,11 @@ async fn forwarded(shard: &impl ShardHandle, from: u32, payload: &[u8]) {
         );
         return;
     }
+    // Bounded like a local command, so this queue moves on without a
+    // quorum; the sender's own deadline is the same.
+    let deadline = Instant::now() + Duration::from_millis(COMMAND_TIMEOUT_MS);
     let submitted = match command_batch(META_PARTITION_ID, &[(id, cmd)]) {
-        Ok(batch) => submit(shard, batch).await,
+        Ok(batch) => submit(shard, batch, deadline).await,
         Err(e) => Err(invalid(e)),
     };
     if let Err(e) = submitted {

@@ -443,7 +443,9 @@ fn replicated_shard(seed: u64) -> Shard<SimBackend> {
     let (tx, rx) = crate::mailbox::mailbox(16, 1 << 20, 16).expect("mailbox");
     let setup = shard_setup(0, config, table, vec![tx], rx);
     let s = Shard::new(setup, data_dir(seed), EventFd::new().expect("eventfd")).0;
-    assert_eq!(s.open_owned_partitions(), 1);
+    // The topic's partition and shard 0's metadata replica.
+    assert_eq!(s.open_owned_partitions(), 2);
+    assert!(s.core.borrow().partitions.contains_key(&META_PARTITION_ID));
     s
 }
 
