@@ -263,7 +263,10 @@ pub(crate) async fn apply_loop(shard: &impl ShardHandle) {
                 Vec::new()
             }
         };
-        if batches.is_empty() || apply_batches(shard, group, &batches).await.is_err() {
+        let idle = batches.is_empty() || apply_batches(shard, group, &batches).await.is_err();
+        // A fetch reply's buffer belongs to the server's pool.
+        shard.reply_pool().put(batches);
+        if idle {
             monoio::time::sleep(pause).await;
         }
     }
