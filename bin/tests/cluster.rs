@@ -817,8 +817,11 @@ fn a_topic_created_or_deleted_through_any_node_takes_effect_on_every_node() {
         let e = node.client().fetch(TOPIC, 0, 0, 1 << 10, 0).unwrap_err();
         assert_eq!(e.code(), Some(ErrorCode::UnknownTopic), "node {id}: {e}");
     }
-    // Created again through node 1 (new partition ids), it starts empty.
-    create_topic(&cluster);
+    // Created again through node 3's control socket (new partition ids),
+    // it starts empty on every node.
+    let made = cluster.nodes[&3].ctl(&["create-topic", TOPIC, &PARTITIONS.to_string()]);
+    assert_eq!(made["ok"], true, "{made}");
+    wait_listed(&cluster, &[1, 2, 3], true);
     let fresh = cluster.nodes[&1]
         .client()
         .fetch(TOPIC, 0, 0, 1 << 10, 0)

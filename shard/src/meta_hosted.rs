@@ -47,8 +47,8 @@ pub const WAITING_MAX: usize = 128;
 /// A forwarded command's frame starts with this (replication messages
 /// start with `RLGR`).
 const FORWARD_MAGIC: [u8; 4] = *b"RLMF";
-/// Bits of a request id below the node id.
-const REQUEST_ID_NODE_SHIFT: u32 = 40;
+/// Bits of a request id below the node id (a u32: the id's high half).
+const REQUEST_ID_NODE_SHIFT: u32 = 32;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ForwardError {
