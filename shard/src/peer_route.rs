@@ -187,5 +187,15 @@ mod tests {
         let owner = shard_for("u", 0, 2);
         let rx = if owner == 0 { &rx0 } else { &rx1 };
         assert!(rx.try_recv().is_some());
+        // The metadata group's frames go to shard 0, in no topic.
+        let meta = crate::meta_hosted::META_PARTITION_ID;
+        router.deliver(3, frame(meta, 5));
+        assert_eq!(metrics.peer_drops_total.load(Ordering::Relaxed), 2);
+        match rx0.try_recv().map(|e| e.op) {
+            Some(Op::PeerMessage {
+                from, partition_id, ..
+            }) => assert_eq!((from, partition_id), (3, meta)),
+            other => panic!("expected the metadata frame on shard 0, got {other:?}"),
+        }
     }
 }
