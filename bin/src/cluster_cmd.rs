@@ -202,7 +202,7 @@ fn up(a: &UpArgs) -> Result<(), ClusterError> {
     }
     println!(
         "cluster up: {} nodes, pids in {}; try `ringlog ctl --socket {} status`; \
-         create each topic on every node (README \"Cluster notes\"); stop with \
+         create a topic once, through any node; stop with \
          `ringlog cluster down --dir {}`",
         nodes.len(),
         dir.join(PIDS_FILE).display(),

@@ -336,9 +336,33 @@ fn check_identical(cluster: &Cluster, acks: &Acks, limit: Duration) {
     }
 }
 
-fn create_everywhere(cluster: &Cluster) {
-    for node in cluster.nodes.values() {
-        node.client().create_topic(TOPIC, PARTITIONS).unwrap();
+/// Creates the topic once, through node 1 (the metadata group makes it
+/// every node's), and waits until every live node lists it.
+fn create_topic(cluster: &Cluster) {
+    cluster.nodes[&1]
+        .client()
+        .create_topic(TOPIC, PARTITIONS)
+        .unwrap();
+    let ids: Vec<u32> = cluster.nodes.keys().copied().collect();
+    wait_listed(cluster, &ids, true);
+}
+
+/// Waits (bounded) until each node of `ids` lists the topic (`listed`)
+/// or no longer does.
+fn wait_listed(cluster: &Cluster, ids: &[u32], listed: bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for id in ids {
+        loop {
+            let topics = cluster.nodes[id].client().list_topics().unwrap();
+            if topics.iter().any(|t| t.topic == TOPIC) == listed {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "node {id}: topic listed is not {listed} after 30 s: {topics:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 }
 
@@ -363,7 +387,7 @@ fn moment(seed: u64, salt: u64) -> Duration {
 
 fn run_seed(seed: u64) {
     let mut cluster = Cluster::start(3);
-    create_everywhere(&cluster);
+    create_topic(&cluster);
     let mut acks = Acks::new();
     // Node 1 is replica 0: the primary of view 0.
     let mut at = 1;
@@ -455,7 +479,7 @@ fn run_seed(seed: u64) {
 #[test]
 fn a_cluster_killed_whole_restarts_with_every_acknowledged_record() {
     let mut cluster = Cluster::start(3);
-    create_everywhere(&cluster);
+    create_topic(&cluster);
     let mut acks = Acks::new();
     let mut at = 1;
     produce_batches(&cluster, &mut at, &mut acks, 0..30);
@@ -518,7 +542,7 @@ fn a_replicated_partition_survives_a_killed_backup_and_a_killed_primary() {
 }
 
 /// A node whose data dir is lost restarts with `--recover` and gets its
-/// topic re-created by hand: its replicas boot wiped, repair every
+/// topic back from the metadata group: its replicas boot wiped, repair every
 /// committed op from the primary (by repair: state transfer is not hosted
 /// yet), and then count in a quorum: with the primary killed, node 2 and
 /// the recovered node 3 elect a primary and still serve every
@@ -526,7 +550,7 @@ fn a_replicated_partition_survives_a_killed_backup_and_a_killed_primary() {
 #[test]
 fn a_wiped_node_recovers_by_repair_and_the_cluster_then_survives_losing_another() {
     let mut cluster = Cluster::start(3);
-    create_everywhere(&cluster);
+    create_topic(&cluster);
     let mut acks = Acks::new();
     let mut at = 1;
     produce_batches(&cluster, &mut at, &mut acks, 0..40);
@@ -536,16 +560,15 @@ fn a_wiped_node_recovers_by_repair_and_the_cluster_then_survives_losing_another(
     produce_batches(&cluster, &mut at, &mut acks, 40..50);
     cluster.boot_with(3, &["--recover"]);
     assert!(cluster.data_dir(3).join("RECOVER").exists());
-    cluster.nodes[&3]
-        .client()
-        .create_topic(TOPIC, PARTITIONS)
-        .unwrap();
+    // Its metadata replica boots wiped, repairs the group's log, and the
+    // applied create makes the topic's replicas here (wiped too).
+    wait_listed(&cluster, &[3], true);
     produce_batches(&cluster, &mut at, &mut acks, 50..60);
     check_identical(&cluster, &acks, Duration::from_secs(30));
     // ctl partitions on the recovered node: a backup of view 0, caught
     // up, after repairing.
     let parts = cluster.nodes[&3].ctl(&["partitions"]);
-    for p in parts["result"].as_array().unwrap() {
+    for p in data_partitions(&parts) {
         assert_eq!(p["role"], "backup", "{p}");
         assert_eq!(p["view"], 0, "{p}");
         assert!(p["repairs"].as_u64().unwrap() > 0, "{p}");
@@ -573,7 +596,7 @@ fn a_wiped_node_recovers_by_repair_and_the_cluster_then_survives_losing_another(
     // The view changed on the survivors, and the metrics say so.
     for id in [2, 3] {
         let parts = cluster.nodes[&id].ctl(&["partitions"]);
-        for p in parts["result"].as_array().unwrap() {
+        for p in data_partitions(&parts) {
             assert!(p["view"].as_u64().unwrap() >= 1, "node {id}: {p}");
             assert!(p["view_changes"].as_u64().unwrap() >= 1, "node {id}: {p}");
         }
@@ -595,7 +618,7 @@ fn a_wiped_node_recovers_by_repair_and_the_cluster_then_survives_losing_another(
 #[test]
 fn a_primary_stopped_past_its_timeout_acknowledges_nothing_from_its_old_view() {
     let mut cluster = Cluster::start(3);
-    create_everywhere(&cluster);
+    create_topic(&cluster);
     let mut acks = Acks::new();
     let mut at = 1;
     produce_batches(&cluster, &mut at, &mut acks, 0..20);
@@ -654,13 +677,22 @@ fn counter(cluster: &Cluster, id: u32, name: &str) -> u64 {
         .sum()
 }
 
-/// Each node's log start of `partition` (ctl partitions).
-fn log_start(cluster: &Cluster, id: u32, partition: u32) -> u64 {
-    let parts = cluster.nodes[&id].ctl(&["partitions"]);
-    let p = parts["result"]
+/// The rows of `ctl partitions` output for the test's topic (the node's
+/// metadata replica, topic `__meta`, is listed too).
+fn data_partitions(parts: &serde_json::Value) -> Vec<&serde_json::Value> {
+    parts["result"]
         .as_array()
         .unwrap()
         .iter()
+        .filter(|p| p["topic"] == TOPIC)
+        .collect()
+}
+
+/// Each node's log start of `partition` (ctl partitions).
+fn log_start(cluster: &Cluster, id: u32, partition: u32) -> u64 {
+    let parts = cluster.nodes[&id].ctl(&["partitions"]);
+    let p = data_partitions(&parts)
+        .into_iter()
         .find(|p| p["partition"] == partition)
         .unwrap_or_else(|| panic!("node {id}: no partition {partition}: {parts}"));
     p["log_start_offset"].as_u64().unwrap()
@@ -689,7 +721,7 @@ fn retention_while_a_backup_is_down_forces_a_transfer_when_it_returns() {
             "retention_check_ms=100",
         ],
     );
-    create_everywhere(&cluster);
+    create_topic(&cluster);
     let (mut at, mut acks) = (1, Acks::new());
     const VALUE_BYTES: usize = 8 << 10;
     produce_sized(&cluster, &mut at, &mut acks, 0..8, VALUE_BYTES);
@@ -801,7 +833,7 @@ fn serving_peer_killed_mid_transfer(seed: u64) {
             "retention_check_ms=100",
         ],
     );
-    create_everywhere(&cluster);
+    create_topic(&cluster);
     let (mut at, mut acks) = (1, Acks::new());
     const VALUE_BYTES: usize = 64 << 10;
     produce_sized(&cluster, &mut at, &mut acks, 0..8, VALUE_BYTES);
@@ -870,4 +902,89 @@ fn the_peer_serving_a_transfer_is_killed_mid_transfer_and_the_receiver_rotates()
     for seed in 1..=3 {
         serving_peer_killed_mid_transfer(seed);
     }
+}
+
+/// A topic created through node 2 (a backup of the metadata group, which
+/// forwards to its primary) while node 3 is SIGKILLed at a seeded moment
+/// (0-45 ms in): node 2 lists it when it answers, every live node then
+/// holds and serves it, and node 3, restarted, catches up by repair of
+/// the metadata log and holds the same bytes.
+fn created_while_a_node_dies(seed: u64) -> Cluster {
+    let mut cluster = Cluster::start(3);
+    let killer = kill_later(&cluster, 3, moment(seed, 3));
+    cluster.nodes[&2]
+        .client()
+        .create_topic(TOPIC, PARTITIONS)
+        .unwrap();
+    // Answered once applied on node 2: listed there at once.
+    let topics = cluster.nodes[&2].client().list_topics().unwrap();
+    assert!(topics.iter().any(|t| t.topic == TOPIC), "{topics:?}");
+    killer.join().unwrap();
+    cluster.kill(3);
+    wait_listed(&cluster, &[1, 2], true);
+    let mut acks = Acks::new();
+    let mut at = 1;
+    produce_batches(&cluster, &mut at, &mut acks, 0..10);
+    cluster.boot(3);
+    wait_listed(&cluster, &[1, 2, 3], true);
+    produce_batches(&cluster, &mut at, &mut acks, 10..20);
+    check_identical(&cluster, &acks, Duration::from_secs(30));
+    cluster
+}
+
+/// Topics are cluster metadata (a VSR group of its own): created once
+/// through any node, on every node (3 seeds of a node killed during the
+/// create, see [`created_while_a_node_dies`]); a second create of the name
+/// through another node is refused by the table; deleted through node 3
+/// it is gone everywhere, and a client on any node is told so; created
+/// again through a control socket it starts empty; without a quorum a
+/// create gets a typed timeout.
+#[test]
+fn a_topic_created_or_deleted_through_any_node_takes_effect_on_every_node() {
+    for seed in 1..3 {
+        drop(created_while_a_node_dies(seed));
+    }
+    let mut cluster = created_while_a_node_dies(3);
+
+    let e = cluster.nodes[&3]
+        .client()
+        .create_topic(TOPIC, 1)
+        .unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::TopicExists), "{e}");
+
+    cluster.nodes[&3].client().delete_topic(TOPIC).unwrap();
+    wait_listed(&cluster, &[1, 2, 3], false);
+    for (id, node) in &cluster.nodes {
+        let e = node.client().fetch(TOPIC, 0, 0, 1 << 10, 0).unwrap_err();
+        assert_eq!(e.code(), Some(ErrorCode::UnknownTopic), "node {id}: {e}");
+    }
+    // Created again through node 3's control socket (new partition ids),
+    // it starts empty on every node.
+    let made = cluster.nodes[&3].ctl(&["create-topic", TOPIC, &PARTITIONS.to_string()]);
+    assert_eq!(made["ok"], true, "{made}");
+    wait_listed(&cluster, &[1, 2, 3], true);
+    let fresh = cluster.nodes[&1]
+        .client()
+        .fetch(TOPIC, 0, 0, 1 << 10, 0)
+        .unwrap();
+    assert_eq!(fresh.high_watermark, 0);
+
+    // Without a metadata quorum a create is answered, typed, after the
+    // controller's 10 s bound: its outcome unknown, nothing created.
+    cluster.kill(2);
+    cluster.kill(3);
+    let started = Instant::now();
+    let e = cluster.nodes[&1]
+        .client()
+        .create_topic("alone", 1)
+        .unwrap_err();
+    let took = started.elapsed();
+    assert_eq!(e.code(), Some(ErrorCode::PartitionUnavailable), "{e}");
+    assert!(e.to_string().contains("outcome is unknown"), "{e}");
+    assert!(
+        took >= Duration::from_secs(9) && took < Duration::from_secs(20),
+        "{took:?}"
+    );
+    let topics = cluster.nodes[&1].client().list_topics().unwrap();
+    assert!(topics.iter().all(|t| t.topic != "alone"), "{topics:?}");
 }

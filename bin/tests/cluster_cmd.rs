@@ -116,11 +116,21 @@ fn cluster_up_starts_three_nodes_that_replicate_and_down_stops_them_once() {
     assert_ne!(after[1], before[1]);
     assert!(pid_alive(after[1]));
 
-    for a in &addrs {
-        Client::connect(a.as_str())
-            .unwrap()
-            .create_topic("t", 1)
-            .unwrap();
+    // Created once, through node 2: the metadata group makes it node 1's.
+    Client::connect(addrs[1].as_str())
+        .unwrap()
+        .create_topic("t", 1)
+        .unwrap();
+    let mut primary = Client::connect(addrs[0].as_str()).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !primary
+        .list_topics()
+        .unwrap()
+        .iter()
+        .any(|t| t.topic == "t")
+    {
+        assert!(Instant::now() < deadline, "node 1 never listed topic t");
+        std::thread::sleep(Duration::from_millis(50));
     }
     let values: Vec<&[u8]> = vec![b"one", b"two", b"three"];
     let acked = Client::connect(addrs[0].as_str())

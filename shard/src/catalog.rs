@@ -65,6 +65,12 @@ pub struct TopicTable {
     /// Next stable partition id to hand out (ids are never reused).
     pub next_partition_id: u32,
     pub topics: BTreeMap<String, TopicMeta>,
+    /// In a cluster: the last metadata op whose local actions this table
+    /// reflects (the node's applied view of the metadata group). A boot
+    /// replays the group's log from its start and skips the actions of
+    /// ops up to this one, so it never re-creates a topic deleted later.
+    #[serde(default)]
+    pub meta_applied_op: u64,
 }
 
 #[derive(Debug, Error)]

@@ -7,6 +7,10 @@
 //! partitions on their owners; directories a crash leaves behind are garbage
 //! that boot removes.
 //!
+//! In a cluster, create and delete are commands of the metadata group
+//! (see `cluster`): the topic's partition ids come from its table, and
+//! each node creates or drops its partitions when the command applies.
+//!
 //! The file work (topics.json, the emptied topic directory) runs on the
 //! meta I/O thread (`meta_io`): this task awaits it, shard 0's thread never
 //! waits for a sync.
@@ -19,17 +23,28 @@ use crate::catalog::{TopicMeta, TopicState, TopicTable};
 use crate::handle::ShardHandle;
 use crate::meta_io::{MetaIoError, Task};
 use crate::ops::{MetaOp, Op, OpError, OpReply, Outcome};
-use crate::placement::{replicated_first_partition_id, shard_for};
+use crate::placement::shard_for;
+
+mod cluster;
 
 /// Attempts to reach a shard whose mailbox is full, 10 ms apart.
 const MAILBOX_RETRIES: u32 = 500;
 
 pub(crate) async fn run(shard: &impl ShardHandle, op: MetaOp) -> Outcome {
+    if !shard.config().cluster_id.is_empty() {
+        return cluster::run(shard, op).await;
+    }
     match op {
         MetaOp::CreateTopic { topic, partitions } => create(shard, topic, partitions).await,
-        MetaOp::DeleteTopic { topic } => delete(shard, topic).await,
+        MetaOp::DeleteTopic { topic } => delete(shard, topic, None).await,
+        MetaOp::Forwarded { from, .. } => Err(OpError::new(
+            ErrorCode::Internal,
+            format!("a metadata command forwarded by node {from} to a single node"),
+        )),
     }
 }
+
+pub(crate) use cluster::apply_loop;
 
 /// Replaces topics.json with `table` on the meta I/O thread. A full disk is
 /// the retryable `disk_full`, a full queue `backpressure`.
@@ -68,8 +83,9 @@ async fn call_retrying(
     }
 }
 
-async fn create(shard: &impl ShardHandle, topic: String, partitions: u32) -> Outcome {
-    if !valid_topic_name(&topic) {
+/// Checks a create's name and partition count.
+fn check_create(topic: &str, partitions: u32) -> Result<(), OpError> {
+    if !valid_topic_name(topic) {
         return Err(OpError::new(
             ErrorCode::InvalidTopic,
             format!("invalid topic name {topic:?}: use 1-200 of [A-Za-z0-9._-]"),
@@ -81,6 +97,12 @@ async fn create(shard: &impl ShardHandle, topic: String, partitions: u32) -> Out
             format!("partition count {partitions} must be 1..={PARTITIONS_MAX}"),
         ));
     }
+    Ok(())
+}
+
+/// A single node's create: ids from the local table.
+async fn create(shard: &impl ShardHandle, topic: String, partitions: u32) -> Outcome {
+    check_create(&topic, partitions)?;
     let mut table = (*shard.catalog().snapshot()).clone();
     if table.topics.contains_key(&topic) {
         return Err(OpError::new(
@@ -88,19 +110,34 @@ async fn create(shard: &impl ShardHandle, topic: String, partitions: u32) -> Out
             format!("topic {topic:?} exists"),
         ));
     }
-    let replication_factor = shard.config().replication_factor();
-    let first = if replication_factor > 1 {
-        replicated_ids(&table, &topic, partitions)?
-    } else {
-        let first = table.next_partition_id;
-        let Some(next) = first.checked_add(partitions) else {
-            return Err(OpError::new(ErrorCode::Internal, "partition ids exhausted"));
-        };
-        table.next_partition_id = next;
-        first
+    let first = table.next_partition_id;
+    let Some(next) = first.checked_add(partitions) else {
+        return Err(OpError::new(ErrorCode::Internal, "partition ids exhausted"));
     };
+    table.next_partition_id = next;
+    let opened = open_topic(shard, table, &topic, partitions, first, 1).await;
+    if let Err(e) = opened {
+        tracing::error!(%topic, error = %e, "topic creation failed; rolling back");
+        let _ = delete(shard, topic, None).await;
+        return Err(e);
+    }
+    Ok(OpReply::Empty)
+}
+
+/// Writes `topic` into `table` as `creating` (durable), opens its
+/// partitions on their owners, then marks it `ready`. On an open failure
+/// the topic stays `creating` and the error is returned.
+async fn open_topic(
+    shard: &impl ShardHandle,
+    mut table: TopicTable,
+    topic: &str,
+    partitions: u32,
+    first: u32,
+    replication_factor: u8,
+) -> Result<(), OpError> {
+    debug_assert!(partitions > 0);
     table.topics.insert(
-        topic.clone(),
+        topic.to_string(),
         TopicMeta {
             partitions,
             first_partition_id: first,
@@ -113,59 +150,29 @@ async fn create(shard: &impl ShardHandle, topic: String, partitions: u32) -> Out
     // the next create even if this one fails half-way.
     shard.catalog().publish(table.clone());
     let shards = shard.shard_count();
-    let mut failure = None;
     for index in 0..partitions {
-        let owner = shard_for(&topic, index, shards);
-        let outcome = call_retrying(shard, owner, || Op::OpenPartition {
-            topic: topic.clone(),
+        let owner = shard_for(topic, index, shards);
+        call_retrying(shard, owner, || Op::OpenPartition {
+            topic: topic.to_string(),
             index,
             partition_id: first + index,
             create: true,
         })
-        .await;
-        if let Err(e) = outcome {
-            failure = Some(e);
-            break;
-        }
-    }
-    if let Some(e) = failure {
-        tracing::error!(%topic, error = %e, "topic creation failed; rolling back");
-        let _ = delete(shard, topic).await;
-        return Err(e);
+        .await?;
     }
     let mut table = (*shard.catalog().snapshot()).clone();
-    if let Some(meta) = table.topics.get_mut(&topic) {
+    if let Some(meta) = table.topics.get_mut(topic) {
         meta.state = TopicState::Ready;
     }
     store(shard, &table).await?;
     shard.catalog().publish(table);
-    tracing::info!(%topic, partitions, replication_factor, "topic created");
-    Ok(OpReply::Empty)
+    tracing::info!(%topic, partitions, replication_factor, first, "topic created");
+    Ok(())
 }
 
-/// The first partition id of a replicated topic (derived from its name:
-/// see `placement::replicated_first_partition_id`), refused if its ids
-/// overlap another topic's.
-fn replicated_ids(table: &TopicTable, topic: &str, partitions: u32) -> Result<u32, OpError> {
-    let first = replicated_first_partition_id(topic);
-    let end = u64::from(first) + u64::from(partitions);
-    let overlaps = |m: &TopicMeta| {
-        let (a, b) = (
-            m.first_partition_id,
-            u64::from(m.first_partition_id) + u64::from(m.partitions),
-        );
-        u64::from(a) < end && u64::from(first) < b
-    };
-    match table.topics.iter().find(|(_, m)| overlaps(m)) {
-        Some((other, _)) => Err(OpError::new(
-            ErrorCode::InvalidTopic,
-            format!("topic {topic:?} would take partition ids {first}.. held by topic {other:?} (its name hashes to the same id range); choose another name"),
-        )),
-        None => Ok(first),
-    }
-}
-
-async fn delete(shard: &impl ShardHandle, topic: String) -> Outcome {
+/// Removes `topic` from the table (durable; in a cluster recording
+/// metadata op `meta_op` as applied), then drops its partitions.
+async fn delete(shard: &impl ShardHandle, topic: String, meta_op: Option<u64>) -> Outcome {
     let data_dir = shard.config().data_dir.clone();
     let mut table: TopicTable = (*shard.catalog().snapshot()).clone();
     let Some(meta) = table.topics.remove(&topic) else {
@@ -174,6 +181,9 @@ async fn delete(shard: &impl ShardHandle, topic: String) -> Outcome {
             format!("no topic {topic:?}"),
         ));
     };
+    if let Some(op) = meta_op {
+        table.meta_applied_op = table.meta_applied_op.max(op);
+    }
     store(shard, &table).await?;
     shard.catalog().publish(table);
     let shards = shard.shard_count();

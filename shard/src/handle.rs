@@ -12,6 +12,8 @@ use ringlog_storage::io::BatchBuf;
 
 use crate::catalog::{Catalog, TopicTable};
 use crate::config::ServerConfig;
+use crate::meta::Role;
+use crate::meta_hosted::MetaGroup;
 use crate::meta_io;
 use crate::metrics::ShardMetrics;
 use crate::oneshot::Notify;
@@ -41,6 +43,13 @@ pub(crate) trait ShardHandle {
     /// copy); None for another shard's partition, a small batch, or at the
     /// pool's lending bound (the batch then goes in a heap buffer).
     fn lend_produce_buffer(&self, partition_id: u32, batch_len: usize) -> Option<BatchBuf>;
+    /// The metadata group's state (shard 0 of a node in the group).
+    fn meta_group(&self) -> Option<&std::cell::RefCell<MetaGroup>>;
+    /// The role of this node's metadata replica (shard 0, once open).
+    fn meta_role(&self) -> Option<Role>;
+    /// Queues `payload` for partition `partition_id` to node `to` on the
+    /// peer transport (bounded; a full queue drops and counts).
+    fn send_peer(&self, to: u32, partition_id: u32, payload: Vec<u8>);
     /// Runs `op` on shard `owner` and waits for the outcome.
     fn call(&self, owner: usize, op: Op) -> impl Future<Output = Outcome>;
 }

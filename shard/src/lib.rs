@@ -34,6 +34,7 @@ pub mod eventfd;
 mod handle;
 pub mod mailbox;
 pub mod meta;
+pub mod meta_hosted;
 pub mod meta_io;
 pub mod metrics;
 pub mod net;

@@ -110,8 +110,19 @@ pub type Outcome = Result<OpReply, OpError>;
 /// Topic-level operations, run by the controller (shard 0), one at a time.
 #[derive(Debug)]
 pub enum MetaOp {
-    CreateTopic { topic: String, partitions: u32 },
-    DeleteTopic { topic: String },
+    CreateTopic {
+        topic: String,
+        partitions: u32,
+    },
+    DeleteTopic {
+        topic: String,
+    },
+    /// A metadata command another node forwarded to this one's metadata
+    /// primary (`meta_hosted::encode_forward` payload); one-way.
+    Forwarded {
+        from: u32,
+        payload: Vec<u8>,
+    },
 }
 
 /// Work for a shard.

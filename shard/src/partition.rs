@@ -623,6 +623,14 @@ impl Partition {
         }
     }
 
+    /// The replica, if open (its role, for the metadata group's host).
+    pub fn replica(&self) -> Option<&Replica> {
+        match &self.state {
+            State::Open(h) => Some(&h.replica),
+            State::Unavailable(_) => None,
+        }
+    }
+
     pub fn is_replicated(&self) -> bool {
         matches!(&self.state, State::Open(h) if h.repl.is_some())
     }
@@ -1667,13 +1675,24 @@ mod replicated_tests {
         repl: Replication,
         config: StoreConfig,
     ) -> Partition {
+        open_with_id(dir, io, repl, config, 7)
+    }
+
+    /// [`open_with`] of partition id `id`.
+    fn open_with_id(
+        dir: &Path,
+        io: &mut UringBackend,
+        repl: Replication,
+        config: StoreConfig,
+        id: u32,
+    ) -> Partition {
         let replica = repl.replica;
         let pool = StorePool::new(
             dir.join(format!("recycle{replica}")),
             ringlog_storage::store::PoolConfig::private(&config),
         );
         let pdir = dir.join(format!("r{replica}"));
-        let p = Partition::open_replicated(io, &pool, &pdir, "t", 0, 7, config, true, Some(repl));
+        let p = Partition::open_replicated(io, &pool, &pdir, "t", 0, id, config, true, Some(repl));
         assert!(p.status(0).fault.is_none(), "{:?}", p.status(0).fault);
         p
     }
@@ -2229,5 +2248,110 @@ mod replicated_tests {
             lone.deliver(&mut io, &mut installs(), 0, 1, &prepare),
             Err(PeerDrop::NotReplicated)
         );
+    }
+
+    /// Replica `replica` of a three-node metadata group in `dir`.
+    fn open_meta(dir: &Path, io: &mut UringBackend, replica: u8) -> Partition {
+        let config = ServerConfig::default().store_config();
+        let id = crate::meta_hosted::META_PARTITION_ID;
+        open_with_id(dir, io, replication(replica, GROUP), config, id)
+    }
+
+    /// Applies every committed batch of `p` past `g`'s applied offset;
+    /// returns the local actions, in op order.
+    fn apply_committed(
+        io: &mut UringBackend,
+        p: &mut Partition,
+        g: &mut crate::meta_hosted::MetaGroup,
+    ) -> Vec<crate::meta::LocalAction> {
+        let mut actions = Vec::new();
+        loop {
+            let f = p
+                .fetch(io, g.applied_offset(), 1 << 20, Vec::new())
+                .unwrap();
+            if f.batches.is_empty() {
+                return actions;
+            }
+            let mut at = 0;
+            while at < f.batches.len() {
+                let len = BatchHeader::decode(&f.batches[at..]).unwrap().total_len();
+                actions.extend(g.apply(&f.batches[at..at + len]).unwrap().1);
+                at += len;
+            }
+        }
+    }
+
+    /// The metadata group over three hosted replicas (as each node's shard
+    /// 0 runs it): a create submitted to the primary commits; each
+    /// replica's committed log, applied to its node's `MetaGroup`, gives
+    /// the same table and the same local creates; the same request id
+    /// submitted again (a forwarder's retransmission) commits but applies
+    /// nothing; a replica whose log is lost rejoins with an empty log,
+    /// repairs every op and rebuilds the same table.
+    #[test]
+    fn metadata_commands_commit_and_apply_alike_on_every_replica() {
+        use crate::meta::{command_batch, Command, LocalAction};
+        use crate::meta_hosted::{MetaGroup, META_PARTITION_ID};
+        let dir = tempfile::tempdir().unwrap();
+        let mut io = UringBackend::new(64).unwrap();
+        let mut parts: Vec<Option<Partition>> = (0..3)
+            .map(|r| Some(open_meta(dir.path(), &mut io, r)))
+            .collect();
+        let group = |node| MetaGroup::new(node, &[1, 2, 3], 1, 0).unwrap();
+        let mut groups: Vec<MetaGroup> = (1..=3).map(group).collect();
+        let id = groups[1].start_request().unwrap();
+        let create = Command::CreateTopic {
+            name: "orders".into(),
+            partitions: 2,
+            replication_factor: 3,
+        };
+        let delete = Command::DeleteTopic {
+            name: "orders".into(),
+        };
+        let create = command_batch(META_PARTITION_ID, &[(id, create)]).unwrap();
+        let delete = command_batch(META_PARTITION_ID, &[(id + 1, delete)]).unwrap();
+        // The create's retransmission commits after the delete: applied
+        // again it would bring the topic back.
+        for batch in [&create, &delete, &create] {
+            let primary = parts[0].as_mut().unwrap();
+            primary.produce(&mut io, batch.clone().into()).unwrap();
+            for _ in 0..5 {
+                round(&mut io, &mut parts);
+            }
+        }
+        let mut digests = Vec::new();
+        for (p, g) in parts.iter_mut().zip(&mut groups) {
+            let actions = apply_committed(&mut io, p.as_mut().unwrap(), g);
+            let done: Vec<(char, u32)> = actions
+                .iter()
+                .map(|a| match a {
+                    LocalAction::Create(lp) => ('c', lp.partition_id),
+                    LocalAction::Delete(lp) => ('d', lp.partition_id),
+                    other => panic!("{other:?}"),
+                })
+                .collect();
+            assert_eq!(done, [('c', 0), ('c', 1), ('d', 0), ('d', 1)]);
+            assert_eq!(g.host().table().version(), 3, "every op applied");
+            assert!(g.host().table().topics().is_empty());
+            digests.push(g.host().table().digest());
+        }
+        assert!(digests.windows(2).all(|w| w[0] == w[1]));
+        groups[1].release_outcomes();
+        assert!(matches!(
+            groups[1].take_outcome(id),
+            Some(Ok(crate::meta::Change::Created { .. }))
+        ));
+        parts[2].take().unwrap().close(&mut io).unwrap();
+        std::fs::remove_dir_all(dir.path().join("r2")).unwrap();
+        parts[2] = Some(open_meta(dir.path(), &mut io, 2));
+        let fresh = parts[2].as_mut().unwrap();
+        assert_eq!(fresh.high_watermark(), Some(0), "an empty log");
+        for _ in 0..40 {
+            round(&mut io, &mut parts);
+        }
+        let mut rebuilt = group(3);
+        let actions = apply_committed(&mut io, parts[2].as_mut().unwrap(), &mut rebuilt);
+        assert_eq!(actions.len(), 4);
+        assert_eq!(rebuilt.host().table().digest(), digests[0]);
     }
 }

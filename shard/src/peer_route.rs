@@ -60,8 +60,12 @@ impl PeerRouter {
         }
     }
 
-    /// The shard owning `partition_id`, if a topic holds it.
+    /// The shard owning `partition_id`, if a topic holds it (the metadata
+    /// group's replica is on shard 0).
     fn owner(&self, partition_id: u32) -> Option<usize> {
+        if partition_id == crate::meta_hosted::META_PARTITION_ID {
+            return Some(0);
+        }
         let mut owners = self.owners.borrow_mut();
         let version = self.catalog.version();
         if owners.0 != version {
@@ -183,5 +187,15 @@ mod tests {
         let owner = shard_for("u", 0, 2);
         let rx = if owner == 0 { &rx0 } else { &rx1 };
         assert!(rx.try_recv().is_some());
+        // The metadata group's frames go to shard 0, in no topic.
+        let meta = crate::meta_hosted::META_PARTITION_ID;
+        router.deliver(3, frame(meta, 5));
+        assert_eq!(metrics.peer_drops_total.load(Ordering::Relaxed), 2);
+        match rx0.try_recv().map(|e| e.op) {
+            Some(Op::PeerMessage {
+                from, partition_id, ..
+            }) => assert_eq!((from, partition_id), (3, meta)),
+            other => panic!("expected the metadata frame on shard 0, got {other:?}"),
+        }
     }
 }

@@ -13,27 +13,6 @@ pub fn shard_for(topic: &str, index: u32, shards: usize) -> usize {
     (h.wrapping_add(u64::from(index)) % shards as u64) as usize
 }
 
-/// Partition ids of replicated topics live above this; single-node ids
-/// are handed out from 0 upwards and never get near it.
-pub const REPLICATED_ID_BASE: u32 = 1 << 31;
-/// Slots of `PARTITIONS_MAX` ids above [`REPLICATED_ID_BASE`].
-const REPLICATED_SLOTS: u64 = (REPLICATED_ID_BASE / ringlog_protocol::wire::PARTITIONS_MAX) as u64;
-
-/// The first partition id of a replicated topic: derived from its name
-/// alone, so every node that creates the topic (by hand, until cluster
-/// metadata is hosted) gives partition `i` the same id
-/// (`first + i`) whatever else it created before. A slot holds
-/// `PARTITIONS_MAX` ids, so a topic's ids never run into the next slot;
-/// two names hashing to one slot are refused at create (the caller checks).
-pub fn replicated_first_partition_id(topic: &str) -> u32 {
-    let h = blake3::hash(topic.as_bytes());
-    let mut first8 = [0u8; 8];
-    first8.copy_from_slice(&h.as_bytes()[..8]);
-    let slot = u64::from_le_bytes(first8) % REPLICATED_SLOTS;
-    // slot < 2^31 / PARTITIONS_MAX, so this stays below 2^32.
-    REPLICATED_ID_BASE + (slot as u32) * ringlog_protocol::wire::PARTITIONS_MAX
-}
-
 /// The id of one partition's replica group, stamped in every replication
 /// message's envelope (its `cluster_id` field): a frame is stepped only by
 /// a replica whose group id matches, so nodes that disagree about a
@@ -56,22 +35,6 @@ pub fn group_id(cluster_id: &str, topic: &str, index: u32, replicas: u8) -> u128
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn replicated_ids_are_deterministic_and_leave_room_for_every_partition() {
-        let max = ringlog_protocol::wire::PARTITIONS_MAX;
-        for name in ["orders", "t", "a-much-longer-topic.name_1"] {
-            let first = replicated_first_partition_id(name);
-            assert_eq!(first, replicated_first_partition_id(name));
-            assert!(first >= REPLICATED_ID_BASE);
-            assert_eq!((first - REPLICATED_ID_BASE) % max, 0);
-            assert!(first.checked_add(max - 1).is_some());
-        }
-        assert_ne!(
-            replicated_first_partition_id("orders"),
-            replicated_first_partition_id("orders2")
-        );
-    }
 
     #[test]
     fn group_ids_differ_in_every_field() {

@@ -69,6 +69,8 @@ use crate::config::ServerConfig;
 use crate::eventfd::EventFd;
 use crate::handle::ShardHandle;
 use crate::mailbox::{MailboxRx, MailboxTx, SendError};
+use crate::meta::Role;
+use crate::meta_hosted::{MetaGroup, META_PARTITION_ID};
 use crate::meta_io;
 use crate::metrics::{self, ShardMetrics};
 use crate::oneshot::{self, Notify};
@@ -358,6 +360,9 @@ pub(crate) struct Shard<B: IoBackend = UringBackend> {
     nodes: std::collections::BTreeMap<u32, std::net::SocketAddr>,
     /// The peer transport, on shard 0 of a cluster (see `peer_route`).
     transport: RefCell<Option<crate::net::peer::PeerHandle>>,
+    /// The metadata group's state, on shard 0 of a node in the group (its
+    /// replica is partition `META_PARTITION_ID` of this shard).
+    meta_group: Option<RefCell<MetaGroup>>,
 }
 
 /// Runs a shard on the current thread until shutdown.
@@ -420,6 +425,9 @@ pub fn run(mut setup: ShardSetup) {
         monoio::spawn(shard.clone().tick_task());
         if id == 0 {
             monoio::spawn(shard.clone().meta_task());
+        }
+        if shard.meta_group.is_some() {
+            monoio::spawn(shard.clone().meta_apply_task());
         }
         crate::net::accept_loop(shard.clone(), listener).await;
         if let Some(p) = &peer {
@@ -533,6 +541,20 @@ impl<B: IoBackend> ShardHandle for Shard<B> {
         }
     }
 
+    fn meta_group(&self) -> Option<&RefCell<MetaGroup>> {
+        self.meta_group.as_ref()
+    }
+
+    fn meta_role(&self) -> Option<Role> {
+        let core = self.core.borrow();
+        let replica = core.partitions.get(&META_PARTITION_ID)?.replica()?;
+        Some(Role::of(replica))
+    }
+
+    fn send_peer(&self, to: u32, partition_id: u32, payload: Vec<u8>) {
+        self.send_to_peer(to, partition_id, payload);
+    }
+
     /// Runs `op` on shard `owner` and waits for the outcome: locally through
     /// the turn queue, or through the owner's mailbox.
     async fn call(&self, owner: usize, op: Op) -> Outcome {
@@ -622,6 +644,10 @@ impl<B: IoBackend> Shard<B> {
         let view = CatalogView::new(catalog.clone());
         let pool = shard_pool(&config, id);
         let nodes = config.cluster_nodes();
+        let meta_group = (id == 0)
+            .then(|| meta_group_of(&config, &nodes, peers.len()))
+            .flatten()
+            .map(RefCell::new);
         let shard = Shard {
             id,
             config,
@@ -665,6 +691,7 @@ impl<B: IoBackend> Shard<B> {
             reply_pool,
             nodes,
             transport: RefCell::new(None),
+            meta_group,
         };
         (shard, listener, ready)
     }
@@ -727,6 +754,13 @@ impl<B: IoBackend> Shard<B> {
             }
             pool.clear_prefetched();
         }
+        if self.meta_group.is_some() {
+            let p = self.open_meta_replica(io, pool);
+            if p.needs_tick() {
+                ticking.insert(META_PARTITION_ID);
+            }
+            partitions.insert(META_PARTITION_ID, p);
+        }
         // Records of partitions no topic holds any more are dead; those of
         // partitions another shard owns (a changed shard count) stay, and
         // keep checkpoints off (see `server::check_journals`).
@@ -734,6 +768,7 @@ impl<B: IoBackend> Shard<B> {
             .topics
             .values()
             .flat_map(|m| m.first_partition_id..m.first_partition_id + m.partitions)
+            .chain(self.meta_group.as_ref().map(|_| META_PARTITION_ID))
             .collect();
         for pid in pool.journal_replay_pids() {
             if !known.contains(&pid) {
@@ -744,6 +779,47 @@ impl<B: IoBackend> Shard<B> {
             tracing::error!(shard = self.id, "journal records of partitions not opened here: checkpoints stay off until they open");
         }
         partitions.len()
+    }
+
+    /// This node's replica of the metadata group, in `<data_dir>/meta/group`:
+    /// created if missing (a fresh member, or wiped on a recovering node),
+    /// else reopened Recovering; an unreadable one stays unavailable (never
+    /// recreated: it may hold acknowledged commands). No retention: the
+    /// table is rebuilt from the whole log at boot.
+    fn open_meta_replica(&self, io: &mut B, pool: &StorePool) -> Partition {
+        let dir = self.config.data_dir.join(crate::meta_hosted::META_DIR);
+        let (topic, id) = (crate::meta_hosted::META_TOPIC, META_PARTITION_ID);
+        let group: Vec<u32> = match &self.meta_group {
+            Some(g) => g.borrow().host().table().group_nodes().to_vec(),
+            None => Vec::new(),
+        };
+        let Some(replica) = group.iter().position(|&n| n == self.config.node_id) else {
+            let why = format!(
+                "node {} is not in the metadata group {group:?}",
+                self.config.node_id
+            );
+            return Partition::unavailable(&dir, topic, 0, id, why);
+        };
+        let repl = crate::partition::Replication {
+            group_id: crate::placement::group_id(
+                &self.config.cluster_id,
+                topic,
+                0,
+                group.len() as u8,
+            ),
+            nodes: group,
+            replica: replica as u8,
+            addrs: self.nodes.clone(),
+            boot_wiped: self.config.recover,
+        };
+        let config = ringlog_storage::store::StoreConfig {
+            retention_bytes: None,
+            retention_ms: None,
+            ..self.config.store_config()
+        };
+        // A failed stat opens (and reports) rather than recreates.
+        let create = !io.exists(&dir).unwrap_or(true);
+        Partition::open_replicated(io, pool, &dir, topic, 0, id, config, create, Some(repl))
     }
 
     /// How partition `index` of `topic` with `replicas` replicas is
@@ -1003,7 +1079,47 @@ impl<B: IoBackend> Shard<B> {
     }
 }
 
+/// The metadata group state of shard 0 of a cluster node in the group
+/// (None: a single node, or the last node of an even count, outside the
+/// group; logged).
+fn meta_group_of(
+    config: &ServerConfig,
+    nodes: &BTreeMap<u32, std::net::SocketAddr>,
+    shards: usize,
+) -> Option<MetaGroup> {
+    if nodes.is_empty() {
+        return None;
+    }
+    let ids: Vec<u32> = nodes.keys().copied().collect();
+    let shards = u16::try_from(shards).unwrap_or(u16::MAX);
+    // Distinct per boot, so request ids of an earlier boot still in the
+    // log are never taken for this one's.
+    let base = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64);
+    match MetaGroup::new(config.node_id, &ids, shards, base) {
+        Ok(g) if g.host().table().group_nodes().contains(&config.node_id) => Some(g),
+        Ok(_) => {
+            tracing::warn!(
+                node = config.node_id,
+                "this node is outside the metadata group (an even node count): it takes no topic commands"
+            );
+            None
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "metadata group not hosted");
+            None
+        }
+    }
+}
+
 impl Shard {
+    /// Applies the metadata group's committed log (shard 0 of a node in
+    /// the group; see `controller::apply_loop`).
+    async fn meta_apply_task(self: Rc<Self>) {
+        crate::controller::apply_loop(&*self).await;
+    }
+
     /// Runs the controller's topic operations (shard 0 only). The controller
     /// is written against the io_uring shard.
     async fn meta_task(self: Rc<Self>) {

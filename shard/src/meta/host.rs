@@ -166,6 +166,15 @@ impl MetaHost {
     /// Applies committed `batch` and returns what it did, with the local
     /// actions it implies (none for a stale op or a refused command).
     pub fn apply(&mut self, batch: &[u8]) -> Result<(Applied, Vec<LocalAction>), MetaError> {
+        self.apply_skipping(batch, |_| false)
+    }
+
+    /// [`MetaHost::apply`] with [`MetaTable::apply_skipping`]'s `seen`.
+    pub fn apply_skipping(
+        &mut self,
+        batch: &[u8],
+        seen: impl FnMut(u64) -> bool,
+    ) -> Result<(Applied, Vec<LocalAction>), MetaError> {
         let header = ringlog_protocol::BatchHeader::decode(batch)
             .map_err(|source| MetaError::Batch { op: None, source })?;
         if header.partition_id != self.group_partition_id {
@@ -173,7 +182,7 @@ impl MetaHost {
             return Err(MetaError::WrongGroup { batch, group });
         }
         let before = self.local_partitions();
-        let applied = self.table.apply(batch)?;
+        let applied = self.table.apply_skipping(batch, seen)?;
         let actions = match applied {
             Applied::Stale { .. } => Vec::new(),
             Applied::Done { .. } => diff(&before, &self.local_partitions()),

@@ -86,6 +86,10 @@ pub enum Refusal {
     PartitionIdsExhausted,
     #[error("undecodable command: {0}")]
     Undecodable(DecodeError),
+    /// The request id applied before (a retransmitted submission): the
+    /// first outcome stands, the command does not run twice.
+    #[error("request {request_id:#x} was applied before")]
+    DuplicateRequest { request_id: u64 },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -313,6 +317,18 @@ impl MetaTable {
     /// Applies committed batch `batch` (its op is the header's `vsr_op`).
     /// Errors change nothing; see the module docs for the rest.
     pub fn apply(&mut self, batch: &[u8]) -> Result<Applied, MetaError> {
+        self.apply_skipping(batch, |_| false)
+    }
+
+    /// [`MetaTable::apply`], refusing (as [`Refusal::DuplicateRequest`])
+    /// each record whose request id `seen` says applied before. `seen`
+    /// must answer from the log alone (the host's window of applied ids),
+    /// so every replica refuses the same records.
+    pub fn apply_skipping(
+        &mut self,
+        batch: &[u8],
+        mut seen: impl FnMut(u64) -> bool,
+    ) -> Result<Applied, MetaError> {
         let view = BatchView::parse(batch).map_err(|source| {
             let op = ringlog_protocol::BatchHeader::decode(batch)
                 .ok()
@@ -336,6 +352,9 @@ impl MetaTable {
         for record in view.records() {
             let id = request_id(record.key);
             let result = match id.clone().and_then(|_| Command::decode(record.value)) {
+                Ok(_) if id.as_ref().is_ok_and(|&r| seen(r)) => Err(Refusal::DuplicateRequest {
+                    request_id: id.clone().unwrap_or_default(),
+                }),
                 Ok(cmd) => self.execute(cmd),
                 Err(e) => Err(Refusal::Undecodable(e)),
             };

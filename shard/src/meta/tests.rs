@@ -588,3 +588,23 @@ fn cluster_partition_cap_is_refused() {
         Err(SnapshotError::Invalid(_))
     ));
 }
+
+/// A record whose request id the host's window saw is refused as a
+/// duplicate (its command does not run), the op still counts, and the
+/// other records of the batch apply.
+#[test]
+fn apply_skipping_refuses_seen_request_ids_only() {
+    let mut t = table3();
+    // committed() keys op 1's records 100 and 101.
+    let batch = committed(1, &[create("a", 1, 3), create("b", 1, 3)]);
+    let got = results(t.apply_skipping(&batch, |id| id == 100).expect("op 1"));
+    assert_eq!(
+        got[0],
+        Err(Refusal::DuplicateRequest { request_id: 100 }),
+        "{got:?}"
+    );
+    assert!(got[1].is_ok(), "{got:?}");
+    assert_eq!(t.version(), 1);
+    assert!(!t.topics().contains_key("a"));
+    assert_eq!(t.topics()["b"].first_partition_id, 0);
+}

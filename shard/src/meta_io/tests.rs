@@ -17,6 +17,7 @@ fn table(topics: u32, tag: &str) -> TopicTable {
         format: TopicTable::FORMAT,
         next_partition_id: topics * 4,
         topics: BTreeMap::new(),
+        meta_applied_op: 0,
     };
     for i in 0..topics {
         t.topics.insert(

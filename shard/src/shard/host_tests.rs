@@ -443,7 +443,9 @@ fn replicated_shard(seed: u64) -> Shard<SimBackend> {
     let (tx, rx) = crate::mailbox::mailbox(16, 1 << 20, 16).expect("mailbox");
     let setup = shard_setup(0, config, table, vec![tx], rx);
     let s = Shard::new(setup, data_dir(seed), EventFd::new().expect("eventfd")).0;
-    assert_eq!(s.open_owned_partitions(), 1);
+    // The topic's partition and shard 0's metadata replica.
+    assert_eq!(s.open_owned_partitions(), 2);
+    assert!(s.core.borrow().partitions.contains_key(&META_PARTITION_ID));
     s
 }
 
@@ -609,4 +611,44 @@ fn a_sequential_fetch_waits_for_its_read_ahead_and_is_served_from_it() {
         "EIO on a read-ahead is not fatal"
     );
     assert_eq!(core.pool.read_ahead_stats().held_bytes, 0);
+}
+
+/// On shard 0 of a cluster node: a metadata command another node
+/// forwarded (a peer frame to the metadata group's partition with the
+/// forward magic) joins the controller's queue, one-way, at most
+/// `META_QUEUE_MAX` of them (more are dropped and counted, the sender
+/// retries); on a node without a metadata replica it is dropped too.
+#[test]
+fn forwarded_metadata_commands_join_the_bounded_controller_queue() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let cmd = crate::meta::Command::DeleteTopic { name: "t".into() };
+    let forward = |s: &Shard<SimBackend>, id: u64| {
+        let payload = crate::meta_hosted::encode_forward(id, &cmd).unwrap();
+        let op = Op::PeerMessage {
+            from: 2,
+            partition_id: META_PARTITION_ID,
+            payload,
+        };
+        queue(s, op)
+    };
+    let s = replicated_shard(12);
+    let drops = s.metrics.peer_drops_total.load(Relaxed);
+    let replies: Vec<_> = (0..=META_QUEUE_MAX as u64)
+        .map(|id| forward(&s, id))
+        .collect();
+    while s.run_turn(Instant::now()) > 0 {}
+    let queued = s.meta_queue.borrow();
+    assert_eq!(queued.len(), META_QUEUE_MAX);
+    assert!(matches!(
+        &queued[0],
+        (MetaOp::Forwarded { from: 2, .. }, Responder::Nobody)
+    ));
+    assert_eq!(s.metrics.peer_drops_total.load(Relaxed), drops + 1);
+    assert!(replies.iter().all(|r| r.try_recv().is_err()), "one-way");
+    let alone = open(1, 13);
+    assert!(alone.meta_group.is_none());
+    let _reply = forward(&alone, 1);
+    while alone.run_turn(Instant::now()) > 0 {}
+    assert!(alone.meta_queue.borrow().is_empty());
+    assert_eq!(alone.metrics.peer_drops_total.load(Relaxed), 1);
 }

@@ -290,6 +290,21 @@ impl<B: IoBackend> Shard<B> {
                 from,
                 partition_id,
                 payload,
+            } if partition_id == META_PARTITION_ID && crate::meta_hosted::is_forward(&payload) => {
+                // A command for the metadata primary: the controller
+                // submits it (or drops it, and the forwarder retries).
+                let mut q = self.meta_queue.borrow_mut();
+                if self.meta_group.is_none() || q.len() >= META_QUEUE_MAX {
+                    metrics::inc(&self.metrics.peer_drops_total);
+                    return;
+                }
+                q.push_back((MetaOp::Forwarded { from, payload }, Responder::Nobody));
+                self.meta.notify();
+            }
+            Op::PeerMessage {
+                from,
+                partition_id,
+                payload,
             } => {
                 let Some(p) = partitions.get_mut(&partition_id) else {
                     metrics::inc(&self.metrics.peer_drops_total);
