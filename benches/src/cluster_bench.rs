@@ -17,6 +17,10 @@ use crate::jobs::server::{self, ServerProcess};
 use serde_json::{json, Value};
 
 use crate::plot::Series;
+
+/// A topic created (or deleted) through one node reaches the others by
+/// the metadata group's commit and apply: well within this.
+const LISTED_TIMEOUT: Duration = Duration::from_secs(30);
 use crate::report::{Comparison, JobReport, Report, PRODUCE_ACK_NOTE};
 use crate::server_bench::{common_notes, common_settings, produce_config, server_flags, workspace};
 use crate::size::Secs;
@@ -151,18 +155,41 @@ impl LocalCluster {
         Ok(self.nodes[i].insert(node))
     }
 
-    /// Creates `topic` on every node (cluster topics are created per node
-    /// until the metadata group is hosted; see the README).
+    /// Creates `topic` once, through the first live node (the cluster's
+    /// metadata group carries it to the others), and waits until every
+    /// live node lists it.
     pub(crate) fn create_topic(&self, topic: &str, partitions: u32) -> Result<(), BenchError> {
-        for n in self.nodes.iter().flatten() {
+        let first = self.nodes.iter().flatten().next();
+        if let Some(n) = first {
             produce::create_topic(&n.addr, topic, partitions)?;
         }
-        Ok(())
+        self.wait_listed(topic, true)
     }
 
+    /// Deletes `topic` once, through the first live node, and waits until
+    /// no live node lists it.
     pub(crate) fn delete_topic(&self, topic: &str) -> Result<(), BenchError> {
-        for n in self.nodes.iter().flatten() {
+        if let Some(n) = self.nodes.iter().flatten().next() {
             produce::delete_topic(&n.addr, topic)?;
+        }
+        self.wait_listed(topic, false)
+    }
+
+    /// Waits (at most [`LISTED_TIMEOUT`]) until every live node lists
+    /// `topic` (`listed`) or none does.
+    fn wait_listed(&self, topic: &str, listed: bool) -> Result<(), BenchError> {
+        let deadline = std::time::Instant::now() + LISTED_TIMEOUT;
+        for n in self.nodes.iter().flatten() {
+            while produce::topic_listed(&n.addr, topic)? != listed {
+                if std::time::Instant::now() > deadline {
+                    let what = if listed { "listed" } else { "gone" };
+                    return Err(BenchError::Mismatch(format!(
+                        "topic {topic:?} not {what} at {} within {LISTED_TIMEOUT:?}",
+                        n.addr
+                    )));
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
         }
         Ok(())
     }

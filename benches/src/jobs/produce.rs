@@ -99,6 +99,15 @@ pub fn create_topic(addr: &str, topic: &str, partitions: u32) -> Result<(), Clie
         .map_err(client_err(0, format!("creating topic {topic:?}")))
 }
 
+/// Whether the node at `addr` lists `topic`.
+pub fn topic_listed(addr: &str, topic: &str) -> Result<bool, ClientJobError> {
+    let mut c = Client::connect(addr).map_err(client_err(0, format!("connecting to {addr}")))?;
+    let topics = c
+        .list_topics()
+        .map_err(client_err(0, format!("listing topics at {addr}")))?;
+    Ok(topics.iter().any(|t| t.topic == topic))
+}
+
 /// Deletes `topic`; a topic that is already gone is fine.
 pub fn delete_topic(addr: &str, topic: &str) -> Result<(), ClientJobError> {
     let mut c = Client::connect(addr).map_err(client_err(0, format!("connecting to {addr}")))?;
