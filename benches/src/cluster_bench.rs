@@ -267,9 +267,10 @@ pub(crate) fn cluster_produce_report(
                 .into(),
         ));
     }
-    if !(2..=CLUSTER_NODES_MAX).contains(&nodes) {
+    if !(2..=CLUSTER_NODES_MAX).contains(&nodes) || nodes % 2 == 0 {
         return Err(BenchError::Usage(format!(
-            "--cluster {nodes}: a local cluster has 2 to {CLUSTER_NODES_MAX} nodes"
+            "--cluster {nodes}: a local cluster has 3, 5 or {CLUSTER_NODES_MAX} nodes \
+             (a replica group is odd)"
         )));
     }
     let cfg = produce_config(a, args.duration, args.size, args.in_flight)?;
@@ -454,11 +455,12 @@ mod tests {
     use crate::testutil::{data_dir, produce};
 
     #[test]
-    fn a_cluster_needs_two_to_seven_nodes_and_its_own_servers() {
+    fn a_cluster_needs_an_odd_three_to_seven_nodes_and_its_own_servers() {
         let (_tmp, dir) = data_dir();
         let d = dir.display();
         for line in [
             format!("produce --dir {d} --cluster 1"),
+            format!("produce --dir {d} --cluster 4"),
             format!("produce --dir {d} --cluster 8"),
         ] {
             let a = produce(&line);

@@ -446,7 +446,7 @@ struct ProduceArgs {
     /// requests_in_flight_max, 16 by default, at once).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
     in_flight: u32,
-    /// Start a local cluster of N nodes (127.0.0.1) and produce to a topic
+    /// Start a local cluster of N nodes (127.0.0.1; N odd, 3 to 7) and produce to a topic
     /// replicated on all of them, against the same produce to a single node
     /// started alongside (reps alternated).
     #[arg(long, value_name = "N", conflicts_with_all = ["vs_append", "addr"])]

@@ -47,7 +47,7 @@ pub enum ClusterCmd {
 
 #[derive(Args)]
 pub struct UpArgs {
-    /// Nodes to start (1 to 7).
+    /// Nodes to start (odd, 1 to 7).
     #[arg(long, default_value_t = 3)]
     nodes: u32,
     #[command(flatten)]
@@ -69,7 +69,9 @@ pub struct DirArg {
 
 #[derive(Debug, Error)]
 enum ClusterError {
-    #[error("--nodes {0}: must be 1 to {NODES_MAX}")]
+    #[error(
+        "--nodes {0}: must be odd, 1 to {NODES_MAX} (a replica group has an odd number of nodes)"
+    )]
     Nodes(u32),
     #[error("--base-port {0}: node ports would pass 65535")]
     Ports(u16),
@@ -135,7 +137,7 @@ impl Node {
 }
 
 fn up(a: &UpArgs) -> Result<(), ClusterError> {
-    if a.nodes == 0 || a.nodes > NODES_MAX {
+    if a.nodes % 2 == 0 || a.nodes > NODES_MAX {
         return Err(ClusterError::Nodes(a.nodes));
     }
     if u32::from(a.base_port) + 100 + a.nodes > u32::from(u16::MAX) {

@@ -229,3 +229,16 @@ fn up_says_at_once_why_a_node_exited_before_its_ready_line() {
         "not the ready timeout: {said}"
     );
 }
+
+#[test]
+fn up_refuses_an_even_node_count_and_starts_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("c");
+    for nodes in ["2", "4", "8", "0"] {
+        let up = cluster(&["up", "--nodes", nodes], &dir);
+        let said = text(&up);
+        assert!(!up.status.success(), "{said}");
+        assert!(said.contains("must be odd"), "{said}");
+    }
+    assert!(!dir.exists(), "nothing created");
+}
