@@ -267,7 +267,7 @@ pub(crate) fn cluster_produce_report(
                 .into(),
         ));
     }
-    if !(2..=CLUSTER_NODES_MAX).contains(&nodes) || nodes % 2 == 0 {
+    if !(2..=CLUSTER_NODES_MAX).contains(&nodes) || nodes.is_multiple_of(2) {
         return Err(BenchError::Usage(format!(
             "--cluster {nodes}: a local cluster has 3, 5 or {CLUSTER_NODES_MAX} nodes \
              (a replica group is odd)"

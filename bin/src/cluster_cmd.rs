@@ -137,7 +137,7 @@ impl Node {
 }
 
 fn up(a: &UpArgs) -> Result<(), ClusterError> {
-    if a.nodes % 2 == 0 || a.nodes > NODES_MAX {
+    if a.nodes.is_multiple_of(2) || a.nodes > NODES_MAX {
         return Err(ClusterError::Nodes(a.nodes));
     }
     if u32::from(a.base_port) + 100 + a.nodes > u32::from(u16::MAX) {
