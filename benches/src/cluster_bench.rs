@@ -151,20 +151,28 @@ impl LocalCluster {
         Ok(self.nodes[i].insert(node))
     }
 
-    /// Creates `topic` on every node (cluster topics are created per node
-    /// until the metadata group is hosted; see the README).
+    /// Creates `topic` through the first running node: the cluster
+    /// metadata group, hosted on every node, takes it everywhere (a create
+    /// on each node would be refused as `topic_exists` after the first).
     pub(crate) fn create_topic(&self, topic: &str, partitions: u32) -> Result<(), BenchError> {
-        for n in self.nodes.iter().flatten() {
-            produce::create_topic(&n.addr, topic, partitions)?;
-        }
+        let n = self.first_running()?;
+        produce::create_topic(&n.addr, topic, partitions)?;
         Ok(())
     }
 
+    /// Deletes `topic` through the first running node (as a create).
     pub(crate) fn delete_topic(&self, topic: &str) -> Result<(), BenchError> {
-        for n in self.nodes.iter().flatten() {
-            produce::delete_topic(&n.addr, topic)?;
-        }
+        let n = self.first_running()?;
+        produce::delete_topic(&n.addr, topic)?;
         Ok(())
+    }
+
+    fn first_running(&self) -> Result<&ServerProcess, BenchError> {
+        self.nodes
+            .iter()
+            .flatten()
+            .next()
+            .ok_or_else(|| BenchError::Usage("no cluster node is running".into()))
     }
 
     /// The primary of a new topic's view 0: the node with the smallest id.
