@@ -606,7 +606,8 @@ fn recover_seeks_the_journal_once() {
         ..StoreConfig::default()
     };
     let mut io = SimBackend::new(11);
-    let mut store = PartitionStore::create(&mut io, Path::new(DIR), PID, cfg.clone()).expect("store");
+    let mut store =
+        PartitionStore::create(&mut io, Path::new(DIR), PID, cfg.clone()).expect("store");
     let n = 48;
     // Just over half the piece: each read_batches answers two batches.
     let batches = chain(n, REPAIR_READ_BYTES_MAX / 2 + 1024);
