@@ -17,14 +17,14 @@ use crate::jobs::server::{self, ServerProcess};
 use serde_json::{json, Value};
 
 use crate::plot::Series;
-
-/// A topic created (or deleted) through one node reaches the others by
-/// the metadata group's commit and apply: well within this.
-const LISTED_TIMEOUT: Duration = Duration::from_secs(30);
 use crate::report::{Comparison, JobReport, Report, PRODUCE_ACK_NOTE};
 use crate::server_bench::{common_notes, common_settings, produce_config, server_flags, workspace};
 use crate::size::Secs;
 use crate::{fs_err, BenchError, ProduceArgs};
+
+/// A topic created (or deleted) through one node reaches the others by
+/// the metadata group's commit and apply: well within this.
+const LISTED_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Replicated throughput target, bytes per second (issue 11 item 7).
 pub const CLUSTER_BYTES_PER_SEC_MIN: f64 = 390e6;

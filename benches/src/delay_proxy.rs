@@ -3,7 +3,8 @@
 //! direction is queued with a release time (read at + delay) and written on
 //! only once that time has passed. So the delay holds for every byte, one
 //! way, not just on connect; a round trip through one proxy costs twice
-//! the delay.
+//! the delay. With no delay one thread per direction copies straight on
+//! (no queue): the gate is all it adds.
 //!
 //! Bounds: at most [`CONNECTIONS_MAX`] connections at once (more are closed
 //! at once); per direction a queue of [`SEGMENTS_MAX`] segments of at most
@@ -151,7 +152,12 @@ fn connection(client: TcpStream, shared: &Shared) {
 
 /// One direction: a reader queues timestamped segments, a writer releases
 /// each at its time; at EOF or an error both sides of the direction close.
+/// With no delay there is nothing to hold: one thread copies straight on
+/// (no queue, no copy per segment, no hand-off between threads).
 fn pipe(from: TcpStream, to: TcpStream, delay: Duration) {
+    if delay.is_zero() {
+        return forward(&from, to);
+    }
     let (tx, rx) = sync_channel::<(Instant, Vec<u8>)>(SEGMENTS_MAX);
     let Ok(from_writer) = from.try_clone() else {
         return;
@@ -184,6 +190,24 @@ fn read_segments(mut from: &TcpStream, tx: &SyncSender<(Instant, Vec<u8>)>, dela
             return; // the writer failed
         }
     }
+}
+
+/// Copies `from` to `to` through one buffer until EOF or an error; on a
+/// write failure, also stops `from` (as [`release`]).
+fn forward(mut from: &TcpStream, mut to: TcpStream) {
+    let mut buf = vec![0u8; SEGMENT_BYTES_MAX];
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if to.write_all(&buf[..n]).is_err() {
+            let _ = to.shutdown(Shutdown::Both);
+            let _ = from.shutdown(Shutdown::Both);
+            return;
+        }
+    }
+    let _ = to.shutdown(Shutdown::Write);
 }
 
 /// Writes each segment at its release time; on a write failure, also
@@ -247,7 +271,13 @@ mod tests {
     /// (the reader blocks rather than dropping or growing).
     #[test]
     fn a_stream_beyond_the_queue_bound_arrives_whole() {
-        let p = DelayProxy::start(echo(), Duration::from_millis(1)).unwrap();
+        for delay_ms in [1, 0] {
+            stream_arrives_whole(Duration::from_millis(delay_ms));
+        }
+    }
+
+    fn stream_arrives_whole(delay: Duration) {
+        let p = DelayProxy::start(echo(), delay).unwrap();
         let c = TcpStream::connect(p.addr).unwrap();
         let total = 2 * SEGMENTS_MAX * SEGMENT_BYTES_MAX + 12_345;
         let mut w = c.try_clone().unwrap();
@@ -259,7 +289,7 @@ mod tests {
         let mut got = Vec::new();
         (&c).read_to_end(&mut got).unwrap();
         writer.join().unwrap();
-        assert_eq!(got.len(), total);
+        assert_eq!(got.len(), total, "delay {delay:?}");
         assert!(got.iter().enumerate().all(|(i, b)| *b == (i % 251) as u8));
     }
 

@@ -597,7 +597,7 @@ impl Job for ProcessesJob {
                  io_uring, bs = the chunk size, iodepth = the window; no network); ringlog also \
                  hashes, verifies and fsyncs, and crosses TCP{}",
                 if cfg.delay.is_zero() {
-                    " (through the proxy, 0 ms)"
+                    " (through the proxy, 0 ms: copied straight on)"
                 } else {
                     " with the delay"
                 }

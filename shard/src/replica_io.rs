@@ -296,15 +296,28 @@ fn read_batches(
     op_min: u64,
     op_max: u64,
 ) -> Result<Vec<BatchBytes>, IoFailure> {
-    let mut out = Vec::new();
     let Some(first) = seek_op(store, io, op_min)? else {
-        return Ok(out);
+        return Ok(Vec::new());
     };
     if first.vsr_op != op_min {
-        return Ok(out); // not held (cut or never written)
+        return Ok(Vec::new()); // not held (cut or never written)
     }
-    let mut offset = first.base_offset;
+    read_run(store, io, first.base_offset, op_min, op_max).map(|(out, _)| out)
+}
+
+/// Ops `op_min..=op_max` (or a prefix, as [`read_batches`]) read on from
+/// `offset`, where op `op_min` starts; and the offset after the last one.
+fn read_run(
+    store: &mut PartitionStore,
+    io: &mut impl IoBackend,
+    mut offset: u64,
+    op_min: u64,
+    op_max: u64,
+) -> Result<(Vec<BatchBytes>, u64), IoFailure> {
+    debug_assert!(op_min <= op_max, "a run of at least one op");
+    let (mut out, start) = (Vec::new(), offset);
     let mut taken_bytes = 0;
+    let mut after = offset;
     let end = store.durable().next_offset;
     'reads: while offset < end && taken_bytes < REPAIR_READ_BYTES_MAX {
         let fetched = store
@@ -327,6 +340,7 @@ fn read_batches(
             }
             out.push(view.as_bytes().into());
             taken_bytes += view.as_bytes().len();
+            after = h.next_offset();
             if h.vsr_op == op_max {
                 break 'reads;
             }
@@ -337,7 +351,8 @@ fn read_batches(
         }
         offset = fetched.next_offset;
     }
-    Ok(out)
+    debug_assert!(out.is_empty() || after > start, "ends past what it took");
+    Ok((out, after))
 }
 
 /// What a replica restarts from: `Replica::restart(cfg, seed, durable,
@@ -509,25 +524,33 @@ fn recover_above(
 }
 
 /// Like [`read_batches`] without the per-call byte bound (recovery reads
-/// the whole uncommitted tail, which the pipeline bounds).
+/// the whole uncommitted tail, which the pipeline bounds). One search for
+/// `op_min`, then each piece reads on from where the last ended: a search
+/// per piece cost a restart a read per probe per batch of about
+/// [`REPAIR_READ_BYTES_MAX`].
 fn read_batches_all(
     store: &mut PartitionStore,
     io: &mut impl IoBackend,
     op_min: u64,
     op_max: u64,
 ) -> Result<Vec<BatchBytes>, IoFailure> {
+    let unreadable = |next: u64| IoFailure {
+        reason: format!("recover: op {next} of {op_min}..={op_max} is not readable"),
+    };
+    let first = seek_op(store, io, op_min)?.filter(|h| h.vsr_op == op_min);
+    let mut offset = first.ok_or_else(|| unreadable(op_min))?.base_offset;
     let mut all = Vec::new();
     let mut next = op_min;
     while next <= op_max {
-        let chunk = read_batches(store, io, next, op_max)?;
+        let (chunk, after) = read_run(store, io, offset, next, op_max)?;
         if chunk.is_empty() {
-            return Err(IoFailure {
-                reason: format!("recover: op {next} of {op_min}..={op_max} is not readable"),
-            });
+            return Err(unreadable(next));
         }
         next += chunk.len() as u64;
+        offset = after;
         all.extend(chunk);
     }
+    debug_assert_eq!(all.len() as u64, op_max - op_min + 1, "every op, once");
     Ok(all)
 }
 

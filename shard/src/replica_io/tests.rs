@@ -593,3 +593,37 @@ fn recover_applies_a_committed_unapplied_purge_once() {
     let r = recover_lone(&mut store, &mut io, 1).expect("recovers");
     assert!(r.purged && store.superblock().purge_generation == 1);
 }
+
+/// Guards against: a restart's recovery (the reboot after every install)
+/// seeking each [`REPAIR_READ_BYTES_MAX`] piece of the journal anew, a
+/// binary search of reads each, so batches near that size (one or two per
+/// piece) cost a search per batch: ~1 s of a 1 GiB install's 3 s reading
+/// a 64-op journal of 1 MiB batches. One search, then reads straight on.
+#[test]
+fn recover_seeks_the_journal_once() {
+    let cfg = StoreConfig {
+        segment_size_bytes: 64 * 1024 * 1024,
+        ..StoreConfig::default()
+    };
+    let mut io = SimBackend::new(11);
+    let mut store =
+        PartitionStore::create(&mut io, Path::new(DIR), PID, cfg.clone()).expect("store");
+    let n = 48;
+    // Just over half the piece: each read_batches answers two batches.
+    let batches = chain(n, REPAIR_READ_BYTES_MAX / 2 + 1024);
+    append_all(&mut store, &mut io, &batches);
+    drop(store);
+    let mut io = io.reboot();
+    let mut store = PartitionStore::open(&mut io, Path::new(DIR), PID, cfg).expect("reopens");
+
+    let reads = io.op_count(FaultOp::Read);
+    let r = recover_lone(&mut store, &mut io, n - 1).expect("recovers");
+    let ops: Vec<u64> = r.headers.iter().map(|h| h.vsr_op).collect();
+    assert_eq!(ops, (2..=n).collect::<Vec<_>>());
+    assert_eq!(r.base.op, 1);
+    let used = io.op_count(FaultOp::Read) - reads;
+    // A search (about log2(n) probes, each a read or two), then about a
+    // read per batch; a search per piece would be ~n/2 searches.
+    let bound = 2 * n + 32;
+    assert!(used <= bound, "{used} reads for {n} ops (bound {bound})");
+}
