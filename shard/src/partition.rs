@@ -70,11 +70,40 @@ pub struct Replication {
     pub group_id: u128,
     /// Peer addresses, to name the primary in a not-primary refusal.
     pub addrs: BTreeMap<u32, SocketAddr>,
+    /// Client addresses as the peer transport learned them, so a
+    /// not-primary refusal names where to produce (`primary_addr=`).
+    pub client_addrs: ClientAddrs,
     /// This node lost its disk (`ServerConfig::recover`): a store created
     /// here, or one created here that never held anything, boots wiped
     /// ([`Replica::wiped`]) instead of as a fresh view-0 member, which
     /// could vote with an empty log and lose committed ops.
     pub boot_wiped: bool,
+}
+
+/// Where a node serves clients, if this node knows (the peer Hello).
+#[derive(Clone, Default)]
+pub struct ClientAddrs(Option<std::sync::Arc<ClientAddrOf>>);
+
+type ClientAddrOf = dyn Fn(u32) -> Option<SocketAddr> + Send + Sync;
+
+impl ClientAddrs {
+    pub fn new(of: impl Fn(u32) -> Option<SocketAddr> + Send + Sync + 'static) -> ClientAddrs {
+        ClientAddrs(Some(std::sync::Arc::new(of)))
+    }
+
+    pub fn of(&self, node: u32) -> Option<SocketAddr> {
+        self.0.as_ref().and_then(|f| f(node))
+    }
+}
+
+impl std::fmt::Debug for ClientAddrs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "ClientAddrs(..)"
+        } else {
+            "ClientAddrs(none)"
+        })
+    }
 }
 
 impl Replication {
@@ -1226,11 +1255,15 @@ fn client_error(store: &PartitionStore, repl: Option<&Replication>, e: AppendErr
                 let addr = repl
                     .and_then(|r| r.addrs.get(&node))
                     .map_or_else(|| "unknown".to_string(), SocketAddr::to_string);
+                // Clients follow `primary_addr=` (client::ClientError::primary_addr).
+                let client = repl
+                    .and_then(|r| r.client_addrs.of(node))
+                    .map_or_else(String::new, |a| format!(" primary_addr={a}"));
                 OpError::new(
                     ErrorCode::NotPrimary,
                     format!(
-                        "this node holds a backup of partition {}: produce to primary_node={node} \
-                         (peer address {addr}, view {view})",
+                        "this node holds a backup of partition {}: produce to primary_node={node}\
+                         {client} (peer address {addr}, view {view})",
                         store.partition_id()
                     ),
                 )
@@ -1657,6 +1690,9 @@ mod replicated_tests {
             replica,
             group_id,
             addrs,
+            client_addrs: ClientAddrs::new(|n| {
+                (n != 2).then(|| SocketAddr::from(([127, 0, 0, 1], 8000 + n as u16)))
+            }),
             boot_wiped: false,
         }
     }
@@ -2090,6 +2126,7 @@ mod replicated_tests {
         let e = parts[1].produce(&mut io, one_batch(2).into()).unwrap_err();
         assert_eq!(e.code, ErrorCode::NotPrimary, "{e}");
         assert!(e.message.contains("primary_node=1"), "{e}");
+        assert!(e.message.contains("primary_addr=127.0.0.1:8001 "), "{e}");
         assert!(e.message.contains("127.0.0.1:7001"), "{e}");
     }
 
