@@ -1092,6 +1092,21 @@ fn a_produce_to_a_backup_is_followed_to_the_primary_by_the_client_and_the_cli() 
         "{stderr}"
     );
     assert!(stderr.contains("offsets 3..7"), "{stderr}");
+    // Issue 11 item 5: the primary timed each of the 3 acknowledged
+    // produces from its client append to its commit; backups timed none.
+    let timed = |id: u32| -> u64 {
+        let m = cluster.nodes[&id].ctl(&["metrics"]);
+        let series = format!(
+            "ringlog_partition_prepare_commit_duration_seconds_count\
+             {{topic=\"{TOPIC}\",partition=\"0\"}} "
+        );
+        let text = m["result"]["text"].as_str().unwrap().to_owned();
+        let line = text.lines().find(|l| l.starts_with(&series));
+        let line = line.unwrap_or_else(|| panic!("node {id}: no {series:?} in\n{text}"));
+        line[series.len()..].parse().unwrap()
+    };
+    assert_eq!(timed(primary), 3);
+    assert_eq!(timed(backup), 0);
     // Acknowledged means committed: every replica serves the 8 records.
     for (id, node) in &cluster.nodes {
         let bytes = read_up_to(&node.addr, 0, 8, Duration::from_secs(30));

@@ -47,7 +47,7 @@ use ringlog_storage::journal::Journal;
 use ringlog_storage::store::{PartitionStore, StoreConfig, StoreError, StorePool};
 use ringlog_storage::superblock;
 
-use crate::ops::{OpError, PartitionStatus};
+use crate::ops::{LatencyCounts, OpError, PartitionStatus};
 use crate::replica_io::{self, AppendFailure};
 use crate::transfer::io::Installs;
 use crate::transfer::Message as TransferMessage;
@@ -202,6 +202,9 @@ struct Hosted {
     /// since it booted here (`ctl partitions`, metrics).
     view_changes: u64,
     repairs: u64,
+    /// Prepare-to-commit latency of the ops this replica acknowledged as
+    /// primary, timed by the shard ([`Partition::record_commit_latency`]).
+    commit_latency: LatencyCounts,
     /// State transfer beside the replica (replicated partitions only).
     xfer: Option<Box<TransferHost>>,
 }
@@ -664,6 +667,16 @@ impl Partition {
         matches!(&self.state, State::Open(h) if h.repl.is_some())
     }
 
+    /// Records one acknowledged op's latency from its client append (its
+    /// Prepare goes out in that step, or when the pipeline has room) to
+    /// its commit, as the host's clock read them; the replica has no clock.
+    pub fn record_commit_latency(&mut self, us: u64) {
+        if let State::Open(h) = &mut self.state {
+            debug_assert!(h.repl.is_some(), "only a replicated op has a commit");
+            h.commit_latency.record(us);
+        }
+    }
+
     /// Steps the replica (or, for a state transfer command, its transfer
     /// machines, see `transfer::route`) with a message from node `from`:
     /// one replication message (`ringlog_protocol::replication`), decoded
@@ -921,6 +934,7 @@ impl Partition {
             view_changes: None,
             repairs: None,
             transfer: None,
+            commit_latency: None,
         };
         match &self.state {
             State::Open(h) => {
@@ -946,6 +960,7 @@ impl Partition {
                     st.lag_ops = Some(r.commit_max().saturating_sub(r.commit()));
                     st.view_changes = Some(h.view_changes);
                     st.repairs = Some(h.repairs);
+                    st.commit_latency = Some(h.commit_latency.clone());
                     st.transfer = h.transfer_status();
                 }
                 st.sealed_segments = s.sealed_segments().count();
@@ -1038,6 +1053,7 @@ impl Hosted {
             sends: Vec::new(),
             view_changes: 0,
             repairs: 0,
+            commit_latency: LatencyCounts::default(),
         })
     }
 

@@ -291,9 +291,10 @@ struct Flight {
 
 #[derive(Default)]
 struct Lane {
-    /// Produces the replica holds, by the token it answers them with; at
-    /// most one per append the partition's pipeline and client queue hold.
-    acks: HashMap<Token, Responder>,
+    /// Produces the replica holds, by the token it answers them with, with
+    /// the turn's time at their append; at most one per append the
+    /// partition's pipeline and client queue hold.
+    acks: HashMap<Token, (Responder, Instant)>,
     /// Work that must wait for the flush in flight, in arrival order.
     parked: VecDeque<Work>,
 }
@@ -1051,7 +1052,7 @@ impl<B: IoBackend> Shard<B> {
         for (_, lane) in self.core.borrow_mut().lanes.drain() {
             // Not expected: with no flush in flight every append was
             // settled and nothing stays parked.
-            replies.extend(lane.acks.into_values());
+            replies.extend(lane.acks.into_values().map(|(r, _)| r));
             replies.extend(lane.parked.into_iter().map(|w| w.reply));
         }
         for r in replies {

@@ -383,6 +383,7 @@ pub(super) fn metrics_text(ctx: &ControlContext) -> String {
                     size_bytes: p.size_bytes,
                     view_changes: p.view_changes,
                     repairs: p.repairs,
+                    commit_latency: p.commit_latency,
                 }))
             }
             Ok(other) => {
@@ -627,6 +628,7 @@ mod tests {
             view_changes: None,
             repairs: None,
             transfer: None,
+            commit_latency: None,
         }
     }
 
