@@ -54,8 +54,8 @@ enum CtlCommand {
     Consumers { group: Option<String> },
     /// Prometheus metrics text.
     Metrics,
-    /// Cluster nodes: id, peer address, reachable (our session to it is
-    /// up), its session to us, incarnation, last heard from.
+    /// Cluster nodes: id, peer address, client address, reachable (our
+    /// session to it is up), its session to us, incarnation, last heard from.
     Cluster,
     /// State transfers running: partition, peer node, state, bytes and
     /// chunks received of the offer's total, rate, ETA.
@@ -314,6 +314,7 @@ pub fn run(args: CtlArgs) -> i32 {
                 &[
                     "NODE",
                     "ADDRESS",
+                    "CLIENT_ADDRESS",
                     "SELF",
                     "REACHABLE",
                     "INBOUND",
@@ -325,6 +326,7 @@ pub fn run(args: CtlArgs) -> i32 {
                     &[
                         "id",
                         "address",
+                        "client_address",
                         "self",
                         "reachable",
                         "inbound",

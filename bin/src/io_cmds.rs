@@ -6,7 +6,9 @@ use std::time::Duration;
 use clap::Args;
 use ringlog_protocol::wire::ErrorCode;
 use ringlog_protocol::{BatchBuilder, Record, Stamp};
-use ringlog_shard::client::{records, with_retry, Client, ClientError, FetchedRecord};
+use ringlog_shard::client::{
+    records, with_retry, Client, ClientError, FetchedRecord, FollowingClient,
+};
 use serde_json::json;
 
 use crate::groups::{self, Reset};
@@ -200,9 +202,10 @@ fn parse_headers(list: &[String]) -> Result<Headers, ClientError> {
 
 fn produce_inner(args: &ProduceArgs, progress: &mut Progress) -> Result<(), ClientError> {
     let headers = parse_headers(&args.headers)?;
-    let mut client = Client::connect(addr(&args.addr))?;
+    // A backup's not-primary refusal is followed to the primary it names.
+    let mut client = FollowingClient::connect(&addr(&args.addr))?;
     if let Some(p) = args.create {
-        match client.create_topic(&args.topic, p) {
+        match client.client().create_topic(&args.topic, p) {
             Ok(()) => {}
             Err(e) if e.code() == Some(ErrorCode::TopicExists) => {}
             Err(e) => return Err(e),
@@ -211,7 +214,8 @@ fn produce_inner(args: &ProduceArgs, progress: &mut Progress) -> Result<(), Clie
     let per_batch = args.batch.clamp(1, BATCH_RECORDS_MAX);
     // A record alone over this is still sent alone, and the client refuses
     // it against the server's exact limit before it goes out.
-    let budget = (client.server().batch_bytes_max as usize).saturating_sub(BATCH_OVERHEAD_BYTES);
+    let budget =
+        (client.client().server().batch_bytes_max as usize).saturating_sub(BATCH_OVERHEAD_BYTES);
     let key = args.key.as_deref().unwrap_or("").as_bytes().to_vec();
     let header_bytes: usize = headers.iter().map(|(n, v)| n.len() + v.len() + 8).sum();
     let overhead = RECORD_OVERHEAD_BYTES + key.len() + header_bytes;
@@ -257,7 +261,7 @@ fn produce_inner(args: &ProduceArgs, progress: &mut Progress) -> Result<(), Clie
 
 struct Sender<'a> {
     args: &'a ProduceArgs,
-    client: &'a mut Client,
+    client: &'a mut FollowingClient,
     key: &'a [u8],
     headers: &'a [(Vec<u8>, Vec<u8>)],
     /// Whether the key's partition was printed already.
@@ -291,7 +295,7 @@ impl Sender<'_> {
         let batch = b.finish(&Stamp::default())?;
         let args = self.args;
         let client = &mut *self.client;
-        let ack = with_retry(
+        let followed = with_retry(
             PRODUCE_ATTEMPTS,
             Duration::from_millis(20),
             || match &args.key {
@@ -299,6 +303,13 @@ impl Sender<'_> {
                 None => client.produce(&args.topic, args.partition, batch.clone()),
             },
         )?;
+        if followed.redirects > 0 {
+            eprintln!(
+                "not the primary: produced to the primary at {} ({} redirect(s))",
+                followed.addr, followed.redirects
+            );
+        }
+        let ack = followed.ack;
         if let (Some(k), false) = (&args.key, self.routed) {
             eprintln!("key {k:?} -> partition {}", ack.partition);
             self.routed = true;

@@ -404,24 +404,35 @@ fn run_seed(seed: u64) {
     assert_eq!(e.code(), Some(ErrorCode::NotPrimary), "{e}");
     assert_eq!(e.primary_node(), Some(1), "{e}");
     if seed == 1 {
-        // The CLI says so too, with what to do.
-        let out = std::process::Command::new(BIN)
-            .args([
-                "produce",
-                TOPIC,
-                "--addr",
-                &cluster.nodes[&2].addr,
-                "--count",
-                "1",
-            ])
-            .output()
+        // The CLI's produce follows the refusal to the primary, says so,
+        // and the record is acknowledged like the others.
+        use std::io::Write as _;
+        let mut child = std::process::Command::new(BIN)
+            .args(["produce", TOPIC, "--addr", &cluster.nodes[&2].addr])
+            .stdin(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
             .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(b"via the cli\n").unwrap();
+        drop(stdin);
+        let out = child.wait_with_output().unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{stderr}");
-        assert!(
-            stderr.contains("not_primary") && stderr.contains("primary_node=1"),
-            "{stderr}"
+        assert!(out.status.success(), "{stderr}");
+        let went = format!(
+            "produced to the primary at {} (1 redirect(s))",
+            cluster.nodes[&1].addr
         );
+        assert!(stderr.contains(&went), "{stderr}");
+        let offsets = format!("{TOPIC}/0 offsets ");
+        let line = stderr.lines().find(|l| l.starts_with(&offsets));
+        let range = &line.unwrap_or_else(|| panic!("{stderr}"))[offsets.len()..];
+        let base: u64 = range.split("..").next().unwrap().parse().unwrap();
+        let prev = acks
+            .entry(0)
+            .or_default()
+            .insert(base, (vec![b"via the cli".to_vec()], false));
+        assert!(prev.is_none(), "offset {base} acknowledged twice");
     }
 
     // SIGKILL a backup mid-produce: a quorum of 2 goes on.
@@ -987,4 +998,139 @@ fn a_topic_created_or_deleted_through_any_node_takes_effect_on_every_node() {
     );
     let topics = cluster.nodes[&1].client().list_topics().unwrap();
     assert!(topics.iter().all(|t| t.topic != "alone"), "{topics:?}");
+}
+
+/// The node whose replica of `partition` is primary, once one is (bounded).
+fn primary_of(cluster: &Cluster, partition: u32) -> u32 {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        for (&id, node) in &cluster.nodes {
+            let parts = node.ctl(&["partitions"]);
+            let primary = data_partitions(&parts)
+                .iter()
+                .any(|p| p["partition"] == partition && p["role"] == "primary");
+            if primary {
+                return id;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no primary of partition {partition}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Issue 11 item 4: a produce to a backup reaches the primary. Each node
+/// learns the others' client addresses from their peer Hello (ctl cluster
+/// shows them); a backup's not-primary refusal names the primary's, and
+/// the Rust client's `FollowingClient` and the CLI's produce follow it.
+#[test]
+fn a_produce_to_a_backup_is_followed_to_the_primary_by_the_client_and_the_cli() {
+    use ringlog_shard::client::FollowingClient;
+    let cluster = Cluster::start(3);
+    create_topic(&cluster);
+    let primary = primary_of(&cluster, 0);
+    let primary_addr = cluster.addr(primary).unwrap();
+    let backup = *cluster.nodes.keys().find(|&&n| n != primary).unwrap();
+    let backup_addr = cluster.addr(backup).unwrap();
+    // ctl cluster on the backup names every node's client address (its
+    // own bound one, the peers' from their Hello) once sessions are up.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let view = cluster.nodes[&backup].ctl(&["cluster"]);
+        let nodes = view["result"]["nodes"].as_array().unwrap().clone();
+        let named: Vec<Option<String>> = nodes
+            .iter()
+            .map(|n| n["client_address"].as_str().map(str::to_string))
+            .collect();
+        let want: Vec<Option<String>> = cluster
+            .nodes
+            .values()
+            .map(|s| Some(s.addr.clone()))
+            .collect();
+        if named == want {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "client addresses never learned: {view}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // A plain client gets the refusal, naming the primary's client address.
+    let batch = batch_of(&[b"one", b"two"]).unwrap();
+    let e = cluster.nodes[&backup]
+        .client()
+        .produce(TOPIC, 0, batch.clone())
+        .unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::NotPrimary), "{e}");
+    assert_eq!(
+        e.primary_addr().map(|a| a.to_string()),
+        Some(primary_addr.clone()),
+        "{e}"
+    );
+    // The following client is acknowledged by the primary, and stays there.
+    let mut f = FollowingClient::connect(&backup_addr).unwrap();
+    let got = f.produce(TOPIC, 0, batch).unwrap();
+    assert_eq!(
+        (got.addr.as_str(), got.redirects),
+        (primary_addr.as_str(), 1)
+    );
+    assert_eq!((got.ack.base_offset, got.ack.next_offset), (0, 2));
+    let again = f.produce(TOPIC, 0, batch_of(&[b"three"]).unwrap()).unwrap();
+    assert_eq!((again.redirects, again.ack.base_offset), (0, 2));
+    // The CLI's produce through the backup says where it went.
+    let out = std::process::Command::new(BIN)
+        .args([
+            "produce",
+            TOPIC,
+            "--addr",
+            &backup_addr,
+            "--count",
+            "5",
+            "--partition",
+            "0",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "produced to the primary at {primary_addr} (1 redirect(s))"
+        )),
+        "{stderr}"
+    );
+    assert!(stderr.contains("offsets 3..7"), "{stderr}");
+    // Issue 11 item 5: the primary timed each of the 3 acknowledged
+    // produces from its client append to its commit; backups timed none.
+    let timed = |id: u32| -> u64 {
+        let m = cluster.nodes[&id].ctl(&["metrics"]);
+        let series = format!(
+            "ringlog_partition_prepare_commit_duration_seconds_count\
+             {{topic=\"{TOPIC}\",partition=\"0\"}} "
+        );
+        let text = m["result"]["text"].as_str().unwrap().to_owned();
+        let line = text.lines().find(|l| l.starts_with(&series));
+        let line = line.unwrap_or_else(|| panic!("node {id}: no {series:?} in\n{text}"));
+        line[series.len()..].parse().unwrap()
+    };
+    assert_eq!(timed(primary), 3);
+    assert_eq!(timed(backup), 0);
+    // Acknowledged means committed: every replica serves the 8 records.
+    for (id, node) in &cluster.nodes {
+        let bytes = read_up_to(&node.addr, 0, 8, Duration::from_secs(30));
+        let values: Vec<Vec<u8>> = records(&bytes)
+            .unwrap()
+            .into_iter()
+            .map(|r| r.value)
+            .collect();
+        assert_eq!(values.len(), 8, "node {id}");
+        assert_eq!(
+            values[..3],
+            [b"one".to_vec(), b"two".to_vec(), b"three".to_vec()],
+            "node {id}"
+        );
+    }
 }

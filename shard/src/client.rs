@@ -59,7 +59,18 @@ pub enum ClientError {
     Unexpected(String),
     #[error("batch: {0}")]
     Batch(#[from] BatchError),
+    /// A produce refused not-primary more than [`REDIRECTS_MAX`] times in a
+    /// row (the primary moves, or the nodes disagree); `last` is the final
+    /// refusal.
+    #[error("produce redirected {redirects} times without reaching the primary; last: {last}")]
+    TooManyRedirects {
+        redirects: u32,
+        last: Box<ClientError>,
+    },
 }
+
+/// Not-primary redirects one [`FollowingClient`] produce follows at most.
+pub const REDIRECTS_MAX: u32 = 3;
 
 impl ClientError {
     /// The server's error code, if the server answered with one.
@@ -76,10 +87,20 @@ impl ClientError {
     }
 
     /// For a not-primary refusal: the node id of the partition's primary
-    /// (the server names it `primary_node=ID`). The caller maps the id to
-    /// that node's client address and produces there: until cluster
-    /// metadata is hosted, nodes know each other's peer addresses only.
+    /// (the server names it `primary_node=ID`).
     pub fn primary_node(&self) -> Option<u32> {
+        self.not_primary_field("primary_node=")?.parse().ok()
+    }
+
+    /// For a not-primary refusal: the primary's client address, when the
+    /// refusing node knows it (`primary_addr=HOST:PORT`, learned from the
+    /// primary's peer Hello); [`FollowingClient`] produces there.
+    pub fn primary_addr(&self) -> Option<std::net::SocketAddr> {
+        self.not_primary_field("primary_addr=")?.parse().ok()
+    }
+
+    /// The text after `key` in a not-primary message, up to a space.
+    fn not_primary_field(&self, key: &str) -> Option<&str> {
         let ClientError::Server {
             code: ErrorCode::NotPrimary,
             message,
@@ -87,11 +108,11 @@ impl ClientError {
         else {
             return None;
         };
-        let rest = &message[message.find("primary_node=")? + "primary_node=".len()..];
-        let digits = rest
-            .find(|c: char| !c.is_ascii_digit())
+        let rest = &message[message.find(key)? + key.len()..];
+        let end = rest
+            .find(|c: char| c.is_whitespace() || c == ',' || c == ')')
             .unwrap_or(rest.len());
-        rest[..digits].parse().ok()
+        Some(&rest[..end])
     }
 
     /// What a person should know or do about this error, if anything
@@ -105,6 +126,12 @@ impl ClientError {
                 )
             }
             ClientError::BatchTooLarge { .. } => return Some(BATCH_LIMIT_ADVICE),
+            ClientError::TooManyRedirects { .. } => {
+                return Some(
+                    "the partition's primary is changing (a view change); retry in a moment, \
+                     and check `ringlog ctl partitions` on the nodes",
+                )
+            }
             _ => {}
         }
         match self.code()? {
@@ -114,8 +141,8 @@ impl ClientError {
                  appends resume once space is freed (retention, purge, or more disk)",
             ),
             ErrorCode::NotPrimary => Some(
-                "this node holds a backup of the partition: produce to the node named \
-                 primary_node (its client address), or retry here after a view change",
+                "this node holds a backup of the partition: produce to primary_addr (the \
+                 node named primary_node), or retry here after a view change",
             ),
             ErrorCode::PartitionFenced => Some(
                 "the partition stopped after an I/O error (fail-stop); see the server log; \
@@ -396,6 +423,101 @@ impl Client {
     }
 }
 
+/// A client that produces to any node of a cluster and follows
+/// not-primary refusals to the primary they name (`primary_addr=`), at
+/// most [`REDIRECTS_MAX`] times per produce. It holds one connection: a
+/// redirect replaces it with one to the primary, which the next produces
+/// reuse, so a steady producer pays the redirect once per primary change.
+/// Only produces follow; other calls go through [`FollowingClient::client`]
+/// to the node it is at.
+pub struct FollowingClient {
+    client: Client,
+    addr: String,
+}
+
+/// A produce's acknowledgement, and where it went.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Followed {
+    pub ack: ProduceReply,
+    /// The address that acknowledged it.
+    pub addr: String,
+    /// Not-primary refusals followed to get there.
+    pub redirects: u32,
+}
+
+impl FollowingClient {
+    pub fn connect(addr: &str) -> Result<FollowingClient, ClientError> {
+        Ok(FollowingClient {
+            client: Client::connect(addr)?,
+            addr: addr.to_string(),
+        })
+    }
+
+    /// The node the client is connected to (the last primary it found).
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    pub fn client(&mut self) -> &mut Client {
+        &mut self.client
+    }
+
+    /// [`Client::produce`], following not-primary refusals.
+    pub fn produce(
+        &mut self,
+        topic: &str,
+        partition: u32,
+        batch: Vec<u8>,
+    ) -> Result<Followed, ClientError> {
+        self.follow(|c, b| c.produce(topic, partition, b), batch)
+    }
+
+    /// [`Client::produce_keyed`], following not-primary refusals.
+    pub fn produce_keyed(
+        &mut self,
+        topic: &str,
+        key: &[u8],
+        batch: Vec<u8>,
+    ) -> Result<Followed, ClientError> {
+        self.follow(|c, b| c.produce_keyed(topic, key, b), batch)
+    }
+
+    /// Sends `batch` with `send`; a not-primary refusal naming an address
+    /// moves the connection there and sends it again. A refusal naming no
+    /// address, or any other error, is returned as is.
+    fn follow(
+        &mut self,
+        mut send: impl FnMut(&mut Client, Vec<u8>) -> Result<ProduceReply, ClientError>,
+        batch: Vec<u8>,
+    ) -> Result<Followed, ClientError> {
+        let mut redirects = 0;
+        loop {
+            let e = match send(&mut self.client, batch.clone()) {
+                Ok(ack) => {
+                    let addr = self.addr.clone();
+                    return Ok(Followed {
+                        ack,
+                        addr,
+                        redirects,
+                    });
+                }
+                Err(e) => e,
+            };
+            let Some(to) = e.primary_addr() else {
+                return Err(e);
+            };
+            if redirects == REDIRECTS_MAX {
+                let last = Box::new(e);
+                return Err(ClientError::TooManyRedirects { redirects, last });
+            }
+            redirects += 1;
+            let to = to.to_string();
+            self.client = Client::connect(to.as_str())?;
+            self.addr = to;
+        }
+    }
+}
+
 fn produced(body: Body) -> Result<ProduceReply, ClientError> {
     match body {
         Body::Produced(p) => Ok(p),
@@ -511,9 +633,17 @@ mod tests {
         use super::{ClientError, ErrorCode};
         let e = ClientError::Server {
             code: ErrorCode::NotPrimary,
-            message: "this node holds a backup of partition 7: produce to primary_node=3 (peer address 127.0.0.1:1, view 5)".into(),
+            message: "this node holds a backup of partition 7: produce to primary_node=3 primary_addr=127.0.0.1:7423 (peer address 127.0.0.1:1, view 5)".into(),
         };
         assert_eq!(e.primary_node(), Some(3));
+        assert_eq!(e.primary_addr(), Some("127.0.0.1:7423".parse().unwrap()));
+        // A node that does not know the address (or an older one) names
+        // only the id: nothing to follow.
+        let old = ClientError::Server {
+            code: ErrorCode::NotPrimary,
+            message: "produce to primary_node=3 (peer address 127.0.0.1:1, view 5)".into(),
+        };
+        assert_eq!((old.primary_node(), old.primary_addr()), (Some(3), None));
         assert!(e.advice().is_some_and(|a| a.contains("primary_node")));
         let other = ClientError::Server {
             code: ErrorCode::Backpressure,
@@ -526,9 +656,124 @@ mod tests {
         );
         let garbled = ClientError::Server {
             code: ErrorCode::NotPrimary,
-            message: "primary_node=x".into(),
+            message: "primary_node=x primary_addr=nowhere:1".into(),
         };
         assert_eq!(garbled.primary_node(), None);
+        assert_eq!(garbled.primary_addr(), None);
+    }
+
+    use super::{Client, FollowingClient, REDIRECTS_MAX};
+    use ringlog_protocol::wire::{
+        decode_frame_header, Body, ErrorCode, HelloReply, Opcode, ProduceReply, Reply, Request,
+        FRAME_BYTES_MAX, FRAME_HEADER_LEN, PROTOCOL_VERSION,
+    };
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::Arc;
+
+    /// A fake node on a thread per connection: it answers the handshake,
+    /// and each produce with `answer(correlation)`. Returns its address
+    /// and its count of accepted connections.
+    fn fake_node(answer: fn(&str, u32) -> Reply) -> (String, Arc<AtomicU32>) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let accepted = Arc::new(AtomicU32::new(0));
+        let (me, count) = (addr.clone(), accepted.clone());
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                count.fetch_add(1, Ordering::Relaxed);
+                let me = me.clone();
+                std::thread::spawn(move || serve_fake(stream.unwrap(), &me, answer));
+            }
+        });
+        (addr, accepted)
+    }
+
+    fn serve_fake(mut s: TcpStream, me: &str, answer: fn(&str, u32) -> Reply) {
+        let mut head = [0u8; FRAME_HEADER_LEN];
+        while s.read_exact(&mut head).is_ok() {
+            let h = decode_frame_header(&head, FRAME_BYTES_MAX).unwrap();
+            let mut body = vec![0u8; h.body_len as usize];
+            s.read_exact(&mut body).unwrap();
+            let (correlation, _, req) = Request::decode(&body);
+            let reply = match req.unwrap() {
+                Request::Hello { .. } => Reply::ok(
+                    Opcode::Hello,
+                    correlation,
+                    Body::Hello(HelloReply {
+                        version: PROTOCOL_VERSION,
+                        frame_bytes_max: FRAME_BYTES_MAX,
+                        batch_bytes_max: 1 << 20,
+                        shards: 1,
+                    }),
+                ),
+                _ => answer(me, correlation),
+            };
+            let mut out = Vec::new();
+            reply.encode(&mut out).unwrap();
+            s.write_all(&out).unwrap();
+        }
+    }
+
+    fn not_primary(to: &str, correlation: u32) -> Reply {
+        Reply::error(
+            Opcode::Produce as u16,
+            correlation,
+            ErrorCode::NotPrimary,
+            format!("produce to primary_node=1 primary_addr={to} (peer address x, view 2)"),
+        )
+    }
+
+    fn acked(_: &str, correlation: u32) -> Reply {
+        let ack = ProduceReply {
+            partition: 0,
+            base_offset: 10,
+            next_offset: 11,
+        };
+        Reply::ok(Opcode::Produce, correlation, Body::Produced(ack))
+    }
+
+    #[test]
+    fn a_produce_follows_the_named_primary_and_stays_there() {
+        let (primary, primary_conns) = fake_node(acked);
+        // A backup naming `primary`: the address is baked in per fake.
+        static PRIMARY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+        PRIMARY.set(primary.clone()).unwrap();
+        let (backup, _) = fake_node(|_, c| not_primary(PRIMARY.get().unwrap(), c));
+        let mut f = FollowingClient::connect(&backup).unwrap();
+        let got = f.produce("t", 0, vec![1, 2, 3]).unwrap();
+        assert_eq!((got.addr.as_str(), got.redirects), (primary.as_str(), 1));
+        assert_eq!(got.ack.base_offset, 10);
+        // The next produce reuses the connection to the primary.
+        let again = f.produce_keyed("t", b"k", vec![4]).unwrap();
+        assert_eq!(again.redirects, 0);
+        assert_eq!(f.addr(), primary);
+        assert_eq!(primary_conns.load(Ordering::Relaxed), 1);
+        // A plain client sees the refusal itself.
+        let e = Client::connect(backup.as_str())
+            .unwrap()
+            .produce("t", 0, vec![1])
+            .unwrap_err();
+        assert_eq!(e.primary_addr().map(|a| a.to_string()), Some(primary));
+    }
+
+    #[test]
+    fn redirects_past_the_bound_fail_typed() {
+        // A node that names itself as the primary, forever.
+        let (addr, conns) = fake_node(not_primary);
+        let mut f = FollowingClient::connect(&addr).unwrap();
+        let e = f.produce("t", 0, vec![1]).unwrap_err();
+        match &e {
+            super::ClientError::TooManyRedirects { redirects, last } => {
+                assert_eq!(*redirects, REDIRECTS_MAX);
+                assert_eq!(last.code(), Some(ErrorCode::NotPrimary));
+            }
+            other => panic!("expected TooManyRedirects, got {other}"),
+        }
+        assert!(e.advice().is_some());
+        // The first connection and one per redirect, no more.
+        assert_eq!(conns.load(Ordering::Relaxed), 1 + REDIRECTS_MAX);
     }
 
     use super::*;

@@ -37,10 +37,7 @@ pub const FSYNC_US_BOUNDS: &[u64] = &[
     50, 100, 200, 300, 500, 750, 1_000, 2_000, 5_000, 10_000, 25_000, 50_000, 100_000,
 ];
 /// Request latency buckets (produce, fetch), microseconds: 50 µs to 10 s.
-pub const REQUEST_US_BOUNDS: &[u64] = &[
-    50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000,
-    1_000_000, 2_500_000, 5_000_000, 10_000_000,
-];
+pub const REQUEST_US_BOUNDS: &[u64] = crate::ops::LATENCY_US_BOUNDS;
 /// Appends per group commit.
 pub const GROUP_BOUNDS: &[u64] = &[1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024];
 
@@ -324,6 +321,8 @@ pub struct PartitionFigures {
     /// A replicated partition's counters since it opened (None alone).
     pub view_changes: Option<u64>,
     pub repairs: Option<u64>,
+    /// A replicated partition's prepare-to-commit latency (None alone).
+    pub commit_latency: Option<crate::ops::LatencyCounts>,
 }
 
 /// A consumer group's position on one partition (see `control::consumers`).
@@ -686,6 +685,40 @@ impl Scrape {
         Ok(())
     }
 
+    /// Per replicated partition: its ops' latency from the client append
+    /// on the primary to their commit, in seconds like the others.
+    fn encode_commit_latency(&self, enc: &mut Enc<'_>) -> EncResult {
+        let mut family = enc.encode_descriptor(
+            "ringlog_partition_prepare_commit_duration_seconds",
+            "Replicated ops this node acknowledged as primary, from the client append (its Prepare) to its commit, seconds",
+            None,
+            MetricType::Histogram,
+        )?;
+        for p in &self.partitions {
+            let Some(c) = &p.commit_latency else { continue };
+            debug_assert_eq!(c.bucket_counts.len(), REQUEST_US_BOUNDS.len() + 1);
+            let buckets: Vec<(f64, u64)> = c
+                .bucket_counts
+                .iter()
+                .enumerate()
+                .map(|(i, &n)| {
+                    let bound = REQUEST_US_BOUNDS
+                        .get(i)
+                        .map_or(f64::INFINITY, |&b| b as f64 / 1e6);
+                    (bound, n)
+                })
+                .collect();
+            let labels = [
+                ("topic", p.topic.clone()),
+                ("partition", p.partition.to_string()),
+            ];
+            family
+                .encode_family(&labels)?
+                .encode_histogram::<NoLabelSet>(c.sum_us as f64 / 1e6, c.count(), &buckets, None)?;
+        }
+        Ok(())
+    }
+
     fn encode_partitions(&self, enc: &mut Enc<'_>) -> EncResult {
         type Row = (&'static str, &'static str, fn(&PartitionFigures) -> u64);
         let rows: &[Row] = &[
@@ -745,6 +778,7 @@ impl Scrape {
                     .encode_counter::<NoLabelSet, _, u64>(&v, None)?;
             }
         }
+        self.encode_commit_latency(enc)?;
         for (name, help, get) in rows {
             let series = self.partitions.iter().map(|p| {
                 let labels = [
@@ -973,6 +1007,13 @@ mod tests {
                 faulted: false,
                 view_changes: Some(2),
                 repairs: Some(5),
+                commit_latency: Some({
+                    let mut c = crate::ops::LatencyCounts::default();
+                    for us in [40, 300, 300, 20_000_000] {
+                        c.record(us);
+                    }
+                    c
+                }),
             }],
             shards_unanswered: 0,
             consumers: vec![ConsumerLag {
@@ -1001,6 +1042,24 @@ mod tests {
             format!("{p}_bucket{{shard=\"0\",le=\"+Inf\"}} 5"),
             format!("{p}_count{{shard=\"0\"}} 5"),
             format!("{p}_sum{{shard=\"0\"}} 20.001141"),
+        ] {
+            assert!(out.contains(&want), "no {want:?} in\n{out}");
+        }
+    }
+
+    #[test]
+    fn prepare_to_commit_latency_is_a_histogram_per_replicated_partition() {
+        let out = scrape_of(ShardMetrics::default());
+        let p = "ringlog_partition_prepare_commit_duration_seconds";
+        let l = "topic=\"t\\\"x\",partition=\"3\"";
+        for want in [
+            format!("# TYPE {p} histogram\n"),
+            format!("{p}_bucket{{{l},le=\"5e-05\"}} 1"),
+            format!("{p}_bucket{{{l},le=\"0.0005\"}} 3"),
+            format!("{p}_bucket{{{l},le=\"10\"}} 3"),
+            format!("{p}_bucket{{{l},le=\"+Inf\"}} 4"),
+            format!("{p}_count{{{l}}} 4"),
+            format!("{p}_sum{{{l}}} 20.00064"),
         ] {
             assert!(out.contains(&want), "no {want:?} in\n{out}");
         }

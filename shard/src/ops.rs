@@ -31,6 +31,46 @@ impl std::fmt::Display for OpError {
     }
 }
 
+/// Latency buckets, microseconds: 50 µs to 10 s (requests, and a
+/// replicated op's prepare-to-commit).
+pub const LATENCY_US_BOUNDS: &[u64] = &[
+    50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000,
+    1_000_000, 2_500_000, 5_000_000, 10_000_000,
+];
+
+/// A latency histogram as plain data (one owner records it; a status
+/// carries a copy to the metrics): a count per bound of
+/// [`LATENCY_US_BOUNDS`] plus +Inf, and the sum.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LatencyCounts {
+    pub bucket_counts: Vec<u64>,
+    pub sum_us: u64,
+}
+
+impl Default for LatencyCounts {
+    fn default() -> LatencyCounts {
+        LatencyCounts {
+            bucket_counts: vec![0; LATENCY_US_BOUNDS.len() + 1],
+            sum_us: 0,
+        }
+    }
+}
+
+impl LatencyCounts {
+    pub fn record(&mut self, us: u64) {
+        let i = LATENCY_US_BOUNDS.partition_point(|&b| b < us);
+        debug_assert!(i < self.bucket_counts.len());
+        if let Some(b) = self.bucket_counts.get_mut(i) {
+            *b += 1;
+        }
+        self.sum_us = self.sum_us.saturating_add(us);
+    }
+
+    pub fn count(&self) -> u64 {
+        self.bucket_counts.iter().sum()
+    }
+}
+
 /// One partition as the control socket and Describe show it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct PartitionStatus {
@@ -65,6 +105,10 @@ pub struct PartitionStatus {
     pub repairs: Option<u64>,
     /// The state transfer this replica runs, if one is (`ctl transfers`).
     pub transfer: Option<TransferStatus>,
+    /// A replicated partition's prepare-to-commit latency of the ops it
+    /// acknowledged as primary since it opened here (metrics only).
+    #[serde(skip)]
+    pub commit_latency: Option<LatencyCounts>,
 }
 
 /// A running state transfer, as `ctl transfers` shows it.

@@ -47,7 +47,7 @@ use ringlog_storage::journal::Journal;
 use ringlog_storage::store::{PartitionStore, StoreConfig, StoreError, StorePool};
 use ringlog_storage::superblock;
 
-use crate::ops::{OpError, PartitionStatus};
+use crate::ops::{LatencyCounts, OpError, PartitionStatus};
 use crate::replica_io::{self, AppendFailure};
 use crate::transfer::io::Installs;
 use crate::transfer::Message as TransferMessage;
@@ -70,11 +70,40 @@ pub struct Replication {
     pub group_id: u128,
     /// Peer addresses, to name the primary in a not-primary refusal.
     pub addrs: BTreeMap<u32, SocketAddr>,
+    /// Client addresses as the peer transport learned them, so a
+    /// not-primary refusal names where to produce (`primary_addr=`).
+    pub client_addrs: ClientAddrs,
     /// This node lost its disk (`ServerConfig::recover`): a store created
     /// here, or one created here that never held anything, boots wiped
     /// ([`Replica::wiped`]) instead of as a fresh view-0 member, which
     /// could vote with an empty log and lose committed ops.
     pub boot_wiped: bool,
+}
+
+/// Where a node serves clients, if this node knows (the peer Hello).
+#[derive(Clone, Default)]
+pub struct ClientAddrs(Option<std::sync::Arc<ClientAddrOf>>);
+
+type ClientAddrOf = dyn Fn(u32) -> Option<SocketAddr> + Send + Sync;
+
+impl ClientAddrs {
+    pub fn new(of: impl Fn(u32) -> Option<SocketAddr> + Send + Sync + 'static) -> ClientAddrs {
+        ClientAddrs(Some(std::sync::Arc::new(of)))
+    }
+
+    pub fn of(&self, node: u32) -> Option<SocketAddr> {
+        self.0.as_ref().and_then(|f| f(node))
+    }
+}
+
+impl std::fmt::Debug for ClientAddrs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "ClientAddrs(..)"
+        } else {
+            "ClientAddrs(none)"
+        })
+    }
 }
 
 impl Replication {
@@ -173,6 +202,9 @@ struct Hosted {
     /// since it booted here (`ctl partitions`, metrics).
     view_changes: u64,
     repairs: u64,
+    /// Prepare-to-commit latency of the ops this replica acknowledged as
+    /// primary, timed by the shard ([`Partition::record_commit_latency`]).
+    commit_latency: LatencyCounts,
     /// State transfer beside the replica (replicated partitions only).
     xfer: Option<Box<TransferHost>>,
 }
@@ -635,6 +667,16 @@ impl Partition {
         matches!(&self.state, State::Open(h) if h.repl.is_some())
     }
 
+    /// Records one acknowledged op's latency from its client append (its
+    /// Prepare goes out in that step, or when the pipeline has room) to
+    /// its commit, as the host's clock read them; the replica has no clock.
+    pub fn record_commit_latency(&mut self, us: u64) {
+        if let State::Open(h) = &mut self.state {
+            debug_assert!(h.repl.is_some(), "only a replicated op has a commit");
+            h.commit_latency.record(us);
+        }
+    }
+
     /// Steps the replica (or, for a state transfer command, its transfer
     /// machines, see `transfer::route`) with a message from node `from`:
     /// one replication message (`ringlog_protocol::replication`), decoded
@@ -892,6 +934,7 @@ impl Partition {
             view_changes: None,
             repairs: None,
             transfer: None,
+            commit_latency: None,
         };
         match &self.state {
             State::Open(h) => {
@@ -917,6 +960,7 @@ impl Partition {
                     st.lag_ops = Some(r.commit_max().saturating_sub(r.commit()));
                     st.view_changes = Some(h.view_changes);
                     st.repairs = Some(h.repairs);
+                    st.commit_latency = Some(h.commit_latency.clone());
                     st.transfer = h.transfer_status();
                 }
                 st.sealed_segments = s.sealed_segments().count();
@@ -1009,6 +1053,7 @@ impl Hosted {
             sends: Vec::new(),
             view_changes: 0,
             repairs: 0,
+            commit_latency: LatencyCounts::default(),
         })
     }
 
@@ -1226,11 +1271,15 @@ fn client_error(store: &PartitionStore, repl: Option<&Replication>, e: AppendErr
                 let addr = repl
                     .and_then(|r| r.addrs.get(&node))
                     .map_or_else(|| "unknown".to_string(), SocketAddr::to_string);
+                // Clients follow `primary_addr=` (client::ClientError::primary_addr).
+                let client = repl
+                    .and_then(|r| r.client_addrs.of(node))
+                    .map_or_else(String::new, |a| format!(" primary_addr={a}"));
                 OpError::new(
                     ErrorCode::NotPrimary,
                     format!(
-                        "this node holds a backup of partition {}: produce to primary_node={node} \
-                         (peer address {addr}, view {view})",
+                        "this node holds a backup of partition {}: produce to primary_node={node}\
+                         {client} (peer address {addr}, view {view})",
                         store.partition_id()
                     ),
                 )
@@ -1657,6 +1706,9 @@ mod replicated_tests {
             replica,
             group_id,
             addrs,
+            client_addrs: ClientAddrs::new(|n| {
+                (n != 2).then(|| SocketAddr::from(([127, 0, 0, 1], 8000 + n as u16)))
+            }),
             boot_wiped: false,
         }
     }
@@ -2090,6 +2142,7 @@ mod replicated_tests {
         let e = parts[1].produce(&mut io, one_batch(2).into()).unwrap_err();
         assert_eq!(e.code, ErrorCode::NotPrimary, "{e}");
         assert!(e.message.contains("primary_node=1"), "{e}");
+        assert!(e.message.contains("primary_addr=127.0.0.1:8001 "), "{e}");
         assert!(e.message.contains("127.0.0.1:7001"), "{e}");
     }
 

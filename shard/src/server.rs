@@ -199,7 +199,7 @@ pub fn start(mut config: ServerConfig, hooks: Hooks) -> Result<Running, ServerEr
     shutdown.set_peers(peers.to_vec());
     let metrics: Vec<Arc<ShardMetrics>> = (0..shards).map(|_| Arc::default()).collect();
     let router = PeerRouter::new(catalog.clone(), peers.clone(), metrics[0].clone());
-    let mut peer = peer_setup(&config, shards, router)?;
+    let mut peer = peer_setup(&config, shards, router, client_addr)?;
     let peer_stats = peer.as_ref().map(|p| p.stats.clone());
     let cores = if config.pin_cores {
         core_affinity::get_core_ids().unwrap_or_default()
@@ -224,6 +224,7 @@ pub fn start(mut config: ServerConfig, hooks: Hooks) -> Result<Running, ServerEr
             trash: sweeper.poker(),
             meta_io: meta_io.client(),
             peer: if id == 0 { peer.take() } else { None },
+            peer_stats: peer_stats.clone(),
             reply_pool: reply_pool.clone(),
         };
         let handle = std::thread::Builder::new()
@@ -331,6 +332,7 @@ fn peer_setup(
     config: &ServerConfig,
     shards: usize,
     router: PeerRouter,
+    client_addr: SocketAddr,
 ) -> Result<Option<PeerSetup>, ServerError> {
     let cluster = match config.cluster() {
         Ok(Some(c)) => c,
@@ -355,6 +357,7 @@ fn peer_setup(
         limits: PeerLimits::new(config.frame_bytes_max),
         shard_count: u16::try_from(shards).unwrap_or(u16::MAX),
         incarnation,
+        client_addr: Some(client_addr),
         sink: Box::new(router),
         stats,
     }))

@@ -175,6 +175,9 @@ pub struct ShardSetup {
     /// The replication transport, on the one shard that runs it (shard 0
     /// in a cluster; none for a single node).
     pub peer: Option<crate::net::peer::PeerSetup>,
+    /// What the transport learned of the other nodes (their client
+    /// addresses, for not-primary refusals); every shard of a cluster.
+    pub peer_stats: Option<Arc<crate::net::peer::PeerStats>>,
     /// Fetch reply buffers, shared by the server's shards.
     pub reply_pool: Arc<ReplyPool>,
 }
@@ -288,9 +291,10 @@ struct Flight {
 
 #[derive(Default)]
 struct Lane {
-    /// Produces the replica holds, by the token it answers them with; at
-    /// most one per append the partition's pipeline and client queue hold.
-    acks: HashMap<Token, Responder>,
+    /// Produces the replica holds, by the token it answers them with, with
+    /// the turn's time at their append; at most one per append the
+    /// partition's pipeline and client queue hold.
+    acks: HashMap<Token, (Responder, Instant)>,
     /// Work that must wait for the flush in flight, in arrival order.
     parked: VecDeque<Work>,
 }
@@ -358,6 +362,7 @@ pub(crate) struct Shard<B: IoBackend = UringBackend> {
     reply_pool: Arc<ReplyPool>,
     /// The cluster's nodes (id -> peer address), empty on a single node.
     nodes: std::collections::BTreeMap<u32, std::net::SocketAddr>,
+    peer_stats: Option<Arc<crate::net::peer::PeerStats>>,
     /// The peer transport, on shard 0 of a cluster (see `peer_route`).
     transport: RefCell<Option<crate::net::peer::PeerHandle>>,
     /// The metadata group's state, on shard 0 of a node in the group (its
@@ -639,6 +644,7 @@ impl<B: IoBackend> Shard<B> {
             meta_io,
             // Taken by `run` before the shard is built.
             peer: _,
+            peer_stats,
             reply_pool,
         } = setup;
         let view = CatalogView::new(catalog.clone());
@@ -690,6 +696,7 @@ impl<B: IoBackend> Shard<B> {
             meta_io,
             reply_pool,
             nodes,
+            peer_stats,
             transport: RefCell::new(None),
             meta_group,
         };
@@ -810,6 +817,7 @@ impl<B: IoBackend> Shard<B> {
             nodes: group,
             replica: replica as u8,
             addrs: self.nodes.clone(),
+            client_addrs: self.client_addrs(),
             boot_wiped: self.config.recover,
         };
         let config = ringlog_storage::store::StoreConfig {
@@ -820,6 +828,17 @@ impl<B: IoBackend> Shard<B> {
         // A failed stat opens (and reports) rather than recreates.
         let create = !io.exists(&dir).unwrap_or(true);
         Partition::open_replicated(io, pool, &dir, topic, 0, id, config, create, Some(repl))
+    }
+
+    /// The other nodes' client addresses, as the peer transport learns them.
+    fn client_addrs(&self) -> crate::partition::ClientAddrs {
+        match &self.peer_stats {
+            Some(stats) => {
+                let stats = stats.clone();
+                crate::partition::ClientAddrs::new(move |n| stats.client_addr(n))
+            }
+            None => crate::partition::ClientAddrs::default(),
+        }
     }
 
     /// How partition `index` of `topic` with `replicas` replicas is
@@ -848,6 +867,7 @@ impl<B: IoBackend> Shard<B> {
                     nodes,
                     replica: replica as u8,
                     addrs: self.nodes.clone(),
+                    client_addrs: self.client_addrs(),
                     boot_wiped: self.config.recover,
                 }))
             }
@@ -1032,7 +1052,7 @@ impl<B: IoBackend> Shard<B> {
         for (_, lane) in self.core.borrow_mut().lanes.drain() {
             // Not expected: with no flush in flight every append was
             // settled and nothing stays parked.
-            replies.extend(lane.acks.into_values());
+            replies.extend(lane.acks.into_values().map(|(r, _)| r));
             replies.extend(lane.parked.into_iter().map(|w| w.reply));
         }
         for r in replies {

@@ -28,7 +28,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("ops", &["vsr"]),
     ("reply_pool", &[]),
     ("mailbox", &["eventfd", "ops"]),
-    ("metrics", &["mailbox"]),
+    ("metrics", &["mailbox", "ops"]),
     ("meta_io", &["catalog", "eventfd"]),
     (
         "partition",

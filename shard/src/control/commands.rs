@@ -125,7 +125,9 @@ pub(super) fn execute(ctx: &ControlContext, line: &[u8], who: &str) -> Value {
 
 /// `cluster`: this node and each peer as the transport last saw it.
 /// `reachable` is our session to it (we can send); `inbound` its session
-/// to us; `last_seen_ms_ago` is null if never heard from.
+/// to us; `last_seen_ms_ago` is null if never heard from; `client_address`
+/// where it serves clients (this node's bound one; a peer's as its Hello
+/// announced it, null before a session).
 fn cluster_nodes(ctx: &ControlContext) -> Value {
     let config = &ctx.config;
     let now_ms = std::time::SystemTime::now()
@@ -137,7 +139,7 @@ fn cluster_nodes(ctx: &ControlContext) -> Value {
         .map(|(id, addr)| {
             if id == config.node_id {
                 return json!({"id": id, "address": addr.to_string(), "self": true,
-                    "reachable": true, "inbound": null, "incarnation": null, "last_seen_ms_ago": 0});
+                    "client_address": ctx.client_addr.to_string(), "reachable": true, "inbound": null, "incarnation": null, "last_seen_ms_ago": 0});
             }
             let seen = ctx.peer_stats.as_ref().and_then(|s| s.nodes.get(&id));
             let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
@@ -147,6 +149,8 @@ fn cluster_nodes(ctx: &ControlContext) -> Value {
                 "id": id,
                 "address": addr.to_string(),
                 "self": false,
+                "client_address": ctx.peer_stats.as_ref()
+                    .and_then(|s| s.client_addr(id)).map(|a| a.to_string()),
                 "reachable": seen.is_some_and(|n| flag(&n.connected)),
                 "inbound": seen.is_some_and(|n| flag(&n.inbound)),
                 "incarnation": seen.map(|n| load(&n.incarnation)).filter(|&i| i != 0),
@@ -379,6 +383,7 @@ pub(super) fn metrics_text(ctx: &ControlContext) -> String {
                     size_bytes: p.size_bytes,
                     view_changes: p.view_changes,
                     repairs: p.repairs,
+                    commit_latency: p.commit_latency,
                 }))
             }
             Ok(other) => {
@@ -623,6 +628,7 @@ mod tests {
             view_changes: None,
             repairs: None,
             transfer: None,
+            commit_latency: None,
         }
     }
 

@@ -36,6 +36,7 @@ fn replication(replica: u8) -> Replication {
         replica,
         group_id: GROUP,
         addrs,
+        client_addrs: Default::default(),
         boot_wiped: false,
     }
 }

@@ -88,6 +88,7 @@ pub(super) fn shard_with(
         trash: crate::trash::channel().0,
         meta_io: crate::meta_io::channel().0,
         peer: None,
+        peer_stats: None,
         reply_pool: Arc::new(crate::reply_pool::ReplyPool::for_shards(1)),
     };
     Shard::new(setup, io, EventFd::new().expect("eventfd")).0

@@ -375,6 +375,7 @@ fn shard_setup(
         trash: crate::trash::channel().0,
         meta_io: crate::meta_io::channel().0,
         peer: None,
+        peer_stats: None,
         reply_pool: Arc::new(crate::reply_pool::ReplyPool::for_shards(2)),
     }
 }

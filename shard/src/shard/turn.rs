@@ -122,7 +122,7 @@ impl<B: IoBackend> Shard<B> {
                         metrics::add(&self.metrics.append_bytes_total, len);
                         touch(touched, partition_id);
                         let lane = lanes.entry(partition_id).or_default();
-                        lane.acks.insert(token, reply);
+                        lane.acks.insert(token, (reply, *now));
                     }
                     Err(e) => {
                         metrics::inc(&self.metrics.append_errors_total);
@@ -257,7 +257,7 @@ impl<B: IoBackend> Shard<B> {
                     // by the flush this drop waited for) are answered so;
                     // `settle` fails the rest with UnknownPartition.
                     if let Some(lane) = lanes.get_mut(&partition_id) {
-                        self.answer(lane, &mut p, replies);
+                        self.answer(lane, &mut p, replies, *now);
                     }
                     let dir = p.dir().to_path_buf();
                     if let Err(e) = p.close(io) {
@@ -425,7 +425,7 @@ impl<B: IoBackend> Shard<B> {
         }
         self.start_spares(core, &out.touched);
         self.send_replica_messages(core, &out.touched);
-        let settled = self.settle(core, &out.touched, &mut out.replies);
+        let settled = self.settle(core, &out.touched, &mut out.replies, out.now);
         if settled > 0 {
             self.metrics.group_commit_appends.record(settled as u64);
         }
@@ -560,6 +560,7 @@ impl<B: IoBackend> Shard<B> {
         core: &mut Core<B>,
         pids: &[u32],
         replies: &mut Vec<(Responder, Outcome)>,
+        now: Instant,
     ) -> usize {
         let mut acked = 0;
         for pid in pids {
@@ -568,7 +569,7 @@ impl<B: IoBackend> Shard<B> {
             };
             let Some(p) = core.partitions.get_mut(pid) else {
                 let lane = core.lanes.remove(pid).unwrap_or_default();
-                for reply in lane.acks.into_values() {
+                for (reply, _) in lane.acks.into_values() {
                     metrics::inc(&self.metrics.append_errors_total);
                     replies.push((reply, Err(unknown_partition(*pid))));
                 }
@@ -577,7 +578,7 @@ impl<B: IoBackend> Shard<B> {
                 }
                 continue;
             };
-            acked += self.answer(lane, p, replies);
+            acked += self.answer(lane, p, replies, now);
             // Nothing in flight will answer them (cannot happen: every
             // append is followed by a flush, answered by the next group
             // commit); never leave a producer hanging.
@@ -588,7 +589,7 @@ impl<B: IoBackend> Shard<B> {
             let quorum = p.is_replicated();
             if !lane.acks.is_empty() && !p.flush_in_flight() && !waiting && !quorum {
                 let e = OpError::new(ErrorCode::Storage, "append not durable");
-                for (_, reply) in lane.acks.drain() {
+                for (_, (reply, _)) in lane.acks.drain() {
                     metrics::inc(&self.metrics.append_errors_total);
                     replies.push((reply, Err(e.clone())));
                 }
@@ -600,18 +601,22 @@ impl<B: IoBackend> Shard<B> {
         acked
     }
 
-    /// Answers the produces of `lane` that `p`'s replica replied to.
-    /// Returns how many it acknowledged.
+    /// Answers the produces of `lane` that `p`'s replica replied to (at
+    /// `now`, the turn's time). Returns how many it acknowledged.
     fn answer(
         &self,
         lane: &mut Lane,
         p: &mut Partition,
         replies: &mut Vec<(Responder, Outcome)>,
+        now: Instant,
     ) -> usize {
         let (index, pid) = (p.index, p.id);
+        let replicated = p.is_replicated();
         let mut acked = 0;
+        // Recorded once the replies are taken (they borrow `p`).
+        let mut latencies_us = Vec::new();
         for (token, result) in p.take_replies() {
-            let Some(reply) = lane.acks.remove(&token) else {
+            let Some((reply, appended)) = lane.acks.remove(&token) else {
                 tracing::warn!(partition_id = pid, token, "reply to an unknown produce");
                 continue;
             };
@@ -619,6 +624,10 @@ impl<B: IoBackend> Shard<B> {
                 Ok(app) => {
                     metrics::inc(&self.metrics.appends_total);
                     acked += 1;
+                    if replicated {
+                        let us = now.saturating_duration_since(appended).as_micros();
+                        latencies_us.push(u64::try_from(us).unwrap_or(u64::MAX));
+                    }
                     Ok(OpReply::Produced(ProduceReply {
                         partition: index,
                         base_offset: app.base_offset,
@@ -631,6 +640,9 @@ impl<B: IoBackend> Shard<B> {
                 }
             };
             replies.push((reply, outcome));
+        }
+        for us in latencies_us {
+            p.record_commit_latency(us);
         }
         acked
     }

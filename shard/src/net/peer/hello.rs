@@ -5,7 +5,8 @@
 //! dialling node (initiator, I) and the accepting node (A):
 //!
 //! ```text
-//! I -> A  Hello      magic, kind, version, cluster, node, to_node, shards, incarnation, nonce_i
+//! I -> A  Hello      magic, kind, version, cluster, node, to_node, shards, incarnation,
+//!                    client_addr, nonce_i
 //! A -> I  Challenge  the same fields for A (to_node = I), nonce_a, then proof_a
 //!         or Refuse  magic, kind, u8 reason, str8 detail; then A closes
 //! I -> A  Proof      magic, kind, proof_i            (I checked proof_a first)
@@ -19,6 +20,11 @@
 //! a proof cannot be reflected (the roles differ), and a field changed on
 //! the way fails. Proofs are compared in constant time (blake3::Hash).
 //! Integers are little-endian; `str8` is a u8 length then UTF-8.
+//! `client_addr` (since version 2) is a `str8`: the sender's bound client
+//! listen address as `HOST:PORT`, or empty when it has none, so a backup
+//! can name its primary's client address in a not-primary refusal.
+
+use std::net::SocketAddr;
 
 use ringlog_protocol::wire::{encode_frame, FRAME_HEADER_LEN};
 use thiserror::Error;
@@ -28,7 +34,8 @@ use crate::config::ClusterSecret;
 /// "RLPR" as little-endian bytes: a ringlog peer.
 pub const PEER_MAGIC: u32 = 0x5250_4C52;
 /// The peer protocol version this build speaks (exact match required).
-pub const PEER_PROTOCOL_VERSION: u16 = 1;
+/// 2: the Hello carries the sender's client address.
+pub const PEER_PROTOCOL_VERSION: u16 = 2;
 /// Largest handshake message body; checked before anything is allocated.
 pub const HELLO_BYTES_MAX: u32 = 256;
 pub const NONCE_BYTES: usize = 32;
@@ -57,13 +64,18 @@ pub struct Hello {
     /// Random per process start: tells a reconnect of the same process
     /// from another process claiming the same node id.
     pub incarnation: u64,
+    /// Where the sender serves clients (None: it announced none).
+    pub client_addr: Option<SocketAddr>,
     pub nonce: [u8; NONCE_BYTES],
 }
 
 /// Why a handshake was refused (by us, or by the peer and reported).
 #[derive(Clone, Debug, Error, PartialEq, Eq)]
 pub enum Refusal {
-    #[error("peer protocol version {theirs}; this node speaks {ours}")]
+    #[error(
+        "peer speaks peer protocol version {theirs}, this node speaks {ours}: \
+         run the same ringlog release on every node"
+    )]
     Version { ours: u16, theirs: u16 },
     #[error("peer is in cluster {theirs:?}; this node is in {ours:?}")]
     Cluster { ours: String, theirs: String },
@@ -240,6 +252,9 @@ impl Hello {
         body.extend_from_slice(&self.to_node_id.to_le_bytes());
         body.extend_from_slice(&self.shard_count.to_le_bytes());
         body.extend_from_slice(&self.incarnation.to_le_bytes());
+        let addr = self.client_addr.map(|a| a.to_string()).unwrap_or_default();
+        debug_assert!(addr.len() <= 255, "a socket address is short");
+        put_str8(&mut body, &addr);
         body.extend_from_slice(&self.nonce);
         body
     }
@@ -269,6 +284,7 @@ impl Hello {
             to_node_id: r.u32()?,
             shard_count: r.u16()?,
             incarnation: r.u64()?,
+            client_addr: client_addr(&r.str8()?)?,
             nonce: r.array()?,
         };
         Ok((hello, r.rest))
@@ -290,6 +306,18 @@ impl Hello {
         r.end()?;
         Ok((hello, fields, proof))
     }
+}
+
+/// A Hello's client address: empty for none, else `HOST:PORT`.
+fn client_addr(s: &str) -> Result<Option<SocketAddr>, Refusal> {
+    if s.is_empty() {
+        return Ok(None);
+    }
+    s.parse().map(Some).map_err(|_| {
+        Refusal::Malformed(format!(
+            "client address {s:?} is not an IP address and port"
+        ))
+    })
 }
 
 /// Roles bound into the proofs so one side's proof never passes as the
@@ -385,6 +413,7 @@ mod tests {
             to_node_id: 2,
             shard_count: 4,
             incarnation: 77,
+            client_addr: Some("127.0.0.1:7420".parse().unwrap()),
             nonce: [nonce; NONCE_BYTES],
         }
     }
@@ -414,16 +443,51 @@ mod tests {
             Hello::decode_hello(&bad_magic),
             Err(Refusal::Malformed(_))
         ));
-        let mut v2 = body.clone();
-        v2[5] = 2;
-        assert_eq!(
-            Hello::decode_hello(&v2),
-            Err(Refusal::Version { ours: 1, theirs: 2 })
+        // A version-1 peer (no client address) is refused by version,
+        // before its shorter layout is read, with a reason naming both.
+        let mut v1 = body.clone();
+        v1[5] = 1;
+        let refused = Hello::decode_hello(&v1).unwrap_err();
+        assert_eq!(refused, Refusal::Version { ours: 2, theirs: 1 });
+        assert!(
+            refused.to_string().contains("same ringlog release"),
+            "{refused}"
         );
         let refuse = Refusal::BadProof.encode();
         let refused = Hello::decode_hello(&refuse[FRAME_HEADER_LEN..]).unwrap_err();
         assert!(
             matches!(refused, Refusal::ByPeer { code: 5, .. }),
+            "{refused}"
+        );
+    }
+
+    /// Where the client address sits in a Hello body of cluster "blue".
+    const ADDR_AT: usize = 5 + 2 + 5 + 4 + 4 + 2 + 8;
+
+    #[test]
+    fn the_client_address_round_trips_and_a_bad_one_is_refused() {
+        let mut h = hello(4);
+        h.client_addr = None;
+        assert_eq!(Hello::decode_hello(&h.body(Kind::Hello)).unwrap(), h);
+        // The longest cluster id and IPv6 address still fit a Challenge.
+        h.cluster_id = "c".repeat(crate::config::CLUSTER_ID_BYTES_MAX);
+        h.client_addr = Some(
+            "[ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff%4294967295]:65535"
+                .parse()
+                .unwrap(),
+        );
+        let fields = h.body(Kind::Challenge);
+        assert!(fields.len() + PROOF_BYTES <= HELLO_BYTES_MAX as usize);
+        let frame = challenge(&fields, &[1; PROOF_BYTES]);
+        let (got, _, _) = Hello::decode_challenge(&frame[FRAME_HEADER_LEN..]).unwrap();
+        assert_eq!(got, h);
+        // Same length, not an address: refused with a reason, no panic.
+        let mut bad = hello(4).body(Kind::Hello);
+        assert_eq!(usize::from(bad[ADDR_AT]), "127.0.0.1:7420".len());
+        bad[ADDR_AT + 1..ADDR_AT + 15].copy_from_slice(b"localhost:7420");
+        let refused = Hello::decode_hello(&bad).unwrap_err();
+        assert!(
+            matches!(&refused, Refusal::Malformed(m) if m.contains("client address")),
             "{refused}"
         );
     }
@@ -441,6 +505,15 @@ mod tests {
             &proof(&secret, Role::Initiator, &hi, &ha)
         ));
         assert!(!proof_matches(&p, &proof(&other, Role::Acceptor, &hi, &ha)));
+        // The client address is in the transcript: rewriting it in transit
+        // fails the proof.
+        let mut moved = hello(2);
+        moved.client_addr = Some("10.0.0.9:7420".parse().unwrap());
+        let moved = moved.body(Kind::Challenge);
+        assert!(!proof_matches(
+            &p,
+            &proof(&secret, Role::Acceptor, &hi, &moved)
+        ));
         let fresh = hello(3).body(Kind::Challenge);
         assert!(!proof_matches(
             &p,

@@ -49,7 +49,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 pub use codec::{PeerFrame, MESSAGE_PREFIX_BYTES};
@@ -149,6 +149,9 @@ pub struct NodeSeen {
     /// Unix time (ms) it was last heard from: a frame, a heartbeat or a
     /// session change (0: never).
     pub last_seen_unix_ms: AtomicU64,
+    /// The client address its last authenticated session announced
+    /// (None: none yet, or it announced none).
+    pub client_addr: Mutex<Option<SocketAddr>>,
 }
 
 impl NodeSeen {
@@ -176,6 +179,19 @@ impl PeerStats {
         self.nodes.get(&node)
     }
 
+    /// Where `node` serves clients, as its last session announced.
+    pub fn client_addr(&self, node: NodeId) -> Option<SocketAddr> {
+        let seen = self.seen(node)?;
+        // A poisoned lock still holds a whole address (a plain store).
+        *seen.client_addr.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn set_client_addr(&self, node: NodeId, addr: Option<SocketAddr>) {
+        if let Some(seen) = self.seen(node) {
+            *seen.client_addr.lock().unwrap_or_else(|p| p.into_inner()) = addr;
+        }
+    }
+
     pub fn refused(&self, kind: usize) -> u64 {
         self.refused_total[kind].load(Ordering::Relaxed)
     }
@@ -198,6 +214,8 @@ pub struct PeerSetup {
     pub shard_count: u16,
     /// This process's incarnation ([`new_incarnation`]).
     pub incarnation: u64,
+    /// This node's bound client listen address, announced in the Hello.
+    pub client_addr: Option<SocketAddr>,
     pub sink: Box<dyn PeerSink + Send>,
     pub stats: Arc<PeerStats>,
 }
@@ -240,6 +258,7 @@ struct Ctx {
     node_id: NodeId,
     shard_count: u16,
     incarnation: u64,
+    client_addr: Option<SocketAddr>,
     peers: BTreeMap<NodeId, SocketAddr>,
     secret: ClusterSecret,
     limits: PeerLimits,
@@ -308,6 +327,7 @@ pub fn start(setup: PeerSetup) -> std::io::Result<PeerHandle> {
         node_id: me,
         shard_count: setup.shard_count,
         incarnation: setup.incarnation,
+        client_addr: setup.client_addr,
         peers: setup.cluster.peers,
         secret: setup.cluster.secret,
         limits,

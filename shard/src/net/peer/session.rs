@@ -136,6 +136,7 @@ fn my_hello(ctx: &Ctx, to: NodeId) -> std::io::Result<Hello> {
         to_node_id: to,
         shard_count: ctx.shard_count,
         incarnation: ctx.incarnation,
+        client_addr: ctx.client_addr,
         nonce: nonce()?,
     })
 }
@@ -307,6 +308,7 @@ async fn inbound(
             seen.inbound.store(true, Ordering::Relaxed);
             seen.heard();
         }
+        ctx.stats.set_client_addr(hello.node_id, hello.client_addr);
         serve(&ctx, hello.node_id, &mut stream, &replaced).await;
     }
     let mut map = ctx.inbound.borrow_mut();
@@ -360,8 +362,13 @@ async fn serve(ctx: &Ctx, from: NodeId, stream: &mut TcpStream, replaced: &Signa
 }
 
 /// The initiator's side: dial, Hello, check the challenge, prove, wait for
-/// Welcome; all by `hello_timeout`.
-async fn dial(ctx: &Ctx, to: NodeId, addr: SocketAddr) -> Result<TcpStream, Failed> {
+/// Welcome; all by `hello_timeout`. Returns the session and the client
+/// address the peer announced.
+async fn dial(
+    ctx: &Ctx,
+    to: NodeId,
+    addr: SocketAddr,
+) -> Result<(TcpStream, Option<SocketAddr>), Failed> {
     let deadline = Instant::now() + ctx.limits.hello_timeout;
     let mut stream =
         match monoio::time::timeout(ctx.limits.hello_timeout, TcpStream::connect(addr)).await {
@@ -379,7 +386,7 @@ async fn dial(ctx: &Ctx, to: NodeId, addr: SocketAddr) -> Result<TcpStream, Fail
         .await
         .map_err(|e| handshake_read(ctx, e))?;
     let checked = check_challenge(ctx, to, &hello_body, &body);
-    let proof_i = match checked {
+    let (proof_i, client_addr) = match checked {
         Ok(p) => p,
         Err(r) => {
             tell(&mut stream, &r).await;
@@ -394,16 +401,17 @@ async fn dial(ctx: &Ctx, to: NodeId, addr: SocketAddr) -> Result<TcpStream, Fail
         .await
         .map_err(|e| handshake_read(ctx, e))?;
     hello::decode_welcome(&reply)?;
-    Ok(stream)
+    Ok((stream, client_addr))
 }
 
-/// Checks the acceptor's Challenge; returns our proof.
+/// Checks the acceptor's Challenge; returns our proof and the client
+/// address it announced.
 fn check_challenge(
     ctx: &Ctx,
     to: NodeId,
     hello_body: &[u8],
     body: &[u8],
-) -> Result<[u8; hello::PROOF_BYTES], Refusal> {
+) -> Result<([u8; hello::PROOF_BYTES], Option<SocketAddr>), Refusal> {
     let (theirs, fields, proof_a) = Hello::decode_challenge(body)?;
     if theirs.cluster_id != ctx.cluster_id {
         return Err(Refusal::Cluster {
@@ -421,12 +429,8 @@ fn check_challenge(
     if !hello::proof_matches(&want, &proof_a) {
         return Err(Refusal::BadProof);
     }
-    Ok(hello::proof(
-        &ctx.secret,
-        Role::Initiator,
-        hello_body,
-        fields,
-    ))
+    let proof_i = hello::proof(&ctx.secret, Role::Initiator, hello_body, fields);
+    Ok((proof_i, theirs.client_addr))
 }
 
 /// Keeps a session to `to` up: dial, feed it the queue, and on failure
@@ -444,8 +448,9 @@ pub(crate) async fn connector(ctx: Rc<Ctx>, to: NodeId, _task: TaskGuard) {
             _ = ctx.stop.wait() => break,
         };
         match dialled {
-            Ok(mut stream) => {
+            Ok((mut stream, client_addr)) => {
                 backoff.reset();
+                ctx.stats.set_client_addr(to, client_addr);
                 warned = false;
                 inc(&ctx.stats.sessions_connected_total);
                 out.connected.set(true);

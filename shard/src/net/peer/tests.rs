@@ -62,8 +62,11 @@ fn node(
         limits,
         shard_count: 2,
         incarnation: new_incarnation().unwrap(),
+        client_addr: Some(SocketAddr::from(([127, 0, 0, 1], 7000 + id as u16))),
         sink: Box::new(Recorder(got.clone())),
-        stats: Arc::default(),
+        stats: Arc::new(PeerStats::for_nodes(
+            peers.keys().copied().filter(|&n| n != id),
+        )),
     };
     (setup, got)
 }
@@ -138,6 +141,7 @@ fn hello_from(node: NodeId, to: NodeId) -> Hello {
         to_node_id: to,
         shard_count: 1,
         incarnation: 5,
+        client_addr: None,
         nonce: [3; hello::NONCE_BYTES],
     }
 }
@@ -211,6 +215,16 @@ fn two_nodes_authenticate_and_deliver_both_ways() {
             assert_eq!(get(&s.sessions_connected_total), 1);
             assert!(s.refused_total.iter().all(|c| get(c) == 0));
         }
+        // Each learned the other's client address from its Hello.
+        assert_eq!(
+            a.stats().client_addr(2),
+            Some("127.0.0.1:7002".parse().unwrap())
+        );
+        assert_eq!(
+            b.stats().client_addr(1),
+            Some("127.0.0.1:7001".parse().unwrap())
+        );
+        assert_eq!(a.stats().client_addr(9), None);
         // Stop ends every task: listener, connector, sessions.
         a.shutdown().await;
         b.shutdown().await;
@@ -294,8 +308,9 @@ fn another_cluster_unknown_or_duplicate_ids_and_versions_are_refused() {
                 cluster_id: "red".into(),
                 ..hello_from(1, 2)
             };
-            let v2 = Hello {
-                version: 2,
+            // A node of the release before the client address.
+            let v1 = Hello {
+                version: 1,
                 ..hello_from(1, 2)
             };
             [
@@ -303,7 +318,7 @@ fn another_cluster_unknown_or_duplicate_ids_and_versions_are_refused() {
                 hello_from(9, 2),
                 hello_from(2, 2),
                 hello_from(1, 3),
-                v2,
+                v1,
             ]
             .iter()
             .map(|h| refusal_for(addr, h))
