@@ -709,6 +709,29 @@ fn log_start(cluster: &Cluster, id: u32, partition: u32) -> u64 {
     p["log_start_offset"].as_u64().unwrap()
 }
 
+/// Produces 8 batches, SIGKILLs node 3, produces up to batch `batches`
+/// and waits (bounded) until retention on nodes 1 and 2 retired what
+/// node 3 lacks (it holds offsets below 16 of each partition).
+fn leave_node_3_behind_retention(
+    cluster: &mut Cluster,
+    at: &mut u32,
+    acks: &mut Acks,
+    batches: usize,
+    value_bytes: usize,
+) {
+    produce_sized(cluster, at, acks, 0..8, value_bytes);
+    cluster.kill(3);
+    produce_sized(cluster, at, acks, 8..batches, value_bytes);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while [1, 2]
+        .iter()
+        .any(|&id| (0..PARTITIONS).any(|p| log_start(cluster, id, p) <= 16))
+    {
+        assert!(Instant::now() < deadline, "retention retired nothing");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// Issue 11 item 6: a backup is SIGKILLed, the others produce on and
 /// retention retires segments it lacks; restarted, it cannot repair those
 /// ops from anyone, so it installs a snapshot from a peer by state
@@ -735,19 +758,7 @@ fn retention_while_a_backup_is_down_forces_a_transfer_when_it_returns() {
     create_topic(&cluster);
     let (mut at, mut acks) = (1, Acks::new());
     const VALUE_BYTES: usize = 8 << 10;
-    produce_sized(&cluster, &mut at, &mut acks, 0..8, VALUE_BYTES);
-    cluster.kill(3);
-    produce_sized(&cluster, &mut at, &mut acks, 8..160, VALUE_BYTES);
-    // Retention on the survivors retired what node 3 lacks (it holds
-    // offsets below 16 of each partition).
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while [1, 2]
-        .iter()
-        .any(|&id| (0..PARTITIONS).any(|p| log_start(&cluster, id, p) <= 16))
-    {
-        assert!(Instant::now() < deadline, "retention retired nothing");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    leave_node_3_behind_retention(&mut cluster, &mut at, &mut acks, 160, VALUE_BYTES);
     assert_eq!(acked_end(&acks, 0), 80 * PER_BATCH as u64);
     cluster.boot(3);
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -846,19 +857,9 @@ fn serving_peer_killed_mid_transfer(seed: u64) {
     );
     create_topic(&cluster);
     let (mut at, mut acks) = (1, Acks::new());
+    // 20 MiB more per partition while node 3 is down.
     const VALUE_BYTES: usize = 64 << 10;
-    produce_sized(&cluster, &mut at, &mut acks, 0..8, VALUE_BYTES);
-    cluster.kill(3);
-    // 20 MiB more per partition: node 3's offsets are retired.
-    produce_sized(&cluster, &mut at, &mut acks, 8..168, VALUE_BYTES);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while [1, 2]
-        .iter()
-        .any(|&id| (0..PARTITIONS).any(|p| log_start(&cluster, id, p) <= 16))
-    {
-        assert!(Instant::now() < deadline, "retention retired nothing");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    leave_node_3_behind_retention(&mut cluster, &mut at, &mut acks, 168, VALUE_BYTES);
     cluster.boot(3);
     let chunks_min = moment(seed, 7).as_millis() as u64 % 6;
     let deadline = Instant::now() + Duration::from_secs(60);

@@ -2155,16 +2155,8 @@ mod replicated_tests {
     /// --cluster 3`, 256 MiB into the run).
     #[test]
     fn backups_roll_segments_with_the_primary_and_stay_identical() {
-        let dir = tempfile::tempdir().unwrap();
         let mut io = UringBackend::new(64).unwrap();
-        let config = StoreConfig {
-            segment_size_bytes: 1 << 20,
-            write_buffer_bytes: 256 << 10,
-            ..ServerConfig::default().store_config()
-        };
-        let mut parts: Vec<Partition> = (0..3)
-            .map(|r| open_with(dir.path(), &mut io, replication(r, GROUP), config.clone()))
-            .collect();
+        let (_dir, mut parts) = small_segment_group(&mut io);
         let value = vec![7u8; 60 << 10];
         let batch = batch_of(&[value.as_slice()]).unwrap();
         // 64 batches of 60 KiB: almost 4 segments of 1 MiB each.
@@ -2195,6 +2187,21 @@ mod replicated_tests {
         }
     }
 
+    /// Three replicas of `GROUP` on 1 MiB segments (256 KiB write
+    /// buffers), so a few large batches cross segment ends.
+    fn small_segment_group(io: &mut UringBackend) -> (tempfile::TempDir, Vec<Partition>) {
+        let dir = tempfile::tempdir().unwrap();
+        let config = StoreConfig {
+            segment_size_bytes: 1 << 20,
+            write_buffer_bytes: 256 << 10,
+            ..ServerConfig::default().store_config()
+        };
+        let parts = (0..3)
+            .map(|r| open_with(dir.path(), io, replication(r, GROUP), config.clone()))
+            .collect();
+        (dir, parts)
+    }
+
     /// A backup that missed ops repairs them in answers of up to 16
     /// batches; it took each answer's commit only after appending every
     /// batch, so 16 batches of 120 KiB stood uncommitted at once, past a
@@ -2204,16 +2211,8 @@ mod replicated_tests {
     /// receiver repairs past its install).
     #[test]
     fn a_backup_repairs_a_run_of_large_ops_across_segment_ends() {
-        let dir = tempfile::tempdir().unwrap();
         let mut io = UringBackend::new(64).unwrap();
-        let config = StoreConfig {
-            segment_size_bytes: 1 << 20,
-            write_buffer_bytes: 256 << 10,
-            ..ServerConfig::default().store_config()
-        };
-        let mut parts: Vec<Partition> = (0..3)
-            .map(|r| open_with(dir.path(), &mut io, replication(r, GROUP), config.clone()))
-            .collect();
+        let (_dir, mut parts) = small_segment_group(&mut io);
         let value = vec![5u8; 120 << 10];
         let batch = batch_of(&[value.as_slice()]).unwrap();
         // Replica 3 is cut off for 40 batches (about 4.7 MiB).
