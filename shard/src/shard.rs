@@ -1163,9 +1163,6 @@ pub(crate) const RECYCLE_DIR: &str = "recycle";
 /// Where the shards' journals live, under the data directory.
 pub(crate) const JOURNAL_DIR: &str = "journal";
 
-/// Shard `id`'s journal file when the node runs `shards` shards: a journal
-/// holds records of the partitions its shard owns, which a different shard
-/// count would place elsewhere (see `server::check_journals`).
 /// The transfer counters of `partitions`, summed.
 fn transfer_totals(partitions: &HashMap<u32, Partition>) -> metrics::TransferTotals {
     let mut t = metrics::TransferTotals::default();
@@ -1190,6 +1187,9 @@ fn transfer_totals(partitions: &HashMap<u32, Partition>) -> metrics::TransferTot
     t
 }
 
+/// Shard `id`'s journal file when the node runs `shards` shards: a journal
+/// holds records of the partitions its shard owns, which a different shard
+/// count would place elsewhere (see `server::check_journals`).
 pub(crate) fn journal_file_name(id: usize, shards: usize) -> String {
     format!("shard-{id}-of-{shards}")
 }
