@@ -237,6 +237,20 @@ fn pinned_transfer_seed_an_install_covering_the_log_keeps_a_voter() {
     sim::run(batch_opts(7_000_168)).unwrap_or_else(|f| panic!("{f}"));
 }
 
+/// 7200075 failed 'converges after healing' (replicas 3): R2 became primary
+/// of view 14 with commit 138 from a reboot (no batch bytes to re-prepare
+/// with), while its backups had committed through 141 in an older view. They
+/// re-ack only above their own commit, so the primary got acks of op 142
+/// alone and never committed 139. An ack of an op now votes for every
+/// pipeline op below it
+/// (`vsr::tests::prepare_ok_for_an_op_votes_for_every_pipeline_op_below_it`).
+#[test]
+fn pinned_transfer_seed_a_head_ack_commits_the_pipeline_below_it() {
+    let mut opts = batch_opts(7_200_075);
+    opts.replicas = Some(3);
+    sim::run(opts).unwrap_or_else(|f| panic!("{f}"));
+}
+
 /// Seeds that failed 'cuts the store accepts' (7000212) and 'committed ops
 /// never cut' (9000071) with transfers, purges and a hostile peer: a
 /// replica rebooted from a purged store (its journal only an anchor) became

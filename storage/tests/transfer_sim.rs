@@ -289,28 +289,37 @@ fn stale_offers_are_refused() {
         TransferError::StaleFrontier { .. }
     ));
 
-    // Commit below ours.
+    // Commit below the committed ops we hold: the superblock's commit (50)
+    // is above our log's end, so the log's end is what an offer must
+    // reach (sim seed 7000104).
     let mut c_io = SimBackend::new(6);
     let mut c = PartitionStore::create(&mut c_io, dir("/c"), PID, small_config()).unwrap();
-    c.set_vsr(
-        &mut c_io,
-        VsrState {
-            view: 1,
-            log_view: 1,
-            commit: 50,
-            op: 50,
-            wiped: false,
-        },
-    )
-    .unwrap();
+    append(&mut c_io, &mut c, 3, 500, 3);
+    let vsr = |commit| VsrState {
+        view: 1,
+        log_view: 1,
+        commit,
+        op: commit,
+        wiped: false,
+    };
+    let held = c.durable().last_op;
+    assert!(held > 0 && held < 30);
+    c.set_vsr(&mut c_io, vsr(50)).unwrap();
     let offer = take_offer(&mut big_io, &mut big);
     assert_eq!(
         refused(install(&mut c_io, &mut c, &offer)),
         TransferError::StaleCommit {
             offered: 0,
-            ours: 50
+            ours: held
         }
     );
+    // An offer that holds more than our log is taken, below the
+    // superblock's commit, and the superblock keeps the higher commit.
+    big.set_vsr(&mut big_io, vsr(30)).unwrap();
+    let offer = take_offer(&mut big_io, &mut big);
+    install_ok(&mut c_io, &mut c, &offer);
+    assert_eq!(c.superblock().vsr.commit, 50);
+    assert_eq!(c.durable().last_op, big.durable().last_op);
 
     // Another partition's snapshot.
     let mut o_io = SimBackend::new(7);

@@ -266,7 +266,7 @@ impl Receiver {
         let nonce = self.rng.next_u64() | 1;
         let request = wire::RequestSnapshot {
             nonce,
-            commit: self.local.commit,
+            commit: self.local.commit_held(),
             purge_generation: self.local.purge_generation,
         };
         out.send(peer, Message::RequestSnapshot(request));
@@ -466,7 +466,7 @@ impl Receiver {
         }
         let below = [
             (m.purge_generation, ours.purge_generation, 0),
-            (m.commit, ours.commit, 1),
+            (m.commit, ours.commit_held(), 1),
             (m.next_offset, ours.frontier.next_offset, 2),
             (u64::from(m.view), u64::from(ours.view), 3),
         ];

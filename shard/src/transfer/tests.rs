@@ -813,6 +813,7 @@ fn every_stale_or_oversized_offer_is_refused_charged_and_released() {
     ));
     let mut l = base;
     l.commit = m.commit + 1;
+    l.frontier.last_op = m.commit + 1;
     let stale_commit = Stale::Commit {
         offered: m.commit,
         ours: m.commit + 1,
@@ -973,6 +974,63 @@ fn a_level_offer_is_taken_only_when_the_trigger_needs_it() {
         });
         assert_eq!(began, taken, "{trigger:?}: {outs:?}");
     }
+}
+
+/// Guards against (sim seed 7000104): a replica whose superblock commit is
+/// above its log's end (learned in a view change) asking for, and refusing
+/// offers below, that commit. The primary had committed less, could commit
+/// more only with our ack, and refused us as not ahead: neither moved.
+#[test]
+fn a_commit_above_our_log_is_not_asked_of_an_offer() {
+    let mut src = source(85, "/src");
+    let m = snapshot_of(&mut src);
+    let mut dst = Disk::new(86, "/dst");
+    dst.grow(20, 0, 1);
+    let mut local = dst.local();
+    local.commit = m.commit + 5;
+    assert!(
+        local.frontier.last_op < m.commit,
+        "the offer is ahead of our log"
+    );
+    let cfg = ReceiverConfig {
+        replica_count: 3,
+        replica: ME,
+        budgets: budgets(),
+    };
+    let mut r = Receiver::new(cfg, 78).expect("budgets");
+    let mut out = Outbox::new();
+    let trigger = Trigger::RangeEvicted;
+    r.step(ReceiverInput::Start { trigger, local }, &mut out);
+    let asked = out.as_slice().iter().find_map(|o| match o {
+        Output::Send {
+            msg: Message::RequestSnapshot(q),
+            ..
+        } => Some(*q),
+        _ => None,
+    });
+    let asked = asked.expect("a request was sent");
+    assert_eq!(
+        asked.commit, local.frontier.last_op,
+        "asked for what we hold"
+    );
+    let nonce = asked.nonce;
+    let offer = SnapshotOffer {
+        nonce,
+        snapshot_id: m.snapshot_id,
+        commit_max: m.commit + 5,
+        offer: Offer::Snapshot(m.clone()),
+    };
+    let outs = offered(&mut r, 1, offer);
+    let began = outs.iter().any(|o| {
+        matches!(
+            o,
+            Output::Io {
+                op: TransferOp::BeginInstall { .. },
+                ..
+            }
+        )
+    });
+    assert!(began, "the offer holds more than our log: {outs:?}");
 }
 
 #[test]

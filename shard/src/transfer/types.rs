@@ -85,6 +85,18 @@ pub struct Local {
     pub frontier: Frontier,
 }
 
+impl Local {
+    /// The committed ops this replica holds: its superblock's commit may
+    /// be above its log's end (a commit learned in a view change, or an
+    /// install below it), and an offer only has to hold what we hold. A
+    /// request asking for the superblock's commit would be refused by a
+    /// primary that committed less and needs our ack to commit more (sim
+    /// seed 7000104).
+    pub fn commit_held(&self) -> u64 {
+        self.commit.min(self.frontier.last_op)
+    }
+}
+
 /// Why an offer was refused as stale or oversized (each charged to the
 /// offering peer, then the receiver rotates).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

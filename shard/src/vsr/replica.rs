@@ -1172,7 +1172,17 @@ impl Replica {
                 reason,
             });
         }
-        ack.voters |= bit;
+        // The ack vouches for every op below it too: its checksum links the
+        // backup's log to ours down the chain, and its flush covered them.
+        // A backup re-acks only above its own commit, which may be above
+        // ours (sim seed 7200075).
+        for (_, below) in self.acks.range_mut(..=op) {
+            below.voters |= bit;
+        }
+        debug_assert!(self
+            .acks
+            .values()
+            .all(|a| a.voters < 1u32 << self.cfg.replica_count));
         self.try_commit(out);
     }
 

@@ -524,6 +524,38 @@ fn duplicate_or_foreign_prepare_ok_not_counted_twice() {
     assert_eq!(c.r(0).commit(), 1, "own flush + R1 is a quorum");
 }
 
+/// Guards against (sim seed 7200075): a primary that waits for a PrepareOk
+/// of every op when a backup acks only its head. A new primary rebooted
+/// without its batches cannot re-prepare, and a backup that committed the
+/// lower ops in an older view re-acks only what is above its own commit;
+/// its ack of the head vouches for every op below it (the chain links
+/// them, and its flush covered them), so the primary counts it for all.
+#[test]
+fn prepare_ok_for_an_op_votes_for_every_pipeline_op_below_it() {
+    let mut c = Cluster::new(3);
+    c.node(2).up = false;
+    c.drop = Some(Box::new(|from, _to, m: &Message| {
+        from == 1 && matches!(m.body, Body::PrepareOk(wire::PrepareOk { op, .. }) if op < 3)
+    }));
+    for op in 1..=3u8 {
+        c.append(0, u64::from(op), op);
+    }
+    c.settle();
+    assert!(c.nodes[1]
+        .sent
+        .iter()
+        .any(|(_, m)| matches!(m.body, Body::PrepareOk(wire::PrepareOk { op: 3, .. }))));
+    assert_eq!(c.r(1).op(), 3, "R1 holds every op");
+    assert_eq!(
+        c.r(0).commit(),
+        3,
+        "R1's ack of op 3 vouches for ops 1 and 2"
+    );
+    for token in 1..=3 {
+        assert_eq!(ok_reply(&c.nodes[0], token).op, token);
+    }
+}
+
 /// Guards against: an unbounded pipeline or client queue at the primary.
 #[test]
 fn pipeline_bound_queues_then_refuses() {

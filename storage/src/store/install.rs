@@ -960,10 +960,13 @@ impl PartitionStore {
                 ours: self.chain.next_offset,
             });
         }
-        if m.commit < self.sb.vsr.commit {
+        // Only the committed ops we hold: the superblock's commit may be
+        // above the log's end, and the commit below keeps the higher one.
+        let commit_held = self.sb.vsr.commit.min(self.chain.last_op);
+        if m.commit < commit_held {
             return refuse(TransferError::StaleCommit {
                 offered: m.commit,
-                ours: self.sb.vsr.commit,
+                ours: commit_held,
             });
         }
         if m.chunk_size_bytes != self.config.transfer_chunk_bytes {
