@@ -131,25 +131,17 @@ fn pinned_regression_seeds_ci_mix() {
     }
 }
 
-/// Open bugs the simulator found, pinned so they replay (each fails
-/// today; run with `--ignored`). Not fixed here.
-fn open_bug(seed: u64, shape: impl FnOnce(&mut SimOptions)) {
-    let mut opts = SimOptions::new(seed);
-    shape(&mut opts);
-    if let Err(f) = sim::run(opts) {
-        panic!("{f}");
-    }
-}
-
-/// Storage: with bit flips on reads, stores end up corrupt on disk ('store
+/// Storage: with bit flips on reads, stores ended up corrupt on disk ('store
 /// reopens after a crash', 'acked ops readable everywhere': corruption) in
-/// ~0.3% of seeds. One path seen: `truncate_above` rewrites the block
-/// holding the cut from a read it does not verify (`finish_cut`,
-/// `read_range` of the head block), so a flipped read lands below the cut.
+/// ~0.3% of seeds. One path seen: `truncate_above` rewrote the block holding
+/// the cut from a read it did not verify (`finish_cut`, `read_range` of the
+/// head block), so a flipped read landed below the cut. It now reads that
+/// block verified (`verified_tail`); these seeds, pinned as an open bug
+/// then, pass and stay as regressions.
 #[test]
-fn open_bug_flipped_reads_become_corruption() {
+fn pinned_flipped_reads_never_become_corruption() {
     for seed in [20258, 21062, 20296] {
-        open_bug(seed, |_| {});
+        sim::run(SimOptions::new(seed)).unwrap_or_else(|f| panic!("seed {seed}: {f}"));
     }
 }
 
@@ -208,14 +200,16 @@ fn batch_opts(seed: u64) -> SimOptions {
 /// `pinned_transfer_seed_an_install_covering_the_log_keeps_a_voter`).
 const TRANSFER_OPEN_BUG_SEEDS: &[u64] = &[];
 
-/// Open: with purges on, a cluster of one that crashes can end with its
-/// store a purge generation ahead of its log ('purge generations agree';
-/// seeds from a fresh run of 7100000..7103000, not analysed yet; 7100990
-/// fails the same without stop 21's vsr and sim changes).
+/// With purges on, a cluster of one that crashed after appending a purge op
+/// and before its flush completed ended with its store a purge generation
+/// ahead of the simulator's log ('purge generations agree'). Its recovery
+/// commits the durable log (R = 1), so the purge op is committed and applied
+/// there; nothing had told the simulator. It now learns the generation from
+/// that recovery (`Cluster::learn_lone_recovery_purge`). Seeds from fresh
+/// runs of 7100000..7103000 and 7300000..7300800.
 #[test]
-#[ignore = "open bug: a lone replica's store and log disagree on the purge generation after a crash"]
-fn open_bug_a_lone_replicas_purge_generation_after_a_crash() {
-    for seed in [7_100_990, 7_101_079] {
+fn pinned_lone_replica_purge_committed_by_its_recovery() {
+    for seed in [7_100_990, 7_101_079, 7_300_428] {
         let mut opts = batch_opts(seed);
         opts.replicas = Some(1);
         sim::run(opts).unwrap_or_else(|f| panic!("seed {seed}: {f}"));

@@ -459,6 +459,7 @@ impl Cluster {
             h.forget_offers();
         }
         self.nodes[usize::from(r)].power_off()?;
+        self.learn_lone_recovery_purge(r)?;
         self.check_purged(r)
     }
 
@@ -482,6 +483,7 @@ impl Cluster {
         self.trace
             .line(self.tick, format_args!("R{r} boot wiped {}", node.wiped));
         self.checker.booted(r, 0);
+        self.learn_lone_recovery_purge(r)?;
         self.check_purged(r)?;
         self.meta_booted(r, wipe)
     }

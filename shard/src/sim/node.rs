@@ -113,6 +113,9 @@ pub struct Node {
     pub accept_committed: BTreeMap<u64, u64>,
     /// Committed purge ops applied by store recovery, not yet counted.
     pub recovery_purges: u64,
+    /// A lone replica's recovery applied the purge op at its durable end:
+    /// that op is committed by the recovery itself (nothing emitted it).
+    pub lone_recovery_purge_op: Option<u64>,
     /// Ops (op -> checksum) the store held durably until a purge dropped
     /// them (bounded by the ops a run writes).
     pub purged: BTreeMap<u64, u64>,
@@ -171,6 +174,7 @@ impl Node {
             xfer: NodeXfer::new(),
             accept_committed: BTreeMap::new(),
             recovery_purges: 0,
+            lone_recovery_purge_op: None,
             purged: BTreeMap::new(),
             purged_now: None,
         })
@@ -292,6 +296,7 @@ impl Node {
         if all.purged {
             self.recovery_purges += 1;
             self.forget_purged(all.base.op);
+            self.lone_recovery_purge_op = self.lone.then_some(all.base.op);
         }
         self.accept_committed.clear();
         self.model = all
@@ -359,6 +364,7 @@ impl Node {
             // only its chain point now.
             self.recovery_purges += 1;
             self.forget_purged(rec.base.op);
+            self.lone_recovery_purge_op = self.lone.then_some(rec.base.op);
             self.model.insert(rec.base.op, rec.base.checksum);
             self.model
                 .extend(rec.headers.iter().map(|h| (h.vsr_op, h.header_checksum)));

@@ -154,6 +154,22 @@ impl Cluster {
         Ok(())
     }
 
+    /// A cluster of one commits its whole durable log at recovery, so a
+    /// purge op at its end that crashed before its flush completed (never
+    /// emitted as committed) is committed and applied there: the log made
+    /// that generation (seeds 7100990, 7101079, 7300428).
+    pub(super) fn learn_lone_recovery_purge(&mut self, r: u8) -> Result<(), Violation> {
+        let node = &mut self.nodes[usize::from(r)];
+        let Some(op) = node.lone_recovery_purge_op.take() else {
+            return Ok(());
+        };
+        debug_assert!(
+            self.n == 1 && node.lone,
+            "only a lone replica's recovery commits"
+        );
+        self.purge_committed(r, op)
+    }
+
     /// `r`'s store ran a purge just now, to `generation`.
     pub(super) fn purge_ran(
         &mut self,
