@@ -519,11 +519,6 @@ impl Cluster {
     pub(super) fn retain(&mut self, r: u8) -> Result<(), Violation> {
         let now_ms = self.tick;
         let node = &mut self.nodes[usize::from(r)];
-        if node.crash_deadline_tick.is_some() {
-            // A crash inside retention's table compaction can leave a store
-            // that does not reopen (open bug, see tests/sim.rs): kept out.
-            return Ok(());
-        }
         let Some(store) = node.store.as_mut() else {
             return Ok(());
         };
