@@ -822,6 +822,107 @@ fn check_from_common_start(cluster: &Cluster, acks: &Acks) {
     }
 }
 
+/// Waits (bounded) until node `id`'s log of every partition starts at
+/// `starts[p]`, its commit at least there.
+fn wait_log_starts(cluster: &Cluster, id: u32, starts: &[u64]) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let now: Vec<u64> = (0..PARTITIONS).map(|p| log_start(cluster, id, p)).collect();
+        if now == starts {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node {id}: log starts {now:?}, want {starts:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Issue 11 item 3: a replicated topic purged through a backup (of the
+/// metadata group and of both partitions) while node 3 is SIGKILLed.
+/// The purge is answered once both partitions' purge ops committed: each
+/// live node's log then starts at the same purge point, past every record
+/// acknowledged before, and serves none of them. Records produced after
+/// it are kept; node 3, restarted, learns the purge from its group (by
+/// repair or transfer), starts at the same points and serves the same
+/// bytes, every record acknowledged after the purge exactly once. A
+/// second purge moves every node on again: one generation, one purge.
+#[test]
+fn a_replicated_topic_purged_through_a_backup_is_purged_alike_on_every_node() {
+    let mut cluster = Cluster::start(3);
+    create_topic(&cluster);
+    let (mut at, mut before) = (1, Acks::new());
+    produce_batches(&cluster, &mut at, &mut before, 0..20);
+    let primary = primary_of(&cluster, 0);
+    let backup = if primary == 2 { 1 } else { 2 };
+    cluster.kill(3);
+    let single = cluster.nodes[&backup].ctl(&["purge", TOPIC, "--partition", "0"]);
+    assert_eq!(
+        single["ok"], false,
+        "one partition of a replicated topic: {single}"
+    );
+    assert!(single.to_string().contains("purged whole"), "{single}");
+    let started = Instant::now();
+    let out = cluster.nodes[&backup].ctl(&["purge", TOPIC]);
+    assert_eq!(out["ok"], true, "{out}");
+    eprintln!(
+        "purge through node {backup} answered in {:?}",
+        started.elapsed()
+    );
+    // Answered once purged on the node asked: its starts are the points.
+    let points: Vec<u64> = (0..PARTITIONS)
+        .map(|p| log_start(&cluster, backup, p))
+        .collect();
+    for p in 0..PARTITIONS {
+        assert!(
+            points[p as usize] >= acked_end(&before, p),
+            "partition {p}: purge point {} below the acknowledged end {}",
+            points[p as usize],
+            acked_end(&before, p)
+        );
+    }
+    for &id in cluster.nodes.keys() {
+        wait_log_starts(&cluster, id, &points);
+    }
+    let mut after = Acks::new();
+    produce_batches(&cluster, &mut at, &mut after, 20..40);
+    cluster.boot(3);
+    wait_log_starts(&cluster, 3, &points);
+    for (&id, node) in &cluster.nodes {
+        for p in 0..PARTITIONS {
+            // Below the purge point nothing is served, from offset 0 on.
+            let e = node.client().fetch(TOPIC, p, 0, 1 << 20, 0).unwrap_err();
+            assert_eq!(
+                e.code(),
+                Some(ErrorCode::OffsetOutOfRange),
+                "node {id}: {e}"
+            );
+            let page = node
+                .client()
+                .fetch(TOPIC, p, points[p as usize], 1 << 20, 0)
+                .unwrap();
+            let got = records(&page.batches).unwrap();
+            assert!(
+                !got.is_empty(),
+                "node {id} partition {p}: nothing after the purge"
+            );
+            assert!(got.iter().all(|r| r.offset >= points[p as usize]));
+        }
+    }
+    check_from_common_start(&cluster, &after);
+    // The second purge: every node again, from the same new points.
+    let out = cluster.nodes[&3].ctl(&["purge", TOPIC]);
+    assert_eq!(out["ok"], true, "{out}");
+    let again: Vec<u64> = (0..PARTITIONS).map(|p| log_start(&cluster, 3, p)).collect();
+    for p in 0..PARTITIONS {
+        assert!(again[p as usize] >= acked_end(&after, p), "{again:?}");
+    }
+    for &id in cluster.nodes.keys() {
+        wait_log_starts(&cluster, id, &again);
+    }
+}
+
 /// The first running transfer on node `id` whose peer is known and which
 /// received at least `chunks_min` chunks: (partition, peer node).
 fn transfer_from_peer(cluster: &Cluster, id: u32, chunks_min: u64) -> Option<(u32, u32)> {

@@ -207,6 +207,19 @@ struct Hosted {
     commit_latency: LatencyCounts,
     /// State transfer beside the replica (replicated partitions only).
     xfer: Option<Box<TransferHost>>,
+    /// The purge this replica submitted ([`Partition::purge_to`]) until
+    /// the replica answered it (every client token is answered: at
+    /// commit, or when the replica stops being primary).
+    purge_token: Option<Token>,
+}
+
+/// Where [`Partition::purge_to`] stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PurgeState {
+    /// The store applied a committed purge reaching the generation.
+    Done,
+    /// Not yet (submitted, or waiting for the commit to reach here).
+    Waiting,
 }
 
 pub struct Partition {
@@ -597,7 +610,10 @@ impl Partition {
     /// The outcomes of produces since the last call, by token.
     pub fn take_replies(&mut self) -> impl Iterator<Item = Reply> + '_ {
         let replies = match &mut self.state {
-            State::Open(h) => Some(h.replies.drain(..)),
+            State::Open(h) => {
+                h.take_purge_reply();
+                Some(h.replies.drain(..))
+            }
             State::Unavailable(_) => None,
         };
         replies.into_iter().flatten()
@@ -887,6 +903,53 @@ impl Partition {
         purged
     }
 
+    /// Drives this replicated partition's purge to purge generation
+    /// `generation` (its topic's in the metadata table): Done once the
+    /// store applied a committed purge reaching it. The primary, Normal,
+    /// with no purge op in its log or its client queue, submits one
+    /// ([`Input::ClientPurge`]); everything else waits for the commit to
+    /// reach this replica. Asking again is always safe: at most one purge
+    /// op is in flight per partition, so each generation purges once
+    /// and records produced after it committed are never dropped.
+    pub fn purge_to(
+        &mut self,
+        io: &mut impl IoBackend,
+        generation: u64,
+    ) -> Result<PurgeState, OpError> {
+        let id = self.id;
+        let h = self.hosted()?;
+        if h.repl.is_none() {
+            return Err(OpError::new(
+                ErrorCode::Internal,
+                format!("partition {id} is not replicated: purged by the store directly"),
+            ));
+        }
+        h.take_purge_reply();
+        let have = h.store.superblock().purge_generation;
+        if have >= generation {
+            return Ok(PurgeState::Done);
+        }
+        let r = &h.replica;
+        let primary = r.status() == ReplicaStatus::Normal && r.is_primary();
+        if !primary || r.purge_pending() || h.purge_token.is_some() {
+            return Ok(PurgeState::Waiting);
+        }
+        let token = h.next_token;
+        h.next_token += 1;
+        h.purge_token = Some(token);
+        tracing::info!(
+            partition_id = id,
+            have,
+            generation,
+            "submitting a replicated purge"
+        );
+        h.run(io, Input::ClientPurge { token });
+        h.answer_flushes(io);
+        h.take_purge_reply();
+        debug_assert!(h.purge_token.is_none() || h.replies.iter().all(|(t, _)| *t != token));
+        Ok(PurgeState::Waiting)
+    }
+
     /// Maintenance; skipped while a flush is in flight (next tick).
     pub fn apply_retention(&mut self, io: &mut impl IoBackend, now_ms: u64) {
         if self.flush_end.is_some() {
@@ -1054,7 +1117,24 @@ impl Hosted {
             view_changes: 0,
             repairs: 0,
             commit_latency: LatencyCounts::default(),
+            purge_token: None,
         })
+    }
+
+    /// Takes the replica's answer to the purge it was given, if in: it is
+    /// nobody's produce (its outcome shows in the purge generation).
+    fn take_purge_reply(&mut self) {
+        let Some(token) = self.purge_token else {
+            return;
+        };
+        if let Some(i) = self.replies.iter().position(|(t, _)| *t == token) {
+            let (_, result) = self.replies.remove(i);
+            self.purge_token = None;
+            match result {
+                Ok(a) => tracing::info!(next_offset = a.next_offset, "replicated purge committed"),
+                Err(e) => tracing::warn!(error = %e, "replicated purge not committed here"),
+            }
+        }
     }
 
     /// Steps the replica with `input` and runs what it emits, feeding the

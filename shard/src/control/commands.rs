@@ -522,6 +522,19 @@ fn run(ctx: &ControlContext, cmd: Command) -> Result<Value, String> {
                 .get(&topic)
                 .filter(|m| m.state == TopicState::Ready)
                 .ok_or_else(|| format!("no topic {topic:?}"))?;
+            if meta.replication_factor > 1 {
+                // Through the metadata group and each partition's replica
+                // group: answered once every partition here purged.
+                if let Some(p) = partition {
+                    return Err(format!(
+                        "topic {topic:?} is replicated: it is purged whole (not partition {p}), \
+                         through any node: ctl purge {topic}"
+                    ));
+                }
+                let partitions = meta.partitions;
+                ask(ctx, 0, Op::Meta(MetaOp::PurgeTopic { topic })).map_err(err)?;
+                return Ok(json!({"purged": (0..partitions).collect::<Vec<u32>>()}));
+            }
             let indexes: Vec<u32> = match partition {
                 Some(p) if p < meta.partitions => vec![p],
                 Some(p) => return Err(format!("topic {topic:?} has no partition {p}")),
