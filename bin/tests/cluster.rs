@@ -923,6 +923,84 @@ fn a_replicated_topic_purged_through_a_backup_is_purged_alike_on_every_node() {
     }
 }
 
+/// Node `of`'s client address as node `on`'s `ctl cluster` shows it.
+fn client_address_seen(cluster: &Cluster, on: u32, of: u32) -> Option<String> {
+    let view = cluster.nodes[&on].ctl(&["cluster"]);
+    let nodes = view["result"]["nodes"].as_array().unwrap().clone();
+    let node = nodes.iter().find(|n| n["id"] == of)?;
+    node["client_address"].as_str().map(str::to_string)
+}
+
+/// Issue 11 item 3: a cluster node bound to an unspecified address
+/// (0.0.0.0) without `advertise_client_address` refuses to start, naming
+/// the key; with one, its Hello announces it: its peers list it, and a
+/// backup's not-primary refusal names it as `primary_addr=` (which the
+/// bound 0.0.0.0 could never be for a client on another host).
+#[test]
+fn a_node_bound_to_every_interface_announces_its_advertised_client_address() {
+    let mut cluster = Cluster::start(3);
+    let port = free_port();
+    let wild = format!("listen=0.0.0.0:{port}");
+    // A boot without an address to announce stops, typed, at the config.
+    let mut args = vec![
+        "server".to_string(),
+        "--data-dir".into(),
+        cluster.dir.path().join("refused").display().to_string(),
+        "--cluster-id".into(),
+        "test".into(),
+        "--node-id".into(),
+        "1".into(),
+        "--cluster-secret-file".into(),
+        cluster.secret.display().to_string(),
+        "--set".into(),
+        wild.clone(),
+    ];
+    for p in &cluster.peers {
+        args.extend(["--peer".to_string(), p.clone()]);
+    }
+    let out = std::process::Command::new(BIN)
+        .args(&args)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "started bound to 0.0.0.0: {stderr}");
+    assert!(
+        stderr.contains("`advertise_client_address`") && stderr.contains("0.0.0.0"),
+        "{stderr}"
+    );
+    // Node 1 again, bound to every interface, announcing loopback.
+    let advertised = format!("127.0.0.1:{port}");
+    cluster.kill(1);
+    cluster.boot_with(
+        1,
+        &["--set", &wild, "--advertise-client-address", &advertised],
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for on in [1, 2, 3] {
+        while client_address_seen(&cluster, on, 1).as_deref() != Some(advertised.as_str()) {
+            assert!(
+                Instant::now() < deadline,
+                "node {on} shows node 1 at {:?}, not {advertised}",
+                client_address_seen(&cluster, on, 1)
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    create_topic(&cluster);
+    assert_eq!(primary_of(&cluster, 0), 1, "view 0's primary is replica 0");
+    let batch = batch_of(&[b"to a backup".as_slice()]).unwrap();
+    let e = cluster.nodes[&2]
+        .client()
+        .produce(TOPIC, 0, batch)
+        .unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::NotPrimary), "{e}");
+    assert_eq!(
+        e.primary_addr().map(|a| a.to_string()),
+        Some(advertised),
+        "{e}"
+    );
+}
+
 /// The first running transfer on node `id` whose peer is known and which
 /// received at least `chunks_min` chunks: (partition, peer node).
 fn transfer_from_peer(cluster: &Cluster, id: u32, chunks_min: u64) -> Option<(u32, u32)> {
