@@ -89,7 +89,7 @@ pub(crate) async fn run(shard: &impl ShardHandle, op: MetaOp) -> Outcome {
             ErrorCode::PartitionUnavailable,
             format!(
                 "node {} hosts no metadata replica (the last node of an even node count): \
-                 create and delete topics through another node",
+                 create, delete and purge topics through another node",
                 shard.config().node_id
             ),
         ));
