@@ -921,6 +921,20 @@ fn a_replicated_topic_purged_through_a_backup_is_purged_alike_on_every_node() {
     for &id in cluster.nodes.keys() {
         wait_log_starts(&cluster, id, &again);
     }
+    // Without a quorum a purge is answered, typed, after the controller's
+    // 10 s bound (outcome unknown), and nothing is purged.
+    cluster.kill(1);
+    cluster.kill(2);
+    let started = Instant::now();
+    let out = cluster.nodes[&3].ctl(&["purge", TOPIC]);
+    let took = started.elapsed();
+    assert_eq!(out["ok"], false, "{out}");
+    assert!(out.to_string().contains("outcome is unknown"), "{out}");
+    assert!(
+        took >= Duration::from_secs(9) && took < Duration::from_secs(25),
+        "{took:?}"
+    );
+    wait_log_starts(&cluster, 3, &again);
 }
 
 /// Node `of`'s client address as node `on`'s `ctl cluster` shows it.
