@@ -845,9 +845,10 @@ fn wait_log_starts(cluster: &Cluster, id: u32, starts: &[u64]) {
 /// live node's log then starts at the same purge point, past every record
 /// acknowledged before, and serves none of them. Records produced after
 /// it are kept; node 3, restarted, learns the purge from its group (by
-/// repair or transfer), starts at the same points and serves the same
-/// bytes, every record acknowledged after the purge exactly once. A
-/// second purge moves every node on again: one generation, one purge.
+/// state transfer: no live store holds the purge op any more), starts at
+/// the same points and serves the same bytes, every record acknowledged
+/// after the purge exactly once. A second purge moves every node on
+/// again: one generation, one purge. Without a quorum, a typed timeout.
 #[test]
 fn a_replicated_topic_purged_through_a_backup_is_purged_alike_on_every_node() {
     let mut cluster = Cluster::start(3);
@@ -889,6 +890,18 @@ fn a_replicated_topic_purged_through_a_backup_is_purged_alike_on_every_node() {
     produce_batches(&cluster, &mut at, &mut after, 20..40);
     cluster.boot(3);
     wait_log_starts(&cluster, 3, &points);
+    // Every live store dropped the purge op with what it purged, so node 3
+    // could not repair it: it installed each partition from a peer, the
+    // snapshot carrying the purge generation.
+    let installs = counter(&cluster, 3, "ringlog_transfer_installs_total");
+    assert!(
+        installs >= u64::from(PARTITIONS),
+        "node 3: {installs} installs"
+    );
+    let parts = cluster.nodes[&3].ctl(&["partitions"]);
+    for p in data_partitions(&parts) {
+        assert_eq!(p["purge_generation"], 1, "{p}");
+    }
     for (&id, node) in &cluster.nodes {
         for p in 0..PARTITIONS {
             // Below the purge point nothing is served, from offset 0 on.
