@@ -950,6 +950,81 @@ fn a_replicated_topic_purged_through_a_backup_is_purged_alike_on_every_node() {
     wait_log_starts(&cluster, 3, &again);
 }
 
+/// Each data partition's purge generation on node `id`, by partition.
+fn purge_generations(cluster: &Cluster, id: u32) -> Vec<u64> {
+    let parts = cluster.nodes[&id].ctl(&["partitions"]);
+    let mut rows: Vec<(u64, u64)> = data_partitions(&parts)
+        .iter()
+        .map(|p| {
+            let index = p["partition"].as_u64().unwrap();
+            (index, p["purge_generation"].as_u64().unwrap())
+        })
+        .collect();
+    rows.sort_unstable();
+    rows.into_iter().map(|(_, g)| g).collect()
+}
+
+/// Node 1 (the primary of both partitions and of the metadata group) is
+/// SIGKILLed at a seeded moment (0-45 ms) into a purge sent through node
+/// 2. The purge is answered done or with a typed error; an error is
+/// retried until one purge is answered done. Every partition then
+/// reaches the cluster's generation on nodes 2 and 3 under their new
+/// primary (the purge is driven again there, never twice per
+/// generation), node 1 restarted catches up, and all three serve the same
+/// bytes from one log start, every record acknowledged after the purge
+/// exactly once.
+fn purged_while_the_primary_dies(seed: u64) {
+    let mut cluster = Cluster::start(3);
+    create_topic(&cluster);
+    let (mut at, mut before) = (1, Acks::new());
+    produce_batches(&cluster, &mut at, &mut before, 0..10);
+    let killer = kill_later(&cluster, 1, moment(seed, 11));
+    let started = Instant::now();
+    let mut answers = Vec::new();
+    loop {
+        let out = cluster.nodes[&2].ctl(&["purge", TOPIC]);
+        answers.push(out.clone());
+        if out["ok"] == true {
+            break;
+        }
+        assert!(
+            answers.len() < 6,
+            "seed {seed}: purge never done: {answers:?}"
+        );
+    }
+    killer.join().unwrap();
+    cluster.kill(1);
+    let generations = purge_generations(&cluster, 2);
+    eprintln!(
+        "seed {seed}: node 1 killed {:?} in; purge answered after {:?}: {answers:?}; \
+         generations {generations:?}",
+        moment(seed, 11),
+        started.elapsed()
+    );
+    assert!(generations.iter().all(|&g| g == generations[0] && g >= 1));
+    let points: Vec<u64> = (0..PARTITIONS).map(|p| log_start(&cluster, 2, p)).collect();
+    for p in 0..PARTITIONS {
+        assert!(points[p as usize] >= acked_end(&before, p), "{points:?}");
+    }
+    wait_log_starts(&cluster, 3, &points);
+    let mut after = Acks::new();
+    at = 2;
+    produce_batches(&cluster, &mut at, &mut after, 10..20);
+    cluster.boot(1);
+    wait_log_starts(&cluster, 1, &points);
+    for id in [1, 3] {
+        assert_eq!(purge_generations(&cluster, id), generations, "node {id}");
+    }
+    check_from_common_start(&cluster, &after);
+}
+
+#[test]
+fn a_purge_through_a_backup_survives_its_primary_killed_mid_purge() {
+    for seed in 1..=3 {
+        purged_while_the_primary_dies(seed);
+    }
+}
+
 /// Node `of`'s client address as node `on`'s `ctl cluster` shows it.
 fn client_address_seen(cluster: &Cluster, on: u32, of: u32) -> Option<String> {
     let view = cluster.nodes[&on].ctl(&["cluster"]);
