@@ -68,6 +68,11 @@ pub struct ServerArgs {
     /// Peer listen address [default: this node's `peers` address].
     #[arg(long)]
     peer_listen_addr: Option<String>,
+    /// Client address announced to peers, which a backup names as the
+    /// primary's [default: the bound --listen address; required when that
+    /// is 0.0.0.0 or ::].
+    #[arg(long)]
+    advertise_client_address: Option<String>,
     /// Rebuild topics.json from the partition directories on disk (when it
     /// was lost or is corrupt; a present file is kept as topics.json.replaced).
     #[arg(long)]
@@ -102,6 +107,7 @@ impl ServerArgs {
             ("node_id", &self.node_id),
             ("cluster_secret_file", &self.cluster_secret_file),
             ("peer_listen_addr", &self.peer_listen_addr),
+            ("advertise_client_address", &self.advertise_client_address),
         ];
         for (key, value) in named {
             if let Some(v) = value {
@@ -114,6 +120,7 @@ impl ServerArgs {
                         | "cluster_id"
                         | "cluster_secret_file"
                         | "peer_listen_addr"
+                        | "advertise_client_address"
                 ) {
                     // Paths and addresses are strings whatever they look like.
                     format!("{v:?}")

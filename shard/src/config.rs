@@ -120,6 +120,11 @@ pub struct ServerConfig {
     /// Where this node accepts peer connections; empty = its own `peers`
     /// address.
     pub peer_listen_addr: String,
+    /// The client address this node announces to its peers (the Hello),
+    /// which a backup names in a not-primary refusal (`primary_addr=`);
+    /// empty = the bound `listen` address. Required when `listen` is an
+    /// unspecified address (0.0.0.0 or ::): clients cannot dial that.
+    pub advertise_client_address: String,
     /// This node lost its data dir and rejoins its cluster (`server
     /// --recover`): replicated partitions created here from now on boot
     /// wiped (they neither vote nor lead until they learned the view and
@@ -190,6 +195,7 @@ impl Default for ServerConfig {
             peers: Vec::new(),
             cluster_secret_file: PathBuf::new(),
             peer_listen_addr: String::new(),
+            advertise_client_address: String::new(),
             recover: false,
         }
     }
@@ -456,6 +462,8 @@ pub struct ClusterConfig {
     /// Where this node accepts peer connections.
     pub listen: std::net::SocketAddr,
     pub secret: ClusterSecret,
+    /// The client address the Hello announces; None = the bound one.
+    pub advertise: Option<std::net::SocketAddr>,
 }
 
 /// The key peers authenticate with, derived from the secret file's bytes
@@ -565,13 +573,48 @@ impl ServerConfig {
         }
         let secret = ClusterSecret::load(&self.cluster_secret_file)
             .map_err(|m| ("cluster_secret_file", m))?;
+        let advertise = self.advertise()?;
         Ok(Some(ClusterConfig {
             cluster_id: self.cluster_id.clone(),
             node_id: self.node_id,
             peers,
             listen,
             secret,
+            advertise,
         }))
+    }
+
+    /// `advertise_client_address` checked: an address clients can dial
+    /// (specified IP, nonzero port); None = announce the bound `listen`
+    /// address, refused when that is unspecified (peers would pass
+    /// 0.0.0.0 on to clients as the primary's address).
+    fn advertise(&self) -> Result<Option<std::net::SocketAddr>, (&'static str, String)> {
+        const KEY: &str = "advertise_client_address";
+        if self.advertise_client_address.is_empty() {
+            let listen: Option<std::net::SocketAddr> = self.listen.parse().ok();
+            return match listen {
+                Some(l) if l.ip().is_unspecified() => Err((
+                    KEY,
+                    format!(
+                        "must be set on a cluster node listening on {l}: peers tell clients \
+                         this node's client address, and {} is no address to dial \
+                         (e.g. advertise_client_address = \"10.0.0.1:{}\")",
+                        l.ip(),
+                        l.port()
+                    ),
+                )),
+                _ => Ok(None),
+            };
+        }
+        let bad = |why: &str| (KEY, format!("{:?}: {why}", self.advertise_client_address));
+        let addr: std::net::SocketAddr = self
+            .advertise_client_address
+            .parse()
+            .map_err(|_| bad("not an address like 10.0.0.1:7420 (host names are not resolved)"))?;
+        if addr.ip().is_unspecified() || addr.port() == 0 {
+            return Err(bad("clients cannot dial an unspecified address or port 0"));
+        }
+        Ok(Some(addr))
     }
 
     /// The cluster's nodes (id -> peer address) when `cluster_id` is set;
@@ -601,6 +644,10 @@ impl ServerConfig {
                 !self.cluster_secret_file.as_os_str().is_empty(),
             ),
             ("peer_listen_addr", !self.peer_listen_addr.is_empty()),
+            (
+                "advertise_client_address",
+                !self.advertise_client_address.is_empty(),
+            ),
             ("recover", self.recover),
         ];
         match set.iter().find(|(_, on)| *on) {
@@ -798,6 +845,7 @@ mod tests {
             ("peers", "1=127.0.0.1:7421"),
             ("cluster_secret_file", "/tmp/s"),
             ("peer_listen_addr", "127.0.0.1:7421"),
+            ("advertise_client_address", "10.0.0.1:7420"),
             // `--recover` rejoins a cluster: alone it would mean nothing.
             ("recover", "true"),
         ] {
@@ -843,6 +891,25 @@ mod tests {
         let cluster = c.cluster().unwrap().unwrap();
         assert_eq!(cluster.peers.len(), 3);
         assert_eq!(cluster.listen, "0.0.0.0:9".parse().unwrap());
+        assert_eq!(cluster.advertise, None, "the bound address is announced");
+        // Bound to every interface with an address to announce: from the
+        // environment, or a flag over it.
+        let wild = [("listen".to_string(), "0.0.0.0:7420".to_string())];
+        let c = ServerConfig::load(
+            Some(&path),
+            env(&[("RINGLOG_ADVERTISE_CLIENT_ADDRESS", "10.0.0.2:7420")]),
+            &wild,
+        )
+        .unwrap();
+        let cluster = c.cluster().unwrap().unwrap();
+        assert_eq!(cluster.advertise, Some("10.0.0.2:7420".parse().unwrap()));
+        let flag = [
+            wild[0].clone(),
+            ("advertise_client_address".into(), "[fd00::2]:7420".into()),
+        ];
+        let c = ServerConfig::load(Some(&path), Vec::new(), &flag).unwrap();
+        let cluster = c.cluster().unwrap().unwrap();
+        assert_eq!(cluster.advertise, Some("[fd00::2]:7420".parse().unwrap()));
     }
 
     #[test]
@@ -885,6 +952,32 @@ mod tests {
                 format!("peers = {peers}\npeer_listen_addr = \"nope\""),
                 "peer_listen_addr",
                 "not an address",
+            ),
+            // Bound to every interface, the node has no address to announce.
+            (
+                format!("peers = {peers}\nlisten = \"0.0.0.0:7420\""),
+                "advertise_client_address",
+                "must be set on a cluster node listening on 0.0.0.0:7420",
+            ),
+            (
+                format!("peers = {peers}\nlisten = \"[::]:7420\""),
+                "advertise_client_address",
+                "no address to dial",
+            ),
+            (
+                format!("peers = {peers}\nadvertise_client_address = \"db1:7420\""),
+                "advertise_client_address",
+                "not an address",
+            ),
+            (
+                format!("peers = {peers}\nadvertise_client_address = \"0.0.0.0:7420\""),
+                "advertise_client_address",
+                "cannot dial",
+            ),
+            (
+                format!("peers = {peers}\nadvertise_client_address = \"10.0.0.1:0\""),
+                "advertise_client_address",
+                "cannot dial",
             ),
         ];
         let file = dir.path().join("c.toml");

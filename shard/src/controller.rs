@@ -37,6 +37,10 @@ pub(crate) async fn run(shard: &impl ShardHandle, op: MetaOp) -> Outcome {
     match op {
         MetaOp::CreateTopic { topic, partitions } => create(shard, topic, partitions).await,
         MetaOp::DeleteTopic { topic } => delete(shard, topic, None).await,
+        MetaOp::PurgeTopic { topic } => Err(OpError::new(
+            ErrorCode::Internal,
+            format!("a cluster purge of topic {topic:?} reached a single node"),
+        )),
         MetaOp::Forwarded { from, .. } => Err(OpError::new(
             ErrorCode::Internal,
             format!("a metadata command forwarded by node {from} to a single node"),

@@ -147,6 +147,10 @@ pub enum OpReply {
     Fetched(FetchReply),
     Partitions(Vec<PartitionStatus>),
     Shard(ShardStatus),
+    /// Whether a `PurgeTo` reached its generation on this replica.
+    Purge {
+        done: bool,
+    },
 }
 
 pub type Outcome = Result<OpReply, OpError>;
@@ -159,6 +163,11 @@ pub enum MetaOp {
         partitions: u32,
     },
     DeleteTopic {
+        topic: String,
+    },
+    /// A cluster's purge of a replicated topic, all its partitions
+    /// (`controller::cluster`).
+    PurgeTopic {
         topic: String,
     },
     /// A metadata command another node forwarded to this one's metadata
@@ -184,6 +193,12 @@ pub enum Op {
     },
     Purge {
         partition_id: u32,
+    },
+    /// A replicated partition's purge to its topic's purge generation
+    /// (`Partition::purge_to`): answered [`OpReply::Purge`] at once.
+    PurgeTo {
+        partition_id: u32,
+        generation: u64,
     },
     /// Status of some (or, with `None`, all) partitions of this shard.
     Describe {

@@ -207,6 +207,19 @@ struct Hosted {
     commit_latency: LatencyCounts,
     /// State transfer beside the replica (replicated partitions only).
     xfer: Option<Box<TransferHost>>,
+    /// The purge this replica submitted ([`Partition::purge_to`]) until
+    /// the replica answered it (every client token is answered: at
+    /// commit, or when the replica stops being primary).
+    purge_token: Option<Token>,
+}
+
+/// Where [`Partition::purge_to`] stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PurgeState {
+    /// The store applied a committed purge reaching the generation.
+    Done,
+    /// Not yet (submitted, or waiting for the commit to reach here).
+    Waiting,
 }
 
 pub struct Partition {
@@ -597,7 +610,10 @@ impl Partition {
     /// The outcomes of produces since the last call, by token.
     pub fn take_replies(&mut self) -> impl Iterator<Item = Reply> + '_ {
         let replies = match &mut self.state {
-            State::Open(h) => Some(h.replies.drain(..)),
+            State::Open(h) => {
+                h.take_purge_reply();
+                Some(h.replies.drain(..))
+            }
             State::Unavailable(_) => None,
         };
         replies.into_iter().flatten()
@@ -887,6 +903,53 @@ impl Partition {
         purged
     }
 
+    /// Drives this replicated partition's purge to purge generation
+    /// `generation` (its topic's in the metadata table): Done once the
+    /// store applied a committed purge reaching it. The primary, Normal,
+    /// with no purge op in its log or its client queue, submits one
+    /// ([`Input::ClientPurge`]); everything else waits for the commit to
+    /// reach this replica. Asking again is always safe: at most one purge
+    /// op is in flight per partition, so each generation purges once
+    /// and records produced after it committed are never dropped.
+    pub fn purge_to(
+        &mut self,
+        io: &mut impl IoBackend,
+        generation: u64,
+    ) -> Result<PurgeState, OpError> {
+        let id = self.id;
+        let h = self.hosted()?;
+        if h.repl.is_none() {
+            return Err(OpError::new(
+                ErrorCode::Internal,
+                format!("partition {id} is not replicated: purged by the store directly"),
+            ));
+        }
+        h.take_purge_reply();
+        let have = h.store.superblock().purge_generation;
+        if have >= generation {
+            return Ok(PurgeState::Done);
+        }
+        let r = &h.replica;
+        let primary = r.status() == ReplicaStatus::Normal && r.is_primary();
+        if !primary || r.purge_pending() || h.purge_token.is_some() {
+            return Ok(PurgeState::Waiting);
+        }
+        let token = h.next_token;
+        h.next_token += 1;
+        h.purge_token = Some(token);
+        tracing::info!(
+            partition_id = id,
+            have,
+            generation,
+            "submitting a replicated purge"
+        );
+        h.run(io, Input::ClientPurge { token });
+        h.answer_flushes(io);
+        h.take_purge_reply();
+        debug_assert!(h.purge_token.is_none() || h.replies.iter().all(|(t, _)| *t != token));
+        Ok(PurgeState::Waiting)
+    }
+
     /// Maintenance; skipped while a flush is in flight (next tick).
     pub fn apply_retention(&mut self, io: &mut impl IoBackend, now_ms: u64) {
         if self.flush_end.is_some() {
@@ -1054,7 +1117,24 @@ impl Hosted {
             view_changes: 0,
             repairs: 0,
             commit_latency: LatencyCounts::default(),
+            purge_token: None,
         })
+    }
+
+    /// Takes the replica's answer to the purge it was given, if in: it is
+    /// nobody's produce (its outcome shows in the purge generation).
+    fn take_purge_reply(&mut self) {
+        let Some(token) = self.purge_token else {
+            return;
+        };
+        if let Some(i) = self.replies.iter().position(|(t, _)| *t == token) {
+            let (_, result) = self.replies.remove(i);
+            self.purge_token = None;
+            match result {
+                Ok(a) => tracing::info!(next_offset = a.next_offset, "replicated purge committed"),
+                Err(e) => tracing::warn!(error = %e, "replicated purge not committed here"),
+            }
+        }
     }
 
     /// Steps the replica with `input` and runs what it emits, feeding the
@@ -1691,7 +1771,7 @@ mod tests {
 #[cfg(test)]
 mod replicated_tests {
     use super::*;
-    use crate::client::batch_of;
+    use crate::client::{batch_of, records};
     use crate::config::ServerConfig;
     use ringlog_storage::io::uring::UringBackend;
 
@@ -2144,6 +2224,99 @@ mod replicated_tests {
         assert!(e.message.contains("primary_node=1"), "{e}");
         assert!(e.message.contains("primary_addr=127.0.0.1:8001 "), "{e}");
         assert!(e.message.contains("127.0.0.1:7001"), "{e}");
+    }
+
+    /// Each replica's purge generation, log start and readable bytes.
+    fn purge_state(
+        io: &mut UringBackend,
+        parts: &mut [Option<Partition>],
+    ) -> Vec<(u64, u64, Vec<u8>)> {
+        parts
+            .iter_mut()
+            .flatten()
+            .map(|p| {
+                let st = p.status(0);
+                let start = st.log_start_offset;
+                let mut bytes = Vec::new();
+                let mut at = start;
+                while let Ok(f) = p.fetch(io, at, 1 << 20, Vec::new()) {
+                    if f.batches.is_empty() {
+                        break;
+                    }
+                    at = f.next_offset;
+                    bytes.extend_from_slice(&f.batches);
+                }
+                (st.purge_generation, start, bytes)
+            })
+            .collect()
+    }
+
+    /// `Partition::purge_to`, the cluster purge's entry point: a backup
+    /// submits nothing; the primary submits one purge op however often it
+    /// is asked while that op is queued behind a full pipeline or in the
+    /// log (guards against: a second purge op queued behind the first,
+    /// which would drop a batch acknowledged after the first committed);
+    /// every replica then reports Done at the same log start, the later
+    /// batch kept; asked again, nothing more is purged; the next
+    /// generation purges once more.
+    #[test]
+    fn purge_to_purges_each_generation_once_on_every_replica() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut io = UringBackend::new(64).unwrap();
+        let mut parts = committed_group(dir.path(), &mut io, 3);
+        let backup = parts[1].as_mut().unwrap();
+        assert_eq!(backup.purge_to(&mut io, 1), Ok(PurgeState::Waiting));
+        round(&mut io, &mut parts);
+        let fresh = purge_state(&mut io, &mut parts);
+        assert!(fresh
+            .iter()
+            .all(|(g, s, b)| (*g, *s, b.len()) == (0, 0, fresh[0].2.len())));
+        let primary = parts[0].as_mut().unwrap();
+        // A full pipeline (8 ops): the purge waits in the client queue.
+        for seed in 10..18 {
+            primary.produce(&mut io, one_batch(seed).into()).unwrap();
+        }
+        for _ in 0..3 {
+            assert_eq!(primary.purge_to(&mut io, 1), Ok(PurgeState::Waiting));
+        }
+        let later = primary.produce(&mut io, one_batch(9).into()).unwrap();
+        assert_eq!(primary.purge_to(&mut io, 1), Ok(PurgeState::Waiting));
+        for _ in 0..20 {
+            round(&mut io, &mut parts);
+        }
+        let acked: Vec<Reply> = parts[0].as_mut().unwrap().take_replies().collect();
+        assert_eq!(acked.len(), 9, "only the produces are answered: {acked:?}");
+        let (token, result) = acked.last().unwrap().clone();
+        let app = result.unwrap();
+        assert_eq!(token, later);
+        // 6 + 16 records, the purge op's one, then the later batch's two.
+        assert_eq!((app.base_offset, app.next_offset), (23, 25));
+        for p in parts.iter_mut().flatten() {
+            assert_eq!(p.purge_to(&mut io, 1), Ok(PurgeState::Done));
+        }
+        let state = purge_state(&mut io, &mut parts);
+        for (g, start, bytes) in &state {
+            assert_eq!((*g, *start), (1, 23), "one purge, through the purge op");
+            assert_eq!(*bytes, state[0].2, "replicas identical");
+            let kept = records(bytes).unwrap();
+            let offsets: Vec<u64> = kept.iter().map(|r| r.offset).collect();
+            assert_eq!(offsets, [23, 24]);
+        }
+        for _ in 0..3 {
+            let p = parts[0].as_mut().unwrap();
+            assert_eq!(p.purge_to(&mut io, 1), Ok(PurgeState::Done));
+            round(&mut io, &mut parts);
+        }
+        let again = purge_state(&mut io, &mut parts);
+        assert_eq!(again, state, "asked again, nothing purged");
+        let p = parts[0].as_mut().unwrap();
+        assert_eq!(p.purge_to(&mut io, 2), Ok(PurgeState::Waiting));
+        for _ in 0..10 {
+            round(&mut io, &mut parts);
+        }
+        for (g, start, bytes) in purge_state(&mut io, &mut parts) {
+            assert_eq!((g, start, bytes.len()), (2, 26, 0));
+        }
     }
 
     /// Guards against: a backup appending a prepare before taking the

@@ -351,13 +351,15 @@ fn peer_setup(
         .copied()
         .filter(|&n| n != cluster.node_id);
     let stats = Arc::new(PeerStats::for_nodes(others));
+    // Announced to peers: what a backup names as the primary's address.
+    let announced = cluster.advertise.unwrap_or(client_addr);
     Ok(Some(PeerSetup {
         cluster,
         listener,
         limits: PeerLimits::new(config.frame_bytes_max),
         shard_count: u16::try_from(shards).unwrap_or(u16::MAX),
         incarnation,
-        client_addr: Some(client_addr),
+        client_addr: Some(announced),
         sink: Box::new(router),
         stats,
     }))

@@ -126,7 +126,8 @@ pub(super) fn execute(ctx: &ControlContext, line: &[u8], who: &str) -> Value {
 /// `cluster`: this node and each peer as the transport last saw it.
 /// `reachable` is our session to it (we can send); `inbound` its session
 /// to us; `last_seen_ms_ago` is null if never heard from; `client_address`
-/// where it serves clients (this node's bound one; a peer's as its Hello
+/// where it serves clients (this node's as it announces it:
+/// `advertise_client_address`, else the bound one; a peer's as its Hello
 /// announced it, null before a session).
 fn cluster_nodes(ctx: &ControlContext) -> Value {
     let config = &ctx.config;
@@ -138,8 +139,12 @@ fn cluster_nodes(ctx: &ControlContext) -> Value {
         .into_iter()
         .map(|(id, addr)| {
             if id == config.node_id {
+                let own = match config.advertise_client_address.as_str() {
+                    "" => ctx.client_addr.to_string(),
+                    advertised => advertised.to_string(),
+                };
                 return json!({"id": id, "address": addr.to_string(), "self": true,
-                    "client_address": ctx.client_addr.to_string(), "reachable": true, "inbound": null, "incarnation": null, "last_seen_ms_ago": 0});
+                    "client_address": own, "reachable": true, "inbound": null, "incarnation": null, "last_seen_ms_ago": 0});
             }
             let seen = ctx.peer_stats.as_ref().and_then(|s| s.nodes.get(&id));
             let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
@@ -522,6 +527,19 @@ fn run(ctx: &ControlContext, cmd: Command) -> Result<Value, String> {
                 .get(&topic)
                 .filter(|m| m.state == TopicState::Ready)
                 .ok_or_else(|| format!("no topic {topic:?}"))?;
+            if meta.replication_factor > 1 {
+                // Through the metadata group and each partition's replica
+                // group: answered once every partition here purged.
+                if let Some(p) = partition {
+                    return Err(format!(
+                        "topic {topic:?} is replicated: it is purged whole (not partition {p}), \
+                         through any node: ctl purge {topic}"
+                    ));
+                }
+                let partitions = meta.partitions;
+                ask(ctx, 0, Op::Meta(MetaOp::PurgeTopic { topic })).map_err(err)?;
+                return Ok(json!({"purged": (0..partitions).collect::<Vec<u32>>()}));
+            }
             let indexes: Vec<u32> = match partition {
                 Some(p) if p < meta.partitions => vec![p],
                 Some(p) => return Err(format!("topic {topic:?} has no partition {p}")),

@@ -17,8 +17,22 @@
 //!   reflects already (`TopicTable::meta_applied_op`) are replayed into
 //!   the table only.
 //!
-//! Purge of a replicated topic is not a metadata command yet: a store
-//! purge on each node at its own moment would fork the partition's log.
+//! Purge of a replicated topic is a metadata command too, but no node
+//! purges its store when it applies it (each at its own moment would fork
+//! the partition's log): the command only bumps the topic's purge
+//! generation in the table. Each partition then purges through its own
+//! replica group: its primary submits a purge op (`Partition::purge_to`),
+//! which every replica applies at the same op, so records produced after
+//! it are kept everywhere. Level-triggered: [`apply_loop`] keeps every
+//! local partition whose store is below its topic's generation in a
+//! pending set (rebuilt by the replay at boot) and asks its owner again
+//! each round, so a primary elected later, or a node back from a crash,
+//! gets there too; a replica that missed the purge op learns it by
+//! repair or by a transfer's purge generation. At most one purge op is
+//! in flight per partition, so a generation purges once. The client is
+//! answered once every partition of the topic here reached the
+//! generation, or after [`PURGE_TIMEOUT_MS`] with a typed timeout (the
+//! purge still completes when the partitions' groups can).
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -46,6 +60,12 @@ const OUTCOME_POLL_MS: u64 = 10;
 const APPLY_FETCH_BYTES_MAX: u32 = 1 << 20;
 /// Long-poll of the apply loop's reads; and its pause after an error.
 const APPLY_WAIT_MS: u32 = 200;
+/// How long a purge's partitions may take to purge once the metadata
+/// command applied (with the command's own timeout, within the control
+/// socket's 30 s).
+pub(crate) const PURGE_TIMEOUT_MS: u64 = 10_000;
+/// How often a waiting purge asks its partitions.
+const PURGE_POLL_MS: u64 = 50;
 
 pub(crate) async fn run(shard: &impl ShardHandle, op: MetaOp) -> Outcome {
     let cmd = match op {
@@ -58,6 +78,7 @@ pub(crate) async fn run(shard: &impl ShardHandle, op: MetaOp) -> Outcome {
             }
         }
         MetaOp::DeleteTopic { topic } => Command::DeleteTopic { name: topic },
+        MetaOp::PurgeTopic { topic } => Command::PurgeTopic { name: topic },
         MetaOp::Forwarded { from, payload } => {
             forwarded(shard, from, &payload).await;
             return Ok(OpReply::Empty);
@@ -68,7 +89,7 @@ pub(crate) async fn run(shard: &impl ShardHandle, op: MetaOp) -> Outcome {
             ErrorCode::PartitionUnavailable,
             format!(
                 "node {} hosts no metadata replica (the last node of an even node count): \
-                 create and delete topics through another node",
+                 create, delete and purge topics through another node",
                 shard.config().node_id
             ),
         ));
@@ -80,7 +101,58 @@ pub(crate) async fn run(shard: &impl ShardHandle, op: MetaOp) -> Outcome {
     let deadline = Instant::now() + Duration::from_millis(COMMAND_TIMEOUT_MS);
     let outcome = drive(shard, group, id, &cmd, deadline).await;
     group.borrow_mut().abandon(id);
-    outcome
+    match outcome? {
+        Change::Purged { name, generation } => purged(shard, &name, generation).await,
+        _ => Ok(OpReply::Empty),
+    }
+}
+
+/// Waits until every partition of `topic` here reached purge generation
+/// `generation` (see the module docs), asking their owners, which makes
+/// a primary among them submit its purge op at once.
+async fn purged(shard: &impl ShardHandle, topic: &str, generation: u64) -> Outcome {
+    let deadline = Instant::now() + Duration::from_millis(PURGE_TIMEOUT_MS);
+    let Some(meta) = shard.catalog().snapshot().topics.get(topic).cloned() else {
+        // Deleted since: nothing of it is left to purge.
+        return Ok(OpReply::Empty);
+    };
+    let mut left: Vec<u32> = (0..meta.partitions).collect();
+    loop {
+        let mut still = Vec::with_capacity(left.len());
+        for &index in &left {
+            let owner = crate::placement::shard_for(topic, index, shard.shard_count());
+            let op = Op::PurgeTo {
+                partition_id: meta.first_partition_id + index,
+                generation,
+            };
+            match shard.call(owner, op).await {
+                Ok(OpReply::Purge { done: true }) => {}
+                Err(e) if e.code == ErrorCode::UnknownPartition => {}
+                Ok(_) => still.push(index),
+                Err(e) => {
+                    tracing::debug!(topic, index, error = %e, "purge progress not known");
+                    still.push(index);
+                }
+            }
+        }
+        debug_assert!(still.len() <= left.len());
+        left = still;
+        if left.is_empty() {
+            return Ok(OpReply::Empty);
+        }
+        if Instant::now() >= deadline {
+            return Err(OpError::new(
+                ErrorCode::PartitionUnavailable,
+                format!(
+                    "purge of topic {topic:?} (generation {generation}) committed in the cluster \
+                     metadata, but partitions {left:?} did not purge here within \
+                     {PURGE_TIMEOUT_MS} ms (no quorum, or this replica behind?); they purge when \
+                     their replica groups can"
+                ),
+            ));
+        }
+        monoio::time::sleep(Duration::from_millis(PURGE_POLL_MS)).await;
+    }
 }
 
 /// Submits or forwards request `id` until its outcome applied here or
@@ -91,11 +163,11 @@ async fn drive(
     id: u64,
     cmd: &Command,
     deadline: Instant,
-) -> Outcome {
+) -> Result<Change, OpError> {
     loop {
         let taken = group.borrow_mut().take_outcome(id);
         if let Some(result) = taken {
-            return reply_of(cmd, result);
+            return change_of(cmd, result);
         }
         let now = Instant::now();
         if now >= deadline {
@@ -128,7 +200,7 @@ async fn drive(
                 now + Duration::from_millis(FORWARD_RETRY_MS)
             }
             Err(RouteError::NoPrimary { .. }) => now + retry,
-            Err(RouteError::Refused(r)) => return reply_of(cmd, Err(r)),
+            Err(RouteError::Refused(r)) => return change_of(cmd, Err(r)),
             Err(RouteError::Encode(e)) => return Err(invalid(e)),
         };
         wait_outcome(group, id, until.min(deadline)).await;
@@ -218,10 +290,10 @@ fn describe(cmd: &Command) -> String {
     }
 }
 
-/// What the client is told of an applied command's outcome.
-fn reply_of(cmd: &Command, result: Result<Change, Refusal>) -> Outcome {
+/// An applied command's outcome, as the client is told a refusal.
+fn change_of(cmd: &Command, result: Result<Change, Refusal>) -> Result<Change, OpError> {
     let refusal = match result {
-        Ok(_) => return Ok(OpReply::Empty),
+        Ok(change) => return Ok(change),
         Err(r) => r,
     };
     let code = match refusal {
@@ -245,7 +317,9 @@ pub(crate) async fn apply_loop(shard: &impl ShardHandle) {
         return;
     };
     let pause = Duration::from_millis(u64::from(APPLY_WAIT_MS));
+    let mut pending = Pending::default();
     while !shard.is_stopping() {
+        pending.drive(shard).await;
         let op = Op::Fetch {
             partition_id: META_PARTITION_ID,
             offset: group.borrow().applied_offset(),
@@ -263,7 +337,10 @@ pub(crate) async fn apply_loop(shard: &impl ShardHandle) {
                 Vec::new()
             }
         };
-        let idle = batches.is_empty() || apply_batches(shard, group, &batches).await.is_err();
+        let idle = batches.is_empty()
+            || apply_batches(shard, group, &mut pending, &batches)
+                .await
+                .is_err();
         // A fetch reply's buffer belongs to the server's pool.
         shard.reply_pool().put(batches);
         if idle {
@@ -276,6 +353,7 @@ pub(crate) async fn apply_loop(shard: &impl ShardHandle) {
 async fn apply_batches(
     shard: &impl ShardHandle,
     group: &RefCell<MetaGroup>,
+    pending: &mut Pending,
     bytes: &[u8],
 ) -> Result<(), ()> {
     let mut at = 0;
@@ -291,6 +369,9 @@ async fn apply_batches(
         let applied = group.borrow_mut().apply(batch);
         match applied {
             Ok((op, actions)) => {
+                // Replayed ops too: a purge not done before a restart is
+                // driven again (its partitions say whether it was).
+                pending.note(shard, &actions);
                 run_actions(shard, op, actions).await;
                 group.borrow_mut().release_outcomes();
             }
@@ -326,9 +407,8 @@ async fn run_actions(shard: &impl ShardHandle, op: u64, actions: Vec<LocalAction
             }
             LocalAction::Delete(p) if !deletes.contains(&p.topic) => deletes.push(p.topic),
             LocalAction::Delete(_) => {}
-            LocalAction::Purge(p) => {
-                tracing::warn!(topic = %p.topic, "metadata purge of a replicated topic is not supported; ignored");
-            }
+            // Driven through the partition's replica group (`Pending`).
+            LocalAction::Purge(_) => {}
         }
     }
     for topic in deletes {
@@ -368,5 +448,60 @@ async fn create_applied(
         // The topic stays `creating`: its partitions are opened again at
         // boot, and the failure shows in `ctl partitions`.
         tracing::error!(topic, op, error = %e, "applied create: partitions not all opened");
+    }
+}
+
+/// The local partitions whose purge is not known done: partition id ->
+/// (owner shard, the topic's purge generation). One entry per partition
+/// at most, so bounded by `meta::CLUSTER_PARTITIONS_MAX`.
+#[derive(Default)]
+struct Pending(BTreeMap<u32, (usize, u64)>);
+
+impl Pending {
+    /// Takes in the purges (and deletes) among an applied op's actions.
+    fn note(&mut self, shard: &impl ShardHandle, actions: &[LocalAction]) {
+        for action in actions {
+            match action {
+                LocalAction::Purge(p) => {
+                    let owner = crate::placement::shard_for(&p.topic, p.index, shard.shard_count());
+                    self.0.insert(p.partition_id, (owner, p.purge_generation));
+                }
+                LocalAction::Delete(p) => {
+                    self.0.remove(&p.partition_id);
+                }
+                LocalAction::Create(_) => {}
+            }
+        }
+        debug_assert!(self.0.len() as u64 <= crate::meta::CLUSTER_PARTITIONS_MAX);
+    }
+
+    /// Asks each pending partition's owner once (`Partition::purge_to`:
+    /// its primary submits the purge op); forgets those done or gone.
+    async fn drive(&mut self, shard: &impl ShardHandle) {
+        if self.0.is_empty() {
+            return;
+        }
+        let entries: Vec<(u32, (usize, u64))> = self.0.iter().map(|(&k, &v)| (k, v)).collect();
+        for (partition_id, (owner, generation)) in entries {
+            let op = Op::PurgeTo {
+                partition_id,
+                generation,
+            };
+            let done = match shard.call(owner, op).await {
+                Ok(OpReply::Purge { done }) => done,
+                Err(e) if e.code == ErrorCode::UnknownPartition => true,
+                Ok(other) => {
+                    tracing::error!(partition_id, reply = ?other, "purge: unexpected reply");
+                    false
+                }
+                Err(e) => {
+                    tracing::debug!(partition_id, error = %e, "purge not driven this round");
+                    false
+                }
+            };
+            if done {
+                self.0.remove(&partition_id);
+            }
+        }
     }
 }

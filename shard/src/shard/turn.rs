@@ -63,6 +63,7 @@ impl<B: IoBackend> Shard<B> {
         let pid = match op {
             Op::Produce { partition_id, .. }
             | Op::Purge { partition_id }
+            | Op::PurgeTo { partition_id, .. }
             | Op::DropPartition { partition_id }
             | Op::PeerMessage { partition_id, .. } => *partition_id,
             _ => return None,
@@ -185,12 +186,30 @@ impl<B: IoBackend> Shard<B> {
                     // alone it would fork the group's log.
                     Some(p) if p.is_replicated() => Err(OpError::new(
                         ErrorCode::PartitionUnavailable,
-                        "purge of a replicated partition is not supported yet",
+                        format!(
+                            "partition {} of topic {:?} is replicated: its topic is purged \
+                             whole, through the cluster metadata (ringlog ctl purge {})",
+                            p.index, p.topic, p.topic
+                        ),
                     )),
                     Some(p) => p.purge(io).map(|()| OpReply::Empty),
                     None => Err(unknown_partition(partition_id)),
                 };
                 // The purge flushed: pending acknowledgements may be due.
+                touch(touched, partition_id);
+                replies.push((reply, outcome));
+            }
+            Op::PurgeTo {
+                partition_id,
+                generation,
+            } => {
+                let outcome = match partitions.get_mut(&partition_id) {
+                    Some(p) => p.purge_to(io, generation).map(|s| OpReply::Purge {
+                        done: s == crate::partition::PurgeState::Done,
+                    }),
+                    None => Err(unknown_partition(partition_id)),
+                };
+                // It may have appended (the purge op) or answered a flush.
                 touch(touched, partition_id);
                 replies.push((reply, outcome));
             }

@@ -502,6 +502,12 @@ impl Replica {
         self.primary_of(self.view) == self.cfg.replica
     }
 
+    /// Whether a purge op is in the log uncommitted (a host driving purges
+    /// submits no other until it committed or left the log).
+    pub fn purge_pending(&self) -> bool {
+        self.purge_op.is_some()
+    }
+
     /// The offset after the last committed op, if the journal still holds
     /// that op's header (it always does: pruning keeps the commit): how
     /// far a host may serve reads of a replicated log.

@@ -57,6 +57,7 @@ fn node(
             peers: peers.clone(),
             listen: peers[&id],
             secret: ClusterSecret::from_bytes(SECRET),
+            advertise: None,
         },
         listener,
         limits,
