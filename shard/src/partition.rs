@@ -48,6 +48,7 @@ use ringlog_storage::store::{PartitionStore, StoreConfig, StoreError, StorePool}
 use ringlog_storage::superblock;
 
 use crate::ops::{LatencyCounts, OpError, PartitionStatus};
+use crate::peer_buf::{Outgoing, SELF_CHECKED_COVERED_BYTES};
 use crate::replica_io::{self, AppendFailure};
 use crate::transfer::io::Installs;
 use crate::transfer::Message as TransferMessage;
@@ -741,7 +742,7 @@ impl Partition {
     /// (destination node, payload) onto `out`. A message the encoder
     /// refuses (a bug: the replica made it from verified batches) is
     /// logged and dropped; the protocol retransmits.
-    pub fn take_sends(&mut self, out: &mut Vec<(u32, Vec<u8>)>) {
+    pub fn take_sends(&mut self, out: &mut Vec<(u32, Outgoing)>) {
         let id = self.id;
         let State::Open(h) = &mut self.state else {
             return;
@@ -758,11 +759,11 @@ impl Partition {
                 );
                 continue;
             };
-            let mut payload = Vec::new();
+            let mut payload = Outgoing::with_capacity(0);
             let encoded = msg
                 .to_wire(repl.group_id, id, repl.replica)
                 .map_err(|e| e.to_string())
-                .and_then(|m| m.encode(&mut payload).map_err(|e| e.to_string()));
+                .and_then(|m| m.encode(payload.append()).map_err(|e| e.to_string()));
             match encoded {
                 Ok(()) => out.push((node, payload)),
                 Err(e) => {
@@ -1216,14 +1217,18 @@ impl Hosted {
 }
 
 /// A transfer message for replica `to` as (node, payload); None (logged)
-/// for an index out of range or a message the encoder refuses.
+/// for an index out of range or a message the encoder refuses. A Chunk
+/// goes self-checked: its frame's checksum covers the replication header
+/// and the Chunk's fixed fields (which their own checksums cover too), not
+/// its data, which the receiving partition's `transfer::Receiver` checks
+/// against the manifest's chunk checksum before it stages it.
 fn encode_transfer(
     repl: &Replication,
     id: u32,
     view: u32,
     to: u8,
     msg: &TransferMessage,
-) -> Option<(u32, Vec<u8>)> {
+) -> Option<(u32, Outgoing)> {
     let Some(node) = repl.node(to) else {
         tracing::error!(
             partition_id = id,
@@ -1232,11 +1237,18 @@ fn encode_transfer(
         );
         return None;
     };
-    let mut payload = Vec::new();
+    let (mut payload, self_checked) = match msg {
+        TransferMessage::Chunk { data, .. } => {
+            let capacity = wire::HEADER_LEN + CHUNK_FIXED_BYTES + data.len();
+            (Outgoing::with_capacity(capacity), true)
+        }
+        _ => (Outgoing::with_capacity(0), false),
+    };
     match msg
         .to_wire(repl.group_id, id, repl.replica, view)
-        .encode(&mut payload)
+        .encode(payload.append())
     {
+        Ok(()) if self_checked => Some((node, payload.self_checked())),
         Ok(()) => Some((node, payload)),
         Err(e) => {
             tracing::error!(partition_id = id, to = node, error = %e, "transfer message not encoded");
@@ -1244,6 +1256,13 @@ fn encode_transfer(
         }
     }
 }
+
+/// A Chunk body's fixed fields (snapshot id, artifact, chunk), which its
+/// body checksum covers (`ringlog_protocol::replication::body_checksum_len`).
+const CHUNK_FIXED_BYTES: usize = 16;
+// What a self-checked frame's checksum covers holds the Chunk's header and
+// fixed fields.
+const _: () = assert!(wire::HEADER_LEN + CHUNK_FIXED_BYTES <= SELF_CHECKED_COVERED_BYTES);
 
 /// A replica's seed: timeouts of one group's replicas jitter apart.
 fn seed_of(id: u32, repl: &Replication) -> u64 {
@@ -1768,7 +1787,11 @@ mod replicated_tests {
                 flush(io, p);
                 let mut sends = Vec::new();
                 p.take_sends(&mut sends);
-                mail.extend(sends.into_iter().map(|(to, m)| (i as u32 + 1, to, m)));
+                mail.extend(
+                    sends
+                        .into_iter()
+                        .map(|(to, m)| (i as u32 + 1, to, m.payload().to_vec())),
+                );
             }
             if mail.is_empty() {
                 return carried;
@@ -1816,7 +1839,7 @@ mod replicated_tests {
                 mail.extend(
                     sends
                         .into_iter()
-                        .map(|(to, m)| (i as u32 + 1, to, m, wiped)),
+                        .map(|(to, m)| (i as u32 + 1, to, m.payload().to_vec(), wiped)),
                 );
             }
             if mail.is_empty() {
@@ -2106,7 +2129,7 @@ mod replicated_tests {
         assert_eq!(sends.iter().map(|(to, _)| *to).collect::<Vec<_>>(), [2, 3]);
         // Node 2 takes the prepare; node 3 is cut off.
         parts[1]
-            .deliver(&mut io, &mut installs(), 0, 1, &sends[0].1)
+            .deliver(&mut io, &mut installs(), 0, 1, sends[0].1.payload())
             .unwrap();
         flush(&mut io, &mut parts[1]);
         assert!(parts[1].store().unwrap().durable().next_offset == 2);
@@ -2254,7 +2277,7 @@ mod replicated_tests {
         primary.produce(&mut io, one_batch(3).into()).unwrap();
         let mut sends = Vec::new();
         primary.take_sends(&mut sends);
-        let prepare = sends[0].1.clone();
+        let prepare = sends[0].1.payload().to_vec();
         assert!(matches!(
             stranger.deliver(&mut io, &mut installs(), 0, 1, &prepare),
             Err(PeerDrop::WrongGroup { got: GROUP, .. })

@@ -26,7 +26,7 @@ use ringlog_protocol::manifest::Manifest;
 use ringlog_protocol::BatchHeader;
 use ringlog_storage::io::{BatchId, BufPool, Completion, IoBackend};
 use ringlog_storage::store::{
-    ChunkReads, Install, InstallBudget, PartitionStore, StoreError, TransferError,
+    ChunkCheck, ChunkReads, Install, InstallBudget, PartitionStore, StoreError, TransferError,
 };
 
 use super::types::{ChunkData, Fault, FaultKind, IoId, IoOutcome, TransferOp};
@@ -250,7 +250,9 @@ impl Pipeline {
                     .iter()
                     .map(|(k, data)| (k.artifact, k.chunk, &data[..]))
                     .collect();
-                match install.stage_chunks(io, &chunks) {
+                // The receiver checked each against the manifest before it
+                // emitted them (`Receiver::on_chunk`): not hashed again.
+                match install.stage_chunks(io, &chunks, ChunkCheck::VerifiedByCaller) {
                     // Parked ahead of the cursor: taken, nothing to write.
                     Ok(None) => done.push((id, Ok(IoOutcome::Done))),
                     Ok(Some(batch)) => {
