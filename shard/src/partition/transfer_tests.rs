@@ -619,14 +619,34 @@ fn two_partitions_of_one_shard_install_one_after_the_other() {
 /// checksum covers (a self-checked frame: only the manifest check guards
 /// the data) being staged. Each is refused, charged to its peer and asked
 /// again, and the install ends byte-identical; every chunk went
-/// self-checked.
+/// self-checked. Also: the serving side reuses its read buffers and drops
+/// them once idle.
 #[test]
 fn a_chunk_damaged_past_its_frame_checksum_is_charged_and_pulled_again() {
     let mut g = Group::new();
     fall_behind_retention(&mut g);
     g.corrupt_chunks = 3;
-    let installed = until_installed(&mut g, 2_000, 1_000, |_| {});
+    let mut idle_peak = 0;
+    let installed = until_installed(&mut g, 2_000, 1_000, |g| {
+        for i in 0..2 {
+            let idle = g.parts[i].transfer().unwrap().idle_read_buffers();
+            idle_peak = idle_peak.max(idle);
+        }
+    });
     assert!(installed, "replica 2 never installed");
+    // Read buffers were reused while serving (bounded), and none is held
+    // once every snapshot was released.
+    assert!(
+        (1..=transfer_host::READ_BUFFERS_IDLE_MAX).contains(&idle_peak),
+        "{idle_peak}"
+    );
+    for _ in 0..5 {
+        g.tick(None);
+    }
+    for i in 0..2 {
+        let x = g.parts[i].transfer().unwrap();
+        assert_eq!(x.idle_read_buffers(), 0, "replica {i} holds idle buffers");
+    }
     assert_eq!(g.corrupt_chunks, 0, "fewer chunks than damaged ones");
     let (carried, self_checked) = g.chunks_carried;
     assert!(carried > 3, "{carried} chunks");

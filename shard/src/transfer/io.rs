@@ -201,6 +201,16 @@ impl Pipeline {
         }
     }
 
+    /// Frees the idle read buffers: for when nothing is being served.
+    pub fn drop_idle_buffers(&mut self) {
+        self.pool.drop_idle();
+    }
+
+    /// Idle read buffers held.
+    pub fn idle_buffers(&self) -> usize {
+        self.pool.idle()
+    }
+
     /// Batches in flight.
     pub fn in_flight(&self) -> usize {
         self.in_flight.len()
