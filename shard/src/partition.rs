@@ -48,10 +48,10 @@ use ringlog_storage::store::{PartitionStore, StoreConfig, StoreError, StorePool}
 use ringlog_storage::superblock;
 
 use crate::ops::{LatencyCounts, OpError, PartitionStatus};
-use crate::peer_buf::{Outgoing, SELF_CHECKED_COVERED_BYTES};
+use crate::peer_buf::{Outgoing, PeerPayload, SELF_CHECKED_COVERED_BYTES};
 use crate::replica_io::{self, AppendFailure};
 use crate::transfer::io::Installs;
-use crate::transfer::Message as TransferMessage;
+use crate::transfer::{ChunkData, Message as TransferMessage};
 use crate::vsr::{
     AppendError, Appended, Body, ClientBatch, Config as ReplicaConfig, Event, Input, IoFailure,
     IoId, IoOutcome, Message, Outbox, Output, Replica, Status as ReplicaStatus, StorageOp, Token,
@@ -686,7 +686,8 @@ impl Partition {
     /// flush is in flight: a message may make the replica cut or persist,
     /// which the store runs synchronously, one flush at a time. A frame
     /// that does not decode while a transfer runs is charged to the
-    /// sender's replica by the receiver.
+    /// sender's replica by the receiver. Copies `payload`: see
+    /// [`Partition::deliver_payload`].
     pub fn deliver(
         &mut self,
         io: &mut impl IoBackend,
@@ -695,6 +696,20 @@ impl Partition {
         from: u32,
         payload: &[u8],
     ) -> Result<(), PeerDrop> {
+        let payload = PeerPayload::from(payload.to_vec());
+        self.deliver_payload(io, installs, now_ms, from, payload)
+    }
+
+    /// [`Partition::deliver`] of a payload still in the frame it arrived
+    /// in: a transfer Chunk's data stays there until it is staged.
+    pub fn deliver_payload(
+        &mut self,
+        io: &mut impl IoBackend,
+        installs: &mut Installs,
+        now_ms: u64,
+        from: u32,
+        payload: PeerPayload,
+    ) -> Result<(), PeerDrop> {
         debug_assert!(self.flush_end.is_none(), "peer message behind a flush");
         let State::Open(h) = &mut self.state else {
             return Err(PeerDrop::Unavailable);
@@ -702,7 +717,7 @@ impl Partition {
         let Some(repl) = &h.repl else {
             return Err(PeerDrop::NotReplicated);
         };
-        let decoded = match wire::Message::decode(payload, &ReplicationLimits::default()) {
+        let decoded = match wire::Message::decode(&payload, &ReplicationLimits::default()) {
             Ok(d) => d,
             Err(e) => {
                 if let Some(index) = repl.nodes.iter().position(|&n| n == from) {
@@ -723,6 +738,21 @@ impl Partition {
                 node: from,
                 claimed: env.replica,
             });
+        }
+        if let wire::Body::Chunk(c) = &decoded.body {
+            // Where the data lies in the payload (both borrow one buffer).
+            let offset = c.data.as_ptr() as usize - payload.as_ptr() as usize;
+            let (snapshot_id, key, len) = (c.snapshot_id, c.key, c.data.len());
+            debug_assert!(offset + len <= payload.len());
+            let (body, start) = payload.into_parts();
+            let data = ChunkData::in_buffer(body, start + offset..start + offset + len);
+            let msg = TransferMessage::Chunk {
+                snapshot_id,
+                key,
+                data,
+            };
+            h.deliver_transfer(io, installs, now_ms, env.replica, msg);
+            return Ok(());
         }
         match crate::transfer::route(&decoded) {
             Some(crate::transfer::Routed::Vsr { from, msg }) => {

@@ -673,7 +673,7 @@ fn inject_garbage_chunk(g: &mut Group) {
             artifact: 0,
             chunk: 0,
         },
-        data: std::sync::Arc::from(&[0xAAu8; 4096][..]),
+        data: crate::transfer::ChunkData::from(&[0xAAu8; 4096][..]),
     };
     let mut frame = Vec::new();
     chunk.to_wire(GROUP, PID, 1, 0).encode(&mut frame).unwrap();

@@ -311,7 +311,7 @@ impl<B: IoBackend> Shard<B> {
                     metrics::inc(&self.metrics.peer_drops_total);
                     return;
                 };
-                match p.deliver(io, installs, *now_ms, from, &payload) {
+                match p.deliver_payload(io, installs, *now_ms, from, payload) {
                     Ok(()) => {
                         metrics::inc(&self.metrics.peer_messages_total);
                         touch(touched, partition_id);
