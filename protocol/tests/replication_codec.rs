@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 use proptest::prelude::*;
 use ringlog_protocol::manifest::{Artifact, ArtifactKind, Manifest, ManifestLimits};
 use ringlog_protocol::replication::{
-    Body, Chunk, ChunkKey, Command, Commit, DoViewChange, Envelope, EvictedReason, Message, Offer,
-    Prepare, PrepareOk, Prepares, RangeEvicted, Refusal, ReleaseSnapshot, ReplicationError,
-    ReplicationLimits, RequestChunks, RequestPrepares, RequestSnapshot, RequestStartView,
-    SnapshotOffer, StartView, HEADER_LEN, MAGIC,
+    body_checksum_len, Body, Chunk, ChunkKey, Command, Commit, DoViewChange, Envelope,
+    EvictedReason, Message, Offer, Prepare, PrepareOk, Prepares, RangeEvicted, Refusal,
+    ReleaseSnapshot, ReplicationError, ReplicationLimits, RequestChunks, RequestPrepares,
+    RequestSnapshot, RequestStartView, SnapshotOffer, StartView, HEADER_LEN, MAGIC,
 };
 use ringlog_protocol::{checksum, BatchBuilder, BatchHeader, BatchView, Record, Stamp};
 
@@ -332,7 +332,10 @@ fn samples() -> Vec<Spec> {
 /// Recomputes both checksums after a test edited header or body bytes, so
 /// only the structural checks can refuse the message.
 fn reseal(bytes: &mut [u8]) {
-    let body_sum = checksum(&bytes[HEADER_LEN..]);
+    let body_len = bytes.len() - HEADER_LEN;
+    // An unknown command's body is refused before any checksum.
+    let covered = Command::from_u8(bytes[5]).map_or(body_len, |c| body_checksum_len(c, body_len));
+    let body_sum = checksum(&bytes[HEADER_LEN..HEADER_LEN + covered]);
     bytes[16..24].copy_from_slice(&body_sum.to_le_bytes());
     let mut head = [0u8; HEADER_LEN];
     head.copy_from_slice(&bytes[..HEADER_LEN]);
@@ -390,10 +393,21 @@ fn assert_every_truncation_refused(bytes: &[u8]) {
 
 /// A corrupted header byte is caught by the field read before the checksum
 /// (magic, version, header_len) or by the header checksum; a corrupted body
-/// byte by the body checksum.
+/// byte by the body checksum, but in a Chunk's data, which the body
+/// checksum does not cover (the receiver checks it against the manifest):
+/// that decodes, with the flipped byte in the data.
 fn assert_flip_refused(bytes: &[u8], i: usize, mask: u8) {
     let mut bad = bytes.to_vec();
     bad[i] ^= mask;
+    let chunk_data = HEADER_LEN + 16;
+    if bytes[5] == Command::Chunk as u8 && i >= chunk_data {
+        let msg = Message::decode(&bad, &ReplicationLimits::default()).expect("data not covered");
+        let Body::Chunk(c) = msg.body else {
+            panic!("a chunk decodes as a chunk")
+        };
+        assert_eq!(c.data[i - chunk_data], bytes[i] ^ mask, "byte {i}");
+        return;
+    }
     let err = refuse(&bad);
     let ok = match i {
         0..4 => matches!(err, ReplicationError::BadMagic(_)),

@@ -41,6 +41,7 @@ pub mod net;
 pub mod oneshot;
 pub mod ops;
 pub mod partition;
+pub mod peer_buf;
 pub mod peer_route;
 pub mod placement;
 pub mod replica_io;

@@ -2,6 +2,7 @@
 //! partition or the catalog, their replies and errors, status reports, and
 //! the envelopes that carry them through a shard's mailbox.
 
+use crate::peer_buf::{Outgoing, PeerPayload};
 /// A produce's batch: heap or a lent aligned buffer (the replica's type,
 /// named here for the ops' users).
 pub use crate::vsr::ClientBatch;
@@ -222,14 +223,14 @@ pub enum Op {
     PeerMessage {
         from: u32,
         partition_id: u32,
-        payload: Vec<u8>,
+        payload: PeerPayload,
     },
     /// A replication message for node `to`, to shard 0, which runs the
     /// peer transport (one-way).
     PeerSend {
         to: u32,
         partition_id: u32,
-        payload: Vec<u8>,
+        payload: Outgoing,
     },
 }
 
@@ -238,7 +239,8 @@ impl Op {
     pub fn payload_bytes(&self) -> u64 {
         match self {
             Op::Produce { batch, .. } => batch.as_ref().len() as u64,
-            Op::PeerMessage { payload, .. } | Op::PeerSend { payload, .. } => payload.len() as u64,
+            Op::PeerMessage { payload, .. } => payload.len() as u64,
+            Op::PeerSend { payload, .. } => payload.payload().len() as u64,
             _ => 0,
         }
     }

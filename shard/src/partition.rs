@@ -48,9 +48,10 @@ use ringlog_storage::store::{PartitionStore, StoreConfig, StoreError, StorePool}
 use ringlog_storage::superblock;
 
 use crate::ops::{LatencyCounts, OpError, PartitionStatus};
+use crate::peer_buf::{Outgoing, PeerPayload, SELF_CHECKED_COVERED_BYTES};
 use crate::replica_io::{self, AppendFailure};
 use crate::transfer::io::Installs;
-use crate::transfer::Message as TransferMessage;
+use crate::transfer::{ChunkData, Message as TransferMessage};
 use crate::vsr::{
     AppendError, Appended, Body, ClientBatch, Config as ReplicaConfig, Event, Input, IoFailure,
     IoId, IoOutcome, Message, Outbox, Output, Replica, Status as ReplicaStatus, StorageOp, Token,
@@ -701,7 +702,8 @@ impl Partition {
     /// flush is in flight: a message may make the replica cut or persist,
     /// which the store runs synchronously, one flush at a time. A frame
     /// that does not decode while a transfer runs is charged to the
-    /// sender's replica by the receiver.
+    /// sender's replica by the receiver. Copies `payload`: see
+    /// [`Partition::deliver_payload`].
     pub fn deliver(
         &mut self,
         io: &mut impl IoBackend,
@@ -710,6 +712,20 @@ impl Partition {
         from: u32,
         payload: &[u8],
     ) -> Result<(), PeerDrop> {
+        let payload = PeerPayload::from(payload.to_vec());
+        self.deliver_payload(io, installs, now_ms, from, payload)
+    }
+
+    /// [`Partition::deliver`] of a payload still in the frame it arrived
+    /// in: a transfer Chunk's data stays there until it is staged.
+    pub fn deliver_payload(
+        &mut self,
+        io: &mut impl IoBackend,
+        installs: &mut Installs,
+        now_ms: u64,
+        from: u32,
+        payload: PeerPayload,
+    ) -> Result<(), PeerDrop> {
         debug_assert!(self.flush_end.is_none(), "peer message behind a flush");
         let State::Open(h) = &mut self.state else {
             return Err(PeerDrop::Unavailable);
@@ -717,7 +733,7 @@ impl Partition {
         let Some(repl) = &h.repl else {
             return Err(PeerDrop::NotReplicated);
         };
-        let decoded = match wire::Message::decode(payload, &ReplicationLimits::default()) {
+        let decoded = match wire::Message::decode(&payload, &ReplicationLimits::default()) {
             Ok(d) => d,
             Err(e) => {
                 if let Some(index) = repl.nodes.iter().position(|&n| n == from) {
@@ -739,6 +755,21 @@ impl Partition {
                 claimed: env.replica,
             });
         }
+        if let wire::Body::Chunk(c) = &decoded.body {
+            // Where the data lies in the payload (both borrow one buffer).
+            let offset = c.data.as_ptr() as usize - payload.as_ptr() as usize;
+            let (snapshot_id, key, len) = (c.snapshot_id, c.key, c.data.len());
+            debug_assert!(offset + len <= payload.len());
+            let (body, start) = payload.into_parts();
+            let data = ChunkData::in_buffer(body, start + offset..start + offset + len);
+            let msg = TransferMessage::Chunk {
+                snapshot_id,
+                key,
+                data,
+            };
+            h.deliver_transfer(io, installs, now_ms, env.replica, msg);
+            return Ok(());
+        }
         match crate::transfer::route(&decoded) {
             Some(crate::transfer::Routed::Vsr { from, msg }) => {
                 h.run(io, Input::Message { from, msg });
@@ -757,7 +788,7 @@ impl Partition {
     /// (destination node, payload) onto `out`. A message the encoder
     /// refuses (a bug: the replica made it from verified batches) is
     /// logged and dropped; the protocol retransmits.
-    pub fn take_sends(&mut self, out: &mut Vec<(u32, Vec<u8>)>) {
+    pub fn take_sends(&mut self, out: &mut Vec<(u32, Outgoing)>) {
         let id = self.id;
         let State::Open(h) = &mut self.state else {
             return;
@@ -774,11 +805,11 @@ impl Partition {
                 );
                 continue;
             };
-            let mut payload = Vec::new();
+            let mut payload = Outgoing::with_capacity(0);
             let encoded = msg
                 .to_wire(repl.group_id, id, repl.replica)
                 .map_err(|e| e.to_string())
-                .and_then(|m| m.encode(&mut payload).map_err(|e| e.to_string()));
+                .and_then(|m| m.encode(payload.append()).map_err(|e| e.to_string()));
             match encoded {
                 Ok(()) => out.push((node, payload)),
                 Err(e) => {
@@ -1296,14 +1327,18 @@ impl Hosted {
 }
 
 /// A transfer message for replica `to` as (node, payload); None (logged)
-/// for an index out of range or a message the encoder refuses.
+/// for an index out of range or a message the encoder refuses. A Chunk
+/// goes self-checked: its frame's checksum covers the replication header
+/// and the Chunk's fixed fields (which their own checksums cover too), not
+/// its data, which the receiving partition's `transfer::Receiver` checks
+/// against the manifest's chunk checksum before it stages it.
 fn encode_transfer(
     repl: &Replication,
     id: u32,
     view: u32,
     to: u8,
     msg: &TransferMessage,
-) -> Option<(u32, Vec<u8>)> {
+) -> Option<(u32, Outgoing)> {
     let Some(node) = repl.node(to) else {
         tracing::error!(
             partition_id = id,
@@ -1312,11 +1347,18 @@ fn encode_transfer(
         );
         return None;
     };
-    let mut payload = Vec::new();
+    let (mut payload, self_checked) = match msg {
+        TransferMessage::Chunk { data, .. } => {
+            let capacity = wire::HEADER_LEN + CHUNK_FIXED_BYTES + data.len();
+            (Outgoing::with_capacity(capacity), true)
+        }
+        _ => (Outgoing::with_capacity(0), false),
+    };
     match msg
         .to_wire(repl.group_id, id, repl.replica, view)
-        .encode(&mut payload)
+        .encode(payload.append())
     {
+        Ok(()) if self_checked => Some((node, payload.self_checked())),
         Ok(()) => Some((node, payload)),
         Err(e) => {
             tracing::error!(partition_id = id, to = node, error = %e, "transfer message not encoded");
@@ -1324,6 +1366,13 @@ fn encode_transfer(
         }
     }
 }
+
+/// A Chunk body's fixed fields (snapshot id, artifact, chunk), which its
+/// body checksum covers (`ringlog_protocol::replication::body_checksum_len`).
+const CHUNK_FIXED_BYTES: usize = 16;
+// What a self-checked frame's checksum covers holds the Chunk's header and
+// fixed fields.
+const _: () = assert!(wire::HEADER_LEN + CHUNK_FIXED_BYTES <= SELF_CHECKED_COVERED_BYTES);
 
 /// A replica's seed: timeouts of one group's replicas jitter apart.
 fn seed_of(id: u32, repl: &Replication) -> u64 {
@@ -1848,7 +1897,11 @@ mod replicated_tests {
                 flush(io, p);
                 let mut sends = Vec::new();
                 p.take_sends(&mut sends);
-                mail.extend(sends.into_iter().map(|(to, m)| (i as u32 + 1, to, m)));
+                mail.extend(
+                    sends
+                        .into_iter()
+                        .map(|(to, m)| (i as u32 + 1, to, m.payload().to_vec())),
+                );
             }
             if mail.is_empty() {
                 return carried;
@@ -1896,7 +1949,7 @@ mod replicated_tests {
                 mail.extend(
                     sends
                         .into_iter()
-                        .map(|(to, m)| (i as u32 + 1, to, m, wiped)),
+                        .map(|(to, m)| (i as u32 + 1, to, m.payload().to_vec(), wiped)),
                 );
             }
             if mail.is_empty() {
@@ -2186,7 +2239,7 @@ mod replicated_tests {
         assert_eq!(sends.iter().map(|(to, _)| *to).collect::<Vec<_>>(), [2, 3]);
         // Node 2 takes the prepare; node 3 is cut off.
         parts[1]
-            .deliver(&mut io, &mut installs(), 0, 1, &sends[0].1)
+            .deliver(&mut io, &mut installs(), 0, 1, sends[0].1.payload())
             .unwrap();
         flush(&mut io, &mut parts[1]);
         assert!(parts[1].store().unwrap().durable().next_offset == 2);
@@ -2427,7 +2480,7 @@ mod replicated_tests {
         primary.produce(&mut io, one_batch(3).into()).unwrap();
         let mut sends = Vec::new();
         primary.take_sends(&mut sends);
-        let prepare = sends[0].1.clone();
+        let prepare = sends[0].1.payload().to_vec();
         assert!(matches!(
             stranger.deliver(&mut io, &mut installs(), 0, 1, &prepare),
             Err(PeerDrop::WrongGroup { got: GROUP, .. })

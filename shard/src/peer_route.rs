@@ -99,10 +99,11 @@ impl PeerSink for PeerRouter {
             return;
         };
         let env = Envelope {
+            // The payload stays in the body it was read into.
             op: Op::PeerMessage {
                 from,
                 partition_id,
-                payload: frame.payload().to_vec(),
+                payload: frame.into_payload(),
             },
             reply: ReplyTo::Nobody,
         };
@@ -162,7 +163,7 @@ mod tests {
                     payload,
                 }) => {
                     assert_eq!((from, partition_id), (2, 11));
-                    assert_eq!(payload, [i; 8]);
+                    assert_eq!(*payload, [i; 8]);
                 }
                 other => panic!("expected a peer message, got {other:?}"),
             }

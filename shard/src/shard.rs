@@ -78,6 +78,7 @@ use crate::ops::{
     Envelope, MetaOp, Op, OpError, OpReply, Outcome, ReplyEnvelope, ReplyTo, ShardStatus,
 };
 use crate::partition::Partition;
+use crate::peer_buf::Outgoing;
 use crate::placement::shard_for;
 use crate::reply_pool::ReplyPool;
 use crate::transfer::io::Installs;
@@ -557,7 +558,7 @@ impl<B: IoBackend> ShardHandle for Shard<B> {
     }
 
     fn send_peer(&self, to: u32, partition_id: u32, payload: Vec<u8>) {
-        self.send_to_peer(to, partition_id, payload);
+        self.send_to_peer(to, partition_id, Outgoing::from_payload(&payload));
     }
 
     /// Runs `op` on shard `owner` and waits for the outcome: locally through

@@ -12,7 +12,9 @@ use common::{next_batch, read_all, small_config};
 use ringlog_protocol::manifest::{Manifest, ManifestLimits};
 use ringlog_storage::io::sim::{Fault, FaultOp, SimBackend};
 use ringlog_storage::io::{BatchId, BufPool, Completion, IoBackend};
-use ringlog_storage::store::{InstallBudget, PartitionStore, StoreError, TransferError};
+use ringlog_storage::store::{
+    ChunkCheck, InstallBudget, PartitionStore, StoreError, TransferError,
+};
 
 const PID: u32 = 5;
 const NOW_MS: u64 = 1_000_000;
@@ -128,7 +130,7 @@ fn run(p: &mut Pair, mut before_stage: impl FnMut(usize, &mut SimBackend)) -> Ra
             .map(|(&(a, c), b)| (a, c, &b[..]))
             .collect();
         before_stage(k, &mut p.dst_io);
-        let staged = match install.stage_chunks(&mut p.dst_io, &chunks) {
+        let staged = match install.stage_chunks(&mut p.dst_io, &chunks, ChunkCheck::Checksum) {
             Ok(staged) => staged,
             Err(e) => {
                 ran.result = Err(e);
@@ -160,7 +162,7 @@ fn run(p: &mut Pair, mut before_stage: impl FnMut(usize, &mut SimBackend)) -> Ra
         ran.result = p.dst.commit_install(&mut p.dst_io, install);
     } else {
         assert!(install.poisoned().is_some(), "a failed write poisons");
-        let again = install.stage_chunks(&mut p.dst_io, &[]);
+        let again = install.stage_chunks(&mut p.dst_io, &[], ChunkCheck::Checksum);
         assert!(matches!(
             again,
             Err(StoreError::Transfer {
@@ -286,11 +288,13 @@ fn staged_writes_in_flight_count_against_the_window() {
     // A window of chunks, each staged on its own and all still in flight.
     let mut batches = Vec::new();
     for i in 0..window {
-        let batch = install.stage_chunks(&mut p.dst_io, &[chunk(i)]).unwrap();
+        let batch = install
+            .stage_chunks(&mut p.dst_io, &[chunk(i)], ChunkCheck::Checksum)
+            .unwrap();
         batches.push(batch.expect("due, so written"));
     }
     assert_eq!(install.writes_in_flight(), window);
-    let full = install.stage_chunks(&mut p.dst_io, &[chunk(window)]);
+    let full = install.stage_chunks(&mut p.dst_io, &[chunk(window)], ChunkCheck::Checksum);
     assert!(
         matches!(
             full,
@@ -306,7 +310,11 @@ fn staged_writes_in_flight_count_against_the_window() {
     let done = reap_into(&mut p.dst_io, batches[0], &mut reaped);
     install.finish_staged(batches[0], done).unwrap();
     let staged = install
-        .stage_chunks(&mut p.dst_io, &[chunk(window)])
+        .stage_chunks(
+            &mut p.dst_io,
+            &[chunk(window)],
+            ChunkCheck::VerifiedByCaller,
+        )
         .unwrap();
     batches.push(staged.expect("due"));
     // A batch it did not queue is refused, typed.
@@ -320,4 +328,70 @@ fn staged_writes_in_flight_count_against_the_window() {
     assert_eq!(install.writes_in_flight(), 0);
     assert!(install.poisoned().is_none());
     p.dst.abort_install(&mut p.dst_io, install).unwrap();
+}
+
+/// A chunk staged as verified by its caller skips only the manifest hash:
+/// a flipped byte in it is still caught by the log verification before
+/// anything is written (and poisons the install, the chunk being consumed);
+/// hashed here, the same chunk is refused as a bad chunk up front.
+#[test]
+fn a_corrupt_chunk_the_caller_vouched_for_is_still_verified_as_a_log() {
+    let mut p = pair(15);
+    let m = p.src.open_snapshot(&mut p.src_io, NOW_MS).unwrap();
+    let offer = || Manifest::decode(&m.encode(), &ManifestLimits::default()).unwrap();
+    let keys: Vec<(u32, u32)> = offer()
+        .artifacts
+        .iter()
+        .enumerate()
+        .flat_map(|(a, art)| (0..art.chunk_checksums.len() as u32).map(move |c| (a as u32, c)))
+        .take(1)
+        .collect();
+    let bufs = p
+        .src
+        .read_chunks(&mut p.src_io, m.snapshot_id, &keys, NOW_MS)
+        .unwrap();
+    let mut bad = bufs[0].to_vec();
+    let mid = bad.len() / 2;
+    bad[mid] ^= 0x40;
+    let (a, c) = keys[0];
+    let budget = InstallBudget::new(4 << 20);
+
+    let mut hashed = p
+        .dst
+        .begin_install(&mut p.dst_io, offer(), &budget)
+        .unwrap();
+    let refused = hashed.stage_chunks(&mut p.dst_io, &[(a, c, &bad)], ChunkCheck::Checksum);
+    assert!(
+        matches!(
+            refused,
+            Err(StoreError::Transfer {
+                source: TransferError::BadChunk { .. },
+                ..
+            })
+        ),
+        "{refused:?}"
+    );
+    assert!(hashed.poisoned().is_none(), "refused before it was taken");
+    p.dst.abort_install(&mut p.dst_io, hashed).unwrap();
+
+    let mut vouched = p
+        .dst
+        .begin_install(&mut p.dst_io, offer(), &budget)
+        .unwrap();
+    let ops_before = p.dst_io.ops_count();
+    let refused =
+        vouched.stage_chunks(&mut p.dst_io, &[(a, c, &bad)], ChunkCheck::VerifiedByCaller);
+    assert!(
+        matches!(
+            refused,
+            Err(StoreError::Transfer {
+                source: TransferError::Verification { .. },
+                ..
+            })
+        ),
+        "{refused:?}"
+    );
+    assert_eq!(p.dst_io.ops_count(), ops_before, "nothing written");
+    assert!(vouched.poisoned().is_some());
+    assert!(p.dst.commit_install(&mut p.dst_io, vouched).is_err());
 }

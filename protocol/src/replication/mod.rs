@@ -14,7 +14,8 @@
 //!   5  u8   command          Command
 //!   6  u16  header_len       64 in version 1
 //!   8  u64  header_checksum  checksum of the header_len bytes with 8..16 zeroed
-//!  16  u64  body_checksum    checksum of the body bytes
+//!  16  u64  body_checksum    checksum of the body bytes (a Chunk's: of its
+//!                            fixed fields only, see below)
 //!  24  u128 cluster_id
 //!  40  u32  partition_id
 //!  44  u32  view             the sender's view
@@ -61,7 +62,14 @@
 //! `commit_max`, frontier at most its commit). A refusal carries no
 //! manifest and says whether it is transient ([`Refusal::is_transient`]).
 //! A Chunk's bytes are checked by the receiver against the manifest's
-//! checksum for its key; the body checksum only guards the transit.
+//! checksum for its key, so a Chunk's body checksum covers only its fixed
+//! fields (snapshot id, artifact, chunk: [`body_checksum_len`]): hashing
+//! the data for the transit too would hash every transferred byte twice on
+//! each side. End to end, a flipped bit in the header fails the header
+//! checksum, one in the fixed fields the body checksum, and one in the data
+//! the manifest's chunk checksum (the receiver charges the peer and asks
+//! again); on disk, the serving side checks each chunk it reads back
+//! against the same checksum before it sends it.
 //!
 //! A Prepare carries the batch bytes exactly as the primary stamped them:
 //! the batch header already holds op, view, offset and chain link, so the
@@ -120,6 +128,22 @@ pub use transfer::{
 
 use crate::batch::{BatchHeader, BatchView, BODY_LEN_MAX_BYTES, HEADER_LEN as BATCH_HEADER_LEN};
 use crate::manifest::ManifestLimits;
+
+/// How many leading bytes of a `command` body of `body_len` bytes its
+/// body checksum covers: all of them, but for a Chunk only its fixed fields
+/// (its data is verified against the manifest; see the module docs).
+pub fn body_checksum_len(command: Command, body_len: usize) -> usize {
+    match command {
+        Command::Chunk => body_len.min(transfer::CHUNK_FIXED),
+        _ => body_len,
+    }
+}
+
+fn checksum_body(command: Command, body: &[u8]) -> u64 {
+    let covered = body_checksum_len(command, body.len());
+    debug_assert!(covered <= body.len());
+    crate::checksum(&body[..covered])
+}
 
 /// "RLGR" when read as little-endian bytes.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"RLGR");
@@ -429,7 +453,7 @@ impl<'a> Message<'a> {
             version: VERSION,
             command: self.command(),
             header_checksum: 0,
-            body_checksum: crate::checksum(&out[start + HEADER_LEN..]),
+            body_checksum: checksum_body(self.command(), &out[start + HEADER_LEN..]),
             envelope: self.envelope,
             body_len,
         };
@@ -463,7 +487,7 @@ impl<'a> Message<'a> {
                 extra: bytes.len() - total,
             });
         }
-        let actual = crate::checksum(body);
+        let actual = checksum_body(header.command, body);
         if actual != header.body_checksum {
             return Err(ReplicationError::BodyChecksum {
                 command: header.command,

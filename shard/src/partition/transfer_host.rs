@@ -60,6 +60,10 @@ use crate::vsr::{Input, Replica, Status, StorageOp, VsrState};
 /// each per attempt or lease), which are always queued.
 pub(super) const PENDING_OPS_MAX: usize = 256;
 
+/// Idle chunk read buffers a serving partition keeps for its next reads:
+/// a receiver's default window (`Budgets::default().window_chunks`).
+pub(super) const READ_BUFFERS_IDLE_MAX: usize = 8;
+
 /// What a partition's transfers did (its shard sums them into metrics).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TransferCounters {
@@ -191,8 +195,10 @@ impl TransferHost {
             installed: false,
             pending: VecDeque::new(),
             pending_ops_max: PENDING_OPS_MAX,
-            // No idle read buffers kept: an idle partition holds none.
-            pipeline: Pipeline::new(chunk_bytes, 0),
+            // Reused while serving (a fresh zeroed 1 MiB buffer per chunk
+            // cost more than the copy out of it); an idle partition holds
+            // none (`run_pending` drops them once no snapshot is open).
+            pipeline: Pipeline::new(chunk_bytes, READ_BUFFERS_IDLE_MAX),
             started: BTreeMap::new(),
             next_io: 1,
             sends: Vec::new(),
@@ -265,6 +271,11 @@ impl TransferHost {
     /// there were at once.
     pub fn io_in_flight(&self) -> (usize, usize) {
         (self.pipeline.in_flight(), self.pipeline.in_flight_peak())
+    }
+
+    /// Chunk read buffers kept idle for the next serving reads.
+    pub fn idle_read_buffers(&self) -> usize {
+        self.pipeline.idle_buffers()
     }
 
     /// Lowers the queue bound (tests reach it without a full window).
@@ -504,6 +515,11 @@ impl Hosted {
                 break;
             };
             self.start_transfer_op(io, installs, now_ms, rx, id, op);
+        }
+        if let Some(x) = self.xfer.as_mut() {
+            if x.server.snapshots_open() == 0 {
+                x.pipeline.drop_idle_buffers();
+            }
         }
         if self.xfer.as_ref().is_some_and(|x| x.installed) {
             self.reboot_installed(io);

@@ -24,6 +24,11 @@ struct Group<B: IoBackend = UringBackend> {
     /// One per node: each stands for that node's shard.
     installs: Vec<Installs>,
     now_ms: u64,
+    /// Chunks to node 3 whose last data byte [`Group::round`] still flips
+    /// on the way (past what their self-checked frame's checksum covers).
+    corrupt_chunks: u32,
+    /// Chunk messages carried, and how many went self-checked.
+    chunks_carried: (u64, u64),
     _dir: tempfile::TempDir,
 }
 
@@ -95,6 +100,8 @@ impl<B: IoBackend> Group<B> {
             parts,
             installs,
             now_ms: 1,
+            corrupt_chunks: 0,
+            chunks_carried: (0, 0),
             _dir: dir,
         }
     }
@@ -155,10 +162,22 @@ impl<B: IoBackend> Group<B> {
             mail.extend(sends.into_iter().map(|(to, m)| (i, to, m)));
         }
         let mut carried = 0;
-        for (i_from, to, payload) in mail {
+        for (i_from, to, out) in mail {
             let from = (i_from % 3) as u32 + 1;
             if Some(to) == cut || Some(from) == cut {
                 continue;
+            }
+            let (frame, self_checked) = out.into_parts();
+            let mut payload = frame[crate::peer_buf::HEADROOM_BYTES..].to_vec();
+            if payload[5] == wire::Command::Chunk as u8 {
+                self.chunks_carried.0 += 1;
+                self.chunks_carried.1 += u64::from(self_checked);
+                if to == 3 && self.corrupt_chunks > 0 {
+                    self.corrupt_chunks -= 1;
+                    let last = payload.len() - 1;
+                    assert!(last >= crate::peer_buf::SELF_CHECKED_COVERED_BYTES);
+                    payload[last] ^= 0x01;
+                }
             }
             carried += 1;
             let r = to as usize - 1;
@@ -596,6 +615,53 @@ fn two_partitions_of_one_shard_install_one_after_the_other() {
     }
 }
 
+/// Guards against: a chunk whose data was damaged past what its frame's
+/// checksum covers (a self-checked frame: only the manifest check guards
+/// the data) being staged. Each is refused, charged to its peer and asked
+/// again, and the install ends byte-identical; every chunk went
+/// self-checked. Also: the serving side reuses its read buffers and drops
+/// them once idle.
+#[test]
+fn a_chunk_damaged_past_its_frame_checksum_is_charged_and_pulled_again() {
+    let mut g = Group::new();
+    fall_behind_retention(&mut g);
+    g.corrupt_chunks = 3;
+    let mut idle_peak = 0;
+    let installed = until_installed(&mut g, 2_000, 1_000, |g| {
+        for i in 0..2 {
+            let idle = g.parts[i].transfer().unwrap().idle_read_buffers();
+            idle_peak = idle_peak.max(idle);
+        }
+    });
+    assert!(installed, "replica 2 never installed");
+    // Read buffers were reused while serving (bounded), and none is held
+    // once every snapshot was released.
+    assert!(
+        (1..=transfer_host::READ_BUFFERS_IDLE_MAX).contains(&idle_peak),
+        "{idle_peak}"
+    );
+    for _ in 0..5 {
+        g.tick(None);
+    }
+    for i in 0..2 {
+        let x = g.parts[i].transfer().unwrap();
+        assert_eq!(x.idle_read_buffers(), 0, "replica {i} holds idle buffers");
+    }
+    assert_eq!(g.corrupt_chunks, 0, "fewer chunks than damaged ones");
+    let (carried, self_checked) = g.chunks_carried;
+    assert!(carried > 3, "{carried} chunks");
+    assert_eq!(self_checked, carried, "a chunk went with a full checksum");
+    let x = g.parts[2].transfer().unwrap();
+    assert!(
+        x.counters().charges >= 3,
+        "damaged chunks not charged: {:?}",
+        x.counters()
+    );
+    assert_eq!(x.counters().installs, 1);
+    let start = g.parts[2].store().unwrap().log_start_offset();
+    assert_eq!(g.bytes(2, start), g.bytes(0, start), "bytes differ");
+}
+
 /// A chunk of a snapshot nobody offered, "from" node 2, to replica 2's
 /// running transfer: charged, and nothing installed.
 fn inject_garbage_chunk(g: &mut Group) {
@@ -607,7 +673,7 @@ fn inject_garbage_chunk(g: &mut Group) {
             artifact: 0,
             chunk: 0,
         },
-        data: std::sync::Arc::from(&[0xAAu8; 4096][..]),
+        data: crate::transfer::ChunkData::from(&[0xAAu8; 4096][..]),
     };
     let mut frame = Vec::new();
     chunk.to_wire(GROUP, PID, 1, 0).encode(&mut frame).unwrap();

@@ -390,7 +390,7 @@ fn replica_messages_from_another_shard_go_through_shard_0_and_a_full_mailbox_dro
     let setup = shard_setup(1, config(), TopicTable::default(), vec![tx0, tx1], rx1);
     let s = Shard::new(setup, data_dir(7), EventFd::new().expect("eventfd")).0;
     for i in 0..3u8 {
-        s.send_to_peer(2, 9, vec![i; 16]);
+        s.send_to_peer(2, 9, crate::peer_buf::Outgoing::from_payload(&[i; 16]));
     }
     let drops = s
         .metrics
@@ -408,7 +408,7 @@ fn replica_messages_from_another_shard_go_through_shard_0_and_a_full_mailbox_dro
                 ReplyTo::Nobody,
             )) => {
                 assert_eq!((to, partition_id), (2, 9));
-                assert_eq!(payload, vec![i; 16]);
+                assert_eq!(payload.payload(), [i; 16]);
             }
             other => panic!("expected a peer send, got {other:?}"),
         }
@@ -471,7 +471,7 @@ fn a_replicated_partition_waits_for_a_quorum_and_parks_peer_messages_behind_its_
         Op::PeerMessage {
             from: 2,
             partition_id: FIRST_ID,
-            payload: vec![0xAB; 80],
+            payload: vec![0xAB; 80].into(),
         },
     );
     let parked = s.metrics.parked_total.load(Relaxed);
@@ -628,7 +628,7 @@ fn forwarded_metadata_commands_join_the_bounded_controller_queue() {
         let op = Op::PeerMessage {
             from: 2,
             partition_id: META_PARTITION_ID,
-            payload,
+            payload: payload.into(),
         };
         queue(s, op)
     };

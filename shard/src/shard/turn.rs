@@ -317,6 +317,7 @@ impl<B: IoBackend> Shard<B> {
                     metrics::inc(&self.metrics.peer_drops_total);
                     return;
                 }
+                let payload = payload.into_vec();
                 q.push_back((MetaOp::Forwarded { from, payload }, Responder::Nobody));
                 self.meta.notify();
             }
@@ -329,7 +330,7 @@ impl<B: IoBackend> Shard<B> {
                     metrics::inc(&self.metrics.peer_drops_total);
                     return;
                 };
-                match p.deliver(io, installs, *now_ms, from, &payload) {
+                match p.deliver_payload(io, installs, *now_ms, from, payload) {
                     Ok(()) => {
                         metrics::inc(&self.metrics.peer_messages_total);
                         touch(touched, partition_id);
@@ -468,9 +469,9 @@ impl<B: IoBackend> Shard<B> {
     /// Queues one replication message for node `to`: on the transport if
     /// this shard runs it, else through shard 0's mailbox. A full queue or
     /// mailbox drops it (counted; VSR retransmits).
-    pub(super) fn send_to_peer(&self, to: u32, partition_id: u32, payload: Vec<u8>) {
+    pub(super) fn send_to_peer(&self, to: u32, partition_id: u32, payload: Outgoing) {
         if let Some(t) = self.transport.borrow().as_ref() {
-            if let Err(e) = t.send(to, partition_id, &payload) {
+            if let Err(e) = t.send_outgoing(to, partition_id, payload) {
                 metrics::inc(&self.metrics.peer_drops_total);
                 tracing::debug!(to, partition_id, error = %e, "replication message not queued");
             }

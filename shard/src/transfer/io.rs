@@ -26,7 +26,7 @@ use ringlog_protocol::manifest::Manifest;
 use ringlog_protocol::BatchHeader;
 use ringlog_storage::io::{BatchId, BufPool, Completion, IoBackend};
 use ringlog_storage::store::{
-    ChunkReads, Install, InstallBudget, PartitionStore, StoreError, TransferError,
+    ChunkCheck, ChunkReads, Install, InstallBudget, PartitionStore, StoreError, TransferError,
 };
 
 use super::types::{ChunkData, Fault, FaultKind, IoId, IoOutcome, TransferOp};
@@ -201,6 +201,16 @@ impl Pipeline {
         }
     }
 
+    /// Frees the idle read buffers: for when nothing is being served.
+    pub fn drop_idle_buffers(&mut self) {
+        self.pool.drop_idle();
+    }
+
+    /// Idle read buffers held.
+    pub fn idle_buffers(&self) -> usize {
+        self.pool.idle()
+    }
+
     /// Batches in flight.
     pub fn in_flight(&self) -> usize {
         self.in_flight.len()
@@ -250,7 +260,9 @@ impl Pipeline {
                     .iter()
                     .map(|(k, data)| (k.artifact, k.chunk, &data[..]))
                     .collect();
-                match install.stage_chunks(io, &chunks) {
+                // The receiver checked each against the manifest before it
+                // emitted them (`Receiver::on_chunk`): not hashed again.
+                match install.stage_chunks(io, &chunks, ChunkCheck::VerifiedByCaller) {
                     // Parked ahead of the cursor: taken, nothing to write.
                     Ok(None) => done.push((id, Ok(IoOutcome::Done))),
                     Ok(Some(batch)) => {

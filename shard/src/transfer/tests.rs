@@ -296,7 +296,7 @@ fn every_command_routes_to_one_side_and_round_trips() {
                 artifact: 0,
                 chunk: 2,
             },
-            data: Arc::from(&b"bytes"[..]),
+            data: ChunkData::from(&b"bytes"[..]),
         },
         Message::ReleaseSnapshot(wire::ReleaseSnapshot { snapshot_id: 9 }),
     ];
@@ -1287,7 +1287,7 @@ fn unrequested_chunks_are_charged_and_duplicates_dropped_never_staged() {
         let msg = Message::Chunk {
             snapshot_id,
             key: k,
-            data: Arc::from(&[7u8; 4096][..]),
+            data: ChunkData::from(&[7u8; 4096][..]),
         };
         c.receiver_step(ReceiverInput::Message { from, msg });
     }

@@ -9,8 +9,67 @@ use ringlog_protocol::BatchHeader;
 /// Names one storage operation; echoed by `IoDone`.
 pub type IoId = u64;
 
-/// A chunk's bytes, shared between the outbox and a retransmission.
-pub type ChunkData = Arc<[u8]>;
+/// A chunk's bytes, shared between the outbox and a retransmission
+/// (cloning does not copy): a range of a buffer, which may be the received
+/// message it arrived in, so a chunk is not copied out of it before it is
+/// staged ([`ChunkData::in_buffer`]).
+#[derive(Clone)]
+pub struct ChunkData {
+    buf: Arc<Vec<u8>>,
+    start: usize,
+    end: usize,
+}
+
+impl ChunkData {
+    /// Bytes `range` of `buf`, kept in it.
+    pub fn in_buffer(buf: Vec<u8>, range: std::ops::Range<usize>) -> ChunkData {
+        assert!(
+            range.start <= range.end && range.end <= buf.len(),
+            "a chunk lies inside its buffer"
+        );
+        ChunkData {
+            buf: Arc::new(buf),
+            start: range.start,
+            end: range.end,
+        }
+    }
+}
+
+/// All of `buf`, kept in it.
+impl From<Vec<u8>> for ChunkData {
+    fn from(buf: Vec<u8>) -> ChunkData {
+        let len = buf.len();
+        ChunkData::in_buffer(buf, 0..len)
+    }
+}
+
+/// A copy of `bytes`.
+impl From<&[u8]> for ChunkData {
+    fn from(bytes: &[u8]) -> ChunkData {
+        ChunkData::in_buffer(bytes.to_vec(), 0..bytes.len())
+    }
+}
+
+impl std::ops::Deref for ChunkData {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.buf[self.start..self.end]
+    }
+}
+
+impl PartialEq for ChunkData {
+    fn eq(&self, other: &ChunkData) -> bool {
+        self[..] == other[..]
+    }
+}
+
+impl Eq for ChunkData {}
+
+impl std::fmt::Debug for ChunkData {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ChunkData({} bytes)", self.len())
+    }
+}
 
 /// Why a replica starts a transfer (DESIGN.md section 7).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -377,4 +436,30 @@ pub struct ServerCounters {
     pub keys_refused: u64,
     pub released: u64,
     pub expired: u64,
+}
+
+#[cfg(test)]
+mod chunk_data_tests {
+    use super::ChunkData;
+
+    /// A chunk kept in its buffer is that buffer's bytes (no copy), clones
+    /// share them, and equality is by bytes.
+    #[test]
+    fn chunk_data_stays_in_its_buffer() {
+        let buf: Vec<u8> = (0..100u8).collect();
+        let at = buf.as_ptr() as usize;
+        let c = ChunkData::in_buffer(buf, 10..30);
+        assert_eq!(c.len(), 20);
+        assert_eq!(c.as_ptr() as usize, at + 10, "not copied");
+        assert_eq!(c.clone().as_ptr(), c.as_ptr(), "clones share");
+        let copied: Vec<u8> = (10..30u8).collect();
+        assert_eq!(c, ChunkData::from(&copied[..]));
+        assert_ne!(c, ChunkData::from(vec![0u8; 20]));
+    }
+
+    #[test]
+    #[should_panic(expected = "inside its buffer")]
+    fn a_range_past_the_buffer_is_refused() {
+        let _ = ChunkData::in_buffer(vec![0; 4], 2..5);
+    }
 }

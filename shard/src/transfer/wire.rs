@@ -5,11 +5,9 @@
 //! beside it (the offer and chunks to the `Receiver`, the requests and
 //! releases to the `Server`). The replica never steps a transfer message.
 
-use std::sync::Arc;
-
 use ringlog_protocol::replication as wire;
 
-use super::types::Message;
+use super::types::{ChunkData, Message};
 use crate::vsr;
 
 impl Message {
@@ -56,7 +54,7 @@ impl Message {
             wire::Body::Chunk(c) => Message::Chunk {
                 snapshot_id: c.snapshot_id,
                 key: c.key,
-                data: Arc::from(c.data),
+                data: ChunkData::from(c.data),
             },
             wire::Body::ReleaseSnapshot(r) => Message::ReleaseSnapshot(*r),
             _ => return None,

@@ -235,6 +235,11 @@ impl BufPool {
         AlignedBuf::new(size_bytes)
     }
 
+    /// Frees the idle buffers (a pool its owner stopped using holds none).
+    pub fn drop_idle(&mut self) {
+        self.free.clear();
+    }
+
     /// Returns a buffer to the pool (dropped if the pool is full or the buffer
     /// has a foreign size).
     pub fn put(&mut self, buf: AlignedBuf) {

@@ -206,6 +206,21 @@ pub struct Install {
     reservation: Reservation,
 }
 
+/// Whether [`Install::stage_chunks`] hashes each chunk against its manifest
+/// checksum.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChunkCheck {
+    /// Hash it here (as [`Install::accept_chunks`] always does).
+    Checksum,
+    /// The caller did, against this install's manifest, before handing it
+    /// over (the shard's transfer receiver does for every chunk it
+    /// stages): hashing it again would hash every byte twice. Range,
+    /// length and window are still checked, and the bytes still verified
+    /// as a log (batch checksums, offsets, hash chain) before they are
+    /// written.
+    VerifiedByCaller,
+}
+
 impl Install {
     pub fn manifest(&self) -> &Manifest {
         &self.manifest
@@ -278,7 +293,7 @@ impl Install {
         io: &mut impl IoBackend,
         chunks: &[(u32, u32, &[u8])],
     ) -> Result<(), StoreError> {
-        let (sqes, refusal) = self.due_writes(io, chunks)?;
+        let (sqes, refusal) = self.due_writes(io, chunks, ChunkCheck::Checksum)?;
         // Chunks verified above are past the cursor: write them even if a
         // later one failed, so every buffer goes back to the pool.
         let written = if sqes.is_empty() {
@@ -300,13 +315,15 @@ impl Install {
     /// receiver pulling the next window while this one is written holds at
     /// most `window_chunks` chunk buffers. A refusal after some chunks were
     /// verified writes those (blocking) before it returns, as
-    /// `accept_chunks` does.
+    /// `accept_chunks` does. `check` says whether each chunk's checksum is
+    /// verified here or was by the caller ([`ChunkCheck`]).
     pub fn stage_chunks(
         &mut self,
         io: &mut impl IoBackend,
         chunks: &[(u32, u32, &[u8])],
+        check: ChunkCheck,
     ) -> Result<Option<BatchId>, StoreError> {
-        let (sqes, refusal) = self.due_writes(io, chunks)?;
+        let (sqes, refusal) = self.due_writes(io, chunks, check)?;
         if let Some(e) = refusal {
             if !sqes.is_empty() {
                 // The refusal is the error to report; a failed write of
@@ -385,10 +402,11 @@ impl Install {
         &mut self,
         io: &mut impl IoBackend,
         chunks: &[(u32, u32, &[u8])],
+        check: ChunkCheck,
     ) -> Result<(Vec<Sqe>, Option<StoreError>), StoreError> {
         self.check_poisoned()?;
         for &(artifact, chunk, bytes) in chunks {
-            self.take(artifact, chunk, bytes)?;
+            self.take(artifact, chunk, bytes, check)?;
         }
         let mut sqes = Vec::new();
         let mut refusal = None;
@@ -503,7 +521,13 @@ impl Install {
     }
 
     /// Checks one delivered chunk and parks it until it is due.
-    fn take(&mut self, artifact: u32, chunk: u32, bytes: &[u8]) -> Result<(), StoreError> {
+    fn take(
+        &mut self,
+        artifact: u32,
+        chunk: u32,
+        bytes: &[u8],
+        check: ChunkCheck,
+    ) -> Result<(), StoreError> {
         let Some(a) = self.manifest.artifacts.get(artifact as usize) else {
             return Err(self.refusal(TransferError::ChunkOutOfRange { artifact, chunk }));
         };
@@ -521,7 +545,7 @@ impl Install {
                 reason,
             }));
         }
-        if checksum(bytes) != expected {
+        if check == ChunkCheck::Checksum && checksum(bytes) != expected {
             let reason = "checksum mismatch".to_string();
             return Err(self.refusal(TransferError::BadChunk {
                 artifact,

@@ -72,7 +72,7 @@ pub use cache::ReadCacheStats;
 pub use config::StoreConfig;
 pub use error::{AppendRefused, CutError, StoreError, TransferError};
 pub use group::flush_all;
-pub use install::{Install, InstallBudget};
+pub use install::{ChunkCheck, Install, InstallBudget};
 pub use pool::{PoolConfig, StorePool, PRIVATE_READ_CACHE_BYTES_MAX};
 pub use read::Fetched;
 pub use readahead::ReadAheadStats;

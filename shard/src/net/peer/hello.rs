@@ -34,8 +34,9 @@ use crate::config::ClusterSecret;
 /// "RLPR" as little-endian bytes: a ringlog peer.
 pub const PEER_MAGIC: u32 = 0x5250_4C52;
 /// The peer protocol version this build speaks (exact match required).
-/// 2: the Hello carries the sender's client address.
-pub const PEER_PROTOCOL_VERSION: u16 = 2;
+/// 2: the Hello carries the sender's client address. 3: self-checked
+/// message frames (`codec`), whose checksum covers only a payload prefix.
+pub const PEER_PROTOCOL_VERSION: u16 = 3;
 /// Largest handshake message body; checked before anything is allocated.
 pub const HELLO_BYTES_MAX: u32 = 256;
 pub const NONCE_BYTES: usize = 32;
@@ -448,7 +449,13 @@ mod tests {
         let mut v1 = body.clone();
         v1[5] = 1;
         let refused = Hello::decode_hello(&v1).unwrap_err();
-        assert_eq!(refused, Refusal::Version { ours: 2, theirs: 1 });
+        assert_eq!(
+            refused,
+            Refusal::Version {
+                ours: PEER_PROTOCOL_VERSION,
+                theirs: 1
+            }
+        );
         assert!(
             refused.to_string().contains("same ringlog release"),
             "{refused}"

@@ -52,7 +52,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-pub use codec::{PeerFrame, MESSAGE_PREFIX_BYTES};
+pub use codec::{
+    Outgoing, PeerFrame, PeerPayload, MESSAGE_PREFIX_BYTES, SELF_CHECKED_COVERED_BYTES,
+};
 pub use hello::{Refusal, HELLO_BYTES_MAX, PEER_PROTOCOL_VERSION, REFUSAL_KINDS, REFUSAL_NAMES};
 
 use crate::config::{ClusterConfig, ClusterSecret};
@@ -355,19 +357,30 @@ impl PeerHandle {
     /// Queues a frame for `to`'s partition `partition_id`. Never blocks: a
     /// full queue drops the frame (counted).
     pub fn send(&self, to: NodeId, partition_id: u32, payload: &[u8]) -> Result<(), SendError> {
+        self.send_outgoing(to, partition_id, Outgoing::from_payload(payload))
+    }
+
+    /// [`PeerHandle::send`] of a message encoded into an [`Outgoing`]:
+    /// framed in its own buffer.
+    pub fn send_outgoing(
+        &self,
+        to: NodeId,
+        partition_id: u32,
+        payload: Outgoing,
+    ) -> Result<(), SendError> {
         let out = self
             .ctx
             .outbound
             .get(&to)
             .ok_or(SendError::UnknownPeer(to))?;
         let max_bytes = self.ctx.limits.frame_bytes_max as usize - MESSAGE_PREFIX_BYTES;
-        if payload.len() > max_bytes {
+        if payload.payload().len() > max_bytes {
             return Err(SendError::TooLarge {
-                len_bytes: payload.len(),
+                len_bytes: payload.payload().len(),
                 max_bytes,
             });
         }
-        let frame = codec::encode_message(partition_id, payload);
+        let frame = codec::seal(partition_id, payload);
         if out.queue.borrow_mut().push(frame).is_err() {
             inc(&self.ctx.stats.queue_drops_total);
             return Err(SendError::QueueFull(to));

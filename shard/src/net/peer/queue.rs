@@ -51,12 +51,26 @@ impl SendQueue {
         Ok(())
     }
 
+    /// The first frame, if it is at least `bytes_min` long: written as it
+    /// is rather than copied into a batch.
+    pub(crate) fn pop_whole(&mut self, bytes_min: usize) -> Option<Vec<u8>> {
+        if self.frames.front()?.len() < bytes_min {
+            return None;
+        }
+        let frame = self.frames.pop_front()?;
+        self.queued_bytes -= frame.len();
+        debug_assert!(self.frames.is_empty() == (self.queued_bytes == 0));
+        Some(frame)
+    }
+
     /// Moves whole frames into `out` while it stays within `batch_bytes`
-    /// (always at least one frame if any is queued); returns how many.
+    /// (always at least one frame if any is queued; none of at least
+    /// `batch_bytes` after the first: [`SendQueue::pop_whole`] takes
+    /// those); returns how many.
     pub(crate) fn drain_into(&mut self, out: &mut Vec<u8>, batch_bytes: usize) -> u64 {
         let mut n = 0;
         while let Some(front) = self.frames.front() {
-            if n > 0 && out.len() + front.len() > batch_bytes {
+            if n > 0 && (out.len() + front.len() > batch_bytes || front.len() >= batch_bytes) {
                 break;
             }
             let Some(frame) = self.frames.pop_front() else {
@@ -108,5 +122,24 @@ mod tests {
         assert_eq!(q.drain_into(&mut out, 1 << 20), 2);
         assert_eq!((q.len(), q.queued_bytes()), (0, 0));
         assert_eq!(out.len(), 250);
+    }
+
+    /// A frame of a batch's size is popped whole (moved, not copied), and a
+    /// batch of small frames stops before one.
+    #[test]
+    fn a_large_frame_is_popped_whole_and_ends_a_batch() {
+        let mut q = SendQueue::new(8, 1000);
+        q.push(vec![1; 10]).unwrap();
+        q.push(vec![2; 100]).unwrap();
+        q.push(vec![3; 10]).unwrap();
+        assert_eq!(q.pop_whole(100), None, "the first frame is small");
+        let mut out = Vec::new();
+        assert_eq!(q.drain_into(&mut out, 100), 1, "stops before the large one");
+        assert_eq!(out, vec![1; 10]);
+        let big = q.pop_whole(100).expect("the large frame");
+        assert_eq!(big, vec![2; 100]);
+        assert_eq!((q.len(), q.queued_bytes()), (1, 10));
+        assert_eq!(q.pop_whole(100), None);
+        assert_eq!(SendQueue::new(1, 1).pop_whole(0), None, "nothing queued");
     }
 }

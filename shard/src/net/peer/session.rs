@@ -18,8 +18,10 @@ use super::hello::{self, Hello, Kind, Refusal, Role, HELLO_BYTES_MAX, PEER_PROTO
 use super::signal::Signal;
 use super::{inc, Ctx, InboundEntry, NodeId, TaskGuard};
 
-/// Largest first allocation of a frame body; it grows as bytes arrive, so
-/// a peer declaring a large frame and stalling holds little memory.
+/// Largest first allocation of a frame body; the rest is allocated once
+/// these bytes arrived, so a peer declaring a large frame and sending
+/// nothing holds little memory (one sending a piece and stalling holds at
+/// most `frame_bytes_max`, as a whole frame would).
 const BODY_CHUNK_BYTES: usize = 64 * 1024;
 
 /// Why a frame read stopped.
@@ -64,11 +66,14 @@ async fn read_some(
 }
 
 /// Reads one frame by `deadline`: its length checked against `body_max`
-/// before any body byte is allocated, its checksum verified.
+/// before any body byte is allocated, its checksum verified over the whole
+/// body, or, for a session's frames (`session`), over what
+/// [`codec::checksummed_len`] says it covers.
 pub(crate) async fn read_frame(
     stream: &mut TcpStream,
     body_max: u32,
     deadline: Instant,
+    session: bool,
 ) -> Result<Vec<u8>, ReadError> {
     let mut head = Vec::with_capacity(FRAME_HEADER_LEN);
     while head.len() < FRAME_HEADER_LEN {
@@ -81,12 +86,19 @@ pub(crate) async fn read_frame(
     let mut body = Vec::with_capacity(len.min(BODY_CHUNK_BYTES));
     while body.len() < len {
         if body.len() == body.capacity() {
-            body.reserve_exact(body.capacity().max(1).min(len - body.len()));
+            // Once the first piece arrived, room for the rest at once: one
+            // move of at most BODY_CHUNK_BYTES, not a doubling's many.
+            body.reserve_exact(len - body.len());
         }
         let end = body.capacity().min(len);
         body = read_some(stream, body, end, deadline).await?;
     }
-    header.verify(&body).map_err(ReadError::Wire)?;
+    let covered = if session {
+        codec::checksummed_len(&body)
+    } else {
+        body.len()
+    };
+    header.verify(&body[..covered]).map_err(ReadError::Wire)?;
     Ok(body)
 }
 
@@ -222,7 +234,7 @@ fn check_hello(ctx: &Ctx, h: &Hello) -> Result<(), Refusal> {
 /// The acceptor's side of the handshake, all of it by `hello_timeout`.
 async fn accept_handshake(ctx: &Ctx, stream: &mut TcpStream) -> Result<Hello, Failed> {
     let deadline = Instant::now() + ctx.limits.hello_timeout;
-    let body = read_frame(stream, HELLO_BYTES_MAX, deadline)
+    let body = read_frame(stream, HELLO_BYTES_MAX, deadline, false)
         .await
         .map_err(|e| handshake_read(ctx, e))?;
     let theirs = Hello::decode_hello(&body)?;
@@ -235,7 +247,7 @@ async fn accept_handshake(ctx: &Ctx, stream: &mut TcpStream) -> Result<Hello, Fa
     write_all(stream, hello::challenge(&fields, &proof_a), left)
         .await
         .map_err(Failed::Io)?;
-    let reply = read_frame(stream, HELLO_BYTES_MAX, deadline)
+    let reply = read_frame(stream, HELLO_BYTES_MAX, deadline, false)
         .await
         .map_err(|e| handshake_read(ctx, e))?;
     let got = hello::decode_proof(&reply)?;
@@ -332,7 +344,7 @@ async fn serve(ctx: &Ctx, from: NodeId, stream: &mut TcpStream, replaced: &Signa
     loop {
         let deadline = Instant::now() + ctx.limits.idle_timeout;
         let read = monoio::select! {
-            r = read_frame(stream, max, deadline) => r,
+            r = read_frame(stream, max, deadline, true) => r,
             _ = ctx.stop.wait() => return,
             _ = replaced.wait() => return,
         };
@@ -382,7 +394,7 @@ async fn dial(
     write_all(&mut stream, hello::hello_frame(&mine), left)
         .await
         .map_err(Failed::Io)?;
-    let body = read_frame(&mut stream, HELLO_BYTES_MAX, deadline)
+    let body = read_frame(&mut stream, HELLO_BYTES_MAX, deadline, false)
         .await
         .map_err(|e| handshake_read(ctx, e))?;
     let checked = check_challenge(ctx, to, &hello_body, &body);
@@ -397,7 +409,7 @@ async fn dial(
     write_all(&mut stream, hello::proof_frame(&proof_i), left)
         .await
         .map_err(Failed::Io)?;
-    let reply = read_frame(&mut stream, HELLO_BYTES_MAX, deadline)
+    let reply = read_frame(&mut stream, HELLO_BYTES_MAX, deadline, false)
         .await
         .map_err(|e| handshake_read(ctx, e))?;
     hello::decode_welcome(&reply)?;
@@ -507,10 +519,18 @@ async fn pump(ctx: &Ctx, to: NodeId, stream: &mut TcpStream) -> std::io::Result<
             return Ok(());
         }
         buf.clear();
-        let n = out
-            .queue
-            .borrow_mut()
-            .drain_into(&mut buf, ctx.limits.write_batch_bytes);
+        let batch_bytes = ctx.limits.write_batch_bytes;
+        // A frame of a batch's size goes as it is (no copy into the batch).
+        let whole = out.queue.borrow_mut().pop_whole(batch_bytes);
+        if let Some(frame) = whole {
+            if let Err(e) = write_all(stream, frame, ctx.limits.idle_timeout).await {
+                inc(&ctx.stats.queue_drops_total);
+                return Err(e);
+            }
+            inc(&ctx.stats.frames_sent_total);
+            continue;
+        }
+        let n = out.queue.borrow_mut().drain_into(&mut buf, batch_bytes);
         if n == 0 {
             let idle = monoio::select! {
                 _ = out.pulse.wait() => false,
