@@ -1145,10 +1145,10 @@ impl Hosted {
                         {
                             self.view_changes += 1;
                         }
-                        if let (Some(x), Event::TransferNeeded { .. }) =
+                        if let (Some(x), Event::TransferNeeded { trigger, .. }) =
                             (self.xfer.as_mut(), &event)
                         {
-                            x.want();
+                            x.want(*trigger);
                         }
                         replica_io::note_event(&mut self.store, &event);
                         if let Event::Fenced { reason } = &event {

@@ -63,7 +63,8 @@ pub(super) const PENDING_OPS_MAX: usize = 256;
 /// What a partition's transfers did (its shard sums them into metrics).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TransferCounters {
-    pub started: u64,
+    /// Transfers started, by trigger ([`Trigger::index`]).
+    pub started: [u64; Trigger::ALL.len()],
     pub installs: u64,
     pub attempts_failed: u64,
     pub rotations: u64,
@@ -145,9 +146,9 @@ struct Running {
 pub struct TransferHost {
     server: Server,
     receiver: Option<Receiver>,
-    /// The replica asked for a transfer: the receiver starts at the next
-    /// tick.
-    wanted: bool,
+    /// The replica asked for a transfer, for this trigger: the receiver
+    /// starts at the next tick.
+    wanted: Option<Trigger>,
     /// BeginInstall was emitted: the replica takes only completions.
     frozen: bool,
     /// The superblock is marked wiped for an install.
@@ -183,7 +184,7 @@ impl TransferHost {
         Self {
             server: Server::new(ServerConfig::default()),
             receiver: None,
-            wanted: false,
+            wanted: None,
             frozen: false,
             marked: false,
             voter_op: None,
@@ -255,7 +256,7 @@ impl TransferHost {
     /// A tick does something: a transfer is wanted or running, or a
     /// snapshot is leased out.
     pub(super) fn needs_tick(&self) -> bool {
-        self.wanted
+        self.wanted.is_some()
             || self.receiver.as_ref().is_some_and(Receiver::is_active)
             || self.server.snapshots_open() > 0
             || !self.pending.is_empty()
@@ -273,10 +274,10 @@ impl TransferHost {
         self.pending_ops_max = ops_max;
     }
 
-    /// The replica emitted `TransferNeeded`.
-    pub(super) fn want(&mut self) {
+    /// The replica emitted `TransferNeeded` for `trigger`.
+    pub(super) fn want(&mut self, trigger: Trigger) {
         if !self.receiver.as_ref().is_some_and(Receiver::is_active) {
-            self.wanted = true;
+            self.wanted = Some(trigger);
         }
     }
 }
@@ -314,6 +315,7 @@ impl Hosted {
         );
         Some(TransferStatus {
             state: p.state,
+            trigger: p.trigger.map_or("", |t| t.label()),
             peer_node,
             bytes_received: p.bytes_received,
             bytes_total: p.bytes_total,
@@ -329,10 +331,13 @@ impl Hosted {
         let (Some(x), Some(repl)) = (self.xfer.as_mut(), self.repl.as_ref()) else {
             return;
         };
-        if !x.wanted || x.receiver.as_ref().is_some_and(Receiver::is_active) {
+        let Some(trigger) = x.wanted else {
+            return;
+        };
+        if x.receiver.as_ref().is_some_and(Receiver::is_active) {
             return;
         }
-        x.wanted = false;
+        x.wanted = None;
         if x.receiver.is_none() {
             let cfg = ReceiverConfig {
                 replica_count: repl.nodes.len() as u8,
@@ -348,7 +353,7 @@ impl Hosted {
                 }
             }
         }
-        x.counters.started += 1;
+        x.counters.started[trigger.index()] += 1;
         let received_at_start = x.received();
         x.running = Running {
             started_ms: now_ms,
@@ -368,8 +373,11 @@ impl Hosted {
                 last_checksum: end.last_checksum,
             },
         };
-        tracing::info!(partition_id = local.partition_id, "state transfer started");
-        let trigger = Trigger::RangeEvicted;
+        tracing::info!(
+            partition_id = local.partition_id,
+            trigger = trigger.label(),
+            "state transfer started"
+        );
         self.step_receiver(
             io,
             installs,
@@ -393,7 +401,7 @@ impl Hosted {
         if self.replica.is_transferring() || x.frozen || x.installing {
             return;
         }
-        x.wanted = false;
+        x.wanted = None;
         if x.receiver.as_ref().is_some_and(Receiver::is_active) {
             self.step_receiver(io, installs, now_ms, ReceiverInput::Cancel);
         }
@@ -795,7 +803,7 @@ impl Hosted {
             x.frozen = false;
             x.marked = false;
             x.installing = false;
-            x.wanted = false;
+            x.wanted = None;
         }
         tracing::info!(
             partition_id = pid,
