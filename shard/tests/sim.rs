@@ -3,6 +3,7 @@
 
 use ringlog_shard::sim::cluster::{Hostile, HOSTILITIES};
 use ringlog_shard::sim::{self, SimOptions};
+use ringlog_shard::vsr::Trigger;
 
 /// Guards against: the replica, executor and store failing to commit and
 /// converge even without faults (only delays, disk speeds, a client).
@@ -327,6 +328,14 @@ fn transfer_seeds_converge_under_retention() {
         ("hostile frames", total.hostile_frames),
         ("charges", total.transfer_charges),
         ("quarantines", total.transfer_quarantines),
+        (
+            "new_or_wiped transfers",
+            total.transfers_by_trigger[Trigger::NewOrWiped.index()],
+        ),
+        (
+            "repair_stuck transfers",
+            total.transfers_by_trigger[Trigger::RepairStuck.index()],
+        ),
     ];
     for (kind, n) in kinds {
         assert!(n > 0, "the batch hit no {kind}: {total}");

@@ -224,7 +224,11 @@ impl Counts {
         for (sum, x) in pairs {
             *sum += x;
         }
-        for (sum, x) in self.transfers_by_trigger.iter_mut().zip(o.transfers_by_trigger) {
+        for (sum, x) in self
+            .transfers_by_trigger
+            .iter_mut()
+            .zip(o.transfers_by_trigger)
+        {
             *sum += x;
         }
     }

@@ -178,8 +178,10 @@ impl Cluster {
         node.xfer.wanted = None;
         self.counts.transfers_started += 1;
         self.counts.transfers_by_trigger[trigger.index()] += 1;
-        self.trace
-            .line(self.tick, format_args!("R{r} transfer start {}", trigger.label()));
+        self.trace.line(
+            self.tick,
+            format_args!("R{r} transfer start {}", trigger.label()),
+        );
         self.step_receiver(r, ReceiverInput::Start { trigger, local })
     }
 

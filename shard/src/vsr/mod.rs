@@ -150,7 +150,10 @@ mod wire;
 mod tests;
 
 pub use log::Anchor;
-pub use replica::{Config, ConfigError, Replica, LONE_CLIENT_QUEUE_MAX, LONE_PIPELINE_OPS_MAX};
+pub use replica::{
+    Config, ConfigError, Replica, LONE_CLIENT_QUEUE_MAX, LONE_PIPELINE_OPS_MAX,
+    REPAIR_STUCK_ROUNDS_MAX, WIPED_REPAIR_OPS_MAX,
+};
 pub use types::{
     AppendError, Appended, BatchBytes, Body, ClientBatch, Event, Input, IoFailure, IoId, IoOutcome,
     Message, Outbox, Output, Prepare, Prepares, Status, StorageOp, Token, Trigger, VsrState,

@@ -20,7 +20,10 @@ fn triggers_of(node: &Node, trigger: Trigger) -> usize {
 }
 
 fn sent(node: &Node, kind: &str) -> usize {
-    node.sent.iter().filter(|(_, m)| m.body.name() == kind).count()
+    node.sent
+        .iter()
+        .filter(|(_, m)| m.body.name() == kind)
+        .count()
 }
 
 /// Three replicas with `OPS` ops committed on all of them.
@@ -80,7 +83,11 @@ fn a_wiped_replica_far_behind_transfers_instead_of_repairing() {
         checksum: last.header_checksum,
         next_offset: last.next_offset(),
     };
-    let snapshot: BTreeMap<u64, BatchBytes> = c.nodes[0].ops.range(..=SNAPSHOT_OP).map(|(o, b)| (*o, b.clone())).collect();
+    let snapshot: BTreeMap<u64, BatchBytes> = c.nodes[0]
+        .ops
+        .range(..=SNAPSHOT_OP)
+        .map(|(o, b)| (*o, b.clone()))
+        .collect();
     let node = c.node(2);
     node.ops = snapshot;
     node.synced = SNAPSHOT_OP;
@@ -89,7 +96,11 @@ fn a_wiped_replica_far_behind_transfers_instead_of_repairing() {
     node.replica = Replica::restart(cfg, 78, node.vsr, base, &[]).expect("config");
     node.events.clear();
     c.tick_until(400, |c| c.r(2).op() == OPS && !c.r(2).is_wiped());
-    assert_eq!(triggers_of(&c.nodes[2], Trigger::NewOrWiped), 0, "asked again");
+    assert_eq!(
+        triggers_of(&c.nodes[2], Trigger::NewOrWiped),
+        0,
+        "asked again"
+    );
     assert!(!c.r(2).is_transferring());
     assert_eq!(c.nodes[2].ops, c.nodes[0].ops);
 }

@@ -647,7 +647,11 @@ impl Replica {
     fn repair_round_stuck(&mut self, out: &mut Outbox) -> bool {
         let op = self.log.op();
         let (at, rounds) = self.repair_rounds_at;
-        let rounds = if op == at { rounds.saturating_add(1) } else { 0 };
+        let rounds = if op == at {
+            rounds.saturating_add(1)
+        } else {
+            0
+        };
         self.repair_rounds_at = (op, rounds);
         let stuck = self
             .cfg
