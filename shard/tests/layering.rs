@@ -40,6 +40,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "ops",
             "replica_io",
             "transfer",
+            "trash",
             "vsr",
         ],
     ),

@@ -288,6 +288,10 @@ pub struct Replica {
     /// next append ends it (the gap closed); else it repairs nothing until
     /// the reboot onto an install.
     pub(super) transferring: Option<Trigger>,
+    /// Why it was wiped: the trigger a wiped replica far behind raises
+    /// (NewOrWiped; CorruptSegment for a store set aside as corrupt, which
+    /// transfers whatever the gap).
+    pub(super) wipe_cause: Trigger,
     /// The log's last op at the last repair round, and the rounds in a row
     /// it stayed there (see [`Config::repair_stuck_rounds_max`]).
     pub(super) repair_rounds_at: (u64, u32),
@@ -356,11 +360,24 @@ impl Replica {
     /// The host first writes `VsrState { wiped: true, ..Default::default() }`
     /// to the new store's superblock: the state this replica starts from.
     pub fn wiped(cfg: Config, seed: u64) -> Result<Self, ConfigError> {
+        Self::wiped_for(cfg, seed, Trigger::NewOrWiped)
+    }
+
+    /// [`Replica::wiped`], its disk lost for `cause`: the trigger of the
+    /// transfer it asks for. [`Trigger::CorruptSegment`]: its store failed
+    /// verification and was replaced by an empty one; it transfers
+    /// whatever the gap (its peers hold what it lost).
+    pub fn wiped_for(cfg: Config, seed: u64, cause: Trigger) -> Result<Self, ConfigError> {
+        assert!(
+            matches!(cause, Trigger::NewOrWiped | Trigger::CorruptSegment),
+            "a wipe's cause is a lost disk"
+        );
         let durable = VsrState {
             wiped: true,
             ..VsrState::default()
         };
-        let r = Self::boot(cfg, seed, durable, Anchor::default(), &[])?;
+        let mut r = Self::boot(cfg, seed, durable, Anchor::default(), &[])?;
+        r.wipe_cause = cause;
         r.assert_invariants();
         Ok(r)
     }
@@ -465,6 +482,7 @@ impl Replica {
             unverified_above: None,
             drain_bytes: 0,
             transferring: None,
+            wipe_cause: Trigger::NewOrWiped,
             repair_rounds_at: (0, 0),
             purge_op: None,
             purges: BTreeSet::new(),

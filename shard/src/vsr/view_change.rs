@@ -615,24 +615,23 @@ impl Replica {
     fn wiped_gap_too_wide(&self, op_max: u64) -> bool {
         let empty = self.log.op() == 0 && self.durable.commit == 0;
         debug_assert!(!empty || self.log.base().op == 0);
-        self.wiped
-            && empty
-            && self.transferring.is_none()
-            && self
-                .cfg
-                .wiped_repair_ops_max
-                .is_some_and(|max| op_max > max)
+        let max = match self.wipe_cause {
+            Trigger::CorruptSegment => Some(0),
+            _ => self.cfg.wiped_repair_ops_max,
+        };
+        self.wiped && empty && self.transferring.is_none() && max.is_some_and(|max| op_max > max)
     }
 
-    /// Repair waits for an install (raising NewOrWiped the first time):
+    /// Repair waits for an install (raising the wipe's cause the first
+    /// time, see [`Replica::wiped_for`]):
     /// the goal is kept, nothing is asked, the retry is off.
     fn wait_for_install(&mut self, from: u8, op_max: u64, out: &mut Outbox) {
         if self.transferring.is_none() {
             out.event(Event::TransferNeeded {
-                trigger: Trigger::NewOrWiped,
+                trigger: self.wipe_cause,
                 evicted: None,
             });
-            self.transferring = Some(Trigger::NewOrWiped);
+            self.transferring = Some(self.wipe_cause);
         }
         debug_assert!(!self.repairs_now());
         self.repair_goal = self.repair_goal.max(op_max);
