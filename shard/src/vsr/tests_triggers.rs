@@ -210,3 +210,26 @@ fn a_slow_repair_that_progresses_is_not_stuck() {
     let asked = sent(&c.nodes[2], "request_prepares");
     assert!(asked > OPS as usize, "{asked} requests: two of three lost");
 }
+
+/// Guards against: a replica whose store was set aside as corrupt
+/// repairing only what it thinks it lacks, or waiting for a gap over the
+/// threshold that a corrupt store never had to have: booted
+/// `wiped_for(CorruptSegment)`, it raises CorruptSegment (once) for any
+/// gap, asks for no op, acks nothing and never votes.
+#[test]
+fn a_replica_whose_store_was_corrupt_transfers_whatever_the_gap() {
+    let mut c = committed(3);
+    let mut cfg = config(3, 2);
+    cfg.wiped_repair_ops_max = Some(10 * OPS);
+    c.wipe(2);
+    c.node(2).replica = Replica::wiped_for(cfg, 77, Trigger::CorruptSegment).expect("config");
+    c.node(2).sent.clear();
+    c.tick_until(200, |c| c.r(2).is_transferring());
+    c.tick(200);
+    let r2 = &c.nodes[2];
+    assert_eq!(triggers_of(r2, Trigger::CorruptSegment), 1);
+    assert_eq!(triggers_of(r2, Trigger::NewOrWiped), 0);
+    for kind in ["request_prepares", "prepare_ok", "do_view_change"] {
+        assert_eq!(sent(r2, kind), 0, "R2 sent {kind} while it waits");
+    }
+}
