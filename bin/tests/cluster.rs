@@ -554,8 +554,9 @@ fn a_replicated_partition_survives_a_killed_backup_and_a_killed_primary() {
 
 /// A node whose data dir is lost restarts with `--recover` and gets its
 /// topic back from the metadata group: its replicas boot wiped, repair every
-/// committed op from the primary (by repair: state transfer is not hosted
-/// yet), and then count in a quorum: with the primary killed, node 2 and
+/// committed op from the primary (by repair: the gap is within what a wiped
+/// replica repairs, `vsr::WIPED_REPAIR_OPS_MAX`; beyond it, see
+/// `a_wiped_node_rejoins_by_state_transfer_...`), and then count in a quorum: with the primary killed, node 2 and
 /// the recovered node 3 elect a primary and still serve every
 /// acknowledged record exactly once.
 #[test]

@@ -202,7 +202,7 @@ fn a_slow_repair_that_progresses_is_not_stuck() {
             return false;
         }
         asked.set(asked.get() + 1);
-        asked.get() % 3 != 0
+        !asked.get().is_multiple_of(3)
     }));
     c.node(2).events.clear();
     c.tick_until(2000, |c| c.r(2).op() == 2 * OPS);

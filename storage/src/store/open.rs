@@ -527,9 +527,7 @@ fn rebuild_index(
         partition_id: pid,
         segment: path.to_path_buf(),
         base_offset: meta.base_offset,
-        end_offset: meta.end_offset,
-        position,
-        detail,
+        detail: format!("at byte {position}: {detail}"),
     };
     if let WalkStop::Invalid { position, reason } = stop {
         return Err(corrupt(position, reason));
