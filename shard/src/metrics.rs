@@ -1092,8 +1092,14 @@ mod tests {
     fn counters_gauges_and_partitions_are_named_and_labelled() {
         let m = ShardMetrics::default();
         add(&m.append_bytes_total, 123);
+        let mut totals = TransferTotals::default();
+        totals.started[2] = 3;
+        set_transfers(&m, &totals);
         let out = scrape_of(m);
         for want in [
+            "# TYPE ringlog_transfer_started_total counter\n",
+            "ringlog_transfer_started_total{shard=\"0\",trigger=\"range_evicted\"} 0\n",
+            "ringlog_transfer_started_total{shard=\"0\",trigger=\"new_or_wiped\"} 3\n",
             "# HELP ringlog_append_bytes_total Bytes appended\n# TYPE ringlog_append_bytes_total counter\nringlog_append_bytes_total{shard=\"0\"} 123\n",
             "ringlog_mailbox_rejections_total{shard=\"0\"} 2\n",
             "ringlog_mailbox_depth{shard=\"0\"} 1\n",
