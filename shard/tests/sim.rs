@@ -331,6 +331,10 @@ fn transfer_seeds_converge_under_retention() {
         ("charges", total.transfer_charges),
         ("quarantines", total.transfer_quarantines),
         (
+            "purged transfers",
+            total.transfers_by_trigger[Trigger::Purged.index()],
+        ),
+        (
             "new_or_wiped transfers",
             total.transfers_by_trigger[Trigger::NewOrWiped.index()],
         ),

@@ -98,7 +98,7 @@ fn tick_retired(c: &mut Cluster, retired: u8) {
 fn transfer_needed(node: &Node) -> Option<wire::RangeEvicted> {
     node.events.iter().find_map(|e| match e {
         Event::TransferNeeded {
-            trigger: Trigger::RangeEvicted,
+            trigger: Trigger::RangeEvicted | Trigger::Purged,
             evicted: Some((_, evicted)),
         } => Some(*evicted),
         _ => None,

@@ -233,3 +233,52 @@ fn a_replica_whose_store_was_corrupt_transfers_whatever_the_gap() {
         assert_eq!(sent(r2, kind), 0, "R2 sent {kind} while it waits");
     }
 }
+
+/// A repair answered RangeEvicted because the peer purged the range (not
+/// retired it) raises [`Trigger::Purged`], with the answer's facts; the
+/// transfer and the replica's conduct meanwhile are RangeEvicted's.
+#[test]
+fn a_range_evicted_by_a_purge_raises_purged() {
+    let stall = Rc::new(Cell::new(true));
+    let mut c = behind_with_stalled_repair(stall);
+    c.tick_until(50, |c| {
+        c.nodes[2]
+            .sent
+            .iter()
+            .any(|(_, m)| m.body.name() == "request_prepares")
+    });
+    let op_min = c.r(2).op() + 1;
+    let evicted = wire::RangeEvicted {
+        op_min,
+        op_max: op_min + 7,
+        op_held_min: op_min + 10,
+        log_start_offset: 1_000,
+        purge_generation: 1,
+        reason: wire::EvictedReason::Purged,
+    };
+    let view = c.r(0).view();
+    c.node(2).events.clear();
+    c.step(
+        2,
+        Input::Message {
+            from: 0,
+            msg: Message {
+                view,
+                body: Body::RangeEvicted(evicted),
+            },
+        },
+    );
+    let raised: Vec<&Event> = c.nodes[2]
+        .events
+        .iter()
+        .filter(|e| matches!(e, Event::TransferNeeded { .. }))
+        .collect();
+    assert_eq!(
+        raised,
+        [&Event::TransferNeeded {
+            trigger: Trigger::Purged,
+            evicted: Some((0, evicted)),
+        }]
+    );
+    assert_eq!(c.r(2).transfer_trigger(), Some(Trigger::Purged));
+}

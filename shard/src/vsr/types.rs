@@ -427,8 +427,9 @@ pub enum Event {
     /// the driver cancels the transfer.
     TransferNeeded {
         trigger: Trigger,
-        /// For [`Trigger::RangeEvicted`]: the peer that answered, and what
-        /// it still holds.
+        /// For [`Trigger::RangeEvicted`] and [`Trigger::Purged`] (the
+        /// answer's reason): the peer that answered, and what it still
+        /// holds.
         evicted: Option<(u8, wire::RangeEvicted)>,
     },
 }

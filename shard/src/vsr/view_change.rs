@@ -831,11 +831,17 @@ impl Replica {
                 reason: "not an answer to our repair",
             });
         }
+        // Purged away rather than retired: the peer's purge generation is
+        // ahead of ours (counted apart; the transfer is the same).
+        let trigger = match evicted.reason {
+            wire::EvictedReason::Purged => Trigger::Purged,
+            wire::EvictedReason::Retired => Trigger::RangeEvicted,
+        };
         out.event(Event::TransferNeeded {
-            trigger: Trigger::RangeEvicted,
+            trigger,
             evicted: Some((from, evicted)),
         });
-        self.transferring = Some(Trigger::RangeEvicted);
+        self.transferring = Some(trigger);
         // Finishing this view: the log it needs is retired.
         if self.pass_view_if_finishing(out) {
             return;
