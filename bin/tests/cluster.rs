@@ -554,8 +554,9 @@ fn a_replicated_partition_survives_a_killed_backup_and_a_killed_primary() {
 
 /// A node whose data dir is lost restarts with `--recover` and gets its
 /// topic back from the metadata group: its replicas boot wiped, repair every
-/// committed op from the primary (by repair: state transfer is not hosted
-/// yet), and then count in a quorum: with the primary killed, node 2 and
+/// committed op from the primary (by repair: the gap is within what a wiped
+/// replica repairs, `vsr::WIPED_REPAIR_OPS_MAX`; beyond it, see
+/// `a_wiped_node_rejoins_by_state_transfer_...`), and then count in a quorum: with the primary killed, node 2 and
 /// the recovered node 3 elect a primary and still serve every
 /// acknowledged record exactly once.
 #[test]
@@ -618,6 +619,82 @@ fn a_wiped_node_recovers_by_repair_and_the_cluster_then_survives_losing_another(
         text.contains("ringlog_partition_view_changes_total{topic=\"replicated\",partition=\"0\"}"),
         "{text}"
     );
+}
+
+/// The sum of `name`'s series on node `id` whose labels hold `label`.
+fn counter_labelled(cluster: &Cluster, id: u32, name: &str, label: &str) -> u64 {
+    let m = cluster.nodes[&id].ctl(&["metrics"]);
+    let text = m["result"]["text"].as_str().unwrap().to_owned();
+    text.lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with('{'))
+        .filter(|l| l.contains(label))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap() as u64)
+        .sum()
+}
+
+/// Issue 11 item 6 with state transfer (issue 10): node 3's data dir is
+/// lost while it is down and the group is more ops ahead than a wiped
+/// replica repairs (`vsr::WIPED_REPAIR_OPS_MAX`, 256); restarted with
+/// `--recover`, its data replicas boot wiped and install a snapshot of
+/// the sealed segments instead of repairing op by op (counted under
+/// `trigger="new_or_wiped"`), repair the tail, and then count in a
+/// quorum: node 1 SIGKILLed, nodes 2 and 3 still commit produces, every
+/// acknowledged record present once with identical bytes on both.
+#[test]
+fn a_wiped_node_rejoins_by_state_transfer_and_the_cluster_then_survives_losing_another() {
+    // 256 KiB segments: ~8 batches of 4 x 8 KiB records each, so the
+    // snapshot holds sealed segments.
+    let mut cluster = Cluster::start_with(
+        3,
+        &[
+            "--set",
+            "segment_size_bytes=262144",
+            "--set",
+            "write_buffer_bytes=65536",
+        ],
+    );
+    create_topic(&cluster);
+    let (mut at, mut acks) = (1, Acks::new());
+    const VALUE_BYTES: usize = 8 << 10;
+    // 300 ops per partition.
+    let batches = 300 * PARTITIONS as usize;
+    produce_sized(&cluster, &mut at, &mut acks, 0..8, VALUE_BYTES);
+    cluster.kill(3);
+    std::fs::remove_dir_all(cluster.data_dir(3)).unwrap();
+    produce_sized(&cluster, &mut at, &mut acks, 8..batches, VALUE_BYTES);
+    cluster.boot_with(3, &["--recover"]);
+    wait_listed(&cluster, &[3], true);
+    let wiped = |c: &Cluster| {
+        counter_labelled(
+            c,
+            3,
+            "ringlog_transfer_started_total",
+            "trigger=\"new_or_wiped\"",
+        )
+    };
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while counter(&cluster, 3, "ringlog_transfer_installs_total") < u64::from(PARTITIONS) {
+        assert!(
+            Instant::now() < deadline,
+            "node 3 installed {} snapshots ({} new_or_wiped transfers), want {PARTITIONS}",
+            counter(&cluster, 3, "ringlog_transfer_installs_total"),
+            wiped(&cluster)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(wiped(&cluster) >= u64::from(PARTITIONS), "not new_or_wiped");
+    produce_sized(
+        &cluster,
+        &mut at,
+        &mut acks,
+        batches..batches + 10,
+        VALUE_BYTES,
+    );
+    check_identical(&cluster, &acks, Duration::from_secs(60));
+    cluster.kill(1);
+    let end = batches + 30;
+    produce_sized(&cluster, &mut at, &mut acks, batches + 10..end, VALUE_BYTES);
+    check_identical(&cluster, &acks, Duration::from_secs(60));
 }
 
 /// SIGSTOP the primary past its timeout, then SIGCONT: the others elect a

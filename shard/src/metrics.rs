@@ -132,7 +132,8 @@ pub struct ShardMetrics {
     pub read_ahead_bytes: AtomicU64,
     /// Sums of the shard's partitions' transfer counters (see
     /// [`set_transfers`]).
-    pub transfer_started_total: AtomicU64,
+    /// By trigger, in the order of [`TRANSFER_TRIGGERS`].
+    pub transfer_started_total: [AtomicU64; TRANSFER_TRIGGERS.len()],
     pub transfer_installs_total: AtomicU64,
     pub transfer_attempts_failed_total: AtomicU64,
     pub transfer_rotations_total: AtomicU64,
@@ -195,7 +196,7 @@ impl Default for ShardMetrics {
             read_ahead_refused_total: AtomicU64::new(0),
             read_ahead_errors_total: AtomicU64::new(0),
             read_ahead_bytes: AtomicU64::new(0),
-            transfer_started_total: AtomicU64::new(0),
+            transfer_started_total: Default::default(),
             transfer_installs_total: AtomicU64::new(0),
             transfer_attempts_failed_total: AtomicU64::new(0),
             transfer_rotations_total: AtomicU64::new(0),
@@ -248,7 +249,8 @@ pub fn set_read_ahead(m: &ShardMetrics, s: &ReadAheadStats) {
 /// partition's are gone with it).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct TransferTotals {
-    pub started: u64,
+    /// By trigger, in the order of [`TRANSFER_TRIGGERS`].
+    pub started: [u64; TRANSFER_TRIGGERS.len()],
     pub installs: u64,
     pub attempts_failed: u64,
     pub rotations: u64,
@@ -263,8 +265,20 @@ pub struct TransferTotals {
     pub installs_deferred: u64,
 }
 
+/// The `trigger` label of `ringlog_transfer_started_total`, by index: the
+/// names of `vsr::Trigger::ALL` (the shard checks they agree).
+pub const TRANSFER_TRIGGERS: [&str; 5] = [
+    "range_evicted",
+    "purged",
+    "new_or_wiped",
+    "repair_stuck",
+    "corrupt_segment",
+];
+
 pub fn set_transfers(m: &ShardMetrics, t: &TransferTotals) {
-    m.transfer_started_total.store(t.started, Ordering::Relaxed);
+    for (sum, n) in m.transfer_started_total.iter().zip(t.started) {
+        sum.store(n, Ordering::Relaxed);
+    }
     m.transfer_installs_total
         .store(t.installs, Ordering::Relaxed);
     m.transfer_attempts_failed_total
@@ -483,11 +497,6 @@ const COUNTERS: &[CounterRow] = &[
         |m| &m.read_ahead_errors_total,
     ),
     (
-        "ringlog_transfer_started",
-        "State transfers a replica started (its repair peer answered RangeEvicted)",
-        |m| &m.transfer_started_total,
-    ),
-    (
         "ringlog_transfer_installs",
         "State transfer installs committed (the replica rebooted on the installed log)",
         |m| &m.transfer_installs_total,
@@ -630,6 +639,20 @@ impl Scrape {
                 family
                     .encode_family(&shard_label(i))?
                     .encode_counter::<NoLabelSet, _, u64>(&v, None)?;
+            }
+        }
+        let mut family = enc.encode_descriptor(
+            "ringlog_transfer_started",
+            "State transfers a replica started, by why it could not repair (trigger)",
+            None,
+            MetricType::Counter,
+        )?;
+        for (i, (m, _)) in self.shards.iter().enumerate() {
+            for (trigger, n) in TRANSFER_TRIGGERS.iter().zip(&m.transfer_started_total) {
+                let labels = [("shard", i.to_string()), ("trigger", trigger.to_string())];
+                family
+                    .encode_family(&labels)?
+                    .encode_counter::<NoLabelSet, _, u64>(&n.load(Ordering::Relaxed), None)?;
             }
         }
         let mut family = enc.encode_descriptor(
@@ -1069,8 +1092,14 @@ mod tests {
     fn counters_gauges_and_partitions_are_named_and_labelled() {
         let m = ShardMetrics::default();
         add(&m.append_bytes_total, 123);
+        let mut totals = TransferTotals::default();
+        totals.started[2] = 3;
+        set_transfers(&m, &totals);
         let out = scrape_of(m);
         for want in [
+            "# TYPE ringlog_transfer_started_total counter\n",
+            "ringlog_transfer_started_total{shard=\"0\",trigger=\"range_evicted\"} 0\n",
+            "ringlog_transfer_started_total{shard=\"0\",trigger=\"new_or_wiped\"} 3\n",
             "# HELP ringlog_append_bytes_total Bytes appended\n# TYPE ringlog_append_bytes_total counter\nringlog_append_bytes_total{shard=\"0\"} 123\n",
             "ringlog_mailbox_rejections_total{shard=\"0\"} 2\n",
             "ringlog_mailbox_depth{shard=\"0\"} 1\n",

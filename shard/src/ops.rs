@@ -117,6 +117,8 @@ pub struct PartitionStatus {
 pub struct TransferStatus {
     /// The receiver's phase (`asking`, `pulling`, ...).
     pub state: &'static str,
+    /// Why it started (`vsr::Trigger::label`).
+    pub trigger: &'static str,
     /// The node whose offer was taken, once one was.
     pub peer_node: Option<u32>,
     pub bytes_received: u64,

@@ -55,6 +55,7 @@ use crate::transfer::{ChunkData, Message as TransferMessage};
 use crate::vsr::{
     AppendError, Appended, Body, ClientBatch, Config as ReplicaConfig, Event, Input, IoFailure,
     IoId, IoOutcome, Message, Outbox, Output, Replica, Status as ReplicaStatus, StorageOp, Token,
+    Trigger,
 };
 pub use transfer_host::{TransferCounters, TransferHost, TransferProgress};
 
@@ -276,8 +277,8 @@ impl Partition {
             Some(_) => Replication::store_config(config),
             None => config,
         };
-        let opened = open_or_create(io, pool, dir, id, config, create)
-            .and_then(|(store, created)| Hosted::boot(io, store, id, repl, created));
+        let opened = open_or_create(io, pool, dir, id, config, create, repl.is_some())
+            .and_then(|(store, opened)| Hosted::boot(io, store, id, repl, opened));
         let state = match opened {
             Ok(hosted) => State::Open(Box::new(hosted)),
             Err(message) => {
@@ -1104,9 +1105,10 @@ impl Hosted {
         mut store: PartitionStore,
         id: u32,
         repl: Option<Replication>,
-        created: bool,
+        opened: Opened,
     ) -> Result<Self, String> {
         let err = |e: String| format!("replica of partition {id}: {e}");
+        let created = opened != Opened::Existing;
         let replica = match &repl {
             None => {
                 let rec =
@@ -1118,7 +1120,12 @@ impl Hosted {
                 let cfg = r.replica_config(id, store.config());
                 // Replicas' timeouts jitter apart (seeded, no clock).
                 let seed = seed_of(id, r);
-                if r.boot_wiped && (created || never_written(&store)) {
+                if opened == Opened::ReplacedCorrupt {
+                    // Its acks may have been on the lost bytes: wiped, it
+                    // never votes, leads or acks until whole again.
+                    mark_wiped(io, &mut store).map_err(err)?;
+                    Replica::wiped_for(cfg, seed, Trigger::CorruptSegment)
+                } else if r.boot_wiped && (created || never_written(&store)) {
                     mark_wiped(io, &mut store).map_err(err)?;
                     Replica::wiped(cfg, seed)
                 } else if created {
@@ -1256,10 +1263,10 @@ impl Hosted {
                         {
                             self.view_changes += 1;
                         }
-                        if let (Some(x), Event::TransferNeeded { .. }) =
+                        if let (Some(x), Event::TransferNeeded { trigger, .. }) =
                             (self.xfer.as_mut(), &event)
                         {
-                            x.want();
+                            x.want(*trigger);
                         }
                         replica_io::note_event(&mut self.store, &event);
                         if let Event::Fenced { reason } = &event {
@@ -1460,6 +1467,19 @@ fn active_end(store: &PartitionStore) -> u64 {
     store.size_bytes() - sealed
 }
 
+/// How a partition's store came to be at open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Opened {
+    Existing,
+    Created,
+    /// A replicated partition's sealed segment failed verification: its
+    /// directory was set aside (see [`set_aside_corrupt`]) and the store
+    /// created empty; the replica boots wiped and installs a good copy
+    /// from a peer (`Trigger::CorruptSegment`).
+    ReplacedCorrupt,
+}
+
+#[allow(clippy::too_many_arguments)]
 fn open_or_create(
     io: &mut impl IoBackend,
     pool: &StorePool,
@@ -1467,13 +1487,23 @@ fn open_or_create(
     id: u32,
     config: StoreConfig,
     create: bool,
-) -> Result<(PartitionStore, bool), String> {
+    replicated: bool,
+) -> Result<(PartitionStore, Opened), String> {
     let exists = io
         .exists(dir)
         .map_err(|e| format!("stat {}: {e}", dir.display()))?;
+    let mut opened = Opened::Created;
     if exists {
         match PartitionStore::open_in(io, dir, id, config.clone(), pool.clone()) {
-            Ok(s) => return Ok((s, false)),
+            Ok(s) => return Ok((s, Opened::Existing)),
+            Err(e @ StoreError::SealedSegmentCorrupt { .. }) if replicated => {
+                // Not served, not lost: every sealed op is committed, so a
+                // quorum of peers holds it.
+                tracing::error!(dir = %dir.display(), error = %e, "a sealed segment fails verification: the partition's data is set aside and its replica installs a copy from a peer");
+                set_aside_corrupt(io, dir)
+                    .map_err(|e| format!("set aside {}: {e}", dir.display()))?;
+                opened = Opened::ReplacedCorrupt;
+            }
             Err(e) if !create => return Err(format!("open {}: {e}", dir.display())),
             Err(e) => {
                 // Only a topic that never finished creation gets here: its
@@ -1489,8 +1519,22 @@ fn open_or_create(
         create_dirs(io, parent).map_err(|e| format!("mkdir {}: {e}", parent.display()))?;
     }
     PartitionStore::create_in(io, dir, id, config, pool.clone())
-        .map(|s| (s, true))
+        .map(|s| (s, opened))
         .map_err(|e| format!("create {}: {e}", dir.display()))
+}
+
+/// Moves a partition directory whose data failed verification to
+/// `<dir>.corrupt` (replacing an older one there) for the operator to
+/// inspect: never read again, not a partition directory (its name is no
+/// index), and the name is free for the new store.
+fn set_aside_corrupt(io: &mut impl IoBackend, dir: &Path) -> std::io::Result<()> {
+    let mut name = dir.as_os_str().to_owned();
+    name.push(".corrupt");
+    let to = PathBuf::from(name);
+    if io.exists(&to)? {
+        remove_tree(io, &to)?;
+    }
+    crate::trash::move_in(io, dir, &to)
 }
 
 /// A store holding nothing, its VSR state untouched since creation: on a

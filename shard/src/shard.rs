@@ -1171,7 +1171,9 @@ fn transfer_totals(partitions: &HashMap<u32, Partition>) -> metrics::TransferTot
         let c = x.counters();
         let (bytes_received, chunks_received) = x.received();
         let (bytes_served, chunks_served) = x.served();
-        t.started += c.started;
+        for (sum, n) in t.started.iter_mut().zip(c.started) {
+            *sum += n;
+        }
         t.installs += c.installs;
         t.attempts_failed += c.attempts_failed;
         t.rotations += c.rotations;

@@ -42,6 +42,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "peer_buf",
             "replica_io",
             "transfer",
+            "trash",
             "vsr",
         ],
     ),

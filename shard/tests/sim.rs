@@ -3,6 +3,7 @@
 
 use ringlog_shard::sim::cluster::{Hostile, HOSTILITIES};
 use ringlog_shard::sim::{self, SimOptions};
+use ringlog_shard::vsr::Trigger;
 
 /// Guards against: the replica, executor and store failing to commit and
 /// converge even without faults (only delays, disk speeds, a client).
@@ -206,10 +207,10 @@ const TRANSFER_OPEN_BUG_SEEDS: &[u64] = &[];
 /// commits the durable log (R = 1), so the purge op is committed and applied
 /// there; nothing had told the simulator. It now learns the generation from
 /// that recovery (`Cluster::learn_lone_recovery_purge`). Seeds from fresh
-/// runs of 7100000..7103000 and 7300000..7300800.
+/// runs of 7100000..7103000, 7300000..7300800 and 7001000..7005000.
 #[test]
 fn pinned_lone_replica_purge_committed_by_its_recovery() {
-    for seed in [7_100_990, 7_101_079, 7_300_428] {
+    for seed in [7_100_990, 7_101_079, 7_300_428, 7_003_161, 7_003_505] {
         let mut opts = batch_opts(seed);
         opts.replicas = Some(1);
         sim::run(opts).unwrap_or_else(|f| panic!("seed {seed}: {f}"));
@@ -335,6 +336,18 @@ fn transfer_seeds_converge_under_retention() {
         ("hostile frames", total.hostile_frames),
         ("charges", total.transfer_charges),
         ("quarantines", total.transfer_quarantines),
+        (
+            "purged transfers",
+            total.transfers_by_trigger[Trigger::Purged.index()],
+        ),
+        (
+            "new_or_wiped transfers",
+            total.transfers_by_trigger[Trigger::NewOrWiped.index()],
+        ),
+        (
+            "repair_stuck transfers",
+            total.transfers_by_trigger[Trigger::RepairStuck.index()],
+        ),
     ];
     for (kind, n) in kinds {
         assert!(n > 0, "the batch hit no {kind}: {total}");

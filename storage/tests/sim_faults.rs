@@ -220,6 +220,7 @@ fn flip_read_during_open(
                 matches!(
                     e,
                     StoreError::Corruption { .. }
+                        | StoreError::SealedSegmentCorrupt { .. }
                         | StoreError::Superblock(_)
                         | StoreError::Io { .. }
                 ),

@@ -206,8 +206,13 @@ fn corrupt_sealed_segment_is_reported_on_read_and_on_index_rebuild() {
     let err = PartitionStore::open(&mut io, dir(), PID, small_config())
         .err()
         .expect("corrupt sealed segment must not open");
+    // Typed, so a replicated partition can install a good copy instead.
     assert!(
-        matches!(err, StoreError::Corruption { ref segment, .. } if segment == &log),
+        matches!(
+            err,
+            StoreError::SealedSegmentCorrupt { ref segment, base_offset, .. }
+                if segment == &log && base_offset == sealed.base_offset
+        ),
         "{err}"
     );
 }

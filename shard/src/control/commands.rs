@@ -227,6 +227,7 @@ fn transfer_row(p: &PartitionStatus, now_ms: u64) -> Option<Value> {
         "shard": p.shard,
         "peer_node": t.peer_node,
         "state": t.state,
+        "trigger": t.trigger,
         "frozen": t.frozen,
         "bytes_received": t.bytes_received,
         "bytes_total": t.bytes_total,
@@ -699,6 +700,7 @@ mod tests {
         assert_eq!(transfer_row(&p, 5_000), None);
         p.transfer = Some(TransferStatus {
             state: "pulling",
+            trigger: "new_or_wiped",
             peer_node: Some(2),
             bytes_received: 4 << 20,
             bytes_total: Some(12 << 20),

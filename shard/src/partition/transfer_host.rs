@@ -67,7 +67,8 @@ pub(super) const READ_BUFFERS_IDLE_MAX: usize = 8;
 /// What a partition's transfers did (its shard sums them into metrics).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TransferCounters {
-    pub started: u64,
+    /// Transfers started, by trigger ([`Trigger::index`]).
+    pub started: [u64; Trigger::ALL.len()],
     pub installs: u64,
     pub attempts_failed: u64,
     pub rotations: u64,
@@ -149,9 +150,9 @@ struct Running {
 pub struct TransferHost {
     server: Server,
     receiver: Option<Receiver>,
-    /// The replica asked for a transfer: the receiver starts at the next
-    /// tick.
-    wanted: bool,
+    /// The replica asked for a transfer, for this trigger: the receiver
+    /// starts at the next tick.
+    wanted: Option<Trigger>,
     /// BeginInstall was emitted: the replica takes only completions.
     frozen: bool,
     /// The superblock is marked wiped for an install.
@@ -187,7 +188,7 @@ impl TransferHost {
         Self {
             server: Server::new(ServerConfig::default()),
             receiver: None,
-            wanted: false,
+            wanted: None,
             frozen: false,
             marked: false,
             voter_op: None,
@@ -261,7 +262,7 @@ impl TransferHost {
     /// A tick does something: a transfer is wanted or running, or a
     /// snapshot is leased out.
     pub(super) fn needs_tick(&self) -> bool {
-        self.wanted
+        self.wanted.is_some()
             || self.receiver.as_ref().is_some_and(Receiver::is_active)
             || self.server.snapshots_open() > 0
             || !self.pending.is_empty()
@@ -284,10 +285,10 @@ impl TransferHost {
         self.pending_ops_max = ops_max;
     }
 
-    /// The replica emitted `TransferNeeded`.
-    pub(super) fn want(&mut self) {
+    /// The replica emitted `TransferNeeded` for `trigger`.
+    pub(super) fn want(&mut self, trigger: Trigger) {
         if !self.receiver.as_ref().is_some_and(Receiver::is_active) {
-            self.wanted = true;
+            self.wanted = Some(trigger);
         }
     }
 }
@@ -325,6 +326,7 @@ impl Hosted {
         );
         Some(TransferStatus {
             state: p.state,
+            trigger: p.trigger.map_or("", |t| t.label()),
             peer_node,
             bytes_received: p.bytes_received,
             bytes_total: p.bytes_total,
@@ -340,10 +342,13 @@ impl Hosted {
         let (Some(x), Some(repl)) = (self.xfer.as_mut(), self.repl.as_ref()) else {
             return;
         };
-        if !x.wanted || x.receiver.as_ref().is_some_and(Receiver::is_active) {
+        let Some(trigger) = x.wanted else {
+            return;
+        };
+        if x.receiver.as_ref().is_some_and(Receiver::is_active) {
             return;
         }
-        x.wanted = false;
+        x.wanted = None;
         if x.receiver.is_none() {
             let cfg = ReceiverConfig {
                 replica_count: repl.nodes.len() as u8,
@@ -359,7 +364,7 @@ impl Hosted {
                 }
             }
         }
-        x.counters.started += 1;
+        x.counters.started[trigger.index()] += 1;
         let received_at_start = x.received();
         x.running = Running {
             started_ms: now_ms,
@@ -379,8 +384,11 @@ impl Hosted {
                 last_checksum: end.last_checksum,
             },
         };
-        tracing::info!(partition_id = local.partition_id, "state transfer started");
-        let trigger = Trigger::RangeEvicted;
+        tracing::info!(
+            partition_id = local.partition_id,
+            trigger = trigger.label(),
+            "state transfer started"
+        );
         self.step_receiver(
             io,
             installs,
@@ -404,7 +412,7 @@ impl Hosted {
         if self.replica.is_transferring() || x.frozen || x.installing {
             return;
         }
-        x.wanted = false;
+        x.wanted = None;
         if x.receiver.as_ref().is_some_and(Receiver::is_active) {
             self.step_receiver(io, installs, now_ms, ReceiverInput::Cancel);
         }
@@ -811,7 +819,7 @@ impl Hosted {
             x.frozen = false;
             x.marked = false;
             x.installing = false;
-            x.wanted = false;
+            x.wanted = None;
         }
         tracing::info!(
             partition_id = pid,

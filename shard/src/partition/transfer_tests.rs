@@ -6,6 +6,7 @@
 use super::*;
 use crate::client::batch_of;
 use crate::transfer::Message as XMsg;
+use crate::vsr::Trigger;
 use ringlog_protocol::replication::{ChunkKey, RequestSnapshot};
 use ringlog_storage::io::uring::UringBackend;
 use ringlog_storage::io::{BatchId, FileId, OpenMode, Sqe};
@@ -251,6 +252,49 @@ impl<B: IoBackend> Group<B> {
         }
     }
 
+    /// Replica `i` loses its disk: closed, its directory removed, reopened
+    /// on an empty store booted wiped (as `ServerConfig::recover` does).
+    fn wipe(&mut self, i: usize) {
+        let r = i % 3;
+        let pid = self.parts[i].id;
+        self.parts.remove(i).close(&mut self.io[r]).unwrap();
+        let pdir = self._dir.path().join(format!("p{pid}r{r}"));
+        std::fs::remove_dir_all(&pdir).unwrap();
+        self.reopen(i, true);
+    }
+
+    /// Reopens replica `i` (closed and removed from `parts`) on its
+    /// directory, booting a created store wiped if `boot_wiped`.
+    fn reopen(&mut self, i: usize, boot_wiped: bool) {
+        let r = i % 3;
+        let pid = PID + (i / 3) as u32;
+        let pdir = self._dir.path().join(format!("p{pid}r{r}"));
+        let config = store_config();
+        let pool = StorePool::new(
+            self._dir.path().join(format!("recycle{pid}.{r}.wiped")),
+            PoolConfig::private(&config),
+        );
+        let mut repl = replication(r as u8);
+        repl.boot_wiped = boot_wiped;
+        let p = Partition::open_replicated(
+            &mut self.io[r],
+            &pool,
+            &pdir,
+            "t",
+            0,
+            pid,
+            config,
+            true,
+            Some(repl),
+        );
+        assert!(p.status(0).fault.is_none(), "{:?}", p.status(0).fault);
+        self.parts.insert(i, p);
+    }
+
+    fn started_of(&self, i: usize, trigger: Trigger) -> u64 {
+        self.parts[i].transfer().unwrap().counters().started[trigger.index()]
+    }
+
     fn installs_of(&self, i: usize) -> u64 {
         self.parts[i].transfer().unwrap().counters().installs
     }
@@ -341,7 +385,7 @@ fn a_backup_behind_retention_transfers_installs_and_acks_again() {
         .max();
     assert!(served_peak >= Some(1), "no serving read went on the ring");
     let (bytes_received, chunks_received) = x.received();
-    assert!(x.counters().started >= 1);
+    assert!(x.counters().started[Trigger::RangeEvicted.index()] >= 1);
     assert!(chunks_received > 0 && bytes_received >= chunks_received);
     let served: u64 = (0..2)
         .map(|i| g.parts[i].transfer().unwrap().served().1)
@@ -718,4 +762,85 @@ fn a_transfer_frame_of_another_group_is_dropped() {
     g.parts[0].take_sends(&mut sends);
     assert_eq!(sends.len(), 1);
     assert_eq!(sends[0].0, 2);
+}
+
+/// Guards against: a replica that lost its disk repairing the group's
+/// whole log op by op (issue 10: a new or wiped replica installs a
+/// snapshot). Booted wiped on an empty store with the group more than
+/// `vsr::WIPED_REPAIR_OPS_MAX` ops ahead, it raises NewOrWiped (counted
+/// under that trigger, no other), installs, repairs the active tail, ends
+/// byte-identical and acknowledges again: with node 2 cut off, produces
+/// commit only with its PrepareOk.
+#[test]
+fn a_wiped_replica_installs_by_transfer_and_acks_again() {
+    let mut g = Group::new();
+    let ops = crate::vsr::WIPED_REPAIR_OPS_MAX as usize + 20;
+    g.produce(ops, 1, None);
+    g.wipe(2);
+    assert_eq!(g.parts[2].status(0).role, "wiped");
+    assert!(
+        until_installed(&mut g, 3_000, 50, |_| {}),
+        "never installed"
+    );
+    assert_eq!(g.started_of(2, Trigger::NewOrWiped), 1);
+    for t in Trigger::ALL
+        .into_iter()
+        .filter(|&t| t != Trigger::NewOrWiped)
+    {
+        assert_eq!(g.started_of(2, t), 0, "{t:?}");
+    }
+    let repairs = g.parts[2].status(0).repairs.unwrap();
+    assert!(
+        repairs < (ops / 16) as u64,
+        "{repairs} repair requests: it repaired instead of installing"
+    );
+    let start = g.parts[2].store().unwrap().log_start_offset();
+    assert_eq!(g.bytes(2, start), g.bytes(0, start), "bytes differ");
+    g.produce(3, 5_000, Some(2));
+    for _ in 0..5 {
+        g.tick(Some(2)); // the last commit reaches replica 2
+    }
+    let hw = g.parts[0].high_watermark();
+    assert_eq!(g.parts[2].high_watermark(), hw, "acked without replica 2");
+}
+
+/// Guards against: a replica whose sealed segment fails verification at
+/// open either stopping the partition for good or serving the bad bytes
+/// (issue 10: it installs a good copy). A byte of replica 2's first sealed
+/// segment is flipped while it is down and its index removed (as after a
+/// crash before the index write), so open verifies the segment: the store
+/// is set aside (`<dir>.corrupt`), the replica boots wiped on an empty
+/// one, transfers with trigger CorruptSegment, ends byte-identical and
+/// acknowledges again.
+#[test]
+fn a_corrupt_sealed_segment_is_set_aside_and_installed_from_a_peer() {
+    let mut g = Group::new();
+    g.produce(60, 1, None);
+    let store = g.parts[2].store().unwrap();
+    let sealed = *store.sealed_segments().next().expect("rolled");
+    let generation = format!("gen-{:020}", store.superblock().live_generation);
+    let pdir = g._dir.path().join(format!("p{PID}r2"));
+    let gdir = pdir.join(generation);
+    g.parts.remove(2).close(&mut g.io[2]).unwrap();
+    let log = gdir.join(format!("{:020}.log", sealed.base_offset));
+    let mut bytes = std::fs::read(&log).unwrap();
+    bytes[500] ^= 0x5a;
+    std::fs::write(&log, bytes).unwrap();
+    std::fs::remove_file(gdir.join(format!("{:020}.idx", sealed.base_offset))).unwrap();
+    g.reopen(2, false);
+    assert_eq!(g.parts[2].status(0).role, "wiped");
+    assert!(pdir.with_extension("corrupt").exists(), "not set aside");
+    assert!(
+        until_installed(&mut g, 3_000, 50, |_| {}),
+        "never installed"
+    );
+    assert_eq!(g.started_of(2, Trigger::CorruptSegment), 1);
+    assert_eq!(g.started_of(2, Trigger::NewOrWiped), 0);
+    let start = g.parts[2].store().unwrap().log_start_offset();
+    assert_eq!(g.bytes(2, start), g.bytes(0, start), "bytes differ");
+    g.produce(3, 5_000, Some(2));
+    for _ in 0..5 {
+        g.tick(Some(2));
+    }
+    assert_eq!(g.parts[2].high_watermark(), g.parts[0].high_watermark());
 }

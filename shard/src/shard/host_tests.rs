@@ -653,3 +653,13 @@ fn forwarded_metadata_commands_join_the_bounded_controller_queue() {
     assert!(alone.meta_queue.borrow().is_empty());
     assert_eq!(alone.metrics.peer_drops_total.load(Relaxed), 1);
 }
+
+/// The metrics' `trigger` labels are the replica's trigger names, by index.
+#[test]
+fn transfer_trigger_labels_match_the_replica_triggers() {
+    let labels = crate::vsr::Trigger::ALL.map(|t| t.label());
+    assert_eq!(labels, metrics::TRANSFER_TRIGGERS);
+    for (i, t) in crate::vsr::Trigger::ALL.iter().enumerate() {
+        assert_eq!(t.index(), i);
+    }
+}

@@ -44,7 +44,7 @@ const BOOT_COMMITTED_OPS_KEPT: u64 = 8;
 /// fill, journals prune (repair then reads the segments) and timeouts fire.
 /// The primary drains its pipeline every third of the stores' uncommitted
 /// headroom, so under a steady stream every store still rolls.
-pub fn replica_config(n: u8, r: u8, uncommitted_headroom_bytes: u64) -> Config {
+pub fn replica_config(n: u8, r: u8, uncommitted_headroom_bytes: u64, transfers: bool) -> Config {
     let mut c = Config::new(PARTITION_ID, n, r);
     c.drain_every_bytes = Some(uncommitted_headroom_bytes / 3);
     c.pipeline_ops_max = 4;
@@ -58,8 +58,17 @@ pub fn replica_config(n: u8, r: u8, uncommitted_headroom_bytes: u64) -> Config {
     c.view_change_escalate_ticks = 20;
     c.start_view_request_ticks = 4;
     c.repair_retry_ticks = 4;
+    // Small against a run's few hundred ops, so wiped replicas transfer;
+    // without transfers nobody answers the triggers.
+    c.wiped_repair_ops_max = transfers.then_some(SIM_WIPED_REPAIR_OPS_MAX);
+    c.repair_stuck_rounds_max = transfers.then_some(SIM_REPAIR_STUCK_ROUNDS_MAX);
     c
 }
+
+/// The simulator's [`Config::wiped_repair_ops_max`] with transfers on.
+pub const SIM_WIPED_REPAIR_OPS_MAX: u64 = 24;
+/// The simulator's [`Config::repair_stuck_rounds_max`] with transfers on.
+pub const SIM_REPAIR_STUCK_ROUNDS_MAX: u32 = 6;
 
 /// The producer: appends through the replica it believes is the primary,
 /// remembers what it sent, learns the primary from refusals.
@@ -123,7 +132,7 @@ impl Cluster {
         let mut nodes = Vec::new();
         for r in 0..n {
             let seeds = (rng.next_u64(), rng.next_u64());
-            let cfg = replica_config(n, r, opts.uncommitted_headroom_bytes);
+            let cfg = replica_config(n, r, opts.uncommitted_headroom_bytes, opts.transfers);
             let mut node = Node::new(r, store.clone(), seeds, cfg)?;
             node.set_disk_faults(rates.disk.clone());
             nodes.push(node);
@@ -469,7 +478,7 @@ impl Cluster {
             .iter()
             .all(|x| x.index == r || (x.is_up() && !x.wiped));
         let seed = self.rng.next_u64();
-        let cfg = replica_config(self.n, r, self.uncommitted_headroom_bytes);
+        let cfg = replica_config(self.n, r, self.uncommitted_headroom_bytes, self.transfers);
         let wipe =
             faults && self.n > 1 && others_whole && self.rng.below(100) < self.rates.wipe_pct;
         let node = &mut self.nodes[usize::from(r)];
@@ -608,7 +617,9 @@ impl Cluster {
                         ..
                     } => self.counts.view_changes += 1,
                     Event::Committed { .. } => self.counts.commits += 1,
-                    Event::TransferNeeded { .. } if self.transfers => self.transfer_wanted(r),
+                    Event::TransferNeeded { trigger, .. } if self.transfers => {
+                        self.transfer_wanted(r, *trigger)
+                    }
                     _ => {}
                 }
                 if !matches!(e, Event::Committed { .. }) {

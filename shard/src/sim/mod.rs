@@ -129,6 +129,8 @@ pub struct Counts {
     pub clogs: u64,
     pub segments_retired: u64,
     pub transfers_started: u64,
+    /// Transfers started, by trigger ([`crate::vsr::Trigger::index`]).
+    pub transfers_by_trigger: [u64; 5],
     pub transfer_offers_taken: u64,
     pub transfer_installs: u64,
     /// Crashes during an install's storage ops.
@@ -222,18 +224,29 @@ impl Counts {
         for (sum, x) in pairs {
             *sum += x;
         }
+        for (sum, x) in self
+            .transfers_by_trigger
+            .iter_mut()
+            .zip(o.transfers_by_trigger)
+        {
+            *sum += x;
+        }
     }
 }
 
 impl fmt::Display for Counts {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let by_trigger: Vec<String> = crate::vsr::Trigger::ALL
+            .iter()
+            .map(|t| format!("{} {}", t.label(), self.transfers_by_trigger[t.index()]))
+            .collect();
         write!(
             f,
             "appends {} acks {} view_changes {} repairs {} crashes {} torn_writes {} \
              restarts {} wipes {} fenced {} fsync_failures {} write_failures {} \
              read_faults {} truncations {} uncommitted_tail_full {} messages {} lost {} dup {} \
              partitions {} (asymmetric {}) clogs {} ops_read_back {} retired_segments {} \
-             transfers {} offers_taken {} installs {} install_crashes {} rotations {} \
+             transfers {} ({}) offers_taken {} installs {} install_crashes {} rotations {} \
              refusals {} attempts_failed {} transfer_messages {} acks_retired {} \
              purges {} (abandoned {}) replica_purges {} (over snapshots {}) purges_at_recovery {} purge_crashes {} \
              stale_generation_refusals {} hostile_frames {} charges {} quarantines {}",
@@ -260,6 +273,7 @@ impl fmt::Display for Counts {
             self.ops_read_back,
             self.segments_retired,
             self.transfers_started,
+            by_trigger.join(" "),
             self.transfer_offers_taken,
             self.transfer_installs,
             self.transfer_install_crashes,

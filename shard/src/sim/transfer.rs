@@ -38,8 +38,9 @@ pub const RETENTION_PER_MILLE: u64 = 30;
 pub struct NodeXfer {
     /// Some while a transfer runs.
     pub receiver: Option<Receiver>,
-    /// A transfer is wanted: the receiver starts at the next tick.
-    pub wanted: bool,
+    /// A transfer is wanted, for this trigger: the receiver starts at the
+    /// next tick.
+    pub wanted: Option<Trigger>,
     /// An offer was taken and its BeginInstall queued: the replica gets
     /// only its storage completions until its queue drains and the
     /// superblock is marked wiped.
@@ -61,7 +62,7 @@ impl NodeXfer {
     pub fn new() -> Self {
         Self {
             receiver: None,
-            wanted: false,
+            wanted: None,
             install_wanted: false,
             marked: false,
             voter_op: None,
@@ -74,7 +75,7 @@ impl NodeXfer {
 
     /// A transfer is wanted or running (the replica may still be stepped).
     pub fn running(&self) -> bool {
-        self.wanted
+        self.wanted.is_some()
             || self.install_wanted
             || self.installing
             || self.receiver.as_ref().is_some_and(Receiver::is_active)
@@ -108,10 +109,10 @@ fn budgets(segment_bytes: u64) -> Budgets {
 
 impl Cluster {
     /// The replica asked for a transfer (once per running transfer).
-    pub(super) fn transfer_wanted(&mut self, r: u8) {
+    pub(super) fn transfer_wanted(&mut self, r: u8, trigger: Trigger) {
         let node = &mut self.nodes[usize::from(r)];
         if !node.xfer.receiver.as_ref().is_some_and(Receiver::is_active) {
-            node.xfer.wanted = true;
+            node.xfer.wanted = Some(trigger);
         }
     }
 
@@ -125,7 +126,7 @@ impl Cluster {
         if transferring || node.xfer.install_wanted || node.xfer.installing {
             return Ok(());
         }
-        node.xfer.wanted = false;
+        node.xfer.wanted = None;
         if !active {
             return Ok(());
         }
@@ -140,7 +141,10 @@ impl Cluster {
         let n = self.n;
         let seed = self.rng.next_u64();
         let node = &mut self.nodes[usize::from(r)];
-        if !node.xfer.wanted || node.xfer.receiver.as_ref().is_some_and(Receiver::is_active) {
+        let Some(trigger) = node.xfer.wanted else {
+            return Ok(());
+        };
+        if node.xfer.receiver.as_ref().is_some_and(Receiver::is_active) {
             return Ok(());
         }
         let Some(store) = node.store.as_mut() else {
@@ -171,11 +175,13 @@ impl Cluster {
                 .map_err(|e| violation("transfer budgets", e.0.to_string()))?;
             node.xfer.receiver = Some(receiver);
         }
-        node.xfer.wanted = false;
+        node.xfer.wanted = None;
         self.counts.transfers_started += 1;
-        self.trace
-            .line(self.tick, format_args!("R{r} transfer start"));
-        let trigger = Trigger::RangeEvicted;
+        self.counts.transfers_by_trigger[trigger.index()] += 1;
+        self.trace.line(
+            self.tick,
+            format_args!("R{r} transfer start {}", trigger.label()),
+        );
         self.step_receiver(r, ReceiverInput::Start { trigger, local })
     }
 
@@ -321,7 +327,7 @@ impl Cluster {
     fn installed(&mut self, r: u8) -> Result<(), Violation> {
         self.counts.transfer_installs += 1;
         let seed = self.rng.next_u64();
-        let cfg = replica_config(self.n, r, self.uncommitted_headroom_bytes);
+        let cfg = replica_config(self.n, r, self.uncommitted_headroom_bytes, true);
         let node = &mut self.nodes[usize::from(r)];
         node.xfer.receiver = None;
         node.xfer.installing = false;

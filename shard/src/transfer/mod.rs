@@ -33,9 +33,10 @@
 //! refuses Busy beyond; it offers only what is at or below its commit
 //! (the executor cuts the active tail off the store's manifest).
 //!
-//! Wiring into the replica (the replica's side is done: a repair read of
-//! retired ops answers RangeEvicted and the asker emits
-//! `vsr::Event::TransferNeeded`; [`route`] splits decoded frames between
+//! Wiring into the replica (the replica's side is done: it emits
+//! `vsr::Event::TransferNeeded` naming the [`Trigger`] to start with,
+//! RangeEvicted, RepairStuck, NewOrWiped or CorruptSegment, see the `vsr`
+//! module docs; [`route`] splits decoded frames between
 //! the replica and these machines; the simulator drives them,
 //! `sim/transfer.rs`, and the server, `partition/transfer_host.rs`): on a trigger, step `Receiver` with
 //! `Start { trigger, local }` (`local` from the superblock and durable

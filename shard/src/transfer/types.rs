@@ -71,30 +71,9 @@ impl std::fmt::Debug for ChunkData {
     }
 }
 
-/// Why a replica starts a transfer (DESIGN.md section 7).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Trigger {
-    /// A peer answered repair with RangeEvicted: the ops were retired.
-    RangeEvicted,
-    /// A peer's purge generation is ahead of ours.
-    Purged,
-    /// A new or wiped replica: nothing to repair from.
-    NewOrWiped,
-    /// Repair made no progress for its budget of rounds.
-    RepairStuck,
-    /// A sealed segment below the commit failed verification.
-    CorruptSegment,
-}
-
-impl Trigger {
-    /// Whether an offer ending where we end helps: only when our own bytes
-    /// are suspect (a corrupt segment) or absent (wiped; an empty peer
-    /// then still gives us its view of the log's start). Otherwise an
-    /// offer must move us forward.
-    pub fn takes_level_offer(self) -> bool {
-        matches!(self, Trigger::CorruptSegment | Trigger::NewOrWiped)
-    }
-}
+/// Why a replica starts a transfer: the replica names it
+/// ([`crate::vsr::Event::TransferNeeded`]).
+pub use crate::vsr::Trigger;
 
 /// Where a log ends: the offset, op and checksum the next batch links to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -53,8 +53,25 @@
 //! per-peer budget and always asks one peer; timestamps are the
 //! producer's, not the primary's.
 //!
-//! State transfer's replica side: a repair read of ops the store no longer
-//! holds answers RangeEvicted; the asker emits [`Event::TransferNeeded`],
+//! State transfer's replica side: a replica that cannot catch up by repair
+//! emits [`Event::TransferNeeded`] naming its [`Trigger`]:
+//! - RangeEvicted: a repair read of ops the peer's store no longer holds
+//!   answers RangeEvicted.
+//! - RepairStuck: `repair_stuck_rounds_max` repair rounds in a row did
+//!   not grow the log (its peers do not answer, or do not hold the ops);
+//!   raised once, the count restarts only when the log moves.
+//! - NewOrWiped: a wiped replica that holds nothing and whose superblock
+//!   names no commit (never repaired or installed anything) is asked to
+//!   repair more than `wiped_repair_ops_max` ops (default 256; a smaller
+//!   gap is repaired, cheaper than a snapshot). Safe as its repair is: a
+//!   wiped replica never votes, leads or acks until whole, whatever fills
+//!   its log. It repairs nothing while it waits (a transfer that replaces
+//!   the log, [`Trigger::repairs_meanwhile`]); the install writes the
+//!   installed commit into the superblock, so the rebooted replica
+//!   repairs onto it and never asks again for that log.
+//!
+//! The rest is the same for every trigger (for RangeEvicted and
+//! RepairStuck, repair also goes on):
 //! its driver runs the transfer module beside the replica (transfer messages
 //! never reach [`Replica::step`]: [`Message::from_wire`] returns None for
 //! them). The replica stays a voter meanwhile ([`Replica::is_transferring`]):
@@ -133,8 +150,11 @@ mod wire;
 mod tests;
 
 pub use log::Anchor;
-pub use replica::{Config, ConfigError, Replica, LONE_CLIENT_QUEUE_MAX, LONE_PIPELINE_OPS_MAX};
+pub use replica::{
+    Config, ConfigError, Replica, LONE_CLIENT_QUEUE_MAX, LONE_PIPELINE_OPS_MAX,
+    REPAIR_STUCK_ROUNDS_MAX, WIPED_REPAIR_OPS_MAX,
+};
 pub use types::{
     AppendError, Appended, BatchBytes, Body, ClientBatch, Event, Input, IoFailure, IoId, IoOutcome,
-    Message, Outbox, Output, Prepare, Prepares, Status, StorageOp, Token, VsrState,
+    Message, Outbox, Output, Prepare, Prepares, Status, StorageOp, Token, Trigger, VsrState,
 };

@@ -56,6 +56,20 @@ pub struct Config {
     /// most the headroom less a pipeline of batches; None: never forced
     /// (a store without headroom).
     pub drain_every_bytes: Option<u64>,
+    /// A wiped replica whose log is empty (it never held or installed
+    /// anything: its superblock names no commit) and that would repair
+    /// more ops than this transfers state instead
+    /// ([`Trigger::NewOrWiped`]): a snapshot's sealed segments are copied
+    /// a chunk window at a time, repair brings `repair_batches_max` ops a
+    /// round trip. A smaller gap is repaired. None: never (a host that
+    /// runs no transfers).
+    pub wiped_repair_ops_max: Option<u64>,
+    /// Repair rounds (`repair_retry_ticks` retries, backing off) in a row
+    /// in which the log did not grow, after which the replica transfers
+    /// state ([`Trigger::RepairStuck`]); it keeps repairing meanwhile, and
+    /// progress ends the episode. None: never (a host that runs no
+    /// transfers).
+    pub repair_stuck_rounds_max: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -79,6 +93,13 @@ const _: () = assert!(LONE_PIPELINE_OPS_MAX >= 2 * 4 * 1024 * 1024 / 97);
 /// Client queue of a cluster of one by default: one shard turn's worth of
 /// appends (`group_commit_appends_max`, 1024 by default).
 pub const LONE_CLIENT_QUEUE_MAX: usize = 1024;
+/// Default [`Config::wiped_repair_ops_max`]: 16 repair round trips at
+/// the default `repair_batches_max`.
+pub const WIPED_REPAIR_OPS_MAX: u64 = 256;
+/// Default [`Config::repair_stuck_rounds_max`]: with the retry's backoff
+/// from `repair_retry_ticks` (10), several seconds at the shard's 20 ms
+/// tick, far beyond a lost message or two.
+pub const REPAIR_STUCK_ROUNDS_MAX: u32 = 8;
 /// Log entries up to which every step checks the whole journal; above it
 /// (only a cluster of one's long pipeline gets there) a step checks its
 /// O(1) invariants only, so a step costs O(1) on the data path.
@@ -109,6 +130,8 @@ impl Config {
             repair_retry_ticks: 10,
             recovering_attempts_max: 8,
             drain_every_bytes: None,
+            wiped_repair_ops_max: Some(WIPED_REPAIR_OPS_MAX),
+            repair_stuck_rounds_max: Some(REPAIR_STUCK_ROUNDS_MAX),
         }
     }
 
@@ -132,6 +155,11 @@ impl Config {
             ("held_messages_max", self.held_messages_max as u64, 1),
             ("repair_batches_max", self.repair_batches_max, 1),
             ("repair_reads_max", self.repair_reads_max as u64, 1),
+            (
+                "repair_stuck_rounds_max",
+                self.repair_stuck_rounds_max.map_or(1, u64::from),
+                1,
+            ),
         ];
         for (field, value, min) in mins {
             if value < min {
@@ -252,12 +280,21 @@ pub struct Replica {
     /// Bytes sequenced since the pipeline was last empty (see
     /// [`Config::drain_every_bytes`]).
     pub(super) drain_bytes: u64,
-    /// Told RangeEvicted ([`Event::TransferNeeded`]) and not appended
-    /// since: its log lacks ops its repair peer retired. It keeps voting
-    /// with its intact log and repairing (rotating peers: another may hold
-    /// the ops), but never leads or sends PrepareOk. Ends at the next
-    /// append (the gap closed) or with the reboot onto an install.
-    pub(super) transferring: bool,
+    /// Some(trigger): it asked for a transfer ([`Event::TransferNeeded`])
+    /// and its log lacks ops repair cannot bring. It keeps voting with its
+    /// intact log (unless wiped), never leads or sends PrepareOk. For a
+    /// trigger that repairs meanwhile ([`Trigger::repairs_meanwhile`]) it
+    /// keeps repairing, rotating peers (another may hold the ops), and the
+    /// next append ends it (the gap closed); else it repairs nothing until
+    /// the reboot onto an install.
+    pub(super) transferring: Option<Trigger>,
+    /// Why it was wiped: the trigger a wiped replica far behind raises
+    /// (NewOrWiped; CorruptSegment for a store set aside as corrupt, which
+    /// transfers whatever the gap).
+    pub(super) wipe_cause: Trigger,
+    /// The log's last op at the last repair round, and the rounds in a row
+    /// it stayed there (see [`Config::repair_stuck_rounds_max`]).
+    pub(super) repair_rounds_at: (u64, u32),
     /// A purge op in the log not yet committed: always the log's head (the
     /// primary sequences nothing after it, and an op after it proves it
     /// committed: see `append`).
@@ -323,11 +360,24 @@ impl Replica {
     /// The host first writes `VsrState { wiped: true, ..Default::default() }`
     /// to the new store's superblock: the state this replica starts from.
     pub fn wiped(cfg: Config, seed: u64) -> Result<Self, ConfigError> {
+        Self::wiped_for(cfg, seed, Trigger::NewOrWiped)
+    }
+
+    /// [`Replica::wiped`], its disk lost for `cause`: the trigger of the
+    /// transfer it asks for. [`Trigger::CorruptSegment`]: its store failed
+    /// verification and was replaced by an empty one; it transfers
+    /// whatever the gap (its peers hold what it lost).
+    pub fn wiped_for(cfg: Config, seed: u64, cause: Trigger) -> Result<Self, ConfigError> {
+        assert!(
+            matches!(cause, Trigger::NewOrWiped | Trigger::CorruptSegment),
+            "a wipe's cause is a lost disk"
+        );
         let durable = VsrState {
             wiped: true,
             ..VsrState::default()
         };
-        let r = Self::boot(cfg, seed, durable, Anchor::default(), &[])?;
+        let mut r = Self::boot(cfg, seed, durable, Anchor::default(), &[])?;
+        r.wipe_cause = cause;
         r.assert_invariants();
         Ok(r)
     }
@@ -431,7 +481,9 @@ impl Replica {
             log_view_op: 0,
             unverified_above: None,
             drain_bytes: 0,
-            transferring: false,
+            transferring: None,
+            wipe_cause: Trigger::NewOrWiped,
+            repair_rounds_at: (0, 0),
             purge_op: None,
             purges: BTreeSet::new(),
         })
@@ -474,11 +526,18 @@ impl Replica {
         self.wiped
     }
 
-    /// Told RangeEvicted and its log not grown since (see
-    /// [`Event::TransferNeeded`]): it votes, repairs (rotating peers) and
-    /// serves, but neither leads nor sends PrepareOk. False again once an
-    /// op is appended: a host running a transfer for it cancels it then.
+    /// Asked for a transfer and not caught up since (see
+    /// [`Event::TransferNeeded`]): it votes (unless wiped), serves, and
+    /// for a trigger that repairs meanwhile repairs (rotating peers), but
+    /// neither leads nor sends PrepareOk. False again once such a
+    /// replica appends an op: a host running a transfer for it cancels it
+    /// then.
     pub fn is_transferring(&self) -> bool {
+        self.transferring.is_some()
+    }
+
+    /// Why it is transferring, if it is.
+    pub fn transfer_trigger(&self) -> Option<Trigger> {
         self.transferring
     }
 
@@ -624,7 +683,7 @@ impl Replica {
         );
         let leading = self.status == Status::Normal && self.is_primary();
         assert!(
-            !(leading && self.transferring),
+            !(leading && self.transferring.is_some()),
             "a transferring replica leads"
         );
         if leading {
@@ -1117,8 +1176,11 @@ impl Replica {
     pub(super) fn append(&mut self, header: BatchHeader, batch: BatchBytes, out: &mut Outbox) {
         let op = header.vsr_op;
         // The op after our log arrived: no transfer needed any more (the
-        // host cancels its receiver, see `is_transferring`).
-        self.transferring = false;
+        // host cancels its receiver, see `is_transferring`). A transfer
+        // that replaces the log ends only with the reboot.
+        if self.transferring.is_some_and(Trigger::repairs_meanwhile) {
+            self.transferring = None;
+        }
         // It links to our head: the whole chain below is the canonical one.
         self.unverified_above = None;
         if let Some(p) = self.purge_op {
@@ -1139,6 +1201,7 @@ impl Replica {
             batch: body,
             durable: false,
         });
+        self.repair_rounds_at = (op, 0);
         let append = self.io(out, StorageOp::Append { op, batch });
         self.appends.insert(append);
         let flush = self.io(out, StorageOp::Flush);
@@ -1266,7 +1329,7 @@ impl Replica {
             self.log.get(op).is_some_and(|e| e.durable) || planted!(AckBeforeFsync),
             "ack before fsync"
         );
-        if self.transferring {
+        if self.transferring.is_some() {
             // Withheld until the log grows again: an install may replace
             // it, and until then it lacks what the primary committed.
             return;

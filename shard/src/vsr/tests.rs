@@ -14,6 +14,8 @@ use super::*;
 mod purge;
 #[path = "tests_transfer.rs"]
 mod transfer;
+#[path = "tests_triggers.rs"]
+mod triggers;
 
 const PARTITION: u32 = 7;
 const CLUSTER: u128 = 0x5eed;

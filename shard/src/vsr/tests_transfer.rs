@@ -97,7 +97,10 @@ fn tick_retired(c: &mut Cluster, retired: u8) {
 
 fn transfer_needed(node: &Node) -> Option<wire::RangeEvicted> {
     node.events.iter().find_map(|e| match e {
-        Event::TransferNeeded { evicted, .. } => Some(*evicted),
+        Event::TransferNeeded {
+            trigger: Trigger::RangeEvicted | Trigger::Purged,
+            evicted: Some((_, evicted)),
+        } => Some(*evicted),
         _ => None,
     })
 }

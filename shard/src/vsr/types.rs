@@ -329,6 +329,69 @@ pub enum AppendError {
     Fenced,
 }
 
+/// Why a replica needs a state transfer (DESIGN.md section 7): it
+/// cannot catch up by repair. Named in [`Event::TransferNeeded`]; the
+/// driver starts the transfer module's receiver with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Trigger {
+    /// A peer answered repair with RangeEvicted: the ops were retired.
+    RangeEvicted,
+    /// A peer's purge generation is ahead of ours.
+    Purged,
+    /// A new or wiped replica: nothing to repair from.
+    NewOrWiped,
+    /// Repair made no progress for its budget of rounds.
+    RepairStuck,
+    /// A sealed segment below the commit failed verification.
+    CorruptSegment,
+}
+
+impl Trigger {
+    /// Every trigger, in the order of [`Trigger::label`]'s metrics series.
+    pub const ALL: [Trigger; 5] = [
+        Trigger::RangeEvicted,
+        Trigger::Purged,
+        Trigger::NewOrWiped,
+        Trigger::RepairStuck,
+        Trigger::CorruptSegment,
+    ];
+
+    /// Whether an offer ending where we end helps: only when our own bytes
+    /// are suspect (a corrupt segment) or absent (wiped; an empty peer
+    /// then still gives us its view of the log's start). Otherwise an
+    /// offer must move us forward.
+    pub fn takes_level_offer(self) -> bool {
+        matches!(self, Trigger::CorruptSegment | Trigger::NewOrWiped)
+    }
+
+    /// The metrics and ctl name (`trigger="..."`).
+    pub fn label(self) -> &'static str {
+        match self {
+            Trigger::RangeEvicted => "range_evicted",
+            Trigger::Purged => "purged",
+            Trigger::NewOrWiped => "new_or_wiped",
+            Trigger::RepairStuck => "repair_stuck",
+            Trigger::CorruptSegment => "corrupt_segment",
+        }
+    }
+
+    /// This trigger's place in [`Trigger::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// Whether the replica keeps repairing (rotating peers) while the
+    /// transfer runs, and stops transferring when its log grows: a peer
+    /// may still hold the ops. A wiped replica's or a corrupt one's
+    /// transfer replaces the log instead, so its repair waits.
+    pub fn repairs_meanwhile(self) -> bool {
+        matches!(
+            self,
+            Trigger::RangeEvicted | Trigger::Purged | Trigger::RepairStuck
+        )
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
     Committed {
@@ -350,20 +413,24 @@ pub enum Event {
         what: &'static str,
         reason: &'static str,
     },
-    /// The peer we repair from no longer holds the ops after our log:
-    /// the driver starts a state transfer (the transfer module's Receiver,
-    /// trigger RangeEvicted) and keeps stepping the replica, which votes
+    /// The replica cannot catch up by repair, for `trigger`: the driver
+    /// starts a state transfer (the transfer module's Receiver, with this
+    /// trigger) and keeps stepping the replica, which votes (unless wiped)
     /// but neither leads nor acks meanwhile
     /// ([`super::Replica::is_transferring`]). Once an offer is taken it
     /// stops stepping it, persists the superblock wiped (a crash from there
     /// on reboots the replica wiped), and once installed reboots it with
     /// [`super::Replica::restart`] on the installed frontier. Emitted once
-    /// per answer; the repair keeps retrying meanwhile, rotating peers
-    /// (another may still hold the ops): when the log grows again the
-    /// replica stops transferring and the driver cancels the transfer.
+    /// per episode. For triggers that repair meanwhile
+    /// ([`Trigger::repairs_meanwhile`]) the repair keeps retrying, rotating
+    /// peers: when the log grows again the replica stops transferring and
+    /// the driver cancels the transfer.
     TransferNeeded {
-        from: u8,
-        evicted: wire::RangeEvicted,
+        trigger: Trigger,
+        /// For [`Trigger::RangeEvicted`] and [`Trigger::Purged`] (the
+        /// answer's reason): the peer that answered, and what it still
+        /// holds.
+        evicted: Option<(u8, wire::RangeEvicted)>,
     },
 }
 

@@ -116,7 +116,7 @@ impl Replica {
             return;
         }
         let primary = self.primary_of(self.view);
-        if primary == self.cfg.replica && self.transferring {
+        if primary == self.cfg.replica && self.transferring.is_some() {
             // Refuses primaryship: the new log holds ops this one lacks
             // and no peer can repair. Pass the turn at once (the others
             // follow our StartViewChange) rather than wait for the
@@ -203,7 +203,7 @@ impl Replica {
         }
         // A DoViewChange implies its sender's StartViewChange.
         self.svc_votes |= 1 << from;
-        if self.transferring {
+        if self.transferring.is_some() {
             // Never collected: at the quorum we pass the turn.
             return self.check_svc_quorum(out);
         }
@@ -370,7 +370,10 @@ impl Replica {
 
     pub(super) fn become_primary(&mut self, out: &mut Outbox) {
         assert!(self.is_primary() && self.durable.log_view == self.view);
-        assert!(!self.transferring, "a transferring replica never leads");
+        assert!(
+            self.transferring.is_none(),
+            "a transferring replica never leads"
+        );
         self.status = Status::Normal;
         self.phase = Phase::Collecting;
         self.dvcs.clear();
@@ -553,10 +556,13 @@ impl Replica {
 
     /// Asks `from` for ops after our log, up to `op_max` (one chunk).
     pub(super) fn request_repair(&mut self, from: u8, op_max: u64, out: &mut Outbox) {
+        if !self.repairs_now() || self.wiped_gap_too_wide(op_max) {
+            return self.wait_for_install(from, op_max, out);
+        }
         // Transferring: the rotation picks the peer (`repair_retry`), not
         // whoever made us ask (the primary may be the one that retired).
         let from = match self.repair_from {
-            Some(peer) if self.transferring => peer,
+            Some(peer) if self.transferring.is_some() => peer,
             _ => from,
         };
         let op_min = self.log.op() + 1;
@@ -576,11 +582,14 @@ impl Replica {
 
     pub(super) fn repair_retry(&mut self, out: &mut Outbox) {
         match self.repair_from {
-            Some(from) if self.repair_goal > self.log.op() => {
+            Some(from) if self.repair_goal > self.log.op() && self.repairs_now() => {
+                if self.repair_round_stuck(out) {
+                    return; // we passed the view we were finishing
+                }
                 let goal = self.repair_goal;
                 // Transferring: the peer may be down or may have retired
                 // the ops too; another may hold them.
-                if self.transferring {
+                if self.transferring.is_some() {
                     self.repair_from = Some(self.next_peer(from));
                 }
                 self.request_repair(from, goal, out);
@@ -588,6 +597,85 @@ impl Replica {
             }
             _ => self.timeout(T::RepairRetry).stop(),
         }
+    }
+
+    /// Whether repair runs: not while a transfer that replaces the log
+    /// is awaited ([`Trigger::repairs_meanwhile`]).
+    fn repairs_now(&self) -> bool {
+        self.transferring.is_none_or(Trigger::repairs_meanwhile)
+    }
+
+    /// A wiped replica that holds nothing and knows no commit, asked to
+    /// repair more than `wiped_repair_ops_max` ops: a transfer is cheaper
+    /// ([`Trigger::NewOrWiped`]). Safe as any wiped replica's repair: it
+    /// never votes, leads or acks until its log is whole (`may_vote`,
+    /// `send_prepare_ok`), and the install reboots it wiped. After an
+    /// install its superblock names the installed commit, so it does not
+    /// ask again on the log that install left (even an empty one).
+    fn wiped_gap_too_wide(&self, op_max: u64) -> bool {
+        let empty = self.log.op() == 0 && self.durable.commit == 0;
+        debug_assert!(!empty || self.log.base().op == 0);
+        let max = match self.wipe_cause {
+            Trigger::CorruptSegment => Some(0),
+            _ => self.cfg.wiped_repair_ops_max,
+        };
+        self.wiped && empty && self.transferring.is_none() && max.is_some_and(|max| op_max > max)
+    }
+
+    /// Repair waits for an install (raising the wipe's cause the first
+    /// time, see [`Replica::wiped_for`]):
+    /// the goal is kept, nothing is asked, the retry is off.
+    fn wait_for_install(&mut self, from: u8, op_max: u64, out: &mut Outbox) {
+        if self.transferring.is_none() {
+            out.event(Event::TransferNeeded {
+                trigger: self.wipe_cause,
+                evicted: None,
+            });
+            self.transferring = Some(self.wipe_cause);
+        }
+        debug_assert!(!self.repairs_now());
+        self.repair_goal = self.repair_goal.max(op_max);
+        self.repair_from = Some(from);
+        self.timeout(T::RepairRetry).stop();
+    }
+
+    /// Counts a repair round; at `repair_stuck_rounds_max` rounds in a row
+    /// without the log growing raises [`Trigger::RepairStuck`] (once: the
+    /// count restarts only when the log moves). True if that made us, a
+    /// new primary finishing its view, pass the view on.
+    fn repair_round_stuck(&mut self, out: &mut Outbox) -> bool {
+        let op = self.log.op();
+        let (at, rounds) = self.repair_rounds_at;
+        let rounds = if op == at {
+            rounds.saturating_add(1)
+        } else {
+            0
+        };
+        self.repair_rounds_at = (op, rounds);
+        let stuck = self
+            .cfg
+            .repair_stuck_rounds_max
+            .is_some_and(|max| rounds == max);
+        if !stuck || self.transferring.is_some() {
+            return false;
+        }
+        out.event(Event::TransferNeeded {
+            trigger: Trigger::RepairStuck,
+            evicted: None,
+        });
+        self.transferring = Some(Trigger::RepairStuck);
+        debug_assert!(self.repairs_now());
+        self.pass_view_if_finishing(out)
+    }
+
+    /// A new primary that cannot repair the log its view needs moves to
+    /// the next view (it never leads while transferring).
+    fn pass_view_if_finishing(&mut self, out: &mut Outbox) -> bool {
+        if self.status == Status::ViewChange && self.is_primary() {
+            self.start_view_change(self.view + 1, out);
+            return true;
+        }
+        false
     }
 
     pub(super) fn on_request_prepares(
@@ -743,11 +831,20 @@ impl Replica {
                 reason: "not an answer to our repair",
             });
         }
-        out.event(Event::TransferNeeded { from, evicted });
-        self.transferring = true;
-        if self.status == Status::ViewChange && self.is_primary() {
-            // We were finishing this view: the log it needs is retired.
-            return self.start_view_change(self.view + 1, out);
+        // Purged away rather than retired: the peer's purge generation is
+        // ahead of ours (counted apart; the transfer is the same).
+        let trigger = match evicted.reason {
+            wire::EvictedReason::Purged => Trigger::Purged,
+            wire::EvictedReason::Retired => Trigger::RangeEvicted,
+        };
+        out.event(Event::TransferNeeded {
+            trigger,
+            evicted: Some((from, evicted)),
+        });
+        self.transferring = Some(trigger);
+        // Finishing this view: the log it needs is retired.
+        if self.pass_view_if_finishing(out) {
+            return;
         }
         // The retry asks the next peer (not at once: every peer may have
         // retired the ops, and the retry backs off).

@@ -38,6 +38,19 @@ pub enum StoreError {
         position: u64,
         detail: String,
     },
+    /// A sealed segment (all committed ops) fails verification at open:
+    /// its batches, offsets or chain, or the checksum its table entry
+    /// recorded at seal. The store does not open, so nothing of it is
+    /// served; a replica of it can install a good copy from a peer.
+    /// `detail` names the byte position (kept no larger than
+    /// [`StoreError::Corruption`]: appends return this type).
+    #[error("partition {partition_id}: sealed segment {segment} (from offset {base_offset}) fails verification: {detail}")]
+    SealedSegmentCorrupt {
+        partition_id: u32,
+        segment: PathBuf,
+        base_offset: u64,
+        detail: String,
+    },
     #[error("partition {partition_id}: invalid batch: {source}")]
     InvalidBatch {
         partition_id: u32,

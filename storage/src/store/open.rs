@@ -523,16 +523,20 @@ fn rebuild_index(
     });
     pool.put_read(walker.into_buf());
     let (end, stop) = walked.map_err(|e| StoreError::io(pid, "read", path, e))?;
+    let corrupt = |position: u64, detail: String| StoreError::SealedSegmentCorrupt {
+        partition_id: pid,
+        segment: path.to_path_buf(),
+        base_offset: meta.base_offset,
+        detail: format!("at byte {position}: {detail}"),
+    };
     if let WalkStop::Invalid { position, reason } = stop {
-        return Err(corruption(pid, path, position, reason));
+        return Err(corrupt(position, reason));
     }
     if end != meta.length_bytes
         || next_offset != meta.end_offset
         || hasher.checksum() != meta.checksum
     {
-        return Err(corruption(
-            pid,
-            path,
+        return Err(corrupt(
             end,
             format!(
                 "sealed segment does not match its table entry (length {end} of {}, next offset {next_offset} of {})",
