@@ -86,6 +86,7 @@ impl Cluster {
 
     /// [`Cluster::boot`] with `extra` server flags.
     fn boot_with(&mut self, id: u32, extra: &[&str]) {
+        self.wait_peer_port_free(id);
         let data = self.data_dir(id);
         std::fs::create_dir_all(&data).unwrap();
         let id_text = id.to_string();
@@ -103,6 +104,24 @@ impl Cluster {
         args.extend(self.extra.iter().map(String::as_str));
         args.extend(extra);
         self.nodes.insert(id, Server::start(&data, &args));
+    }
+
+    /// A SIGKILLed node's listener can outlive its reaped process for a
+    /// moment (its io_uring is torn down after it exits, holding the
+    /// socket of a pending accept): a restart on its peer port waits for
+    /// it, at most 10 s, as `cluster up` does.
+    fn wait_peer_port_free(&self, id: u32) {
+        let prefix = format!("{id}=");
+        let addr = self
+            .peers
+            .iter()
+            .find_map(|p| p.strip_prefix(&prefix))
+            .expect("the node is in the peer list");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpListener::bind(addr).is_err() {
+            assert!(Instant::now() < deadline, "peer address {addr} still taken");
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     fn addr(&self, id: u32) -> Option<String> {
