@@ -356,9 +356,8 @@ struct TransferArgs {
     /// Milliseconds every request and reply between the serving and the
     /// receiving machine is held, each way (a round trip costs twice this):
     /// an in-process delay line, or with --processes a TCP delay proxy
-    /// holding every segment of bytes, both ways (at 0 the proxy copies
-    /// straight on, no queue: it stays, as the gate that keeps node 3
-    /// behind).
+    /// holding every segment of bytes, both ways (at 0 there is no proxy:
+    /// node 3 and its peers connect directly).
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=10_000))]
     delay_ms: u64,
     /// Compare with a lockstep pull at the same delay: one 256KiB chunk

@@ -1,8 +1,9 @@
 //! `ringlog-bench transfer --processes`: a state transfer between real
 //! `ringlog server` processes over loopback TCP. A local 3-node cluster
 //! ([`LocalCluster`]) keeps `--size` bytes per partition by retention;
-//! node 3 (the receiver) reaches its peers, and they reach it, only through
-//! [`DelayProxy`]s in this process (`--delay-ms` each way). Each rep (all
+//! node 3 (the receiver) reaches its peers, and they reach it, through
+//! [`DelayProxy`]s in this process (`--delay-ms` each way; at 0 ms
+//! directly, without proxies or gate). Each rep (all
 //! un-timed but the transfer): a new one-partition topic on every node,
 //! node 3 SIGKILLed, enough produced to node 1 that the survivors'
 //! retention retires offset 0 (which node 3 lacks: it cannot repair), node
@@ -182,12 +183,17 @@ impl Measured for ProcessResult {
         use std::fmt::Write as _;
         let _ = writeln!(
             out,
-            "    {} chunks of {} (window {}), delay {} ms each way (TCP proxy); start from {}; \
+            "    {} chunks of {} (window {}), delay {} ms each way ({}); start from {}; \
              lead-in {:.2} s (un-timed)",
             self.summary.ios,
             Bytes(u64::from(server_chunk_bytes())),
             server_window_chunks(),
             self.delay.as_millis(),
+            if self.delay.is_zero() {
+                "direct, no proxy"
+            } else {
+                "TCP proxy"
+            },
             if self.start_from_row {
                 "the transfers row"
             } else {
@@ -407,8 +413,12 @@ impl ProcessesJob {
     }
 
     /// Boots the receiver behind closed gates, samples its memory, opens
-    /// the gates and times the transfer.
+    /// the gates and times the transfer. Without proxies (no delay) there
+    /// is no gate: the transfer may start as the receiver boots, so the
+    /// window opens before the boot and the baseline is sampled at once.
     fn timed_transfer(&mut self) -> Result<ProcessResult, BenchError> {
+        let gated = self.to_receiver.is_some();
+        let booting = Instant::now();
         let node = self
             .cluster
             .as_mut()
@@ -416,10 +426,12 @@ impl ProcessesJob {
             .boot(RECEIVER)?;
         let ctl = node.control_socket();
         let pid = node.pid().expect("just booted");
-        std::thread::sleep(Duration::from_millis(200));
+        if gated {
+            std::thread::sleep(Duration::from_millis(200));
+        }
         let baseline = Memory::read(pid)?;
         self.set_gates(true);
-        let opened = Instant::now();
+        let opened = if gated { Instant::now() } else { booting };
         let mut watch = Watch::new(baseline);
         loop {
             let polled = Instant::now();
@@ -482,19 +494,24 @@ impl Job for ProcessesJob {
     fn start(&mut self) -> Result<(), BenchError> {
         let bin = server::locate_binary(self.cfg.server_bin.as_deref())?;
         let listen = peer_addrs(NODES)?;
-        let proxy = |to: SocketAddr| {
-            DelayProxy::start(to, self.cfg.delay)
-                .map_err(|e| BenchError::Usage(format!("starting a delay proxy: {e}")))
-        };
-        for id in 1..NODES {
-            self.to_peers.push(proxy(listen[id as usize - 1])?);
+        // At no delay there is nothing to add: node 3 dials its peers and
+        // they dial it directly, sparing a process hop and two user-space
+        // copies per byte on this small machine.
+        if !self.cfg.delay.is_zero() {
+            let proxy = |to: SocketAddr| {
+                DelayProxy::start(to, self.cfg.delay)
+                    .map_err(|e| BenchError::Usage(format!("starting a delay proxy: {e}")))
+            };
+            for id in 1..NODES {
+                self.to_peers.push(proxy(listen[id as usize - 1])?);
+            }
+            self.to_receiver = Some(proxy(listen[RECEIVER as usize - 1])?);
         }
-        let to_receiver = proxy(listen[RECEIVER as usize - 1])?;
-        let (peers, recv) = (&self.to_peers, to_receiver.addr);
-        let route = |from: u32, to: u32| match (from, to) {
-            (RECEIVER, to) => peers[to as usize - 1].addr,
-            (_, RECEIVER) => recv,
-            (_, to) => listen[to as usize - 1],
+        let (peers, recv) = (&self.to_peers, self.to_receiver.as_ref().map(|p| p.addr));
+        let route = |from: u32, to: u32| match (from, to, recv) {
+            (RECEIVER, to, Some(_)) => peers[to as usize - 1].addr,
+            (_, RECEIVER, Some(recv)) => recv,
+            (_, to, _) => listen[to as usize - 1],
         };
         let cluster = LocalCluster::start_routed(
             &bin,
@@ -504,7 +521,6 @@ impl Job for ProcessesJob {
             &listen,
             &route,
         )?;
-        self.to_receiver = Some(to_receiver);
         self.cluster = Some(cluster);
         Ok(())
     }
@@ -554,24 +570,35 @@ impl Job for ProcessesJob {
             ("delay_ms", cfg.delay.as_millis().to_string()),
             ("shards", cfg.shards.to_string()),
         ];
+        let path = if cfg.delay.is_zero() {
+            "talks to its peers directly (no proxy at 0 ms), as nodes 1 and 2 do".to_owned()
+        } else {
+            format!(
+                "its peer traffic both ways passes TCP delay proxies in ringlog-bench, {} ms \
+                 each way per segment of bytes (round trip {} ms); nodes 1 and 2 talk directly",
+                cfg.delay.as_millis(),
+                2 * cfg.delay.as_millis()
+            )
+        };
         let mut notes = vec![
             format!(
                 "{NODES} ringlog server processes on 127.0.0.1 (a local cluster, --shards {} \
-                 each), retention_bytes = --size; node {RECEIVER} receives: its peer traffic \
-                 both ways passes TCP delay proxies in ringlog-bench, {} ms each way per \
-                 segment of bytes (round trip {} ms); nodes 1 and 2 talk directly",
+                 each), retention_bytes = --size; node {RECEIVER} receives: {path}",
                 cfg.shards,
-                cfg.delay.as_millis(),
-                2 * cfg.delay.as_millis()
             ),
             format!(
                 "each rep: a new topic with one partition (one transfer), node {RECEIVER} \
                  SIGKILLed, {} produced to node 1 until the survivors' retention retired \
-                 offset 0, node {RECEIVER} booted behind closed proxy gates (all un-timed); \
+                 offset 0, node {RECEIVER} booted {} (all un-timed); \
                  timed from the receiver's transfer start (ctl transfers: elapsed_seconds) to \
                  ringlog_transfer_installs_total moving, polled every {} ms (the end is late by \
                  up to a poll); bytes and chunks are its ringlog_transfer_*_received_total",
                 Bytes(cfg.produce_bytes()),
+                if cfg.delay.is_zero() {
+                    "(no gate: the lead-in counts from the boot)"
+                } else {
+                    "behind closed proxy gates"
+                },
                 POLL_INTERVAL.as_millis()
             ),
             format!(
@@ -597,7 +624,7 @@ impl Job for ProcessesJob {
                  io_uring, bs = the chunk size, iodepth = the window; no network); ringlog also \
                  hashes, verifies and fsyncs, and crosses TCP{}",
                 if cfg.delay.is_zero() {
-                    " (through the proxy, 0 ms: copied straight on)"
+                    " (directly, no proxy)"
                 } else {
                     " with the delay"
                 }
@@ -1230,6 +1257,8 @@ mod tests {
             &[
                 "ratio throughput ringlog/fio = ",
                 "(median; target >= 0.8) ",
+                "delay 0 ms each way (direct, no proxy)",
+                "talks to its peers directly (no proxy at 0 ms)",
             ],
         );
     }
