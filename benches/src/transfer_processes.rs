@@ -616,8 +616,8 @@ impl Job for ProcessesJob {
                 "receiver memory = peak VmRSS of the receiving server sampled every poll from \
                  the transfer start until the install (a sample counts only if the counters \
                  read after it show no install yet), minus its last sample before the start \
-                 (its VmRSS after boot, before the gate opened, if no transfers row was seen \
-                 in time): the whole process (chunk buffers, peer sessions' buffers and queues, \
+                 (its VmRSS after boot, before the gate opened or at 0 ms at once, if no \
+                 transfers row was seen in time): the whole process (chunk buffers, peer sessions' buffers and queues, \
                  the install commit, allocator slack; not the page cache), against \
                  window x chunk size ({} x {}) + {}; the servers' chunk size and window are \
                  --chunk-size and --window (transfer_chunk_bytes, transfer_window_chunks)",
