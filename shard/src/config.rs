@@ -38,9 +38,9 @@ pub struct ServerConfig {
     pub retention_ms: u64,
     /// How often each shard applies retention.
     pub retention_check_ms: u64,
-    /// State transfer's chunk: a multiple of 4096, at most 16 MiB and a
-    /// frame (`frame_bytes_max` less 64 KiB for the header). Every node of
-    /// a cluster must use the same (an offer of another size is refused).
+    /// State transfer's chunk: a multiple of 4096, at most 16 MiB. Every
+    /// node of a cluster must use the same (an offer of another size is
+    /// refused).
     pub transfer_chunk_bytes: u32,
     /// State transfer's receive window, 2..=256 chunks in flight; the
     /// receiver holds at most this many chunks in memory.
@@ -424,7 +424,7 @@ impl ServerConfig {
     }
 
     /// The transfer window is never lockstep and fits one RequestChunks;
-    /// a chunk fits one frame with room for its header.
+    /// the chunk is whole blocks, within the store's bound.
     fn validate_transfer(&self) -> Result<(), (&'static str, String)> {
         let window = self.transfer_window_chunks;
         if !(TRANSFER_WINDOW_CHUNKS_MIN..=TRANSFER_WINDOW_CHUNKS_MAX).contains(&window) {
@@ -436,15 +436,12 @@ impl ServerConfig {
             ));
         }
         let chunk = self.transfer_chunk_bytes;
-        let frame_room = self
-            .frame_bytes_max
-            .saturating_sub(TRANSFER_CHUNK_HEADROOM_BYTES);
-        if chunk == 0 || !chunk.is_multiple_of(4096) || chunk > (16 << 20) || chunk > frame_room {
+        if chunk == 0 || !chunk.is_multiple_of(4096) || chunk > TRANSFER_CHUNK_BYTES_MAX {
             return Err((
                 "transfer_chunk_bytes",
                 format!(
-                    "{chunk} must be a positive multiple of 4096, at most 16 MiB and at most \
-                     frame_bytes_max less 64 KiB ({frame_room})"
+                    "{chunk} must be a positive multiple of 4096, at most \
+                     {TRANSFER_CHUNK_BYTES_MAX}"
                 ),
             ));
         }
@@ -491,8 +488,9 @@ impl ServerConfig {
 /// one RequestChunks carries.
 pub const TRANSFER_WINDOW_CHUNKS_MIN: usize = 2;
 pub const TRANSFER_WINDOW_CHUNKS_MAX: usize = 256;
-/// Room a Chunk frame keeps beyond its data for its header.
-const TRANSFER_CHUNK_HEADROOM_BYTES: u32 = 64 * 1024;
+/// Largest `transfer_chunk_bytes` (the store's bound; peer frames are
+/// bounded by the replication limits, not the client's `frame_bytes_max`).
+const TRANSFER_CHUNK_BYTES_MAX: u32 = 16 << 20;
 
 /// Least bytes of a cluster secret (after trailing whitespace is cut).
 pub const CLUSTER_SECRET_BYTES_MIN: usize = 32;
@@ -911,13 +909,6 @@ mod tests {
             ),
             (
                 &[("transfer_chunk_bytes", "33554432")][..],
-                "transfer_chunk_bytes",
-            ),
-            (
-                &[
-                    ("transfer_chunk_bytes", "1048576"),
-                    ("frame_bytes_max", "1048576"),
-                ][..],
                 "transfer_chunk_bytes",
             ),
         ] {
