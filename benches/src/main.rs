@@ -344,7 +344,7 @@ struct TransferArgs {
     chunk_size: u64,
     /// Chunks the receiver keeps requested, on the wire or being written,
     /// 2..=256 (fio's iodepth) [default: 4; with --processes the server's
-    /// window, 8, which cannot be set].
+    /// default window, 8, set on every node as transfer_window_chunks].
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]
     window: Option<u32>,
     /// Encoded bytes of each batch of the source's log.
@@ -356,9 +356,8 @@ struct TransferArgs {
     /// Milliseconds every request and reply between the serving and the
     /// receiving machine is held, each way (a round trip costs twice this):
     /// an in-process delay line, or with --processes a TCP delay proxy
-    /// holding every segment of bytes, both ways (at 0 the proxy copies
-    /// straight on, no queue: it stays, as the gate that keeps node 3
-    /// behind).
+    /// holding every segment of bytes, both ways (at 0 there is no proxy:
+    /// node 3 and its peers connect directly).
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=10_000))]
     delay_ms: u64,
     /// Compare with a lockstep pull at the same delay: one 256KiB chunk
@@ -370,8 +369,9 @@ struct TransferArgs {
     /// Transfer between real `ringlog server` processes over loopback TCP:
     /// a local 3-node cluster keeping --size per partition by retention;
     /// node 3 is killed, falls behind the others' retention, is booted and
-    /// installs a snapshot of one partition, timed from its side. The
-    /// server's chunk size (1m) and window (8) are fixed.
+    /// installs a snapshot of one partition, timed from its side.
+    /// --chunk-size and --window set every server's transfer_chunk_bytes
+    /// and transfer_window_chunks (defaults 1m and 8).
     #[arg(long)]
     processes: bool,
     /// With --processes: the `ringlog` binary [default: next to
@@ -830,12 +830,15 @@ fn processes_report(
     Report<transfer_processes::ProcessResult, transfer_processes::ProcessBaseline>,
     BenchError,
 > {
-    use transfer_processes::{server_chunk_bytes, Baseline, ProcessesConfig, ProcessesJob};
-    if args.window.is_some() || args.chunk_size != u64::from(server_chunk_bytes()) {
+    use transfer_processes::{server_window_chunks, Baseline, ProcessesConfig, ProcessesJob};
+    // The servers check both (transfer_chunk_bytes, transfer_window_chunks);
+    // only the conversions are checked here.
+    let chunk_bytes = u32::try_from(args.chunk_size)
+        .map_err(|_| BenchError::Usage(format!("--chunk-size {} is too large", args.chunk_size)))?;
+    let window_chunks = args.window.map_or(server_window_chunks(), |w| w as usize);
+    if !(2..=256).contains(&window_chunks) {
         return Err(BenchError::Usage(format!(
-            "--processes uses the server's window and chunk size ({}); no --window or \
-             --chunk-size",
-            Bytes(u64::from(server_chunk_bytes()))
+            "--window {window_chunks} must be in 2..=256 (the server's transfer_window_chunks)"
         )));
     }
     check_segment_size(args.segment_size, args.batch_size)?;
@@ -860,6 +863,8 @@ fn processes_report(
         batch_size: to_usize("--batch-size", args.batch_size)?,
         record_size: to_usize("--record-size", args.record_size)?,
         delay: Duration::from_millis(args.delay_ms),
+        chunk_bytes,
+        window_chunks,
         server_bin: args.server_bin.clone(),
         shards: args.shards,
         vs,

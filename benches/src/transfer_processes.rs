@@ -1,8 +1,9 @@
 //! `ringlog-bench transfer --processes`: a state transfer between real
 //! `ringlog server` processes over loopback TCP. A local 3-node cluster
 //! ([`LocalCluster`]) keeps `--size` bytes per partition by retention;
-//! node 3 (the receiver) reaches its peers, and they reach it, only through
-//! [`DelayProxy`]s in this process (`--delay-ms` each way). Each rep (all
+//! node 3 (the receiver) reaches its peers, and they reach it, through
+//! [`DelayProxy`]s in this process (`--delay-ms` each way; at 0 ms
+//! directly, without proxies or gate). Each rep (all
 //! un-timed but the transfer): a new one-partition topic on every node,
 //! node 3 SIGKILLed, enough produced to node 1 that the survivors'
 //! retention retires offset 0 (which node 3 lacks: it cannot repair), node
@@ -83,6 +84,10 @@ pub struct ProcessesConfig {
     pub record_size: usize,
     /// Each way, per proxy.
     pub delay: Duration,
+    /// The servers' `transfer_chunk_bytes` and `transfer_window_chunks`
+    /// (checked by the server; fio's bs and iodepth).
+    pub chunk_bytes: u32,
+    pub window_chunks: usize,
     pub server_bin: Option<PathBuf>,
     pub shards: u32,
     pub vs: Option<Baseline>,
@@ -109,6 +114,8 @@ impl ProcessesConfig {
             format!("write_buffer_bytes={}", store.write_buffer_bytes),
             format!("retention_bytes={}", self.bytes),
             "retention_check_ms=100".to_owned(),
+            format!("transfer_chunk_bytes={}", self.chunk_bytes),
+            format!("transfer_window_chunks={}", self.window_chunks),
         ]
         .into_iter()
         .flat_map(|s| ["--set".to_owned(), s])
@@ -116,19 +123,15 @@ impl ProcessesConfig {
     }
 }
 
-/// The server's transfer settings (not configurable there): its chunk
-/// size and its receiver's window.
-pub fn server_chunk_bytes() -> u32 {
-    ringlog_storage::store::StoreConfig::default().transfer_chunk_bytes
-}
-
+/// The server's default transfer window (`--window` sets it on every
+/// node; `--chunk-size` defaults to its chunk size, 1m).
 pub fn server_window_chunks() -> usize {
     ringlog_shard::transfer::Budgets::default().window_chunks
 }
 
 /// window x chunk size + [`RECEIVER_SLACK_BYTES`].
-pub fn receiver_bound_bytes() -> u64 {
-    server_window_chunks() as u64 * u64::from(server_chunk_bytes()) + RECEIVER_SLACK_BYTES
+pub fn receiver_bound_bytes(window_chunks: usize, chunk_bytes: u32) -> u64 {
+    window_chunks as u64 * u64::from(chunk_bytes) + RECEIVER_SLACK_BYTES
 }
 
 /// One timed transfer between the processes.
@@ -138,6 +141,9 @@ pub struct ProcessResult {
     /// transfer start to install seen; no per-chunk latency (lat empty).
     pub summary: RunSummary,
     pub delay: Duration,
+    /// The servers' transfer settings.
+    pub chunk_bytes: u32,
+    pub window_chunks: usize,
     /// The receiver's transfer counters after the install.
     pub started: u64,
     pub installs: u64,
@@ -166,6 +172,10 @@ pub struct ProcessResult {
 }
 
 impl ProcessResult {
+    pub fn bound_bytes(&self) -> u64 {
+        receiver_bound_bytes(self.window_chunks, self.chunk_bytes)
+    }
+
     pub fn memory_bytes(&self) -> u64 {
         self.rss_peak_bytes.saturating_sub(self.rss_baseline_bytes)
     }
@@ -182,12 +192,17 @@ impl Measured for ProcessResult {
         use std::fmt::Write as _;
         let _ = writeln!(
             out,
-            "    {} chunks of {} (window {}), delay {} ms each way (TCP proxy); start from {}; \
+            "    {} chunks of {} (window {}), delay {} ms each way ({}); start from {}; \
              lead-in {:.2} s (un-timed)",
             self.summary.ios,
-            Bytes(u64::from(server_chunk_bytes())),
-            server_window_chunks(),
+            Bytes(u64::from(self.chunk_bytes)),
+            self.window_chunks,
             self.delay.as_millis(),
+            if self.delay.is_zero() {
+                "direct, no proxy"
+            } else {
+                "TCP proxy"
+            },
             if self.start_from_row {
                 "the transfers row"
             } else {
@@ -211,7 +226,7 @@ impl Measured for ProcessResult {
             self.memory_samples,
             Bytes(self.memory_bytes()),
             Bytes(self.peak_at_bytes),
-            Bytes(receiver_bound_bytes()),
+            Bytes(self.bound_bytes()),
             Bytes(RECEIVER_SLACK_BYTES),
             Bytes(self.hwm_bytes),
             Bytes(self.rss_after_install_bytes)
@@ -223,8 +238,8 @@ impl Measured for ProcessResult {
     fn fields(&self) -> Value {
         json!({
             "delay_ms": self.delay.as_secs_f64() * 1000.0,
-            "chunk_size": server_chunk_bytes(),
-            "window": server_window_chunks(),
+            "chunk_size": self.chunk_bytes,
+            "window": self.window_chunks,
             "transfers_started": self.started,
             "installs": self.installs,
             "attempts_failed": self.attempts_failed,
@@ -235,7 +250,7 @@ impl Measured for ProcessResult {
             "receiver_rss_baseline_bytes": self.rss_baseline_bytes,
             "receiver_rss_peak_bytes": self.rss_peak_bytes,
             "receiver_memory_bytes": self.memory_bytes(),
-            "receiver_bound_bytes": receiver_bound_bytes(),
+            "receiver_bound_bytes": self.bound_bytes(),
             "receiver_hwm_bytes": self.hwm_bytes,
             "receiver_peak_at_bytes": self.peak_at_bytes,
             "receiver_rss_after_install_bytes": self.rss_after_install_bytes,
@@ -407,8 +422,12 @@ impl ProcessesJob {
     }
 
     /// Boots the receiver behind closed gates, samples its memory, opens
-    /// the gates and times the transfer.
+    /// the gates and times the transfer. Without proxies (no delay) there
+    /// is no gate: the transfer may start as the receiver boots, so the
+    /// window opens before the boot and the baseline is sampled at once.
     fn timed_transfer(&mut self) -> Result<ProcessResult, BenchError> {
+        let gated = self.to_receiver.is_some();
+        let booting = Instant::now();
         let node = self
             .cluster
             .as_mut()
@@ -416,10 +435,12 @@ impl ProcessesJob {
             .boot(RECEIVER)?;
         let ctl = node.control_socket();
         let pid = node.pid().expect("just booted");
-        std::thread::sleep(Duration::from_millis(200));
+        if gated {
+            std::thread::sleep(Duration::from_millis(200));
+        }
         let baseline = Memory::read(pid)?;
         self.set_gates(true);
-        let opened = Instant::now();
+        let opened = if gated { Instant::now() } else { booting };
         let mut watch = Watch::new(baseline);
         loop {
             let polled = Instant::now();
@@ -431,7 +452,12 @@ impl ProcessesJob {
             if counters.installs > 0 {
                 let end = Instant::now();
                 let after = Memory::read(pid)?.rss_bytes.max(memory.rss_bytes);
-                return Ok(watch.result(self.cfg.delay, counters, opened, end, after));
+                let set = Settings {
+                    delay: self.cfg.delay,
+                    chunk_bytes: self.cfg.chunk_bytes,
+                    window_chunks: self.cfg.window_chunks,
+                };
+                return Ok(watch.result(set, counters, opened, end, after));
             }
             watch.memory(memory, counters.bytes);
             if opened.elapsed() > TRANSFER_TIMEOUT {
@@ -450,9 +476,9 @@ impl ProcessesJob {
         let job = fio::TransferJob {
             read_file: &read_file,
             write_file: &write_file,
-            block_size_bytes: u64::from(server_chunk_bytes()),
+            block_size_bytes: u64::from(self.cfg.chunk_bytes),
             size_bytes: bytes,
-            iodepth: server_window_chunks() as u32,
+            iodepth: self.cfg.window_chunks as u32,
         };
         let need = job.effective_size_bytes();
         self.read.prepare(FioLayout::Prewritten, need)?;
@@ -482,19 +508,24 @@ impl Job for ProcessesJob {
     fn start(&mut self) -> Result<(), BenchError> {
         let bin = server::locate_binary(self.cfg.server_bin.as_deref())?;
         let listen = peer_addrs(NODES)?;
-        let proxy = |to: SocketAddr| {
-            DelayProxy::start(to, self.cfg.delay)
-                .map_err(|e| BenchError::Usage(format!("starting a delay proxy: {e}")))
-        };
-        for id in 1..NODES {
-            self.to_peers.push(proxy(listen[id as usize - 1])?);
+        // At no delay there is nothing to add: node 3 dials its peers and
+        // they dial it directly, sparing a process hop and two user-space
+        // copies per byte on this small machine.
+        if !self.cfg.delay.is_zero() {
+            let proxy = |to: SocketAddr| {
+                DelayProxy::start(to, self.cfg.delay)
+                    .map_err(|e| BenchError::Usage(format!("starting a delay proxy: {e}")))
+            };
+            for id in 1..NODES {
+                self.to_peers.push(proxy(listen[id as usize - 1])?);
+            }
+            self.to_receiver = Some(proxy(listen[RECEIVER as usize - 1])?);
         }
-        let to_receiver = proxy(listen[RECEIVER as usize - 1])?;
-        let (peers, recv) = (&self.to_peers, to_receiver.addr);
-        let route = |from: u32, to: u32| match (from, to) {
-            (RECEIVER, to) => peers[to as usize - 1].addr,
-            (_, RECEIVER) => recv,
-            (_, to) => listen[to as usize - 1],
+        let (peers, recv) = (&self.to_peers, self.to_receiver.as_ref().map(|p| p.addr));
+        let route = |from: u32, to: u32| match (from, to, recv) {
+            (RECEIVER, to, Some(_)) => peers[to as usize - 1].addr,
+            (_, RECEIVER, Some(recv)) => recv,
+            (_, to, _) => listen[to as usize - 1],
         };
         let cluster = LocalCluster::start_routed(
             &bin,
@@ -504,7 +535,6 @@ impl Job for ProcessesJob {
             &listen,
             &route,
         )?;
-        self.to_receiver = Some(to_receiver);
         self.cluster = Some(cluster);
         Ok(())
     }
@@ -545,46 +575,54 @@ impl Job for ProcessesJob {
             ("processes", NODES.to_string()),
             ("size", Bytes(cfg.bytes).to_string()),
             ("segment_size", Bytes(cfg.segment_size).to_string()),
-            (
-                "chunk_size",
-                Bytes(u64::from(server_chunk_bytes())).to_string(),
-            ),
-            ("window", server_window_chunks().to_string()),
+            ("chunk_size", Bytes(u64::from(cfg.chunk_bytes)).to_string()),
+            ("window", cfg.window_chunks.to_string()),
             ("batch_size", Bytes(cfg.batch_size as u64).to_string()),
             ("delay_ms", cfg.delay.as_millis().to_string()),
             ("shards", cfg.shards.to_string()),
         ];
+        let path = if cfg.delay.is_zero() {
+            "talks to its peers directly (no proxy at 0 ms), as nodes 1 and 2 do".to_owned()
+        } else {
+            format!(
+                "its peer traffic both ways passes TCP delay proxies in ringlog-bench, {} ms \
+                 each way per segment of bytes (round trip {} ms); nodes 1 and 2 talk directly",
+                cfg.delay.as_millis(),
+                2 * cfg.delay.as_millis()
+            )
+        };
         let mut notes = vec![
             format!(
                 "{NODES} ringlog server processes on 127.0.0.1 (a local cluster, --shards {} \
-                 each), retention_bytes = --size; node {RECEIVER} receives: its peer traffic \
-                 both ways passes TCP delay proxies in ringlog-bench, {} ms each way per \
-                 segment of bytes (round trip {} ms); nodes 1 and 2 talk directly",
+                 each), retention_bytes = --size; node {RECEIVER} receives: {path}",
                 cfg.shards,
-                cfg.delay.as_millis(),
-                2 * cfg.delay.as_millis()
             ),
             format!(
                 "each rep: a new topic with one partition (one transfer), node {RECEIVER} \
                  SIGKILLed, {} produced to node 1 until the survivors' retention retired \
-                 offset 0, node {RECEIVER} booted behind closed proxy gates (all un-timed); \
+                 offset 0, node {RECEIVER} booted {} (all un-timed); \
                  timed from the receiver's transfer start (ctl transfers: elapsed_seconds) to \
                  ringlog_transfer_installs_total moving, polled every {} ms (the end is late by \
                  up to a poll); bytes and chunks are its ringlog_transfer_*_received_total",
                 Bytes(cfg.produce_bytes()),
+                if cfg.delay.is_zero() {
+                    "(no gate: the lead-in counts from the boot)"
+                } else {
+                    "behind closed proxy gates"
+                },
                 POLL_INTERVAL.as_millis()
             ),
             format!(
                 "receiver memory = peak VmRSS of the receiving server sampled every poll from \
                  the transfer start until the install (a sample counts only if the counters \
                  read after it show no install yet), minus its last sample before the start \
-                 (its VmRSS after boot, before the gate opened, if no transfers row was seen \
-                 in time): the whole process (chunk buffers, peer sessions' buffers and queues, \
+                 (its VmRSS after boot, before the gate opened or at 0 ms at once, if no \
+                 transfers row was seen in time): the whole process (chunk buffers, peer sessions' buffers and queues, \
                  the install commit, allocator slack; not the page cache), against \
-                 window x chunk size ({} x {}) + {}; the server's chunk size and window are its \
-                 defaults (not configurable)",
-                server_window_chunks(),
-                Bytes(u64::from(server_chunk_bytes())),
+                 window x chunk size ({} x {}) + {}; the servers' chunk size and window are \
+                 --chunk-size and --window (transfer_chunk_bytes, transfer_window_chunks)",
+                cfg.window_chunks,
+                Bytes(u64::from(cfg.chunk_bytes)),
                 Bytes(RECEIVER_SLACK_BYTES)
             ),
             "the serving nodes, the receiver, the proxies and the producer share this machine's \
@@ -597,7 +635,7 @@ impl Job for ProcessesJob {
                  io_uring, bs = the chunk size, iodepth = the window; no network); ringlog also \
                  hashes, verifies and fsyncs, and crosses TCP{}",
                 if cfg.delay.is_zero() {
-                    " (through the proxy, 0 ms: copied straight on)"
+                    " (directly, no proxy)"
                 } else {
                     " with the delay"
                 }
@@ -620,6 +658,14 @@ impl Job for ProcessesJob {
 }
 
 /// Start, memory and the timeline as the polls see them.
+/// What a rep ran with, for its result.
+#[derive(Debug, Clone, Copy)]
+struct Settings {
+    delay: Duration,
+    chunk_bytes: u32,
+    window_chunks: usize,
+}
+
 struct Watch {
     start: Option<Instant>,
     boot: Memory,
@@ -678,7 +724,7 @@ impl Watch {
     /// `after_rss`: VmRSS sampled as the install was seen (not counted).
     fn result(
         self,
-        delay: Duration,
+        set: Settings,
         c: Counters,
         opened: Instant,
         end: Instant,
@@ -692,7 +738,9 @@ impl Watch {
         ProcessResult {
             summary: RunSummary::from_counts(c.bytes, c.chunks, runtime, lat)
                 .with_timeline(timeline),
-            delay,
+            delay: set.delay,
+            chunk_bytes: set.chunk_bytes,
+            window_chunks: set.window_chunks,
             started: c.started,
             installs: c.installs,
             attempts_failed: c.attempts_failed,
@@ -957,7 +1005,10 @@ impl ProcessesReport {
             ));
         }
         if let Some(m) = Spread::of(&mem) {
-            let bound = receiver_bound_bytes() as f64;
+            let bound = (self.0.reps.iter())
+                .map(|r| r.ours.bound_bytes())
+                .min()
+                .unwrap_or(0) as f64;
             targets.push(format!(
                 "receiver memory +{:.1} MiB (max over reps; median {:.1}) vs window x chunk + \
                  {} = {:.1} MiB {}",
@@ -1006,6 +1057,14 @@ impl JobReport for ProcessesReport {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn test_settings() -> Settings {
+        Settings {
+            delay: Duration::ZERO,
+            chunk_bytes: 1 << 20,
+            window_chunks: server_window_chunks(),
+        }
+    }
 
     #[test]
     fn memory_is_parsed_from_proc_status_and_garbage_is_none() {
@@ -1080,7 +1139,7 @@ mod tests {
             ..Counters::default()
         };
         let end = opened + Duration::from_millis(1300);
-        let r = w.result(Duration::ZERO, c, opened, end, 5000);
+        let r = w.result(test_settings(), c, opened, end, 5000);
         assert_eq!(r.summary.runtime, Duration::from_millis(1000));
         assert_eq!(r.lead_in, Duration::from_millis(300));
         assert!(r.start_from_row);
@@ -1098,7 +1157,7 @@ mod tests {
             },
             3,
         );
-        let r = w.result(Duration::ZERO, c, opened, end, 5000);
+        let r = w.result(test_settings(), c, opened, end, 5000);
         assert!(!r.start_from_row, "no row: from the gate");
         assert_eq!(r.summary.runtime, Duration::from_millis(1300));
         assert_eq!(r.memory_bytes(), 150, "no row: from boot");
@@ -1136,13 +1195,14 @@ mod tests {
     }
 
     #[test]
-    fn processes_takes_the_servers_window_and_chunk_and_two_segments_of_retention() {
+    fn processes_bounds_window_and_chunk_and_takes_two_segments_of_retention() {
         use crate::testutil::{data_dir, transfer};
         let (_tmp, dir) = data_dir();
         let d = dir.display();
         for bad in [
-            "--window 8",
-            "--chunk-size 256k",
+            "--window 1",
+            "--window 257",
+            "--chunk-size 5g",
             "--size 4m --segment-size 4m",
             "--segment-size 1001k --batch-size 64k",
         ] {
@@ -1171,7 +1231,7 @@ mod tests {
         assert!(!dir.exists(), "data dir is removed without --keep");
         assert_eq!(report.0.reps.len(), 2);
         for rep in &report.0.reps {
-            let (ours, chunk) = (&rep.ours, u64::from(server_chunk_bytes()));
+            let (ours, chunk) = (&rep.ours, u64::from(rep.ours.chunk_bytes));
             // The kept sealed segments, whole: at least two of 2 MiB.
             assert!(ours.summary.bytes >= 4 << 20, "{ours:?}");
             assert!(ours.summary.bytes <= 8 << 20, "{ours:?}");
@@ -1230,6 +1290,8 @@ mod tests {
             &[
                 "ratio throughput ringlog/fio = ",
                 "(median; target >= 0.8) ",
+                "delay 0 ms each way (direct, no proxy)",
+                "talks to its peers directly (no proxy at 0 ms)",
             ],
         );
     }

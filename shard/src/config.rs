@@ -38,6 +38,13 @@ pub struct ServerConfig {
     pub retention_ms: u64,
     /// How often each shard applies retention.
     pub retention_check_ms: u64,
+    /// State transfer's chunk: a multiple of 4096, at most 16 MiB. Every
+    /// node of a cluster must use the same (an offer of another size is
+    /// refused).
+    pub transfer_chunk_bytes: u32,
+    /// State transfer's receive window, 2..=256 chunks in flight; the
+    /// receiver holds at most this many chunks in memory.
+    pub transfer_window_chunks: usize,
     /// Fsync batching: most appends collected into one group commit (one
     /// flush of every touched partition, one fdatasync each).
     pub group_commit_appends_max: usize,
@@ -169,6 +176,8 @@ impl Default for ServerConfig {
             retention_bytes: 0,
             retention_ms: 0,
             retention_check_ms: 10_000,
+            transfer_chunk_bytes: 1024 * 1024,
+            transfer_window_chunks: 8,
             group_commit_appends_max: 1024,
             group_commit_delay_us: 0,
             mailbox_capacity: 1024,
@@ -399,6 +408,7 @@ impl ServerConfig {
                 ));
             }
         }
+        self.validate_transfer()?;
         self.cluster()?;
         let store = self.store_config();
         store.validate().map_err(|e| {
@@ -410,6 +420,31 @@ impl ServerConfig {
             };
             (key, msg)
         })?;
+        Ok(())
+    }
+
+    /// The transfer window is never lockstep and fits one RequestChunks;
+    /// the chunk is whole blocks, within the store's bound.
+    fn validate_transfer(&self) -> Result<(), (&'static str, String)> {
+        let window = self.transfer_window_chunks;
+        if !(TRANSFER_WINDOW_CHUNKS_MIN..=TRANSFER_WINDOW_CHUNKS_MAX).contains(&window) {
+            return Err((
+                "transfer_window_chunks",
+                format!(
+                    "{window} must be in {TRANSFER_WINDOW_CHUNKS_MIN}..={TRANSFER_WINDOW_CHUNKS_MAX}"
+                ),
+            ));
+        }
+        let chunk = self.transfer_chunk_bytes;
+        if chunk == 0 || !chunk.is_multiple_of(4096) || chunk > TRANSFER_CHUNK_BYTES_MAX {
+            return Err((
+                "transfer_chunk_bytes",
+                format!(
+                    "{chunk} must be a positive multiple of 4096, at most \
+                     {TRANSFER_CHUNK_BYTES_MAX}"
+                ),
+            ));
+        }
         Ok(())
     }
 
@@ -442,10 +477,20 @@ impl ServerConfig {
             write_buffer_bytes: self.write_buffer_bytes,
             retention_bytes: (self.retention_bytes > 0).then_some(self.retention_bytes),
             retention_ms: (self.retention_ms > 0).then_some(self.retention_ms),
+            transfer_chunk_bytes: self.transfer_chunk_bytes,
+            transfer_window_chunks: self.transfer_window_chunks,
             ..StoreConfig::default()
         }
     }
 }
+
+/// Bounds of `transfer_window_chunks`: never lockstep; at most the keys
+/// one RequestChunks carries.
+pub const TRANSFER_WINDOW_CHUNKS_MIN: usize = 2;
+pub const TRANSFER_WINDOW_CHUNKS_MAX: usize = 256;
+/// Largest `transfer_chunk_bytes` (the store's bound; peer frames are
+/// bounded by the replication limits, not the client's `frame_bytes_max`).
+const TRANSFER_CHUNK_BYTES_MAX: u32 = 16 << 20;
 
 /// Least bytes of a cluster secret (after trailing whitespace is cut).
 pub const CLUSTER_SECRET_BYTES_MIN: usize = 32;
@@ -823,6 +868,53 @@ mod tests {
         assert!(matches!(err, ConfigError::Syntax { .. }), "{err}");
         let err = ServerConfig::load(None, env(&[("RINGLOG_SHARDS", "x")]), &[]).unwrap_err();
         assert!(err.to_string().contains("RINGLOG_SHARDS"), "{err}");
+    }
+
+    /// The transfer settings reach the store at their bounds and are
+    /// refused one past them, naming the key.
+    #[test]
+    fn transfer_window_and_chunk_are_bounded() {
+        let set = |pairs: &[(&str, &str)]| {
+            let o: Vec<_> = pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            ServerConfig::load(None, Vec::new(), &o)
+        };
+        let c = set(&[
+            ("transfer_window_chunks", "256"),
+            ("transfer_chunk_bytes", "2097152"),
+        ])
+        .unwrap();
+        let store = c.store_config();
+        assert_eq!(
+            (store.transfer_window_chunks, store.transfer_chunk_bytes),
+            (256, 2 << 20)
+        );
+        let c = set(&[("transfer_window_chunks", "2")]).unwrap();
+        assert_eq!(c.store_config().transfer_window_chunks, 2);
+        for (pairs, key) in [
+            (
+                &[("transfer_window_chunks", "1")][..],
+                "transfer_window_chunks",
+            ),
+            (
+                &[("transfer_window_chunks", "257")][..],
+                "transfer_window_chunks",
+            ),
+            (&[("transfer_chunk_bytes", "0")][..], "transfer_chunk_bytes"),
+            (
+                &[("transfer_chunk_bytes", "4097")][..],
+                "transfer_chunk_bytes",
+            ),
+            (
+                &[("transfer_chunk_bytes", "33554432")][..],
+                "transfer_chunk_bytes",
+            ),
+        ] {
+            let err = set(pairs).unwrap_err().to_string();
+            assert!(err.contains(&format!("`{key}`")), "{pairs:?}: {err}");
+        }
     }
 
     fn secret_file(dir: &Path, text: &str, mode: u32) -> PathBuf {

@@ -297,6 +297,7 @@ fn budgets(store: &PartitionStore) -> Budgets {
     let cfg = store.config();
     Budgets {
         chunk_size_bytes: cfg.transfer_chunk_bytes,
+        window_chunks: cfg.transfer_window_chunks,
         artifact_bytes_max: cfg.segment_size_bytes,
         ..Budgets::default()
     }
