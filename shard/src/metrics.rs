@@ -18,6 +18,7 @@ use prometheus_client::registry::Registry;
 use ringlog_storage::store::{ReadAheadStats, ReadCacheStats};
 
 use crate::mailbox::MailboxTx;
+use crate::ops::TransferCounters;
 
 /// The `Content-Type` of what [`render`] returns.
 pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
@@ -246,23 +247,14 @@ pub fn set_read_ahead(m: &ShardMetrics, s: &ReadAheadStats) {
 }
 
 /// The shard's transfer counters, summed over its partitions (a closed
-/// partition's are gone with it).
+/// partition's are gone with it), and the bytes and chunks they moved.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct TransferTotals {
-    /// By trigger, in the order of [`TRANSFER_TRIGGERS`].
-    pub started: [u64; TRANSFER_TRIGGERS.len()],
-    pub installs: u64,
-    pub attempts_failed: u64,
-    pub rotations: u64,
-    pub refusals: u64,
-    pub charges: u64,
-    pub quarantines: u64,
+    pub counters: TransferCounters,
     pub bytes_received: u64,
     pub chunks_received: u64,
     pub bytes_served: u64,
     pub chunks_served: u64,
-    pub ops_refused: u64,
-    pub installs_deferred: u64,
 }
 
 /// The `trigger` label of `ringlog_transfer_started_total`, by index: the
@@ -276,32 +268,26 @@ pub const TRANSFER_TRIGGERS: [&str; 5] = [
 ];
 
 pub fn set_transfers(m: &ShardMetrics, t: &TransferTotals) {
-    for (sum, n) in m.transfer_started_total.iter().zip(t.started) {
+    let c = &t.counters;
+    for (sum, n) in m.transfer_started_total.iter().zip(c.started) {
         sum.store(n, Ordering::Relaxed);
     }
-    m.transfer_installs_total
-        .store(t.installs, Ordering::Relaxed);
-    m.transfer_attempts_failed_total
-        .store(t.attempts_failed, Ordering::Relaxed);
-    m.transfer_rotations_total
-        .store(t.rotations, Ordering::Relaxed);
-    m.transfer_refusals_total
-        .store(t.refusals, Ordering::Relaxed);
-    m.transfer_charges_total.store(t.charges, Ordering::Relaxed);
-    m.transfer_quarantines_total
-        .store(t.quarantines, Ordering::Relaxed);
-    m.transfer_bytes_received_total
-        .store(t.bytes_received, Ordering::Relaxed);
-    m.transfer_chunks_received_total
-        .store(t.chunks_received, Ordering::Relaxed);
-    m.transfer_bytes_served_total
-        .store(t.bytes_served, Ordering::Relaxed);
-    m.transfer_chunks_served_total
-        .store(t.chunks_served, Ordering::Relaxed);
-    m.transfer_ops_refused_total
-        .store(t.ops_refused, Ordering::Relaxed);
-    m.transfer_installs_deferred_total
-        .store(t.installs_deferred, Ordering::Relaxed);
+    for (counter, n) in [
+        (&m.transfer_installs_total, c.installs),
+        (&m.transfer_attempts_failed_total, c.attempts_failed),
+        (&m.transfer_rotations_total, c.rotations),
+        (&m.transfer_refusals_total, c.refusals),
+        (&m.transfer_charges_total, c.charges),
+        (&m.transfer_quarantines_total, c.quarantines),
+        (&m.transfer_ops_refused_total, c.ops_refused),
+        (&m.transfer_installs_deferred_total, c.installs_deferred),
+        (&m.transfer_bytes_received_total, t.bytes_received),
+        (&m.transfer_chunks_received_total, t.chunks_received),
+        (&m.transfer_bytes_served_total, t.bytes_served),
+        (&m.transfer_chunks_served_total, t.chunks_served),
+    ] {
+        counter.store(n, Ordering::Relaxed);
+    }
 }
 
 /// A shard's mailbox figures, read when the scrape starts.
@@ -1093,7 +1079,7 @@ mod tests {
         let m = ShardMetrics::default();
         add(&m.append_bytes_total, 123);
         let mut totals = TransferTotals::default();
-        totals.started[2] = 3;
+        totals.counters.started[2] = 3;
         set_transfers(&m, &totals);
         let out = scrape_of(m);
         for want in [

@@ -270,3 +270,40 @@ pub struct ReplyEnvelope {
     pub token: u64,
     pub outcome: Outcome,
 }
+
+/// What a partition's transfers did (its shard sums them into metrics).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TransferCounters {
+    /// Transfers started, by trigger ([`crate::vsr::Trigger::index`]).
+    pub started: [u64; crate::vsr::Trigger::ALL.len()],
+    pub installs: u64,
+    pub attempts_failed: u64,
+    pub rotations: u64,
+    pub refusals: u64,
+    pub charges: u64,
+    pub quarantines: u64,
+    pub undecodable: u64,
+    /// Ops refused because the partition's queue was full.
+    pub ops_refused: u64,
+    /// Installs that could not begin yet (the shard's install limit or
+    /// budget, a busy log): retried on the receiver's flat interval.
+    pub installs_deferred: u64,
+}
+
+impl TransferCounters {
+    /// Adds `other`'s counts (a shard sums its partitions').
+    pub fn add(&mut self, other: &Self) {
+        for (sum, n) in self.started.iter_mut().zip(other.started) {
+            *sum += n;
+        }
+        self.installs += other.installs;
+        self.attempts_failed += other.attempts_failed;
+        self.rotations += other.rotations;
+        self.refusals += other.refusals;
+        self.charges += other.charges;
+        self.quarantines += other.quarantines;
+        self.undecodable += other.undecodable;
+        self.ops_refused += other.ops_refused;
+        self.installs_deferred += other.installs_deferred;
+    }
+}

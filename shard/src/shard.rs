@@ -1168,20 +1168,9 @@ pub(crate) const JOURNAL_DIR: &str = "journal";
 fn transfer_totals(partitions: &HashMap<u32, Partition>) -> metrics::TransferTotals {
     let mut t = metrics::TransferTotals::default();
     for x in partitions.values().filter_map(Partition::transfer) {
-        let c = x.counters();
+        t.counters.add(&x.counters());
         let (bytes_received, chunks_received) = x.received();
         let (bytes_served, chunks_served) = x.served();
-        for (sum, n) in t.started.iter_mut().zip(c.started) {
-            *sum += n;
-        }
-        t.installs += c.installs;
-        t.attempts_failed += c.attempts_failed;
-        t.rotations += c.rotations;
-        t.refusals += c.refusals;
-        t.charges += c.charges;
-        t.quarantines += c.quarantines;
-        t.ops_refused += c.ops_refused;
-        t.installs_deferred += c.installs_deferred;
         t.bytes_received += bytes_received;
         t.chunks_received += chunks_received;
         t.bytes_served += bytes_served;

@@ -64,24 +64,7 @@ pub(super) const PENDING_OPS_MAX: usize = 256;
 /// a receiver's default window (`Budgets::default().window_chunks`).
 pub(super) const READ_BUFFERS_IDLE_MAX: usize = 8;
 
-/// What a partition's transfers did (its shard sums them into metrics).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct TransferCounters {
-    /// Transfers started, by trigger ([`Trigger::index`]).
-    pub started: [u64; Trigger::ALL.len()],
-    pub installs: u64,
-    pub attempts_failed: u64,
-    pub rotations: u64,
-    pub refusals: u64,
-    pub charges: u64,
-    pub quarantines: u64,
-    pub undecodable: u64,
-    /// Ops refused because the partition's queue was full.
-    pub ops_refused: u64,
-    /// Installs that could not begin yet (the shard's install limit or
-    /// budget, a busy log): retried on the receiver's flat interval.
-    pub installs_deferred: u64,
-}
+pub use crate::ops::TransferCounters;
 
 /// A running transfer, for `ctl transfers`.
 #[derive(Debug, Clone, PartialEq, Eq)]
