@@ -941,6 +941,19 @@ fn every_stale_or_oversized_offer_is_refused_charged_and_released() {
     }
 }
 
+/// Whether the receiver's answer to an offer begins an install.
+fn begins_install(outs: &[Output]) -> bool {
+    outs.iter().any(|o| {
+        matches!(
+            o,
+            Output::Io {
+                op: TransferOp::BeginInstall { .. },
+                ..
+            }
+        )
+    })
+}
+
 #[test]
 fn a_level_offer_is_taken_only_when_the_trigger_needs_it() {
     let mut src = source(80, "/src");
@@ -963,15 +976,7 @@ fn a_level_offer_is_taken_only_when_the_trigger_needs_it() {
             offer: Offer::Snapshot(m.clone()),
         };
         let outs = offered(&mut r, 1, offer);
-        let began = outs.iter().any(|o| {
-            matches!(
-                o,
-                Output::Io {
-                    op: TransferOp::BeginInstall { .. },
-                    ..
-                }
-            )
-        });
+        let began = begins_install(&outs);
         assert_eq!(began, taken, "{trigger:?}: {outs:?}");
     }
 }
@@ -1021,15 +1026,7 @@ fn a_commit_above_our_log_is_not_asked_of_an_offer() {
         offer: Offer::Snapshot(m.clone()),
     };
     let outs = offered(&mut r, 1, offer);
-    let began = outs.iter().any(|o| {
-        matches!(
-            o,
-            Output::Io {
-                op: TransferOp::BeginInstall { .. },
-                ..
-            }
-        )
-    });
+    let began = begins_install(&outs);
     assert!(began, "the offer holds more than our log: {outs:?}");
 }
 
