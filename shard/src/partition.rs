@@ -237,6 +237,10 @@ pub struct Partition {
     /// tick means idle, and an idle partition's frontier record is brought
     /// up to its durable end (see [`Partition::prepare_checkpoint`]).
     idle_seen: Option<u64>,
+    /// The store was replaced since the shard last asked
+    /// ([`Partition::take_replaced`]): the old replica's produces in
+    /// flight get no answer from the new one.
+    replaced: bool,
 }
 
 impl Partition {
@@ -294,6 +298,7 @@ impl Partition {
             state,
             flush_end: None,
             idle_seen: None,
+            replaced: false,
         }
     }
 
@@ -309,6 +314,7 @@ impl Partition {
             state: State::Unavailable(why),
             flush_end: None,
             idle_seen: None,
+            replaced: false,
         }
     }
 
@@ -626,7 +632,9 @@ impl Partition {
     pub fn needs_tick(&self) -> bool {
         match &self.state {
             State::Open(h) => {
-                h.replica.needs_tick() || h.xfer.as_ref().is_some_and(|x| x.needs_tick())
+                h.replica.needs_tick()
+                    || h.xfer.as_ref().is_some_and(|x| x.needs_tick())
+                    || (h.xfer.is_some() && h.store.corruption_seen().is_some())
             }
             State::Unavailable(_) => false,
         }
@@ -635,12 +643,90 @@ impl Partition {
     /// One tick of the replica's clock and of its transfer machines
     /// (`installs`: the shard's; `now_ms` for snapshot leases).
     pub fn tick(&mut self, io: &mut impl IoBackend, installs: &mut Installs, now_ms: u64) {
+        debug_assert!(self.flush_end.is_none(), "ticked with a flush in flight");
+        if self.corrupt_store_replaceable() {
+            self.replace_corrupt_store(io);
+        }
         if let State::Open(h) = &mut self.state {
             h.run(io, Input::Tick);
             h.answer_flushes(io);
             h.transfer_check_needed(io, installs, now_ms);
             h.transfer_tick(io, installs, now_ms);
         }
+    }
+
+    /// Whether the store of this replicated partition read a sealed
+    /// segment that fails verification, and nothing of it is in flight
+    /// (a flush, spare, reservation or transfer I/O) or being installed:
+    /// an install replaces the bad generation itself.
+    fn corrupt_store_replaceable(&self) -> bool {
+        let State::Open(h) = &self.state else {
+            return false;
+        };
+        let Some(x) = h.xfer.as_ref() else {
+            return false; // a cluster of one has no peer to copy from
+        };
+        h.store.corruption_seen().is_some()
+            && self.flush_end.is_none()
+            && !h.store.spare_in_flight()
+            && !h.store.reserve_ahead_in_flight()
+            && x.io_in_flight().0 == 0
+            && x.progress().is_none()
+    }
+
+    /// Sets the corrupt store aside and boots the replica wiped on an empty
+    /// one, which installs a good copy from a peer
+    /// (`Trigger::CorruptSegment`), as a corrupt store found at open does:
+    /// every sealed op is committed, so a quorum of peers holds it. Replies
+    /// the old replica gave are kept; its produces still in flight are
+    /// failed by the shard ([`Partition::take_replaced`]).
+    fn replace_corrupt_store(&mut self, io: &mut impl IoBackend) {
+        let placeholder = State::Unavailable("replacing a corrupt store".into());
+        let State::Open(old) = std::mem::replace(&mut self.state, placeholder) else {
+            unreachable!("checked by corrupt_store_replaceable");
+        };
+        let Hosted {
+            store,
+            repl,
+            replies,
+            next_token,
+            ..
+        } = *old;
+        debug_assert!(repl.is_some(), "only a replicated store is replaced");
+        let why = store.corruption_seen().unwrap_or_default().to_string();
+        tracing::error!(partition_id = self.id, cause = %why, "a sealed segment fails verification: the partition's data is set aside and its replica installs a copy from a peer");
+        let (config, pool) = (store.config().clone(), store.pool().clone());
+        if let Err(e) = store.close(io) {
+            tracing::warn!(partition_id = self.id, error = %e, "closing the corrupt store");
+        }
+        let id = self.id;
+        let booted = set_aside_corrupt(io, &self.dir)
+            .map_err(|e| format!("set aside {}: {e}", self.dir.display()))
+            .and_then(|()| {
+                PartitionStore::create_in(io, &self.dir, id, config, pool)
+                    .map_err(|e| format!("create {}: {e}", self.dir.display()))
+            })
+            .and_then(|store| Hosted::boot(io, store, id, repl, Opened::ReplacedCorrupt));
+        self.state = match booted {
+            Ok(mut h) => {
+                h.replies = replies;
+                h.next_token = next_token;
+                State::Open(Box::new(h))
+            }
+            Err(message) => {
+                tracing::error!(partition_id = id, %message, "partition unavailable");
+                State::Unavailable(message)
+            }
+        };
+        self.idle_seen = None;
+        self.replaced = true;
+    }
+
+    /// Whether the store was replaced since the last call: the produces
+    /// the shard still waits on were the old replica's, and their outcome
+    /// is unknown (they may commit in the group without this replica).
+    pub fn take_replaced(&mut self) -> bool {
+        std::mem::take(&mut self.replaced)
     }
 
     /// Batches of this partition's transfer I/O the shard reaped (those

@@ -62,3 +62,81 @@ fn verified_batches_are_stored_checked_by_header_and_a_flip_on_disk_is_caught_at
     assert!(matches!(e, StoreError::Corruption { .. }), "{e}");
     assert!(e.to_string().contains(".log at byte"), "{e}");
 }
+
+/// Guards against: a replicated partition never learning that a sealed
+/// segment below its commit went bad while it runs (issue 10's
+/// CorruptSegment trigger: the host replaces the store when
+/// `corruption_seen` is set). A read that finds a flipped byte in a sealed
+/// segment sets it; one in the active segment (whose last block an append
+/// may rewrite under a read) does not; a purge, which replaces the
+/// generation holding the bad bytes, clears it.
+#[test]
+fn a_flipped_sealed_segment_read_is_remembered_until_its_generation_goes() {
+    let dir = Path::new("/s");
+    let mut io = SimBackend::new(6);
+    let mut store = PartitionStore::create(&mut io, dir, PID, small_config()).unwrap();
+    let mut written = Vec::new();
+    while store.sealed_segments().count() < 1 || written.len() < 6 {
+        let b = next_batch(&store, 2, 900, written.len() as u64);
+        let v = VerifiedBatch::parse(&b[..]).unwrap();
+        let a = store.append_verified(&mut io, v).unwrap();
+        store.flush(&mut io).unwrap();
+        written.push((a.base_offset, b));
+    }
+    let sealed = *store.sealed_segments().next().unwrap();
+    let last_base = written.last().unwrap().0;
+    assert!(
+        last_base >= sealed.end_offset,
+        "the last batch is in the active segment"
+    );
+    let segment_of = |base: u64| {
+        let name = format!("{base:020}.log");
+        io.paths()
+            .into_iter()
+            .find(|p| p.file_name().is_some_and(|n| n == name.as_str()))
+            .expect("the segment file")
+    };
+    let (sealed_log, active_log) = (
+        segment_of(sealed.base_offset),
+        segment_of(store.sealed_segments().last().unwrap().end_offset),
+    );
+
+    // The active segment's first batch: an error, not remembered.
+    let flip_active = |io: &mut SimBackend| {
+        let byte = io.read_whole(&active_log).unwrap()[100];
+        io.corrupt(&active_log, 100, &[byte ^ 0x11]);
+    };
+    flip_active(&mut io);
+    let active_base = store.sealed_segments().last().unwrap().end_offset;
+    let e = store.read(&mut io, active_base, 1).unwrap_err();
+    assert!(matches!(e, StoreError::Corruption { .. }), "{e}");
+    assert_eq!(store.corruption_seen(), None, "active segment remembered");
+    flip_active(&mut io); // flipped back
+    assert!(store.read(&mut io, active_base, 1).is_ok());
+
+    // The first sealed segment's second batch: remembered, naming it.
+    let at = written[0].1.len() + 300;
+    let byte = io.read_whole(&sealed_log).unwrap()[at];
+    io.corrupt(&sealed_log, at, &[byte ^ 0x20]);
+    assert_eq!(
+        store.read(&mut io, written[0].0, 1).unwrap().bytes,
+        written[0].1
+    );
+    assert_eq!(store.corruption_seen(), None, "a good read remembered");
+    let e = store.read(&mut io, written[1].0, 1).unwrap_err();
+    assert!(matches!(e, StoreError::Corruption { .. }), "{e}");
+    let seen = store
+        .corruption_seen()
+        .expect("a sealed segment's flip remembered");
+    assert!(
+        seen.contains(&format!("{:020}.log", sealed.base_offset)),
+        "{seen}"
+    );
+    // Still failing, never skipped; still remembered.
+    assert!(store.read(&mut io, written[1].0, 1).is_err());
+    assert!(store.corruption_seen().is_some());
+
+    // A purge drops every batch with the generation that held them.
+    store.purge(&mut io).unwrap();
+    assert_eq!(store.corruption_seen(), None, "outlived its generation");
+}

@@ -844,3 +844,53 @@ fn a_corrupt_sealed_segment_is_set_aside_and_installed_from_a_peer() {
     }
     assert_eq!(g.parts[2].high_watermark(), g.parts[0].high_watermark());
 }
+
+/// Guards against: a sealed segment that goes bad while the node runs
+/// failing every read of it for good, on a replica that keeps acking as if
+/// whole (issue 10's CorruptSegment trigger, found by a read rather than
+/// at open). A byte of replica 2's first sealed segment is flipped under
+/// the open store; a fetch of it fails with Corruption (never the bad
+/// bytes), and the next tick sets the store aside (`<dir>.corrupt`),
+/// boots the replica wiped, and installs a good copy: byte-identical, and
+/// acknowledging again.
+#[test]
+fn a_sealed_segment_found_corrupt_by_a_read_is_set_aside_and_installed_from_a_peer() {
+    let mut g = Group::new();
+    g.produce(60, 3, None);
+    let store = g.parts[2].store().unwrap();
+    let sealed = *store.sealed_segments().next().expect("rolled");
+    let generation = format!("gen-{:020}", store.superblock().live_generation);
+    let pdir = g._dir.path().join(format!("p{PID}r2"));
+    let log = pdir
+        .join(generation)
+        .join(format!("{:020}.log", sealed.base_offset));
+    let mut bytes = std::fs::read(&log).unwrap();
+    bytes[700] ^= 0x5a;
+    std::fs::write(&log, bytes).unwrap();
+
+    let e = g.parts[2]
+        .fetch(&mut g.io[2], sealed.base_offset, 1 << 20, Vec::new())
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::Corruption, "{e:?}");
+    assert!(g.parts[2].needs_tick(), "the replacement waits for a tick");
+    assert_eq!(g.parts[2].status(0).role, "backup");
+    g.tick_only();
+    assert_eq!(g.parts[2].status(0).role, "wiped");
+    assert!(pdir.with_extension("corrupt").exists(), "not set aside");
+    assert!(g.parts[2].take_replaced(), "the shard is told");
+    assert!(!g.parts[2].take_replaced(), "told once");
+    assert!(
+        until_installed(&mut g, 3_000, 50, |_| {}),
+        "never installed"
+    );
+    assert_eq!(g.started_of(2, Trigger::CorruptSegment), 1);
+    assert_eq!(g.started_of(2, Trigger::NewOrWiped), 0);
+    assert_eq!(g.parts[2].store().unwrap().corruption_seen(), None);
+    let start = g.parts[2].store().unwrap().log_start_offset();
+    assert_eq!(g.bytes(2, start), g.bytes(0, start), "bytes differ");
+    g.produce(3, 5_000, Some(2));
+    for _ in 0..5 {
+        g.tick(Some(2));
+    }
+    assert_eq!(g.parts[2].high_watermark(), g.parts[0].high_watermark());
+}

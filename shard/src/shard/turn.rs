@@ -178,6 +178,11 @@ impl<B: IoBackend> Shard<B> {
                     metrics::set_read_ahead(&self.metrics, &pool.read_ahead_stats());
                     OpReply::Fetched(f)
                 });
+                if outcome.is_err() && p.needs_tick() {
+                    // A read that found a corrupt sealed segment: the
+                    // next tick replaces the store (see Partition::tick).
+                    ticking.insert(partition_id);
+                }
                 replies.push((reply, outcome));
             }
             Op::Purge { partition_id } => {
@@ -584,6 +589,12 @@ impl<B: IoBackend> Shard<B> {
     ) -> usize {
         let mut acked = 0;
         for pid in pids {
+            // Taken with or without a lane: a later produce is the new
+            // replica's.
+            let replaced = core
+                .partitions
+                .get_mut(pid)
+                .is_some_and(Partition::take_replaced);
             let Some(lane) = core.lanes.get_mut(pid) else {
                 continue;
             };
@@ -599,6 +610,17 @@ impl<B: IoBackend> Shard<B> {
                 continue;
             };
             acked += self.answer(lane, p, replies, now);
+            if replaced {
+                // The replica that would have answered them is gone.
+                let e = OpError::new(
+                    ErrorCode::PartitionUnavailable,
+                    format!("outcome unknown: partition {pid}'s replica replaced its corrupt store with the append in flight"),
+                );
+                for (_, (reply, _)) in lane.acks.drain() {
+                    metrics::inc(&self.metrics.append_errors_total);
+                    replies.push((reply, Err(e.clone())));
+                }
+            }
             // Nothing in flight will answer them (cannot happen: every
             // append is followed by a flush, answered by the next group
             // commit); never leave a producer hanging.

@@ -231,6 +231,10 @@ pub struct PartitionStore {
     cache_key: u64,
     /// Set on the first write or fsync failure: fail-stop.
     fenced: Option<String>,
+    /// Set when a read found durable bytes that fail verification (see
+    /// [`PartitionStore::corruption_seen`]); cleared by a new generation
+    /// (an install or a purge).
+    corruption_seen: Option<String>,
     /// Snapshots being served; their segments are pinned.
     snapshots: Vec<snapshot::Lease>,
     /// Distinguishes snapshots opened in the same millisecond.
@@ -335,6 +339,7 @@ impl PartitionStore {
             cache_key: pool.new_cache_key(),
             pool,
             fenced: None,
+            corruption_seen: None,
             snapshots: Vec::new(),
             snapshot_seq: 0,
             installing: None,
@@ -408,6 +413,20 @@ impl PartitionStore {
     /// The sealed segments, oldest first.
     pub fn sealed_segments(&self) -> impl Iterator<Item = &SealedSegment> {
         self.sealed.iter().map(|s| &s.meta)
+    }
+
+    /// What the first read that found durable bytes failing verification
+    /// reported, until an install replaced the log: reads keep failing
+    /// with [`StoreError::Corruption`] (bad bytes are never skipped), so a
+    /// replicated partition replaces its store and installs a good copy
+    /// from a peer.
+    pub fn corruption_seen(&self) -> Option<&str> {
+        self.corruption_seen.as_deref()
+    }
+
+    /// The pool the store draws on (the shard's, or its private one).
+    pub fn pool(&self) -> &StorePool {
+        &self.pool
     }
 
     /// Why the partition stopped, if it did.

@@ -180,6 +180,7 @@ impl PartitionStore {
             cache_key: pool.new_cache_key(),
             pool,
             fenced: None,
+            corruption_seen: None,
             snapshots: Vec::new(),
             snapshot_seq: 0,
             installing: None,

@@ -137,12 +137,19 @@ impl PartitionStore {
         })?;
         if let WalkStop::Invalid { position, reason } = stop {
             // Durable data that fails verification: report, never skip.
-            return Err(StoreError::Corruption {
+            let e = StoreError::Corruption {
                 partition_id: pid,
                 segment: segment::log_path(&self.generation_dir, base),
                 position,
                 detail: reason,
-            });
+            };
+            // Only a sealed segment: it is immutable, while the active
+            // segment's last block may be rewritten under a read.
+            if base < self.active.base_offset && self.corruption_seen.is_none() {
+                tracing::error!(partition = pid, error = %e, "a read found durable bytes that fail verification");
+                self.corruption_seen = Some(e.to_string());
+            }
+            return Err(e);
         }
         // Stopped by `max_bytes`: the next batch is at `end_position`.
         let exact = matches!(stop, WalkStop::Visitor).then_some(end_position);

@@ -102,6 +102,8 @@ impl PartitionStore {
         }
         // The new generation's bytes at any offset may differ (install).
         self.pool.cache_forget(self.cache_key);
+        // The bytes that failed verification are gone with the old one.
+        self.corruption_seen = None;
         // Called after the commit that names the new active segment.
         debug_assert_eq!(self.sb.frontier.active_base, prev.next_offset);
         let active = ActiveSegment::empty(
