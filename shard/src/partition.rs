@@ -692,22 +692,8 @@ impl Partition {
             next_token,
             ..
         } = *old;
-        debug_assert!(repl.is_some(), "only a replicated store is replaced");
-        let why = store.corruption_seen().unwrap_or_default().to_string();
-        tracing::error!(partition_id = self.id, cause = %why, "a sealed segment fails verification: the partition's data is set aside and its replica installs a copy from a peer");
-        let (config, pool) = (store.config().clone(), store.pool().clone());
-        if let Err(e) = store.close(io) {
-            tracing::warn!(partition_id = self.id, error = %e, "closing the corrupt store");
-        }
         let id = self.id;
-        let booted = set_aside_corrupt(io, &self.dir)
-            .map_err(|e| format!("set aside {}: {e}", self.dir.display()))
-            .and_then(|()| {
-                PartitionStore::create_in(io, &self.dir, id, config, pool)
-                    .map_err(|e| format!("create {}: {e}", self.dir.display()))
-            })
-            .and_then(|store| Hosted::boot(io, store, id, repl, Opened::ReplacedCorrupt));
-        self.state = match booted {
+        self.state = match Hosted::boot_replacing_corrupt(io, store, id, repl) {
             Ok(mut h) => {
                 h.replies = replies;
                 h.next_token = next_token;
@@ -1217,8 +1203,15 @@ impl Hosted {
                 } else if created {
                     Replica::new(cfg, seed)
                 } else {
-                    let rec = replica_io::recover(&mut store, io, BOOT_COMMITTED_OPS_KEPT)
-                        .map_err(|e| err(e.to_string()))?;
+                    let rec = match replica_io::recover(&mut store, io, BOOT_COMMITTED_OPS_KEPT) {
+                        Ok(rec) => rec,
+                        // Its recovery read a sealed segment failing
+                        // verification (open checks only those it reindexes).
+                        Err(_) if store.corruption_seen().is_some() => {
+                            return Self::boot_replacing_corrupt(io, store, id, repl);
+                        }
+                        Err(e) => return Err(err(e.to_string())),
+                    };
                     Replica::restart(cfg, seed, rec.durable, rec.base, &rec.headers)
                 }
             }
@@ -1243,6 +1236,32 @@ impl Hosted {
             commit_latency: LatencyCounts::default(),
             purge_token: None,
         })
+    }
+
+    /// Sets aside `store`, a replicated partition's whose read found a
+    /// sealed segment failing verification, and boots the replica wiped on
+    /// an empty store in its place (as [`open_or_create`] does for one
+    /// found at open): every sealed op is committed, so a quorum of peers
+    /// holds it, and the replica installs it (`Trigger::CorruptSegment`).
+    fn boot_replacing_corrupt(
+        io: &mut impl IoBackend,
+        store: PartitionStore,
+        id: u32,
+        repl: Option<Replication>,
+    ) -> Result<Self, String> {
+        assert!(repl.is_some(), "a cluster of one has no peer to copy from");
+        let why = store.corruption_seen().unwrap_or_default().to_string();
+        debug_assert!(!why.is_empty(), "only a store that saw corruption");
+        tracing::error!(partition_id = id, cause = %why, "a sealed segment fails verification: the partition's data is set aside and its replica installs a copy from a peer");
+        let (config, pool) = (store.config().clone(), store.pool().clone());
+        let dir = store.dir().to_path_buf();
+        if let Err(e) = store.close(io) {
+            tracing::warn!(partition_id = id, error = %e, "closing the corrupt store");
+        }
+        set_aside_corrupt(io, &dir).map_err(|e| format!("set aside {}: {e}", dir.display()))?;
+        let store = PartitionStore::create_in(io, &dir, id, config, pool)
+            .map_err(|e| format!("create {}: {e}", dir.display()))?;
+        Self::boot(io, store, id, repl, Opened::ReplacedCorrupt)
     }
 
     /// Takes the replica's answer to the purge it was given, if in: it is

@@ -894,3 +894,37 @@ fn a_sealed_segment_found_corrupt_by_a_read_is_set_aside_and_installed_from_a_pe
     }
     assert_eq!(g.parts[2].high_watermark(), g.parts[0].high_watermark());
 }
+
+/// Guards against: a replica whose restart reads a bad sealed segment
+/// (its recovery reads the last committed ops' headers; open verifies only
+/// the segments it reindexes) coming up Unavailable for good. The byte is
+/// flipped while replica 2 is down, its index kept; the reopened replica
+/// boots wiped on an empty store, the bad one set aside, and installs.
+#[test]
+fn a_sealed_segment_found_corrupt_by_the_restart_is_set_aside_and_installed_from_a_peer() {
+    let mut g = Group::new();
+    g.produce(60, 7, None);
+    let store = g.parts[2].store().unwrap();
+    let sealed = *store.sealed_segments().last().expect("rolled");
+    let generation = format!("gen-{:020}", store.superblock().live_generation);
+    let pdir = g._dir.path().join(format!("p{PID}r2"));
+    let gdir = pdir.join(generation);
+    g.parts.remove(2).close(&mut g.io[2]).unwrap();
+    let log = gdir.join(format!("{:020}.log", sealed.base_offset));
+    let mut bytes = std::fs::read(&log).unwrap();
+    bytes[700] ^= 0x5a;
+    std::fs::write(&log, bytes).unwrap();
+    assert!(gdir
+        .join(format!("{:020}.idx", sealed.base_offset))
+        .exists());
+    g.reopen(2, false);
+    assert_eq!(g.parts[2].status(0).role, "wiped");
+    assert!(pdir.with_extension("corrupt").exists(), "not set aside");
+    assert!(
+        until_installed(&mut g, 3_000, 50, |_| {}),
+        "never installed"
+    );
+    assert_eq!(g.started_of(2, Trigger::CorruptSegment), 1);
+    let start = g.parts[2].store().unwrap().log_start_offset();
+    assert_eq!(g.bytes(2, start), g.bytes(0, start), "bytes differ");
+}
