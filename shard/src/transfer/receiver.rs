@@ -441,7 +441,12 @@ impl Receiver {
             peer,
             Message::ReleaseSnapshot(wire::ReleaseSnapshot { snapshot_id }),
         );
-        self.charge(peer, "stale or oversized offer", out);
+        // A peer level with us answered honestly (it has nothing we lack,
+        // as when a repair is stuck on ops nobody holds): rotated, never
+        // charged, so honest peers are not quarantined for it.
+        if why != Stale::NoProgress {
+            self.charge(peer, "stale or oversized offer", out);
+        }
         if matches!(self.phase, Phase::Asking { .. }) {
             let reason = "stale or oversized offer";
             self.fail(

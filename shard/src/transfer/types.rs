@@ -135,8 +135,9 @@ impl Local {
     }
 }
 
-/// Why an offer was refused as stale or oversized (each charged to the
-/// offering peer, then the receiver rotates).
+/// Why an offer was refused as stale or oversized (each but
+/// [`Stale::NoProgress`], an honest answer, charged to the offering peer;
+/// then the receiver rotates).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stale {
     PurgeGeneration {
