@@ -494,6 +494,9 @@ fn commit(
 fn consume_inner(args: &ConsumeArgs, start: Start) -> Result<(), ClientError> {
     let mut client = Client::connect(addr(&args.addr))?;
     let mut cursors = cursors(args, &mut client, start)?;
+    // Fetches follow a node's refusal for a partition placed elsewhere;
+    // offsets are read and committed at the node named.
+    let mut fetcher = FollowingClient::connect(&addr(&args.addr))?;
     let format = match (&args.format, args.offsets) {
         (Some(f), _) => f.clone(),
         (None, true) => "%o\t%v\n".into(),
@@ -516,7 +519,8 @@ fn consume_inner(args: &ConsumeArgs, start: Start) -> Result<(), ClientError> {
             } else {
                 0
             };
-            let page = client.fetch(&args.topic, c.partition, c.offset, args.max_bytes, wait_ms)?;
+            let page =
+                fetcher.fetch(&args.topic, c.partition, c.offset, args.max_bytes, wait_ms)?;
             for r in records(&page.batches)? {
                 if r.offset < c.offset {
                     continue;

@@ -1631,3 +1631,138 @@ fn check_acked_prefix(bytes: &[u8], acked: &BTreeMap<u64, (Vec<Vec<u8>>, bool)>)
         );
     }
 }
+
+/// The partition indexes of the test's topic node `id` holds (ctl
+/// partitions), with their partition ids.
+fn held_partitions(cluster: &Cluster, id: u32) -> BTreeMap<u32, u32> {
+    let parts = cluster.nodes[&id].ctl(&["partitions"]);
+    data_partitions(&parts)
+        .iter()
+        .map(|p| {
+            let index = p["partition"].as_u64().unwrap() as u32;
+            (index, p["partition_id"].as_u64().unwrap() as u32)
+        })
+        .collect()
+}
+
+/// Issue 11 item 3: replicas placed on a subset of the nodes. Five nodes,
+/// `replication_factor = 3`, a topic of five partitions: each partition is
+/// held by exactly the three nodes `placement::replicas_of` names; a node
+/// holding none of it refuses a fetch as not-primary, naming a holder's
+/// address, and the following client's produce and fetch through any node
+/// reach a holder. One holder SIGKILLed, every partition still commits
+/// (two of three); then every acknowledged record is on each live holder
+/// exactly once, byte-identical among them.
+#[test]
+fn a_topic_of_three_replicas_on_five_nodes_lives_on_its_placed_nodes() {
+    use ringlog_shard::client::FollowingClient;
+    const TOPIC5: u32 = 5;
+    let mut cluster = Cluster::start_with(5, &["--set", "replication_factor=3"]);
+    cluster.nodes[&1]
+        .client()
+        .create_topic(TOPIC, TOPIC5)
+        .unwrap();
+    let ids: Vec<u32> = (1..=5).collect();
+    wait_listed(&cluster, &ids, true);
+    // Each node opens what the table placed on it.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let holders = loop {
+        let held: BTreeMap<u32, BTreeMap<u32, u32>> = ids
+            .iter()
+            .map(|&n| (n, held_partitions(&cluster, n)))
+            .collect();
+        let mut holders: BTreeMap<u32, (u32, Vec<u32>)> = BTreeMap::new();
+        for (&n, parts) in &held {
+            for (&index, &pid) in parts {
+                holders.entry(index).or_insert((pid, Vec::new())).1.push(n);
+            }
+        }
+        if holders.values().map(|(_, h)| h.len()).sum::<usize>() == 15 {
+            break holders;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "placement never complete: {held:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(holders.len(), TOPIC5 as usize);
+    for (index, (pid, nodes)) in &holders {
+        let want = ringlog_shard::placement::replicas_of(&ids, *pid, 3);
+        assert_eq!(nodes, &want, "partition {index} (id {pid})");
+    }
+
+    let mut acks = Acks::new();
+    let produce = |cluster: &Cluster, b: usize, acks: &mut Acks| {
+        let partition = (b % TOPIC5 as usize) as u32;
+        let values: Vec<Vec<u8>> = (0..PER_BATCH).map(|i| value(5, b, i, 300)).collect();
+        let refs: Vec<&[u8]> = values.iter().map(Vec::as_slice).collect();
+        let batch = batch_of(&refs).unwrap();
+        let live: Vec<u32> = cluster.nodes.keys().copied().collect();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut uncertain = false;
+        let base = loop {
+            let via = live[b % live.len()];
+            let mut c = FollowingClient::connect(&cluster.nodes[&via].addr).unwrap();
+            match c.produce(TOPIC, partition, batch.clone()) {
+                Ok(f) => break f.ack.base_offset,
+                Err(e) => {
+                    uncertain |= !transient(&e);
+                    assert!(Instant::now() < deadline, "batch {b}: {e}");
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            }
+        };
+        let prev = acks
+            .entry(partition)
+            .or_default()
+            .insert(base, (values, uncertain));
+        assert!(prev.is_none(), "offset {base} acknowledged twice");
+    };
+    for b in 0..40 {
+        produce(&cluster, b, &mut acks);
+    }
+    // A node holding none of partition 0 names a holder; following reads.
+    let (_, zero) = &holders[&0];
+    let outside = *ids.iter().find(|n| !zero.contains(n)).unwrap();
+    let addr = cluster.nodes[&outside].addr.clone();
+    let e = Client::connect(&addr)
+        .unwrap()
+        .fetch(TOPIC, 0, 0, 1 << 20, 0)
+        .unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::NotPrimary), "{e}");
+    let named = e.primary_addr().expect("a holder's address").to_string();
+    let holder_addrs: Vec<String> = zero.iter().map(|n| cluster.nodes[n].addr.clone()).collect();
+    assert!(holder_addrs.contains(&named), "{named} holds no replica");
+    let page = FollowingClient::connect(&addr)
+        .unwrap()
+        .fetch(TOPIC, 0, 0, 1 << 20, 0)
+        .unwrap();
+    check_acked_prefix(&page.batches, &acks[&0]);
+    assert!(!page.batches.is_empty());
+
+    let killed = zero[0];
+    cluster.kill(killed);
+    for b in 40..80 {
+        produce(&cluster, b, &mut acks);
+    }
+    for (index, (_, nodes)) in &holders {
+        let end = acked_end(&acks, *index);
+        let mut first: Option<(u32, Vec<u8>)> = None;
+        for n in nodes.iter().filter(|&&n| n != killed) {
+            let bytes = read_up_to(&cluster.nodes[n].addr, *index, end, Duration::from_secs(60));
+            assert_eq!(
+                check_acked(&bytes, &acks[index]) as u64,
+                end,
+                "node {n} partition {index}"
+            );
+            match &first {
+                None => first = Some((*n, bytes)),
+                Some((other, b)) => assert!(
+                    *b == bytes,
+                    "partition {index}: node {n} differs from {other}"
+                ),
+            }
+        }
+    }
+}

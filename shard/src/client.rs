@@ -428,8 +428,9 @@ impl Client {
 /// most [`REDIRECTS_MAX`] times per produce. It holds one connection: a
 /// redirect replaces it with one to the primary, which the next produces
 /// reuse, so a steady producer pays the redirect once per primary change.
-/// Only produces follow; other calls go through [`FollowingClient::client`]
-/// to the node it is at.
+/// Produces and fetches follow (a node holding no replica of a partition
+/// names its group's primary the same way); other calls go through
+/// [`FollowingClient::client`] to the node it is at.
 pub struct FollowingClient {
     client: Client,
     addr: String,
@@ -482,25 +483,47 @@ impl FollowingClient {
         self.follow(|c, b| c.produce_keyed(topic, key, b), batch)
     }
 
-    /// Sends `batch` with `send`; a not-primary refusal naming an address
-    /// moves the connection there and sends it again. A refusal naming no
-    /// address, or any other error, is returned as is.
+    /// [`Client::fetch`], following a node's refusal for a partition it
+    /// holds no replica of to the node it names.
+    pub fn fetch(
+        &mut self,
+        topic: &str,
+        partition: u32,
+        offset: u64,
+        max_bytes: u32,
+        wait_ms: u32,
+    ) -> Result<FetchReply, ClientError> {
+        self.follow_with(|c| c.fetch(topic, partition, offset, max_bytes, wait_ms))
+            .map(|(page, _)| page)
+    }
+
+    /// Sends `batch` with `send`, following not-primary refusals.
     fn follow(
         &mut self,
         mut send: impl FnMut(&mut Client, Vec<u8>) -> Result<ProduceReply, ClientError>,
         batch: Vec<u8>,
     ) -> Result<Followed, ClientError> {
+        let (ack, redirects) = self.follow_with(|c| send(c, batch.clone()))?;
+        let addr = self.addr.clone();
+        Ok(Followed {
+            ack,
+            addr,
+            redirects,
+        })
+    }
+
+    /// Calls `call`; a not-primary refusal naming an address moves the
+    /// connection there and calls again. A refusal naming no address, or
+    /// any other error, is returned as is. The reply, and the refusals
+    /// followed.
+    fn follow_with<T>(
+        &mut self,
+        mut call: impl FnMut(&mut Client) -> Result<T, ClientError>,
+    ) -> Result<(T, u32), ClientError> {
         let mut redirects = 0;
         loop {
-            let e = match send(&mut self.client, batch.clone()) {
-                Ok(ack) => {
-                    let addr = self.addr.clone();
-                    return Ok(Followed {
-                        ack,
-                        addr,
-                        redirects,
-                    });
-                }
+            let e = match call(&mut self.client) {
+                Ok(reply) => return Ok((reply, redirects)),
                 Err(e) => e,
             };
             let Some(to) = e.primary_addr() else {

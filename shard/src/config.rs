@@ -132,6 +132,10 @@ pub struct ServerConfig {
     /// empty = the bound `listen` address. Required when `listen` is an
     /// unspecified address (0.0.0.0 or ::): clients cannot dial that.
     pub advertise_client_address: String,
+    /// Replicas each partition of a topic created from now on gets: odd,
+    /// 1 up to the node count; 0 = the largest odd count not above the
+    /// node count. The metadata table places them (`placement::replicas_of`).
+    pub replication_factor: u8,
     /// This node lost its data dir and rejoins its cluster (`server
     /// --recover`): replicated partitions created here from now on boot
     /// wiped (they neither vote nor lead until they learned the view and
@@ -205,6 +209,7 @@ impl Default for ServerConfig {
             cluster_secret_file: PathBuf::new(),
             peer_listen_addr: String::new(),
             advertise_client_address: String::new(),
+            replication_factor: 0,
             recover: false,
         }
     }
@@ -616,6 +621,16 @@ impl ServerConfig {
                 "a cluster needs a secret file: peers prove they hold it".into(),
             ));
         }
+        let rf = usize::from(self.replication_factor);
+        if rf.is_multiple_of(2) && rf != 0 || rf > peers.len() {
+            return Err((
+                "replication_factor",
+                format!(
+                    "{rf} must be odd (a majority of an even group is no more fault-tolerant),                      1..={} (the node count); 0 = the largest odd count up to it",
+                    peers.len()
+                ),
+            ));
+        }
         let secret = ClusterSecret::load(&self.cluster_secret_file)
             .map_err(|m| ("cluster_secret_file", m))?;
         let advertise = self.advertise()?;
@@ -672,11 +687,19 @@ impl ServerConfig {
         parse_peers(&self.peers).unwrap_or_default()
     }
 
-    /// Replicas each partition of a new topic gets: every node of the
-    /// cluster (1 on a single node). Interim, until the metadata group
-    /// places replicas on a subset.
+    /// Replicas each partition of a new topic gets: `replication_factor`,
+    /// or the largest odd count up to the node count (1 on a single node).
     pub fn replication_factor(&self) -> u8 {
-        u8::try_from(self.cluster_nodes().len().max(1)).unwrap_or(u8::MAX)
+        if self.replication_factor != 0 {
+            return self.replication_factor;
+        }
+        let nodes = self.cluster_nodes().len().max(1);
+        let odd = if nodes.is_multiple_of(2) {
+            nodes - 1
+        } else {
+            nodes
+        };
+        u8::try_from(odd).unwrap_or(u8::MAX)
     }
 
     /// a lone node: refuse it instead.
@@ -694,6 +717,7 @@ impl ServerConfig {
                 !self.advertise_client_address.is_empty(),
             ),
             ("recover", self.recover),
+            ("replication_factor", self.replication_factor > 1),
         ];
         match set.iter().find(|(_, on)| *on) {
             Some((key, _)) => Err((
@@ -1005,6 +1029,28 @@ mod tests {
     }
 
     #[test]
+    fn the_default_replication_factor_is_the_largest_odd_count_up_to_the_nodes() {
+        let of = |nodes: u32, set: u8| {
+            let peers = (1..=nodes).map(|n| format!("{n}=127.0.0.1:{}", 7000 + n));
+            ServerConfig {
+                cluster_id: if nodes == 0 {
+                    String::new()
+                } else {
+                    "c".into()
+                },
+                peers: peers.collect(),
+                replication_factor: set,
+                ..ServerConfig::default()
+            }
+            .replication_factor()
+        };
+        let defaults: Vec<u8> = (0..=6).map(|n| of(n, 0)).collect();
+        assert_eq!(defaults, [1, 1, 1, 3, 3, 5, 5]);
+        assert_eq!(of(5, 3), 3);
+        assert_eq!(of(3, 1), 1);
+    }
+
+    #[test]
     fn cluster_errors_name_the_key() {
         let dir = tempfile::tempdir().unwrap();
         let good = secret_file(dir.path(), SECRET, 0o600);
@@ -1040,6 +1086,16 @@ mod tests {
                 "not a number",
             ),
             ("peers = []".into(), "peers", "needs its nodes"),
+            (
+                format!("peers = {peers}\nreplication_factor = 2"),
+                "replication_factor",
+                "must be odd",
+            ),
+            (
+                format!("peers = {peers}\nreplication_factor = 3"),
+                "replication_factor",
+                "1..=2 (the node count)",
+            ),
             (
                 format!("peers = {peers}\npeer_listen_addr = \"nope\""),
                 "peer_listen_addr",

@@ -13,6 +13,25 @@ pub fn shard_for(topic: &str, index: u32, shards: usize) -> usize {
     (h.wrapping_add(u64::from(index)) % shards as u64) as usize
 }
 
+/// The replica group of partition `partition_id` with `replication_factor`
+/// replicas among `nodes` (the cluster's node ids, ascending): the
+/// `replication_factor` nodes from position `partition_id mod N`, wrapping,
+/// listed in id order, so replica index `i` is the `i`-th smallest id of the
+/// group and view 0's primary its lowest (every node, in id order, when the
+/// factor is the node count). Empty when the factor is 0 or above N.
+pub fn replicas_of(nodes: &[u32], partition_id: u32, replication_factor: u8) -> Vec<u32> {
+    debug_assert!(nodes.windows(2).all(|w| w[0] < w[1]), "ascending ids");
+    let (n, rf) = (nodes.len(), usize::from(replication_factor));
+    if rf == 0 || rf > n {
+        return Vec::new();
+    }
+    let start = partition_id as usize % n;
+    let mut group: Vec<u32> = (0..rf).map(|j| nodes[(start + j) % n]).collect();
+    group.sort_unstable();
+    debug_assert_eq!(group.len(), rf);
+    group
+}
+
 /// The id of one partition's replica group, stamped in every replication
 /// message's envelope (its `cluster_id` field): a frame is stepped only by
 /// a replica whose group id matches, so nodes that disagree about a
@@ -50,6 +69,20 @@ mod tests {
         ] {
             assert_ne!(base, other);
         }
+    }
+
+    #[test]
+    fn replica_groups_start_at_the_partition_id_and_list_ids_in_order() {
+        let nodes = [10, 20, 30, 40, 50];
+        assert_eq!(replicas_of(&nodes, 0, 3), [10, 20, 30]);
+        assert_eq!(replicas_of(&nodes, 3, 3), [10, 40, 50]);
+        assert_eq!(replicas_of(&nodes, 9, 1), [50]);
+        // Every node, in id order, for any partition at the node count.
+        for p in 0..7 {
+            assert_eq!(replicas_of(&nodes, p, 5), nodes);
+        }
+        assert!(replicas_of(&nodes, 1, 6).is_empty());
+        assert!(replicas_of(&nodes, 1, 0).is_empty());
     }
 
     #[test]

@@ -735,6 +735,7 @@ impl<B: IoBackend> Shard<B> {
                     .map(move |i| (topic, i, meta.first_partition_id + i, creating, r))
             })
             .filter(|(topic, index, ..)| shard_for(topic, *index, self.shard_count()) == self.id)
+            .filter(|&(_, _, id, _, r)| self.holds(id, r))
             .collect();
         // Superblocks are read a batch at a time in one submission, so boot
         // waits for the device once per batch, not once per partition.
@@ -749,7 +750,7 @@ impl<B: IoBackend> Shard<B> {
             pool.prefetch_superblocks(io, &refs);
             for (&(topic, index, id, creating, r), dir) in batch.iter().zip(&dirs) {
                 let config = self.config.store_config();
-                let p = match self.replication(topic, index, r) {
+                let p = match self.replication(topic, index, id, r) {
                     Ok(repl) => Partition::open_replicated(
                         io, pool, dir, topic, index, id, config, creating, repl,
                     ),
@@ -842,22 +843,51 @@ impl<B: IoBackend> Shard<B> {
         }
     }
 
-    /// How partition `index` of `topic` with `replicas` replicas is
-    /// replicated here: None for a cluster of one; an error if this node's
-    /// cluster config cannot host it (the node count changed, say).
+    /// The replica group of partition `partition_id` with `replicas`
+    /// replicas among this cluster's nodes (`placement::replicas_of`;
+    /// empty if the node count cannot hold it); None on a single node.
+    fn group_of(&self, partition_id: u32, replicas: u8) -> Option<Vec<u32>> {
+        if self.nodes.is_empty() {
+            return None;
+        }
+        let nodes: Vec<u32> = self.nodes.keys().copied().collect();
+        Some(crate::placement::replicas_of(
+            &nodes,
+            partition_id,
+            replicas,
+        ))
+    }
+
+    /// Whether this node holds a replica of the partition: always on a
+    /// single node, and when the node count cannot hold its group (it is
+    /// opened, to report why).
+    pub(crate) fn holds(&self, partition_id: u32, replicas: u8) -> bool {
+        match self.group_of(partition_id, replicas) {
+            Some(group) if !group.is_empty() => group.contains(&self.config.node_id),
+            _ => true,
+        }
+    }
+
+    /// How partition `index` (id `partition_id`) of `topic` with
+    /// `replicas` replicas is replicated here: None for a single node or a
+    /// partition of one replica; an error if this node's cluster config
+    /// cannot host it (the node count changed, say).
     fn replication(
         &self,
         topic: &str,
         index: u32,
+        partition_id: u32,
         replicas: u8,
     ) -> Result<Option<crate::partition::Replication>, String> {
-        if replicas <= 1 {
+        let Some(group) = self.group_of(partition_id, replicas) else {
+            return Ok(None);
+        };
+        if replicas <= 1 && !group.is_empty() {
             return Ok(None);
         }
-        let nodes: Vec<u32> = self.nodes.keys().copied().collect();
-        let replica = nodes.iter().position(|&n| n == self.config.node_id);
-        match replica {
-            Some(replica) if nodes.len() == usize::from(replicas) => {
+        match group.iter().position(|&n| n == self.config.node_id) {
+            Some(replica) => {
+                debug_assert_eq!(group.len(), usize::from(replicas));
                 Ok(Some(crate::partition::Replication {
                     group_id: crate::placement::group_id(
                         &self.config.cluster_id,
@@ -865,21 +895,62 @@ impl<B: IoBackend> Shard<B> {
                         index,
                         replicas,
                     ),
-                    nodes,
+                    nodes: group,
                     replica: replica as u8,
                     addrs: self.nodes.clone(),
                     client_addrs: self.client_addrs(),
                     boot_wiped: self.config.recover,
                 }))
             }
-            _ => Err(format!(
+            None => Err(format!(
                 "topic {topic:?} has {replicas} replicas per partition but this node's cluster \
-                 config lists {} nodes (node {} among them: {}); replicas are every node, ordered by id",
-                nodes.len(),
+                 config lists {} nodes ({:?}), node {} among them: partition {partition_id}'s \
+                 group {group:?} cannot be placed",
+                self.nodes.len(),
+                self.nodes.keys().collect::<Vec<_>>(),
                 self.config.node_id,
-                replica.is_some()
             )),
         }
+    }
+
+    /// Where a client reaches partition `partition_id`, which this node
+    /// holds no replica of: a not-primary refusal naming a node of its group
+    /// (view 0's primary, the lowest id, unless we have no session with
+    /// it), which the client follows; that node redirects again if another
+    /// is primary now. None if no topic
+    /// holds the id, or this node holds it.
+    pub(crate) fn held_elsewhere(&self, partition_id: u32) -> Option<OpError> {
+        let table = self.table();
+        let (topic, meta) = table.topics.iter().find(|(_, m)| {
+            (m.first_partition_id..m.first_partition_id + m.partitions).contains(&partition_id)
+        })?;
+        let r = meta.replication_factor;
+        let group = self.group_of(partition_id, r).filter(|g| !g.is_empty())?;
+        if group.contains(&self.config.node_id) {
+            return None;
+        }
+        // The lowest id of the group we hold a session with: view 0's
+        // primary while it is up, else one that knows the primary now.
+        let connected = |n: &u32| {
+            self.peer_stats.as_ref().is_some_and(|s| {
+                s.nodes
+                    .get(n)
+                    .is_some_and(|seen| seen.connected.load(std::sync::atomic::Ordering::Relaxed))
+            })
+        };
+        let primary = group.iter().copied().find(connected).unwrap_or(group[0]);
+        let client = self
+            .client_addrs()
+            .of(primary)
+            .map_or_else(String::new, |a| format!(" primary_addr={a}"));
+        Some(OpError::new(
+            ErrorCode::NotPrimary,
+            format!(
+                "this node holds no replica of partition {} of topic {topic:?} (id {partition_id}; \
+                 replicas on nodes {group:?}): go to primary_node={primary}{client}",
+                partition_id - meta.first_partition_id
+            ),
+        ))
     }
 
     /// Opens this shard's journal (`<data_dir>/journal/shard-<id>-of-<n>`)

@@ -372,7 +372,7 @@ async fn apply_batches(
                 // Replayed ops too: a purge not done before a restart is
                 // driven again (its partitions say whether it was).
                 pending.note(shard, &actions);
-                run_actions(shard, op, actions).await;
+                run_actions(shard, op).await;
                 group.borrow_mut().release_outcomes();
             }
             Err(e) => {
@@ -387,37 +387,55 @@ async fn apply_batches(
     Ok(())
 }
 
-/// Runs op `op`'s local actions, unless topics.json reflects it already.
-async fn run_actions(shard: &impl ShardHandle, op: u64, actions: Vec<LocalAction>) {
-    if actions.is_empty() || op <= shard.catalog().snapshot().meta_applied_op {
+/// Runs op `op`'s local actions, unless topics.json reflects it already:
+/// this node's topic table follows the metadata table's topics, every one
+/// of them (clients reach any topic through any node), and opens the
+/// partitions the table placed here (`OpenPartition` skips the others).
+/// Level-triggered against the metadata table, so a topic none of whose
+/// partitions are placed here (no local action) is listed too.
+async fn run_actions(shard: &impl ShardHandle, op: u64) {
+    if op <= shard.catalog().snapshot().meta_applied_op {
         return;
     }
-    // (first id, partitions, replicas) of each topic created; topics dropped.
-    let mut creates: BTreeMap<String, (u32, u32, u8)> = BTreeMap::new();
-    let mut deletes: Vec<String> = Vec::new();
-    for action in actions {
-        match action {
-            LocalAction::Create(p) => {
-                let replicas = u8::try_from(p.replicas.len()).unwrap_or(u8::MAX);
-                let entry = creates
-                    .entry(p.topic)
-                    .or_insert((p.partition_id, 0, replicas));
-                entry.0 = entry.0.min(p.partition_id);
-                entry.1 += 1;
-            }
-            LocalAction::Delete(p) if !deletes.contains(&p.topic) => deletes.push(p.topic),
-            LocalAction::Delete(_) => {}
-            // Driven through the partition's replica group (`Pending`).
-            LocalAction::Purge(_) => {}
-        }
-    }
+    let Some(group) = shard.meta_group() else {
+        return;
+    };
+    // (first id, partitions, replicas) of each topic of the metadata table.
+    let cluster: BTreeMap<String, (u32, u32, u8)> = group
+        .borrow()
+        .host()
+        .table()
+        .topics()
+        .iter()
+        .map(|(name, t)| {
+            let entry = (t.first_partition_id, t.partitions, t.replication_factor);
+            (name.clone(), entry)
+        })
+        .collect();
+    // Gone from the cluster's table, or deleted and created again (new ids).
+    let deletes: Vec<String> = shard
+        .catalog()
+        .snapshot()
+        .topics
+        .iter()
+        .filter(|(name, m)| {
+            cluster
+                .get(*name)
+                .is_none_or(|c| c.0 != m.first_partition_id)
+        })
+        .map(|(name, _)| name.clone())
+        .collect();
     for topic in deletes {
         if let Err(e) = super::delete(shard, topic.clone(), Some(op)).await {
             tracing::warn!(%topic, op, error = %e, "applied delete");
         }
     }
-    for (topic, (first, partitions, replicas)) in creates {
-        create_applied(shard, &topic, first, partitions, replicas, op).await;
+    let local = shard.catalog().snapshot();
+    for (topic, (first, partitions, replicas)) in cluster {
+        let known = local.topics.get(&topic);
+        if known.is_none_or(|m| m.first_partition_id != first) {
+            create_applied(shard, &topic, first, partitions, replicas, op).await;
+        }
     }
 }
 

@@ -17,9 +17,10 @@
 //! `replication_factor` nodes starting at position `p mod N` of the sorted
 //! node list, wrapping (round-robin; a topic's partitions have consecutive
 //! ids, so its first partition starts at a per-topic offset and the rest
-//! follow it around the ring). Listed in that order, so view 0's primary
-//! (replica 0) also rotates. A node holding partition `p` runs it on shard
-//! `p mod shard_count` ([`shard_for`]).
+//! follow it around the ring). Listed in id order (replica index `i` the
+//! `i`-th smallest id, view 0's primary the lowest: `placement::replicas_of`,
+//! which the data partitions' groups use too). A node holding partition `p`
+//! runs it on shard `p mod shard_count` ([`shard_for`]).
 
 use std::collections::BTreeMap;
 
@@ -371,12 +372,8 @@ impl MetaTable {
     /// The replica group of partition `partition_id` (the rule in the
     /// module docs).
     pub fn replicas_of(&self, partition_id: u32, replication_factor: u8) -> Vec<NodeId> {
-        let n = self.nodes.len();
-        debug_assert!(usize::from(replication_factor) <= n);
-        let start = partition_id as usize % n;
-        (0..usize::from(replication_factor))
-            .map(|j| self.nodes[(start + j) % n])
-            .collect()
+        debug_assert!(usize::from(replication_factor) <= self.nodes.len());
+        crate::placement::replicas_of(&self.nodes, partition_id, replication_factor)
     }
 
     /// Every partition of every topic, in name then index order.

@@ -235,8 +235,8 @@ fn nodes_are_checked() {
     assert_eq!(MetaTable::new(&[9]).expect("nodes").group_nodes(), [9]);
 }
 
-/// The stated rule: rf nodes from position `id mod N`, wrapping; shard
-/// `id mod shards`.
+/// The stated rule: rf nodes from position `id mod N`, wrapping, listed in
+/// id order; shard `id mod shards`.
 #[test]
 fn placement_is_round_robin_from_the_partition_id() {
     let mut t = MetaTable::new(&[50, 40, 30, 20, 10]).expect("nodes");
@@ -261,8 +261,8 @@ fn placement_is_round_robin_from_the_partition_id() {
         [
             ("a", 0, 1, vec![20, 30, 40]),
             ("a", 1, 2, vec![30, 40, 50]),
-            ("a", 2, 3, vec![40, 50, 10]),
-            ("a", 3, 4, vec![50, 10, 20]),
+            ("a", 2, 3, vec![10, 40, 50]),
+            ("a", 3, 4, vec![10, 20, 50]),
             ("x", 0, 0, vec![10]),
         ]
     );
@@ -457,7 +457,7 @@ fn host_lists_local_actions_per_applied_op() {
     };
     assert_eq!(
         (c.topic.as_str(), c.index, c.replicas.as_slice()),
-        ("c", 0, &[30, 10, 20][..])
+        ("c", 0, &[10, 20, 30][..])
     );
     let mut other = committed(5, &[create("d", 1, 1)]);
     let wrong = {

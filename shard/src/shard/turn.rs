@@ -115,7 +115,11 @@ impl<B: IoBackend> Shard<B> {
             } => {
                 let len = batch.as_ref().len() as u64;
                 let Some(p) = partitions.get_mut(&partition_id) else {
-                    replies.push((reply, Err(unknown_partition(partition_id))));
+                    let e = self.held_elsewhere(partition_id);
+                    replies.push((
+                        reply,
+                        Err(e.unwrap_or_else(|| unknown_partition(partition_id))),
+                    ));
                     return;
                 };
                 match p.produce(io, batch) {
@@ -138,7 +142,11 @@ impl<B: IoBackend> Shard<B> {
                 wait_ms,
             } => {
                 let Some(p) = partitions.get_mut(&partition_id) else {
-                    replies.push((reply, Err(unknown_partition(partition_id))));
+                    let e = self.held_elsewhere(partition_id);
+                    replies.push((
+                        reply,
+                        Err(e.unwrap_or_else(|| unknown_partition(partition_id))),
+                    ));
                     return;
                 };
                 let waits = wait_ms > 0 && p.high_watermark() == Some(offset);
@@ -245,7 +253,12 @@ impl<B: IoBackend> Shard<B> {
                             .topics
                             .get(&topic)
                             .map_or(1, |m| m.replication_factor);
-                        let p = match self.replication(&topic, index, replicas) {
+                        if !self.holds(partition_id, replicas) {
+                            // Placed on other nodes: nothing to open here.
+                            replies.push((reply, Ok(OpReply::Empty)));
+                            return;
+                        }
+                        let p = match self.replication(&topic, index, partition_id, replicas) {
                             Ok(repl) => Partition::open_replicated(
                                 io,
                                 pool,
