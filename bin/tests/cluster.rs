@@ -651,6 +651,32 @@ fn counter_labelled(cluster: &Cluster, id: u32, name: &str, label: &str) -> u64 
         .sum()
 }
 
+/// 256 KiB segments (about 8 batches of 4 x 8 KiB records), so snapshots
+/// hold sealed segments.
+const SMALL_SEGMENTS: &[&str] = &[
+    "--set",
+    "segment_size_bytes=262144",
+    "--set",
+    "write_buffer_bytes=65536",
+];
+
+/// Batches `from..from + 10` reach every live node identically; then,
+/// node 1 SIGKILLed, batches up to `from + 30` still commit on the others
+/// and reach both identically.
+fn survives_losing_node_1(
+    cluster: &mut Cluster,
+    at: &mut u32,
+    acks: &mut Acks,
+    from: usize,
+    value_bytes: usize,
+) {
+    produce_sized(cluster, at, acks, from..from + 10, value_bytes);
+    check_identical(cluster, acks, Duration::from_secs(60));
+    cluster.kill(1);
+    produce_sized(cluster, at, acks, from + 10..from + 30, value_bytes);
+    check_identical(cluster, acks, Duration::from_secs(60));
+}
+
 /// Issue 11 item 6 with state transfer (issue 10): node 3's data dir is
 /// lost while it is down and the group is more ops ahead than a wiped
 /// replica repairs (`vsr::WIPED_REPAIR_OPS_MAX`, 256); restarted with
@@ -661,17 +687,7 @@ fn counter_labelled(cluster: &Cluster, id: u32, name: &str, label: &str) -> u64 
 /// acknowledged record present once with identical bytes on both.
 #[test]
 fn a_wiped_node_rejoins_by_state_transfer_and_the_cluster_then_survives_losing_another() {
-    // 256 KiB segments: ~8 batches of 4 x 8 KiB records each, so the
-    // snapshot holds sealed segments.
-    let mut cluster = Cluster::start_with(
-        3,
-        &[
-            "--set",
-            "segment_size_bytes=262144",
-            "--set",
-            "write_buffer_bytes=65536",
-        ],
-    );
+    let mut cluster = Cluster::start_with(3, SMALL_SEGMENTS);
     create_topic(&cluster);
     let (mut at, mut acks) = (1, Acks::new());
     const VALUE_BYTES: usize = 8 << 10;
@@ -702,18 +718,7 @@ fn a_wiped_node_rejoins_by_state_transfer_and_the_cluster_then_survives_losing_a
         std::thread::sleep(Duration::from_millis(100));
     }
     assert!(wiped(&cluster) >= u64::from(PARTITIONS), "not new_or_wiped");
-    produce_sized(
-        &cluster,
-        &mut at,
-        &mut acks,
-        batches..batches + 10,
-        VALUE_BYTES,
-    );
-    check_identical(&cluster, &acks, Duration::from_secs(60));
-    cluster.kill(1);
-    let end = batches + 30;
-    produce_sized(&cluster, &mut at, &mut acks, batches + 10..end, VALUE_BYTES);
-    check_identical(&cluster, &acks, Duration::from_secs(60));
+    survives_losing_node_1(&mut cluster, &mut at, &mut acks, batches, VALUE_BYTES);
 }
 
 /// SIGSTOP the primary past its timeout, then SIGCONT: the others elect a
@@ -1548,15 +1553,7 @@ fn sealed_segment_files(cluster: &Cluster, id: u32, partition: u32) -> Vec<PathB
 /// counts in a quorum again (node 1 SIGKILLed, produces still commit).
 #[test]
 fn a_sealed_segment_gone_bad_on_a_node_is_found_by_a_read_and_installed_from_a_peer() {
-    let mut cluster = Cluster::start_with(
-        3,
-        &[
-            "--set",
-            "segment_size_bytes=262144",
-            "--set",
-            "write_buffer_bytes=65536",
-        ],
-    );
+    let mut cluster = Cluster::start_with(3, SMALL_SEGMENTS);
     create_topic(&cluster);
     let (mut at, mut acks) = (1, Acks::new());
     const VALUE_BYTES: usize = 8 << 10;
@@ -1602,18 +1599,7 @@ fn a_sealed_segment_gone_bad_on_a_node_is_found_by_a_read_and_installed_from_a_p
     }
     let part = cluster.data_dir(3).join("topics").join(TOPIC).join("0");
     assert!(part.with_extension("corrupt").exists(), "not set aside");
-    produce_sized(
-        &cluster,
-        &mut at,
-        &mut acks,
-        batches..batches + 10,
-        VALUE_BYTES,
-    );
-    check_identical(&cluster, &acks, Duration::from_secs(60));
-    cluster.kill(1);
-    let end = batches + 30;
-    produce_sized(&cluster, &mut at, &mut acks, batches + 10..end, VALUE_BYTES);
-    check_identical(&cluster, &acks, Duration::from_secs(60));
+    survives_losing_node_1(&mut cluster, &mut at, &mut acks, batches, VALUE_BYTES);
 }
 
 /// Every record `bytes` holds is the acknowledged one at its offset.

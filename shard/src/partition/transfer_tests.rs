@@ -804,6 +804,41 @@ fn a_wiped_replica_installs_by_transfer_and_acks_again() {
     assert_eq!(g.parts[2].high_watermark(), hw, "acked without replica 2");
 }
 
+/// Replica 2's directory, and the segment file of its sealed segment at
+/// `base_offset` (in its live generation).
+fn replica2_segment(g: &Group, base_offset: u64) -> (std::path::PathBuf, std::path::PathBuf) {
+    let store = g.parts[2].store().unwrap();
+    let generation = format!("gen-{:020}", store.superblock().live_generation);
+    let pdir = g._dir.path().join(format!("p{PID}r2"));
+    let log = pdir.join(generation).join(format!("{base_offset:020}.log"));
+    (pdir, log)
+}
+
+fn flip_byte(path: &std::path::Path, at: usize) {
+    let mut bytes = std::fs::read(path).unwrap();
+    bytes[at] ^= 0x5a;
+    std::fs::write(path, bytes).unwrap();
+}
+
+/// Replica 2, wiped on an empty store with its bad one set aside under
+/// `pdir`, installs with trigger CorruptSegment (only), ends
+/// byte-identical with the primary, and acknowledges again.
+fn installs_after_corruption(g: &mut Group, pdir: &std::path::Path) {
+    assert_eq!(g.parts[2].status(0).role, "wiped");
+    assert!(pdir.with_extension("corrupt").exists(), "not set aside");
+    assert!(until_installed(g, 3_000, 50, |_| {}), "never installed");
+    assert_eq!(g.started_of(2, Trigger::CorruptSegment), 1);
+    assert_eq!(g.started_of(2, Trigger::NewOrWiped), 0);
+    assert_eq!(g.parts[2].store().unwrap().corruption_seen(), None);
+    let start = g.parts[2].store().unwrap().log_start_offset();
+    assert_eq!(g.bytes(2, start), g.bytes(0, start), "bytes differ");
+    g.produce(3, 5_000, Some(2));
+    for _ in 0..5 {
+        g.tick(Some(2)); // the last commit reaches replica 2
+    }
+    assert_eq!(g.parts[2].high_watermark(), g.parts[0].high_watermark());
+}
+
 /// Guards against: a replica whose sealed segment fails verification at
 /// open either stopping the partition for good or serving the bad bytes
 /// (issue 10: it installs a good copy). A byte of replica 2's first sealed
@@ -816,33 +851,18 @@ fn a_wiped_replica_installs_by_transfer_and_acks_again() {
 fn a_corrupt_sealed_segment_is_set_aside_and_installed_from_a_peer() {
     let mut g = Group::new();
     g.produce(60, 1, None);
-    let store = g.parts[2].store().unwrap();
-    let sealed = *store.sealed_segments().next().expect("rolled");
-    let generation = format!("gen-{:020}", store.superblock().live_generation);
-    let pdir = g._dir.path().join(format!("p{PID}r2"));
-    let gdir = pdir.join(generation);
+    let sealed = *g.parts[2]
+        .store()
+        .unwrap()
+        .sealed_segments()
+        .next()
+        .expect("rolled");
+    let (pdir, log) = replica2_segment(&g, sealed.base_offset);
     g.parts.remove(2).close(&mut g.io[2]).unwrap();
-    let log = gdir.join(format!("{:020}.log", sealed.base_offset));
-    let mut bytes = std::fs::read(&log).unwrap();
-    bytes[500] ^= 0x5a;
-    std::fs::write(&log, bytes).unwrap();
-    std::fs::remove_file(gdir.join(format!("{:020}.idx", sealed.base_offset))).unwrap();
+    flip_byte(&log, 500);
+    std::fs::remove_file(log.with_extension("idx")).unwrap();
     g.reopen(2, false);
-    assert_eq!(g.parts[2].status(0).role, "wiped");
-    assert!(pdir.with_extension("corrupt").exists(), "not set aside");
-    assert!(
-        until_installed(&mut g, 3_000, 50, |_| {}),
-        "never installed"
-    );
-    assert_eq!(g.started_of(2, Trigger::CorruptSegment), 1);
-    assert_eq!(g.started_of(2, Trigger::NewOrWiped), 0);
-    let start = g.parts[2].store().unwrap().log_start_offset();
-    assert_eq!(g.bytes(2, start), g.bytes(0, start), "bytes differ");
-    g.produce(3, 5_000, Some(2));
-    for _ in 0..5 {
-        g.tick(Some(2));
-    }
-    assert_eq!(g.parts[2].high_watermark(), g.parts[0].high_watermark());
+    installs_after_corruption(&mut g, &pdir);
 }
 
 /// Guards against: a sealed segment that goes bad while the node runs
@@ -857,17 +877,14 @@ fn a_corrupt_sealed_segment_is_set_aside_and_installed_from_a_peer() {
 fn a_sealed_segment_found_corrupt_by_a_read_is_set_aside_and_installed_from_a_peer() {
     let mut g = Group::new();
     g.produce(60, 3, None);
-    let store = g.parts[2].store().unwrap();
-    let sealed = *store.sealed_segments().next().expect("rolled");
-    let generation = format!("gen-{:020}", store.superblock().live_generation);
-    let pdir = g._dir.path().join(format!("p{PID}r2"));
-    let log = pdir
-        .join(generation)
-        .join(format!("{:020}.log", sealed.base_offset));
-    let mut bytes = std::fs::read(&log).unwrap();
-    bytes[700] ^= 0x5a;
-    std::fs::write(&log, bytes).unwrap();
-
+    let sealed = *g.parts[2]
+        .store()
+        .unwrap()
+        .sealed_segments()
+        .next()
+        .expect("rolled");
+    let (pdir, log) = replica2_segment(&g, sealed.base_offset);
+    flip_byte(&log, 700);
     let e = g.parts[2]
         .fetch(&mut g.io[2], sealed.base_offset, 1 << 20, Vec::new())
         .unwrap_err();
@@ -875,24 +892,9 @@ fn a_sealed_segment_found_corrupt_by_a_read_is_set_aside_and_installed_from_a_pe
     assert!(g.parts[2].needs_tick(), "the replacement waits for a tick");
     assert_eq!(g.parts[2].status(0).role, "backup");
     g.tick_only();
-    assert_eq!(g.parts[2].status(0).role, "wiped");
-    assert!(pdir.with_extension("corrupt").exists(), "not set aside");
     assert!(g.parts[2].take_replaced(), "the shard is told");
     assert!(!g.parts[2].take_replaced(), "told once");
-    assert!(
-        until_installed(&mut g, 3_000, 50, |_| {}),
-        "never installed"
-    );
-    assert_eq!(g.started_of(2, Trigger::CorruptSegment), 1);
-    assert_eq!(g.started_of(2, Trigger::NewOrWiped), 0);
-    assert_eq!(g.parts[2].store().unwrap().corruption_seen(), None);
-    let start = g.parts[2].store().unwrap().log_start_offset();
-    assert_eq!(g.bytes(2, start), g.bytes(0, start), "bytes differ");
-    g.produce(3, 5_000, Some(2));
-    for _ in 0..5 {
-        g.tick(Some(2));
-    }
-    assert_eq!(g.parts[2].high_watermark(), g.parts[0].high_watermark());
+    installs_after_corruption(&mut g, &pdir);
 }
 
 /// Guards against: a replica whose restart reads a bad sealed segment
@@ -904,27 +906,16 @@ fn a_sealed_segment_found_corrupt_by_a_read_is_set_aside_and_installed_from_a_pe
 fn a_sealed_segment_found_corrupt_by_the_restart_is_set_aside_and_installed_from_a_peer() {
     let mut g = Group::new();
     g.produce(60, 7, None);
-    let store = g.parts[2].store().unwrap();
-    let sealed = *store.sealed_segments().last().expect("rolled");
-    let generation = format!("gen-{:020}", store.superblock().live_generation);
-    let pdir = g._dir.path().join(format!("p{PID}r2"));
-    let gdir = pdir.join(generation);
+    let sealed = *g.parts[2]
+        .store()
+        .unwrap()
+        .sealed_segments()
+        .last()
+        .expect("rolled");
+    let (pdir, log) = replica2_segment(&g, sealed.base_offset);
     g.parts.remove(2).close(&mut g.io[2]).unwrap();
-    let log = gdir.join(format!("{:020}.log", sealed.base_offset));
-    let mut bytes = std::fs::read(&log).unwrap();
-    bytes[700] ^= 0x5a;
-    std::fs::write(&log, bytes).unwrap();
-    assert!(gdir
-        .join(format!("{:020}.idx", sealed.base_offset))
-        .exists());
+    flip_byte(&log, 700);
+    assert!(log.with_extension("idx").exists());
     g.reopen(2, false);
-    assert_eq!(g.parts[2].status(0).role, "wiped");
-    assert!(pdir.with_extension("corrupt").exists(), "not set aside");
-    assert!(
-        until_installed(&mut g, 3_000, 50, |_| {}),
-        "never installed"
-    );
-    assert_eq!(g.started_of(2, Trigger::CorruptSegment), 1);
-    let start = g.parts[2].store().unwrap().log_start_offset();
-    assert_eq!(g.bytes(2, start), g.bytes(0, start), "bytes differ");
+    installs_after_corruption(&mut g, &pdir);
 }
