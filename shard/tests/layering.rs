@@ -19,7 +19,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("eventfd", &[]),
     ("oneshot", &[]),
     ("placement", &[]),
-    ("meta", &["vsr"]),
+    ("meta", &["placement", "vsr"]),
     ("meta_hosted", &["meta"]),
     ("vsr", &[]),
     ("replica_io", &["vsr"]),
