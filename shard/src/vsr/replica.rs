@@ -554,8 +554,11 @@ impl Replica {
             && self.purge_op.is_none()
             && self.truncations.is_empty()
             && self.transferring.is_none();
-        debug_assert!(self.commit <= self.log.op(), "commit above the log");
-        debug_assert!(reach > self.commit, "the reach is above the commit");
+        debug_assert!(self.status == Status::Fenced || self.commit < reach);
+        debug_assert!(
+            self.purge_op.is_none_or(|p| p == self.log.op()),
+            "a pending purge op is the log's head"
+        );
         view == self.view && self.status == Status::Normal && quiet && !persist_due
     }
 

@@ -434,7 +434,10 @@ fn normal_replicas_step_replication_messages_beside_a_flush_unless_they_may_cut(
     let view = c.r(1).view();
     assert!(view > 0 && c.r(1).steps_beside_flush(view), "normal again");
     assert!(!c.r(1).steps_beside_flush(0), "the old primary's view");
-    assert!(!c.r(0).steps_beside_flush(view), "the old primary learns a view");
+    assert!(
+        !c.r(0).steps_beside_flush(view),
+        "the old primary learns a view"
+    );
 }
 
 /// Guards against: a healthy 3-replica group failing to commit, ack, or
