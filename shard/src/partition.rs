@@ -464,6 +464,34 @@ impl Partition {
         }
     }
 
+    /// Whether a replication message may be delivered while this
+    /// partition's flush is in flight rather than wait for it: a Prepare,
+    /// PrepareOk or Commit the replica can step beside a flush
+    /// ([`Replica::steps_beside_flush`]), a Prepare whose batch the store
+    /// takes without flushing on its own, and no transfer running. Reads
+    /// only the message header (checked); delivery decodes it all.
+    pub fn peer_message_beside_flush(&self, payload: &[u8]) -> bool {
+        let State::Open(h) = &self.state else {
+            return false;
+        };
+        if h.repl.is_none()
+            || h.xfer
+                .as_ref()
+                .is_some_and(|x| x.needs_tick() || x.is_frozen())
+        {
+            return false;
+        }
+        let Ok(header) = wire::Header::decode(payload, &ReplicationLimits::default()) else {
+            return false;
+        };
+        let fits = match header.command {
+            wire::Command::Prepare => !h.store.append_waits_for_flush(header.body_len as usize),
+            wire::Command::PrepareOk | wire::Command::Commit => true,
+            _ => false,
+        };
+        fits && h.replica.steps_beside_flush(header.envelope.view)
+    }
+
     /// Whether the next segment should be prepared now, in the background
     /// (see [`PartitionStore::spare_due`]).
     pub fn spare_due(&self) -> bool {
@@ -799,7 +827,10 @@ impl Partition {
         from: u32,
         payload: PeerPayload,
     ) -> Result<(), PeerDrop> {
-        debug_assert!(self.flush_end.is_none(), "peer message behind a flush");
+        debug_assert!(
+            self.flush_end.is_none() || self.peer_message_beside_flush(&payload),
+            "a peer message that must wait for the flush in flight"
+        );
         let State::Open(h) = &mut self.state else {
             return Err(PeerDrop::Unavailable);
         };

@@ -510,6 +510,75 @@ fn a_replicated_partition_waits_for_a_quorum_and_parks_peer_messages_behind_its_
     assert_eq!(refused(&purge).code, ErrorCode::PartitionUnavailable);
 }
 
+/// A replication message from replica `from` of the test group of
+/// [`replicated_shard`], as its transport delivers it.
+fn peer_message(from: u8, msg: crate::vsr::Message) -> Op {
+    let group = crate::placement::group_id("c", "t", 0, 3);
+    let mut payload = Vec::new();
+    msg.to_wire(group, FIRST_ID, from)
+        .expect("maps to the wire")
+        .encode(&mut payload)
+        .expect("encodes");
+    Op::PeerMessage {
+        from: u32::from(from) + 1,
+        partition_id: FIRST_ID,
+        payload: payload.into(),
+    }
+}
+
+/// The cluster latency cause of issue 11 item 7: a PrepareOk parked behind
+/// the primary's flush in flight (of a later op) held op N's commit for a
+/// whole fdatasync, and a backup's Prepare parked behind its own flush
+/// held its append for one. A PrepareOk in the replica's view is stepped
+/// at once (the replica can only commit and reply: no store op that would
+/// flush), so the produce is answered as soon as the primary's own flush
+/// completes, with no second turn; garbage still waits (see above).
+#[test]
+fn a_prepare_ok_is_stepped_beside_the_primarys_flush_not_parked() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let s = replicated_shard(12);
+    let rx = produce(&s, FIRST_ID, 1);
+    assert_eq!(s.run_turn(Instant::now()), 1);
+    assert!(s.core.borrow().partitions[&FIRST_ID].flush_in_flight());
+    let checksum = s.core.borrow().partitions[&FIRST_ID]
+        .replica()
+        .and_then(|r| r.checksum_at(1))
+        .expect("op 1 is in the primary's journal");
+    let ok = crate::vsr::Message {
+        view: 0,
+        body: crate::vsr::Body::PrepareOk(ringlog_protocol::replication::PrepareOk {
+            op: 1,
+            prepare_checksum: checksum,
+        }),
+    };
+    queue(&s, peer_message(1, ok));
+    let parked = s.metrics.parked_total.load(Relaxed);
+    assert_eq!(s.run_turn(Instant::now()), 1);
+    assert_eq!(s.metrics.parked_total.load(Relaxed), parked, "not parked");
+    assert_eq!(
+        s.metrics.peer_messages_total.load(Relaxed),
+        1,
+        "stepped now"
+    );
+    assert!(s.core.borrow().partitions[&FIRST_ID].flush_in_flight());
+    assert!(rx.try_recv().is_err(), "not durable here yet: not answered");
+    // Only the storage completion: no turn runs in between.
+    for _ in 0..DRAIN_ROUNDS_MAX {
+        if s.core.borrow().flights.is_empty() {
+            break;
+        }
+        s.on_storage_completions(Instant::now());
+    }
+    let reply = produced(&rx);
+    assert_eq!((reply.base_offset, reply.next_offset), (0, 2));
+    assert_eq!(
+        s.core.borrow().partitions[&FIRST_ID]
+            .replica()
+            .map(|r| r.commit()),
+        Some(1)
+    );
+}
+
 /// A fetch's reply, or None while it waits (parked behind a read-ahead).
 fn fetch_now(s: &Shard<SimBackend>, offset: u64) -> crossbeam_channel::Receiver<Outcome> {
     let rx = queue(

@@ -56,9 +56,13 @@ impl<B: IoBackend> Shard<B> {
     /// anything that would flush synchronously (purge, close, an append that
     /// overflows the write buffer or rolls the segment), and anything queued
     /// behind such an op, so a partition's ops keep their order. Fetches
-    /// read durable data only and never wait. A peer message always waits:
-    /// it may make the replica append past the write buffer, cut its tail
-    /// or persist its view, which the store runs as synchronous flushes.
+    /// read durable data only and never wait. A peer message waits unless
+    /// the partition can step it beside the flush
+    /// ([`Partition::peer_message_beside_flush`]: Prepare, PrepareOk,
+    /// Commit of normal operation): any other may make the replica append
+    /// past the write buffer, cut its tail or persist its view, which the
+    /// store runs as synchronous flushes. Holding those three too cost a
+    /// replicated op a fdatasync at each replica (issue 11 item 7).
     pub(super) fn must_park(core: &Core<B>, op: &Op) -> Option<u32> {
         let pid = match op {
             Op::Produce { partition_id, .. }
@@ -78,6 +82,7 @@ impl<B: IoBackend> Shard<B> {
         let wait = behind
             || match op {
                 Op::Produce { batch, .. } => p.append_must_wait(batch.as_ref().len()),
+                Op::PeerMessage { payload, .. } => !p.peer_message_beside_flush(payload),
                 _ => true,
             };
         wait.then_some(pid)

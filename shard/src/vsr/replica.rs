@@ -536,6 +536,32 @@ impl Replica {
         self.transferring.is_some()
     }
 
+    /// Whether a Prepare, PrepareOk or Commit of `view` can be stepped while
+    /// the host's flush is in flight: its step then emits no storage op but
+    /// an Append of the Prepare's batch and a Flush (a host checks that
+    /// append against its own write buffer), so the host need not hold it
+    /// behind the flush, which cost a replicated op a whole fdatasync at
+    /// the backup and another at the primary. False when the step could
+    /// cut or persist: another view or status (a view change), a purge op
+    /// a commit would apply, a superblock commit due, client batches a
+    /// commit would sequence (appends the host did not check), a transfer.
+    pub fn steps_beside_flush(&self, view: u32) -> bool {
+        // No step commits past the log's head, which a Prepare moves by one.
+        let reach = self.log.op() + 1;
+        let lag_max = (self.cfg.journal_ops_max / 2) as u64;
+        let persist_due = self.cfg.replica_count > 1 && reach >= self.durable.commit + lag_max;
+        let quiet = self.queue.is_empty()
+            && self.purge_op.is_none()
+            && self.truncations.is_empty()
+            && self.transferring.is_none();
+        debug_assert!(self.status == Status::Fenced || self.commit < reach);
+        debug_assert!(
+            self.purge_op.is_none_or(|p| p == self.log.op()),
+            "a pending purge op is the log's head"
+        );
+        view == self.view && self.status == Status::Normal && quiet && !persist_due
+    }
+
     /// Why it is transferring, if it is.
     pub fn transfer_trigger(&self) -> Option<Trigger> {
         self.transferring

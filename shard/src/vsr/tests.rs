@@ -208,8 +208,15 @@ impl Cluster {
         assert!(self.steps < 200_000, "scenario did not settle");
         let mut out = Outbox::new();
         let node = self.node(r);
+        let beside = beside_flush(&node.replica, &input);
         node.replica.step(input, &mut out);
         for output in out.drain() {
+            if let (Some(what), Output::Io { op, .. }) = (beside, &output) {
+                assert!(
+                    matches!(op, StorageOp::Append { .. } | StorageOp::Flush),
+                    "{what} stepped beside a flush emitted {op:?}"
+                );
+            }
             let node = &mut self.nodes[usize::from(r)];
             match output {
                 Output::Send { to, msg } => {
@@ -375,11 +382,62 @@ impl Cluster {
     }
 }
 
+/// The message `input` carries if the replica says it may be stepped
+/// beside a flush in flight ([`Replica::steps_beside_flush`]): every
+/// scenario and swarm step then checks it emits only Append and Flush.
+fn beside_flush(replica: &Replica, input: &Input) -> Option<&'static str> {
+    let Input::Message { msg, .. } = input else {
+        return None;
+    };
+    let kind = matches!(
+        msg.body,
+        Body::Prepare(_) | Body::PrepareOk(_) | Body::Commit(_)
+    );
+    (kind && replica.steps_beside_flush(msg.view)).then(|| msg.body.name())
+}
+
 fn ok_reply(node: &Node, token: Token) -> Appended {
     match node.replies.iter().find(|(t, _)| *t == token) {
         Some((_, Ok(a))) => *a,
         other => panic!("token {token}: expected a successful reply, got {other:?}"),
     }
+}
+
+/// Guards against: a host holding every replication message behind its
+/// flush in flight (a fdatasync of latency per op at each replica), or
+/// stepping one beside it that may cut or persist. Normal replicas in
+/// their view may step Prepare, PrepareOk and Commit beside a flush (each
+/// such step is checked in `Cluster::step`: Append and Flush only); not a
+/// message of another view, nor any once the primary is gone and the
+/// backups change views.
+#[test]
+fn normal_replicas_step_replication_messages_beside_a_flush_unless_they_may_cut() {
+    let mut c = Cluster::new(3);
+    c.append(0, 10, 1);
+    c.settle();
+    for r in 0..3 {
+        assert!(c.r(r).steps_beside_flush(0), "replica {r} in view 0");
+        assert!(!c.r(r).steps_beside_flush(1), "replica {r}: a newer view");
+    }
+    // Replica 1 alone ticks until the primary is silent too long; its
+    // StartViewChange is not delivered yet.
+    c.isolate(0);
+    for _ in 0..60 {
+        if c.r(1).status() == Status::ViewChange {
+            break;
+        }
+        c.step(1, Input::Tick);
+    }
+    assert_eq!(c.r(1).status(), Status::ViewChange);
+    assert!(!c.r(1).steps_beside_flush(c.r(1).view()), "mid view change");
+    c.tick_until(200, |c| c.normal_primary(1) || c.normal_primary(2));
+    let view = c.r(1).view();
+    assert!(view > 0 && c.r(1).steps_beside_flush(view), "normal again");
+    assert!(!c.r(1).steps_beside_flush(0), "the old primary's view");
+    assert!(
+        !c.r(0).steps_beside_flush(view),
+        "the old primary learns a view"
+    );
 }
 
 /// Guards against: a healthy 3-replica group failing to commit, ack, or
