@@ -124,12 +124,11 @@ impl<B: IoBackend> Group<B> {
     fn reap(&mut self) -> usize {
         let mut counted = 0;
         for r in 0..3 {
-            let mut reaped = self.installs[r].take_foreign();
-            if reaped.is_empty() && self.installs[r].batches_in_flight() > 0 {
-                reaped = self.io[r].reap_waiting(std::time::Duration::from_millis(5));
+            let reaped = if self.installs[r].batches_in_flight() > 0 {
+                self.io[r].reap_waiting(std::time::Duration::from_millis(5))
             } else {
-                reaped.extend(self.io[r].reap());
-            }
+                self.io[r].reap()
+            };
             counted += reaped.len();
             let mut by_owner: BTreeMap<u32, crate::transfer::io::Reaped> = BTreeMap::new();
             for (batch, completions) in reaped {

@@ -118,7 +118,12 @@ impl Finishing {
 
     fn install(&self) -> Result<&Install, StoreError> {
         self.install.as_ref().ok_or_else(|| {
-            StoreError::io(0, "install", Path::new(""), std::io::Error::other("install gone"))
+            StoreError::io(
+                0,
+                "install",
+                Path::new(""),
+                std::io::Error::other("install gone"),
+            )
         })
     }
 }
@@ -271,10 +276,16 @@ impl PartitionStore {
     fn stage_sqes(&mut self, f: &mut Finishing) -> Result<Vec<Sqe>, Flow> {
         match f.stage {
             Stage::StaleFiles | Stage::OldFiles | Stage::AbortFiles => {
-                return Ok(std::mem::take(&mut f.files).into_iter().map(Sqe::new).collect());
+                return Ok(std::mem::take(&mut f.files)
+                    .into_iter()
+                    .map(Sqe::new)
+                    .collect());
             }
             Stage::StaleDirs | Stage::OldDirs | Stage::AbortDirs => {
-                return Ok(std::mem::take(&mut f.dirs).into_iter().map(Sqe::new).collect());
+                return Ok(std::mem::take(&mut f.dirs)
+                    .into_iter()
+                    .map(Sqe::new)
+                    .collect());
             }
             _ => {}
         }
@@ -315,7 +326,11 @@ impl PartitionStore {
             }
             Stage::Recycle(from) => vec![Sqe::new(Op::Rename { from, to: path })],
             Stage::SegmentOpen { recycled } => {
-                let mode = if recycled { OpenMode::Existing } else { OpenMode::Create };
+                let mode = if recycled {
+                    OpenMode::Existing
+                } else {
+                    OpenMode::Create
+                };
                 open(path, mode, false)
             }
             Stage::SegmentAllocate | Stage::SegmentZero => self.segment_sqes(f),
@@ -403,7 +418,10 @@ fn last_unlinked(mut sqes: Vec<Sqe>) -> Vec<Sqe> {
 fn index_sqes(install: &Install, i: usize, file: FileId) -> (Vec<Sqe>, SealedFile) {
     let m = &install.manifest;
     let a = &m.artifacts[i];
-    assert!(i < install.indexes.len(), "a committable install indexed every artifact");
+    assert!(
+        i < install.indexes.len(),
+        "a committable install indexed every artifact"
+    );
     let idx = SealedIndex {
         index: install.indexes[i].clone(),
         chunk_size_bytes: m.chunk_size_bytes,
@@ -483,7 +501,11 @@ impl PartitionStore {
                     Stage::DirOpen => ("open", true),
                     _ => ("create", true),
                 };
-                let path = if matches!(f.stage, Stage::DirOpen) { self.dir.clone() } else { path };
+                let path = if matches!(f.stage, Stage::DirOpen) {
+                    self.dir.clone()
+                } else {
+                    path
+                };
                 match opened(completions) {
                     Ok(file) => self.opened_ended(io, f, file),
                     Err(e) if abort => Flow::Abort(io_err(kind, &path, e)),
@@ -518,9 +540,9 @@ impl PartitionStore {
                     self.behind = false;
                     Flow::Next(Stage::SuperblockOpen)
                 }
-                Err((kind, e)) => Flow::Fail(
-                    self.fence(format!("segment {kind} behind the journal failed: {e}")),
-                ),
+                Err((kind, e)) => {
+                    Flow::Fail(self.fence(format!("segment {kind} behind the journal failed: {e}")))
+                }
             },
             Stage::SuperblockWrite => self.superblock_ended(io, f, completions),
             _ => self.removals_ended(f, completions),
@@ -600,7 +622,12 @@ impl PartitionStore {
         Flow::Fail(self.fence(StoreError::io(pid, kind, path, e).to_string()))
     }
 
-    fn segment_opened(&mut self, f: &mut Finishing, completions: Vec<Completion>, path: &Path) -> Flow {
+    fn segment_opened(
+        &mut self,
+        f: &mut Finishing,
+        completions: Vec<Completion>,
+        path: &Path,
+    ) -> Flow {
         match f.stage.clone() {
             Stage::Recycle(from) => match check_completions(completions, 1) {
                 Ok(_) => Flow::Next(Stage::SegmentOpen { recycled: true }),
@@ -613,7 +640,11 @@ impl PartitionStore {
                         file,
                         allocated_bytes: if recycled { capacity } else { 0 },
                     });
-                    let next = if recycled { Stage::SegmentAllocate } else { Stage::StagedSync };
+                    let next = if recycled {
+                        Stage::SegmentAllocate
+                    } else {
+                        Stage::StagedSync
+                    };
                     Flow::Next(next)
                 }
                 Err(e) => {
@@ -625,7 +656,12 @@ impl PartitionStore {
         }
     }
 
-    fn segment_ended(&mut self, f: &mut Finishing, completions: Vec<Completion>, path: &Path) -> Flow {
+    fn segment_ended(
+        &mut self,
+        f: &mut Finishing,
+        completions: Vec<Completion>,
+        path: &Path,
+    ) -> Flow {
         let (ops, next) = match f.stage {
             Stage::SegmentAllocate => (1, Stage::SegmentZero),
             _ => (2, Stage::StagedSync),
@@ -680,7 +716,11 @@ impl PartitionStore {
         let lost = || Err(std::io::Error::other(format!("{n} completions for 2 ops")));
         let renamed = results.next().unwrap_or_else(lost);
         let synced = results.next().unwrap_or_else(lost);
-        let from = f.install.as_ref().map(|i| i.staging_dir.clone()).unwrap_or_default();
+        let from = f
+            .install
+            .as_ref()
+            .map(|i| i.staging_dir.clone())
+            .unwrap_or_default();
         if let Err(e) = renamed {
             return Flow::Abort(StoreError::io(self.partition_id, "rename", from, e));
         }
