@@ -258,6 +258,11 @@ impl TransferHost {
         (self.pipeline.in_flight(), self.pipeline.in_flight_peak())
     }
 
+    /// An install's begin, commit or abort is held or running on the ring.
+    pub fn ends_install(&self) -> bool {
+        self.pipeline.ends_install()
+    }
+
     /// Chunk read buffers kept idle for the next serving reads.
     pub fn idle_read_buffers(&self) -> usize {
         self.pipeline.idle_buffers()

@@ -47,6 +47,9 @@ pub struct Installs {
     /// shard's pipelines hold (a window of each machine's I/O, or one step
     /// of an install's end).
     owners: BTreeMap<BatchId, u32>,
+    /// Partitions whose install's commit or abort is running on the ring:
+    /// still installs, against `installs_max`.
+    ending: std::collections::BTreeSet<u32>,
 }
 
 impl Installs {
@@ -57,6 +60,7 @@ impl Installs {
             budget,
             active: BTreeMap::new(),
             owners: BTreeMap::new(),
+            ending: std::collections::BTreeSet::new(),
         }
     }
 
@@ -75,9 +79,10 @@ impl Installs {
         self.owners.remove(&batch)
     }
 
-    /// Installs in progress on the shard.
+    /// Installs in progress on the shard, those whose commit or abort is
+    /// running included.
     pub fn active(&self) -> usize {
-        self.active.len()
+        self.active.len() + self.ending.len()
     }
 
     pub fn budget(&self) -> &InstallBudget {
@@ -115,10 +120,10 @@ pub fn execute(
             Ok(IoOutcome::Done)
         }
         TransferOp::BeginInstall { manifest } => {
-            if installs.active.len() >= installs.installs_max {
+            if installs.active() >= installs.installs_max {
                 return Err(Fault {
                     kind: FaultKind::Transient,
-                    reason: format!("{} installs running, the limit", installs.active.len()),
+                    reason: format!("{} installs running, the limit", installs.active()),
                 });
             }
             let install = store
@@ -325,6 +330,8 @@ impl Pipeline {
             _ => return done.push((id, execute(store, io, installs, op, now_ms))),
         };
         let (finishing, step) = started;
+        let new = installs.ending.insert(pid);
+        assert!(new, "one install per partition");
         self.finish_step(io, installs, (pid, id), Box::new(finishing), step, done);
     }
 
@@ -346,6 +353,8 @@ impl Pipeline {
                 self.queue(installs, pid, Some(batch), what, done);
             }
             FinishStep::Done(result) => {
+                let ended = installs.ending.remove(&pid);
+                debug_assert!(ended, "an install's end was started");
                 let result = result.map(|()| IoOutcome::Done).map_err(fault);
                 done.push((id, result));
             }

@@ -2118,7 +2118,6 @@ fn the_pipeline_commits_an_install_a_step_per_reaped_batch() {
 #[test]
 fn the_pipeline_answers_queued_io_when_reaped_and_aborts_after_it() {
     use super::io::Pipeline;
-    use ringlog_storage::io::IoBackend;
     let mut src = Disk::new(300, "/src");
     src.grow(60, 0, 1);
     let m = snapshot_of(&mut src);
