@@ -3,6 +3,10 @@
 //! in flight (`stage_chunks`). A failed write in an overlapped window fails
 //! the install and the old state stays (also across a reboot); a failed
 //! read is a typed error; staged writes in flight count against the window.
+//! The commit runs as the store's step machine on `submit_nowait` and
+//! `reap` alone (no wait of any kind), and its failures through it keep
+//! their meaning: a staged fdatasync's EIO fences, a failed rename leaves
+//! the old state.
 
 mod common;
 
@@ -11,9 +15,9 @@ use std::path::Path;
 use common::{next_batch, read_all, small_config};
 use ringlog_protocol::manifest::{Manifest, ManifestLimits};
 use ringlog_storage::io::sim::{Fault, FaultOp, SimBackend};
-use ringlog_storage::io::{BatchId, BufPool, Completion, IoBackend};
+use ringlog_storage::io::{BatchId, BufPool, Completion, FileId, IoBackend, Op, OpenMode, Sqe};
 use ringlog_storage::store::{
-    ChunkCheck, InstallBudget, PartitionStore, StoreError, TransferError,
+    ChunkCheck, FinishStep, Install, InstallBudget, PartitionStore, StoreError, TransferError,
 };
 
 const PID: u32 = 5;
@@ -90,7 +94,18 @@ struct Ran {
 /// Transfers `p.src` into `p.dst` a window at a time, reading window k+1
 /// while window k's staged writes are in flight; `before_stage(k, io)` runs
 /// before window k is staged (to inject a fault).
-fn run(p: &mut Pair, mut before_stage: impl FnMut(usize, &mut SimBackend)) -> Ran {
+fn run(p: &mut Pair, before_stage: impl FnMut(usize, &mut SimBackend)) -> Ran {
+    run_with(p, before_stage, |store, io, install| {
+        store.commit_install(io, install)
+    })
+}
+
+/// [`run`], committing with `commit`.
+fn run_with(
+    p: &mut Pair,
+    mut before_stage: impl FnMut(usize, &mut SimBackend),
+    commit: impl FnOnce(&mut PartitionStore, &mut SimBackend, Install) -> Result<(), StoreError>,
+) -> Ran {
     let m = p.src.open_snapshot(&mut p.src_io, NOW_MS).unwrap();
     let id = m.snapshot_id;
     let offer = Manifest::decode(&m.encode(), &ManifestLimits::default()).unwrap();
@@ -159,7 +174,7 @@ fn run(p: &mut Pair, mut before_stage: impl FnMut(usize, &mut SimBackend)) -> Ra
     }
     p.src.release_snapshot(id);
     if ran.result.is_ok() {
-        ran.result = p.dst.commit_install(&mut p.dst_io, install);
+        ran.result = commit(&mut p.dst, &mut p.dst_io, install);
     } else {
         assert!(install.poisoned().is_some(), "a failed write poisons");
         let again = install.stage_chunks(&mut p.dst_io, &[], ChunkCheck::Checksum);
@@ -394,4 +409,243 @@ fn a_corrupt_chunk_the_caller_vouched_for_is_still_verified_as_a_log() {
     assert_eq!(p.dst_io.ops_count(), ops_before, "nothing written");
     assert!(vouched.poisoned().is_some());
     assert!(p.dst.commit_install(&mut p.dst_io, vouched).is_err());
+}
+
+/// A backend that counts every call that may wait (a blocking submission,
+/// a waiting reap, the synchronous metadata calls, which the io_uring
+/// backend runs as one-op submissions it waits for): a caller on the shard
+/// thread must make none.
+struct NoWait<'a> {
+    io: &'a mut SimBackend,
+    waits: u64,
+}
+
+impl NoWait<'_> {
+    fn waited<T>(&mut self, what: T) -> T {
+        self.waits += 1;
+        what
+    }
+}
+
+impl IoBackend for NoWait<'_> {
+    fn open_file(&mut self, path: &Path, mode: OpenMode) -> std::io::Result<FileId> {
+        let r = self.io.open_file(path, mode);
+        self.waited(r)
+    }
+    fn open_dir(&mut self, path: &Path) -> std::io::Result<FileId> {
+        let r = self.io.open_dir(path);
+        self.waited(r)
+    }
+    fn close(&mut self, file: FileId) {
+        self.io.close(file)
+    }
+    fn create_dir(&mut self, path: &Path) -> std::io::Result<()> {
+        let r = self.io.create_dir(path);
+        self.waited(r)
+    }
+    // getdents has no ring op: a plain call on every backend.
+    fn list_dir(&mut self, path: &Path) -> std::io::Result<Vec<String>> {
+        self.io.list_dir(path)
+    }
+    fn exists(&mut self, path: &Path) -> std::io::Result<bool> {
+        let r = self.io.exists(path);
+        self.waited(r)
+    }
+    fn file_size(&mut self, file: FileId) -> std::io::Result<u64> {
+        let r = self.io.file_size(file);
+        self.waited(r)
+    }
+    fn allocate_range(&mut self, file: FileId, offset: u64, len_bytes: u64) -> std::io::Result<()> {
+        let r = self.io.allocate_range(file, offset, len_bytes);
+        self.waited(r)
+    }
+    fn submit(&mut self, batch: Vec<Sqe>) -> Vec<Completion> {
+        let r = self.io.submit(batch);
+        self.waited(r)
+    }
+    fn submit_nowait(&mut self, batch: Vec<Sqe>) -> BatchId {
+        self.io.submit_nowait(batch)
+    }
+    fn reap(&mut self) -> Vec<(BatchId, Vec<Completion>)> {
+        self.io.reap()
+    }
+    fn reap_waiting(&mut self, timeout: std::time::Duration) -> Vec<(BatchId, Vec<Completion>)> {
+        let r = self.io.reap_waiting(timeout);
+        self.waited(r)
+    }
+    fn batches_running(&self) -> usize {
+        self.io.batches_running()
+    }
+}
+
+/// Commits `install` as the shard does: each step queued with
+/// `submit_nowait`, its completions reaped and fed back; `before(sqes, io)`
+/// sees each step's submission first (to inject a fault). Returns the
+/// result and the waits the store made.
+fn commit_nowait(
+    store: &mut PartitionStore,
+    io: &mut SimBackend,
+    install: Install,
+    mut before: impl FnMut(&[Sqe], &mut SimBackend),
+) -> (Result<(), StoreError>, u64, usize) {
+    let mut io = NoWait { io, waits: 0 };
+    let (mut finishing, mut step) = store.start_commit(&mut io, install);
+    let mut steps = 0;
+    let result = loop {
+        match step {
+            FinishStep::Submit(sqes) => {
+                steps += 1;
+                before(&sqes, io.io);
+                let batch = io.submit_nowait(sqes);
+                let completions = reap_until(io.io, batch);
+                step = store.resume_finish(&mut io, &mut finishing, completions);
+            }
+            FinishStep::Done(result) => break result,
+        }
+    };
+    (result, io.waits, steps)
+}
+
+/// Guards against: an install's commit (its index and table writes, the
+/// staged fdatasyncs, the rename, the superblock, the old generation's
+/// removal) waiting on the shard thread for any I/O.
+#[test]
+fn a_commit_through_its_steps_never_waits_and_installs_the_source_log() {
+    let mut p = pair(15);
+    let want = read_all(&mut p.src_io, &mut p.src);
+    let mut counted = (0, 0);
+    let ran = run_with(
+        &mut p,
+        |_, _| {},
+        |store, io, install| {
+            let (result, waits, steps) = commit_nowait(store, io, install, |_, _| {});
+            counted = (waits, steps);
+            result
+        },
+    );
+    ran.result.expect("installed");
+    assert_eq!(counted.0, 0, "the commit waited {} times", counted.0);
+    assert!(
+        counted.1 >= 6,
+        "{} steps: index, table, segment, sync, rename, superblock",
+        counted.1
+    );
+    assert_eq!(read_all(&mut p.dst_io, &mut p.dst), want);
+    let Pair { dst_io, dst, .. } = p;
+    drop(dst);
+    let mut io = dst_io.reboot();
+    let mut dst = PartitionStore::open(&mut io, Path::new("/dst"), PID, small_config()).unwrap();
+    assert_eq!(read_all(&mut io, &mut dst), want);
+
+    // The counter sees the waits of the blocking loop over the same steps.
+    let mut p = pair(16);
+    let mut waits = 0;
+    let ran = run_with(
+        &mut p,
+        |_, _| {},
+        |store, io, install| {
+            let mut io = NoWait { io, waits: 0 };
+            let result = store.commit_install(&mut io, install);
+            waits = io.waits;
+            result
+        },
+    );
+    ran.result.expect("installed");
+    assert!(waits >= 6, "the blocking commit counted {waits} waits");
+}
+
+/// The staged fdatasync submission of a commit: every staged file's
+/// fdatasync and the staging directory's fsync.
+fn is_staged_sync(sqes: &[Sqe]) -> bool {
+    sqes.len() >= 2
+        && sqes
+            .iter()
+            .all(|s| matches!(s.op, Op::Fdatasync { .. } | Op::Fsync { .. }))
+}
+
+/// Guards against: a staged fdatasync's EIO, reaped by the step machine,
+/// taken as success (the superblock would name unsynced data) or left
+/// unfenced.
+#[test]
+fn a_staged_fdatasync_eio_in_a_stepped_commit_fences_and_the_old_state_stays() {
+    let mut p = pair(17);
+    let old = read_all(&mut p.dst_io, &mut p.dst);
+    let old_sb = p.dst.superblock().clone();
+    let mut injected = false;
+    let ran = run_with(
+        &mut p,
+        |_, _| {},
+        |store, io, install| {
+            let (result, waits, _) = commit_nowait(store, io, install, |sqes, io| {
+                if !injected && is_staged_sync(sqes) {
+                    injected = true;
+                    // The last of the batch: every completion is checked.
+                    let nth = io.op_count(FaultOp::Sync) + sqes.len() as u64 - 1;
+                    io.inject(FaultOp::Sync, nth, Fault::Errno(EIO));
+                }
+            });
+            assert_eq!(waits, 0);
+            result
+        },
+    );
+    assert!(injected, "no staged sync step");
+    let err = ran.result.expect_err("the fdatasync failed");
+    assert!(
+        matches!(err, StoreError::Fenced { .. }),
+        "fenced, got {err}"
+    );
+    assert!(p.dst.fenced().is_some());
+    assert_eq!(p.dst.superblock(), &old_sb, "no commit point");
+    let Pair { dst_io, dst, .. } = p;
+    drop(dst);
+    let mut io = dst_io.reboot();
+    let mut dst = PartitionStore::open(&mut io, Path::new("/dst"), PID, small_config()).unwrap();
+    assert_eq!(dst.superblock().sequence, old_sb.sequence);
+    assert_eq!(read_all(&mut io, &mut dst), old);
+}
+
+/// Guards against: a failed rename, reaped by the step machine, going on
+/// to the superblock, fencing, or leaving the staging directory behind.
+#[test]
+fn a_failed_rename_in_a_stepped_commit_aborts_and_the_old_state_stays() {
+    let mut p = pair(18);
+    let old = read_all(&mut p.dst_io, &mut p.dst);
+    let old_sb = p.dst.superblock().clone();
+    let mut injected = false;
+    let ran = run_with(
+        &mut p,
+        |_, _| {},
+        |store, io, install| {
+            let (result, waits, _) = commit_nowait(store, io, install, |sqes, io| {
+                if !injected
+                    && matches!(sqes.first().map(|s| &s.op), Some(Op::Rename { .. }))
+                    && sqes.len() == 2
+                {
+                    injected = true;
+                    io.set_fail_at(io.ops_count());
+                }
+            });
+            assert_eq!(waits, 0);
+            result
+        },
+    );
+    assert!(injected, "no rename step");
+    let err = ran.result.expect_err("the rename failed");
+    assert!(
+        matches!(err, StoreError::Io { .. }),
+        "an I/O error, not a fence: {err}"
+    );
+    assert!(p.dst.fenced().is_none());
+    assert_eq!(p.dst.superblock(), &old_sb);
+    assert!(
+        !p.dst_io.exists(Path::new("/dst/staging")).unwrap(),
+        "aborted: staging removed"
+    );
+    assert_eq!(read_all(&mut p.dst_io, &mut p.dst), old);
+    let Pair { dst_io, dst, .. } = p;
+    drop(dst);
+    let mut io = dst_io.reboot();
+    let mut dst = PartitionStore::open(&mut io, Path::new("/dst"), PID, small_config()).unwrap();
+    assert_eq!(dst.superblock().sequence, old_sb.sequence);
+    assert_eq!(read_all(&mut io, &mut dst), old);
 }

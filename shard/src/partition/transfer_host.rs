@@ -27,13 +27,14 @@
 //! machine), is fed to it as an `IoDone`, so the serving side reads the
 //! next window while earlier chunks are on the wire and the receiver pulls
 //! while a window is being written. Snapshot leases run at once. An
-//! install's begin, commit and abort first drain the partition's transfer
-//! I/O in flight (at most a window of each machine's chunks), waiting in
-//! the ring, and run only while no flush or spare of the partition is in
-//! flight (as a replica's synchronous cut or persist): reached from a
-//! completion while one is, they wait in the queue, in emission order, for
-//! the next tick or message. Batches of other owners a drain reaps are
-//! stashed in the shard's `Installs` for its reaping to dispatch.
+//! install's begin, commit and abort run only while no flush or spare of
+//! the partition is in flight (as a replica's synchronous cut or persist):
+//! reached from a completion while one is, they wait in the queue, in
+//! emission order, for the next tick or message. Started, they wait on the
+//! pipeline, without blocking, for the partition's transfer I/O in flight
+//! (at most a window of each machine's chunks); the commit and abort then
+//! run on the ring a step per batch, and nothing queued behind them starts
+//! until they are answered.
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -255,6 +256,11 @@ impl TransferHost {
     /// there were at once.
     pub fn io_in_flight(&self) -> (usize, usize) {
         (self.pipeline.in_flight(), self.pipeline.in_flight_peak())
+    }
+
+    /// An install's begin, commit or abort is held or running on the ring.
+    pub fn ends_install(&self) -> bool {
+        self.pipeline.ends_install()
     }
 
     /// Chunk read buffers kept idle for the next serving reads.
@@ -499,6 +505,11 @@ impl Hosted {
         quiet: bool,
     ) {
         while let Some(x) = self.xfer.as_mut() {
+            if x.pipeline.ends_install() {
+                // Nothing overtakes an install's begin, commit or abort:
+                // its last completion runs what is queued behind it.
+                break;
+            }
             let blocked = |(_, _, op): &(bool, IoId, TransferOp)| !quiet && Kind::of(op).drains();
             if x.pending.front().is_none_or(blocked) {
                 break;
@@ -535,9 +546,11 @@ impl Hosted {
                 installs.forget(batch);
                 continue;
             };
+            let store = &mut self.store;
+            let reaped = (batch, completions);
             if !x
                 .pipeline
-                .complete(&self.store, installs, batch, completions, &mut done)
+                .complete(store, io, installs, reaped, now_ms, &mut done)
             {
                 tracing::error!(partition_id = self.store.partition_id(), batch = ?batch, "a transfer batch the pipeline does not hold");
                 installs.forget(batch);
@@ -630,24 +643,10 @@ impl Hosted {
             };
             done.push((hid, Err(fault)));
         } else if let Some(x) = self.xfer.as_mut() {
-            let mut foreign = Reaped::new();
             let store = &mut self.store;
-            x.pipeline.start(
-                store,
-                io,
-                installs,
-                hid,
-                &op,
-                now_ms,
-                &mut done,
-                &mut foreign,
-            );
-            installs.stash_foreign(&mut foreign);
+            x.pipeline
+                .start(store, io, installs, (hid, &op), now_ms, &mut done);
         }
-        debug_assert!(
-            kind == Kind::Other || done.last().is_some_and(|d| d.0 == hid),
-            "a draining op is answered at once, last"
-        );
         for (hid, result) in done {
             self.answer_transfer_op(io, hid, result);
         }

@@ -760,10 +760,7 @@ impl<B: IoBackend> Shard<B> {
         {
             let mut core = self.core.borrow_mut();
             let core = &mut *core;
-            // What a transfer drain reaped for others first (it was reaped
-            // earlier), then the ring.
-            let mut reaped = core.installs.take_foreign();
-            reaped.extend(core.io.reap());
+            let reaped = core.io.reap();
             if reaped.is_empty() {
                 return;
             }
@@ -841,12 +838,6 @@ impl<B: IoBackend> Shard<B> {
             self.respond(reply, outcome);
         }
         self.flushed.notify();
-        // A transfer's drain above reaped others' batches, whose wake-up
-        // may already be spent: they are handled now, not at the next one
-        // (each round needs another install op, so this ends).
-        if self.core.borrow().installs.has_foreign() {
-            self.on_storage_completions(now);
-        }
     }
 
     /// Hands reaped transfer batches back to the partition whose pipeline

@@ -16,8 +16,11 @@
 //! waiting for them (the ring's batches, reaped by the caller), so the
 //! serving side reads the next window while earlier chunks are on the
 //! wire, and the receiver pulls the next window while this one is being
-//! written; every other op runs as [`execute`] runs it, after the
-//! partition's I/O in flight has finished.
+//! written. An install's begin, commit and abort wait, without blocking,
+//! for the partition's I/O in flight: held, they start when its last batch
+//! is reaped. The commit and abort then run as the store's step machine
+//! ([`Finishing`]) on the ring, a batch per step; the begin still runs
+//! synchronously once nothing is in flight.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -26,7 +29,8 @@ use ringlog_protocol::manifest::Manifest;
 use ringlog_protocol::BatchHeader;
 use ringlog_storage::io::{BatchId, BufPool, Completion, IoBackend};
 use ringlog_storage::store::{
-    ChunkCheck, ChunkReads, Install, InstallBudget, PartitionStore, StoreError, TransferError,
+    ChunkCheck, ChunkReads, FinishStep, Finishing, Install, InstallBudget, PartitionStore,
+    StoreError, TransferError,
 };
 
 use super::types::{ChunkData, Fault, FaultKind, IoId, IoOutcome, TransferOp};
@@ -40,11 +44,12 @@ pub struct Installs {
     budget: InstallBudget,
     active: BTreeMap<u32, Install>,
     /// Transfer batches in flight, by owning partition: at most what the
-    /// shard's pipelines hold (a window of each machine's I/O).
+    /// shard's pipelines hold (a window of each machine's I/O, or one step
+    /// of an install's end).
     owners: BTreeMap<BatchId, u32>,
-    /// Batches of other owners a [`Pipeline::drain`] reaped, for the shard
-    /// to dispatch: at most the batches in flight on the ring.
-    foreign: Reaped,
+    /// Partitions whose install's commit or abort is running on the ring:
+    /// still installs, against `installs_max`.
+    ending: std::collections::BTreeSet<u32>,
 }
 
 impl Installs {
@@ -55,7 +60,7 @@ impl Installs {
             budget,
             active: BTreeMap::new(),
             owners: BTreeMap::new(),
-            foreign: Reaped::new(),
+            ending: std::collections::BTreeSet::new(),
         }
     }
 
@@ -69,30 +74,15 @@ impl Installs {
         self.owners.len()
     }
 
-    /// Keeps batches a drain reaped for another owner until the shard
-    /// takes them ([`Installs::take_foreign`]).
-    pub fn stash_foreign(&mut self, reaped: &mut Reaped) {
-        self.foreign.append(reaped);
-    }
-
-    /// Whether drains reaped batches the shard has not taken yet.
-    pub fn has_foreign(&self) -> bool {
-        !self.foreign.is_empty()
-    }
-
-    /// The batches drains reaped for other owners, oldest first.
-    pub fn take_foreign(&mut self) -> Reaped {
-        std::mem::take(&mut self.foreign)
-    }
-
     /// A batch whose partition is gone: forgotten (its buffers dropped).
     pub fn forget(&mut self, batch: BatchId) -> Option<u32> {
         self.owners.remove(&batch)
     }
 
-    /// Installs in progress on the shard.
+    /// Installs in progress on the shard, those whose commit or abort is
+    /// running included.
     pub fn active(&self) -> usize {
-        self.active.len()
+        self.active.len() + self.ending.len()
     }
 
     pub fn budget(&self) -> &InstallBudget {
@@ -130,10 +120,10 @@ pub fn execute(
             Ok(IoOutcome::Done)
         }
         TransferOp::BeginInstall { manifest } => {
-            if installs.active.len() >= installs.installs_max {
+            if installs.active() >= installs.installs_max {
                 return Err(Fault {
                     kind: FaultKind::Transient,
-                    reason: format!("{} installs running, the limit", installs.active.len()),
+                    reason: format!("{} installs running, the limit", installs.active()),
                 });
             }
             let install = store
@@ -165,30 +155,44 @@ pub fn execute(
     }
 }
 
-/// Batches a caller reaped that belong to no pipeline asked: handed back
-/// to be routed to their owner.
+/// Batches the shard reaped, with their completions, for their owners.
 pub type Reaped = Vec<(BatchId, Vec<Completion>)>;
 
 /// What one of a [`Pipeline`]'s batches is.
 enum InFlight {
-    Read { id: IoId, reads: ChunkReads },
-    Stage { id: IoId },
+    Read {
+        id: IoId,
+        reads: ChunkReads,
+    },
+    Stage {
+        id: IoId,
+    },
+    /// A step of an install's commit or abort.
+    Finish {
+        id: IoId,
+        finishing: Box<Finishing>,
+    },
 }
 
 /// One partition's transfer I/O on the shard's ring: chunk reads
 /// (serving) and staged writes (receiving) are queued without waiting and
-/// answered when their batch is reaped ([`Pipeline::complete`]); the
-/// other ops wait for those in flight ([`Pipeline::drain`]), then run as
-/// [`execute`] runs them, so an install's begin, commit or abort never
-/// overtakes its writes. In flight: at most what the machines ask for (the
-/// server's `reads_keys_max` keys per snapshot, the receiver's window of
-/// chunks).
+/// answered when their batch is reaped ([`Pipeline::complete`]). An
+/// install's begin, commit or abort never overtakes its writes: with I/O
+/// in flight it is held (one at most: the receiver emits one at a time)
+/// and started by the completion of the partition's last batch; the
+/// commit and abort then run a step per batch. While one is held or
+/// running the caller starts no other op ([`Pipeline::ends_install`]). In
+/// flight: at most what the machines ask for (the server's
+/// `reads_keys_max` keys per snapshot, the receiver's window of chunks),
+/// or one step.
 pub struct Pipeline {
     in_flight: BTreeMap<BatchId, InFlight>,
     /// The most batches ever in flight at once (1 would mean lockstep).
     in_flight_peak: usize,
     /// Read buffers, reused once a chunk is copied out to the wire.
     pool: BufPool,
+    /// The begin, commit or abort waiting for the I/O in flight.
+    held: Option<(IoId, TransferOp)>,
 }
 
 impl Pipeline {
@@ -198,6 +202,7 @@ impl Pipeline {
             in_flight: BTreeMap::new(),
             in_flight_peak: 0,
             pool: BufPool::lazy(chunk_bytes as usize, buffers_max),
+            held: None,
         }
     }
 
@@ -225,21 +230,31 @@ impl Pipeline {
         self.in_flight.contains_key(&batch)
     }
 
-    /// Runs or queues `op` (id `id`) of `store`'s partition; results ready
-    /// now go to `done`, and batches of other owners reaped while waiting
-    /// (see [`Pipeline::drain`]) to `foreign`.
-    #[allow(clippy::too_many_arguments)]
+    /// An install's begin, commit or abort is held or running: the caller
+    /// starts nothing else of the partition until it is answered.
+    pub fn ends_install(&self) -> bool {
+        self.held.is_some()
+            || self
+                .in_flight
+                .values()
+                .any(|w| matches!(w, InFlight::Finish { .. }))
+    }
+
+    /// Runs, queues or holds `op` (id `id`) of `store`'s partition;
+    /// results ready now go to `done`.
     pub fn start(
         &mut self,
         store: &mut PartitionStore,
         io: &mut impl IoBackend,
         installs: &mut Installs,
-        id: IoId,
-        op: &TransferOp,
+        (id, op): (IoId, &TransferOp),
         now_ms: u64,
         done: &mut Vec<(IoId, Result<IoOutcome, Fault>)>,
-        foreign: &mut Reaped,
     ) {
+        assert!(
+            !self.ends_install(),
+            "nothing starts beside an install's begin, commit or abort"
+        );
         let pid = store.partition_id();
         match op {
             TransferOp::ReadChunks { snapshot_id, keys } => {
@@ -278,8 +293,70 @@ impl Pipeline {
             TransferOp::BeginInstall { .. }
             | TransferOp::CommitInstall
             | TransferOp::AbortInstall => {
-                self.drain(store, io, installs, done, foreign);
-                done.push((id, execute(store, io, installs, op, now_ms)));
+                if self.in_flight.is_empty() {
+                    self.end_install(store, io, installs, (id, op), now_ms, done);
+                } else {
+                    self.held = Some((id, op.clone()));
+                }
+            }
+        }
+    }
+
+    /// Runs an install's begin (synchronously), or starts its commit or
+    /// abort on the ring; nothing of the partition is in flight.
+    fn end_install(
+        &mut self,
+        store: &mut PartitionStore,
+        io: &mut impl IoBackend,
+        installs: &mut Installs,
+        (id, op): (IoId, &TransferOp),
+        now_ms: u64,
+        done: &mut Vec<(IoId, Result<IoOutcome, Fault>)>,
+    ) {
+        assert!(
+            self.in_flight.is_empty(),
+            "an install's end overtakes no I/O"
+        );
+        let pid = store.partition_id();
+        let started = match op {
+            TransferOp::CommitInstall => match installs.active.remove(&pid) {
+                Some(install) => store.start_commit(io, install),
+                None => return done.push((id, Err(no_install()))),
+            },
+            TransferOp::AbortInstall => match installs.active.remove(&pid) {
+                Some(install) => store.start_abort(io, install),
+                None => return done.push((id, Ok(IoOutcome::Done))),
+            },
+            _ => return done.push((id, execute(store, io, installs, op, now_ms))),
+        };
+        let (finishing, step) = started;
+        let new = installs.ending.insert(pid);
+        assert!(new, "one install per partition");
+        self.finish_step(io, installs, (pid, id), Box::new(finishing), step, done);
+    }
+
+    /// Submits the next step of an install's end, or answers its result.
+    fn finish_step(
+        &mut self,
+        io: &mut impl IoBackend,
+        installs: &mut Installs,
+        (pid, id): (u32, IoId),
+        finishing: Box<Finishing>,
+        step: FinishStep,
+        done: &mut Vec<(IoId, Result<IoOutcome, Fault>)>,
+    ) {
+        match step {
+            FinishStep::Submit(sqes) => {
+                debug_assert!(!sqes.is_empty(), "a step submits something");
+                let batch = io.submit_nowait(sqes);
+                let what = InFlight::Finish { id, finishing };
+                self.queue(installs, pid, Some(batch), what, done);
+            }
+            FinishStep::Done(result) => {
+                let ended = installs.ending.remove(&pid);
+                debug_assert!(ended, "an install's end was started");
+                let result = result.map(|()| IoOutcome::Done).map_err(fault);
+                done.push((id, result));
             }
         }
     }
@@ -302,22 +379,27 @@ impl Pipeline {
             }
             None => {
                 let id = match what {
-                    InFlight::Read { id, .. } | InFlight::Stage { id } => id,
+                    InFlight::Read { id, .. }
+                    | InFlight::Stage { id }
+                    | InFlight::Finish { id, .. } => id,
                 };
                 done.push((id, Err(local("a queued window has no batch"))));
             }
         }
     }
 
-    /// Answers the op of a reaped `batch` of this pipeline; false (the
-    /// completions dropped) for another owner's batch: check
-    /// [`Pipeline::owns`] first.
+    /// Answers the op of a reaped `batch` of this pipeline (or submits its
+    /// next step), and starts the held begin, commit or abort once nothing
+    /// is in flight; false (the completions dropped) for another owner's
+    /// batch: check [`Pipeline::owns`] first.
+    #[allow(clippy::too_many_arguments)]
     pub fn complete(
         &mut self,
-        store: &PartitionStore,
+        store: &mut PartitionStore,
+        io: &mut impl IoBackend,
         installs: &mut Installs,
-        batch: BatchId,
-        completions: Vec<Completion>,
+        (batch, completions): (BatchId, Vec<Completion>),
+        now_ms: u64,
         done: &mut Vec<(IoId, Result<IoOutcome, Fault>)>,
     ) -> bool {
         let Some(what) = self.in_flight.remove(&batch) else {
@@ -343,52 +425,25 @@ impl Pipeline {
                         .finish_staged(batch, completions)
                         .map(|()| IoOutcome::Done)
                         .map_err(fault),
-                    // Cannot happen: aborts and commits drain first.
+                    // Cannot happen: aborts and commits wait for these.
                     None => Err(no_install()),
                 };
                 done.push((id, result));
             }
+            InFlight::Finish { id, mut finishing } => {
+                let step = store.resume_finish(io, &mut finishing, completions);
+                let pid = store.partition_id();
+                self.finish_step(io, installs, (pid, id), finishing, step, done);
+            }
+        }
+        if self.in_flight.is_empty() {
+            if let Some((id, op)) = self.held.take() {
+                self.end_install(store, io, installs, (id, &op), now_ms, done);
+            }
         }
         true
     }
-
-    /// Waits for every batch of this pipeline in flight, answering each;
-    /// others reaped meanwhile go to `foreign`. Only before an op that must
-    /// not overtake them (an install's begin, commit or abort), so it waits
-    /// at most a window of I/O.
-    pub fn drain(
-        &mut self,
-        store: &PartitionStore,
-        io: &mut impl IoBackend,
-        installs: &mut Installs,
-        done: &mut Vec<(IoId, Result<IoOutcome, Fault>)>,
-        foreign: &mut Reaped,
-    ) {
-        // Another pipeline's drain may have reaped some of ours: the shard
-        // has not handed them back yet, and the ring never will again.
-        for (batch, completions) in std::mem::take(&mut installs.foreign) {
-            if self.owns(batch) {
-                self.complete(store, installs, batch, completions, done);
-            } else {
-                installs.foreign.push((batch, completions));
-            }
-        }
-        while !self.in_flight.is_empty() {
-            let reaped = io.reap_waiting(DRAIN_WAIT);
-            for (batch, completions) in reaped {
-                if self.owns(batch) {
-                    self.complete(store, installs, batch, completions, done);
-                } else {
-                    foreign.push((batch, completions));
-                }
-            }
-        }
-    }
 }
-
-/// How long [`Pipeline::drain`] waits in the backend per round when none
-/// of the I/O in flight has finished (it waits in the ring, not spinning).
-const DRAIN_WAIT: std::time::Duration = std::time::Duration::from_millis(10);
 
 fn local(reason: &str) -> Fault {
     Fault {

@@ -2003,85 +2003,123 @@ fn a_receiver_crash_during_an_install_restarts_from_its_disk_and_completes() {
     assert!(committed >= 1, "no crash after the commit point");
 }
 
-/// Guards against: a drain waiting forever for a batch of its pipeline that
-/// another pipeline's drain on the same ring had already reaped (stashed in
-/// the shard's `Installs` for its reaping): the second drain finds it
-/// there, answers it and returns.
-#[test]
-fn a_drain_takes_its_batches_another_drain_stashed() {
-    use super::io::Pipeline;
+/// Reaps `disk`'s ring into `p` until op `id` is answered.
+fn reap_until_answered(
+    p: &mut super::io::Pipeline,
+    disk: &mut Disk,
+    id: IoId,
+    done: &mut Vec<(IoId, Result<IoOutcome, super::Fault>)>,
+) {
     use ringlog_storage::io::IoBackend;
-    let mut src = Disk::new(302, "/src");
-    src.grow(20, 0, 1);
-    let m = snapshot_of(&mut src);
-    let chunk = store_config().transfer_chunk_bytes;
-    let (mut a, mut b) = (Pipeline::new(chunk, 0), Pipeline::new(chunk, 0));
-    let read = |c: u32| TransferOp::ReadChunks {
-        snapshot_id: m.snapshot_id,
-        keys: vec![ChunkKey {
-            artifact: 0,
-            chunk: c,
-        }],
-    };
-    let mut done = Vec::new();
-    let mut foreign = io::Reaped::new();
-    for (p, id) in [(&mut a, 1), (&mut b, 2)] {
-        let (store, disk_io) = (&mut src.store, &mut src.io);
-        let op = read(id as u32 - 1);
-        p.start(
-            store,
-            disk_io,
-            &mut src.installs,
-            id,
-            &op,
-            NOW_MS,
-            &mut done,
-            &mut foreign,
-        );
-    }
-    assert!(done.is_empty() && src.installs.batches_in_flight() == 2);
-    // B's drain reaps both batches until its own is done: A's (if it
-    // finished first or with it) goes to `foreign`; make sure it did.
-    while a.in_flight() > 0 && foreign.is_empty() {
-        b.drain(
-            &src.store,
-            &mut src.io,
-            &mut src.installs,
-            &mut done,
-            &mut foreign,
-        );
-        if foreign.is_empty() && a.in_flight() > 0 {
-            // A's read was still running: reap it as another owner would.
-            for (batch, c) in src.io.reap() {
-                assert!(a.owns(batch));
-                foreign.push((batch, c));
-            }
+    for _ in 0..100_000 {
+        if done.iter().any(|d| d.0 == id) {
+            return;
+        }
+        for (batch, c) in disk.io.reap() {
+            assert!(p.owns(batch), "only the pipeline's batches are on the ring");
+            let (store, io) = (&mut disk.store, &mut disk.io);
+            p.complete(store, io, &mut disk.installs, (batch, c), NOW_MS, done);
         }
     }
-    assert_eq!(done.iter().map(|d| d.0).collect::<Vec<_>>(), vec![2]);
-    src.installs.stash_foreign(&mut foreign);
-    assert_eq!(a.in_flight(), 1, "A's batch is in the stash, not the ring");
-    a.drain(
-        &src.store,
-        &mut src.io,
-        &mut src.installs,
+    panic!("op {id} was never answered");
+}
+
+/// Guards against: an install's commit running synchronously on the
+/// caller's thread (it must be queued on the ring and answered from the
+/// reaping), or a commit started while the install's writes are in flight.
+#[test]
+fn the_pipeline_commits_an_install_a_step_per_reaped_batch() {
+    use super::io::Pipeline;
+    let mut src = Disk::new(303, "/src");
+    src.grow(40, 0, 1);
+    let m = snapshot_of(&mut src);
+    let want = src.batches();
+    let mut dst = Disk::new(304, "/dst");
+    dst.grow(2, 0, 2);
+    let chunk = store_config().transfer_chunk_bytes;
+    let mut rx = Pipeline::new(chunk, 0);
+    let mut done = Vec::new();
+    let begin = TransferOp::BeginInstall {
+        manifest: Arc::new(m.clone()),
+    };
+    let (store, disk_io) = (&mut dst.store, &mut dst.io);
+    rx.start(
+        store,
+        disk_io,
+        &mut dst.installs,
+        (1, &begin),
+        NOW_MS,
         &mut done,
-        &mut foreign,
     );
-    assert_eq!(a.in_flight(), 0);
-    assert!(matches!(done.last(), Some((1, Ok(IoOutcome::Chunks(c)))) if c.len() == 1));
-    assert!(src.installs.take_foreign().is_empty() && foreign.is_empty());
-    assert_eq!(src.installs.batches_in_flight(), 0);
+    assert_eq!(done.pop(), Some((1, Ok(IoOutcome::Done))));
+    let keys: Vec<ChunkKey> = m
+        .artifacts
+        .iter()
+        .enumerate()
+        .flat_map(|(a, art)| {
+            (0..art.chunk_checksums.len() as u32).map(move |c| ChunkKey {
+                artifact: a as u32,
+                chunk: c,
+            })
+        })
+        .collect();
+    let pairs: Vec<(u32, u32)> = keys.iter().map(|k| (k.artifact, k.chunk)).collect();
+    let bufs = src
+        .store
+        .read_chunks(&mut src.io, m.snapshot_id, &pairs, NOW_MS)
+        .unwrap();
+    let mut id = 2;
+    let window = store_config().transfer_window_chunks;
+    for (ks, bs) in keys.chunks(window).zip(bufs.chunks(window)) {
+        let chunks = ks
+            .iter()
+            .zip(bs)
+            .map(|(k, b)| (*k, ChunkData::from(&b[..])))
+            .collect();
+        let accept = TransferOp::AcceptChunks { chunks };
+        let (store, disk_io) = (&mut dst.store, &mut dst.io);
+        rx.start(
+            store,
+            disk_io,
+            &mut dst.installs,
+            (id, &accept),
+            NOW_MS,
+            &mut done,
+        );
+        if id == 2 {
+            // The commit below must wait for this window's writes.
+            assert!(rx.in_flight() == 1 && done.is_empty(), "{done:?}");
+        }
+        reap_until_answered(&mut rx, &mut dst, id, &mut done);
+        assert!(matches!(done.pop(), Some((i, Ok(IoOutcome::Done))) if i == id));
+        id += 1;
+    }
+    let commit = TransferOp::CommitInstall;
+    let (store, disk_io) = (&mut dst.store, &mut dst.io);
+    rx.start(
+        store,
+        disk_io,
+        &mut dst.installs,
+        (id, &commit),
+        NOW_MS,
+        &mut done,
+    );
+    assert!(done.is_empty(), "the commit is queued on the ring, not run");
+    assert!(rx.ends_install() && rx.in_flight() == 1);
+    reap_until_answered(&mut rx, &mut dst, id, &mut done);
+    assert_eq!(done.pop(), Some((id, Ok(IoOutcome::Done))));
+    assert!(!rx.ends_install() && rx.in_flight() == 0);
+    assert_eq!(dst.installs.active(), 0);
+    assert_eq!(dst.batches(), want, "the receiver holds the source's log");
 }
 
 /// The pipelined executor: serving reads and staged writes stay in flight
-/// until reaped; an abort waits for the writes queued before it (their
-/// answers come first); a failed staged write in flight fails its accept
+/// until reaped; an abort is held, without waiting, until the writes
+/// queued before it are reaped (their answers come first); a failed staged write in flight fails its accept
 /// and poisons the install, and the receiver's log stays as it was.
 #[test]
 fn the_pipeline_answers_queued_io_when_reaped_and_aborts_after_it() {
     use super::io::Pipeline;
-    use ringlog_storage::io::IoBackend;
     let mut src = Disk::new(300, "/src");
     src.grow(60, 0, 1);
     let m = snapshot_of(&mut src);
@@ -2091,7 +2129,6 @@ fn the_pipeline_answers_queued_io_when_reaped_and_aborts_after_it() {
     let chunk = store_config().transfer_chunk_bytes;
     let (mut srv, mut rx) = (Pipeline::new(chunk, 4), Pipeline::new(chunk, 0));
     let mut done = Vec::new();
-    let mut foreign = io::Reaped::new();
     let keys: Vec<ChunkKey> = (0..3)
         .map(|c| ChunkKey {
             artifact: 0,
@@ -2107,23 +2144,16 @@ fn the_pipeline_answers_queued_io_when_reaped_and_aborts_after_it() {
         store,
         disk_io,
         &mut src.installs,
-        1,
-        &read,
+        (1, &read),
         NOW_MS,
         &mut done,
-        &mut foreign,
     );
     assert!(done.is_empty(), "a read waits for its batch");
     assert_eq!(srv.in_flight(), 1);
     let mut chunks = Vec::new();
-    while chunks.is_empty() {
-        for (batch, c) in src.io.reap() {
-            assert!(srv.owns(batch));
-            srv.complete(&src.store, &mut src.installs, batch, c, &mut done);
-        }
-        if let Some((1, Ok(IoOutcome::Chunks(bufs)))) = done.pop() {
-            chunks = bufs;
-        }
+    reap_until_answered(&mut srv, &mut src, 1, &mut done);
+    if let Some((1, Ok(IoOutcome::Chunks(bufs)))) = done.pop() {
+        chunks = bufs;
     }
     assert_eq!(chunks.len(), 3);
     let begin = TransferOp::BeginInstall {
@@ -2134,11 +2164,9 @@ fn the_pipeline_answers_queued_io_when_reaped_and_aborts_after_it() {
         store,
         disk_io,
         &mut dst.installs,
-        1,
-        &begin,
+        (1, &begin),
         NOW_MS,
         &mut done,
-        &mut foreign,
     );
     assert_eq!(done.pop(), Some((1, Ok(IoOutcome::Done))));
     // Chunk 0 staged, its write in flight; then the abort.
@@ -2150,11 +2178,9 @@ fn the_pipeline_answers_queued_io_when_reaped_and_aborts_after_it() {
         store,
         disk_io,
         &mut dst.installs,
-        2,
-        &accept(0),
+        (2, &accept(0)),
         NOW_MS,
         &mut done,
-        &mut foreign,
     );
     assert!(done.is_empty() && rx.in_flight() == 1);
     let (store, disk_io) = (&mut dst.store, &mut dst.io);
@@ -2163,16 +2189,17 @@ fn the_pipeline_answers_queued_io_when_reaped_and_aborts_after_it() {
         store,
         disk_io,
         &mut dst.installs,
-        3,
-        &abort,
+        (3, &abort),
         NOW_MS,
         &mut done,
-        &mut foreign,
     );
+    // Held behind the write in flight: nothing waited for it.
+    assert!(done.is_empty() && rx.ends_install(), "{done:?}");
+    reap_until_answered(&mut rx, &mut dst, 3, &mut done);
     let ids: Vec<IoId> = done.iter().map(|(id, _)| *id).collect();
     assert_eq!(ids, vec![2, 3], "the write's answer before the abort's");
     assert!(done.iter().all(|(_, r)| r.is_ok()), "{done:?}");
-    assert!(foreign.is_empty() && rx.in_flight() == 0);
+    assert!(rx.in_flight() == 0 && !rx.ends_install());
     assert_eq!(dst.installs.active(), 0);
     done.clear();
 
@@ -2182,11 +2209,9 @@ fn the_pipeline_answers_queued_io_when_reaped_and_aborts_after_it() {
         store,
         disk_io,
         &mut dst.installs,
-        4,
-        &begin,
+        (4, &begin),
         NOW_MS,
         &mut done,
-        &mut foreign,
     );
     assert_eq!(done.pop(), Some((4, Ok(IoOutcome::Done))));
     let nth = dst.io.op_count(FaultOp::Write);
@@ -2196,17 +2221,11 @@ fn the_pipeline_answers_queued_io_when_reaped_and_aborts_after_it() {
         store,
         disk_io,
         &mut dst.installs,
-        5,
-        &accept(0),
+        (5, &accept(0)),
         NOW_MS,
         &mut done,
-        &mut foreign,
     );
-    while done.is_empty() {
-        for (batch, c) in dst.io.reap() {
-            rx.complete(&dst.store, &mut dst.installs, batch, c, &mut done);
-        }
-    }
+    reap_until_answered(&mut rx, &mut dst, 5, &mut done);
     let (id, failed) = done.pop().expect("answered");
     assert_eq!(id, 5);
     assert_eq!(failed.expect_err("EIO").kind, FaultKind::Local);
@@ -2215,11 +2234,9 @@ fn the_pipeline_answers_queued_io_when_reaped_and_aborts_after_it() {
         store,
         disk_io,
         &mut dst.installs,
-        6,
-        &accept(1),
+        (6, &accept(1)),
         NOW_MS,
         &mut done,
-        &mut foreign,
     );
     let (_, poisoned) = done.pop().expect("refused at once");
     assert!(poisoned
@@ -2232,12 +2249,11 @@ fn the_pipeline_answers_queued_io_when_reaped_and_aborts_after_it() {
         store,
         disk_io,
         &mut dst.installs,
-        7,
-        &commit,
+        (7, &commit),
         NOW_MS,
         &mut done,
-        &mut foreign,
     );
+    reap_until_answered(&mut rx, &mut dst, 7, &mut done);
     assert!(done.pop().expect("answered").1.is_err(), "never commits");
     assert_eq!(dst.batches(), old, "the receiver's log is unchanged");
 }

@@ -31,6 +31,10 @@
 //! directory is still called `staging` (the rename did not land), the rename
 //! is rolled forward; otherwise `staging` is garbage and rolled back.
 
+mod finish;
+
+pub use finish::{FinishStep, Finishing};
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -41,15 +45,12 @@ use ringlog_protocol::manifest::{Manifest, ManifestLimits};
 
 use super::open::list;
 use super::verify::LogVerifier;
-use super::{
-    new_nonce, submit_checked, table, write_new_file, ChainPoint, PartitionStore, SealedFile,
-    StoreError, TransferError, STAGING_DIR,
-};
+use super::{PartitionStore, StoreError, TransferError, STAGING_DIR};
 use crate::io::{
     align_up, AlignedBuf, BatchId, BufPool, Completion, FileId, IoBackend, Op, OpenMode, Sqe,
 };
-use crate::segment::{self, segment_checksum, SealedIndex, SparseIndex};
-use crate::superblock::{Frontier, SealedSegment, Superblock, TableRef};
+use crate::segment::{self, SparseIndex};
+use crate::superblock::{Frontier, Superblock, TableRef};
 
 /// Disk that installs may hold reserved (fallocated) ahead of the verified
 /// chunks written into it: one per shard, shared by its partitions' installs.
@@ -159,11 +160,6 @@ impl InstallSlot {
             io.close(file);
         }
     }
-}
-
-/// A backend that returned fewer completions than ops broke its contract.
-fn lost_completion() -> std::io::Error {
-    std::io::Error::other("backend returned no completion")
 }
 
 /// An install in progress: the offer and what has arrived of it.
@@ -766,104 +762,45 @@ impl PartitionStore {
         }
     }
 
-    /// Drops an unfinished install and its staged files.
+    /// Drops an unfinished install and its staged files: the loop that
+    /// submits and waits for each step of [`PartitionStore::start_abort`].
     pub fn abort_install(
         &mut self,
         io: &mut impl IoBackend,
         install: Install,
     ) -> Result<(), StoreError> {
-        self.installing = None;
-        for file in install.files {
-            io.close(file);
-        }
-        io.close(install.staging_dir_file);
-        self.remove_tree(io, &install.staging_dir)
+        let (mut finishing, step) = self.start_abort(io, install);
+        self.finish_blocking(io, &mut finishing, step)
     }
 
-    /// Verifies the staged snapshot and makes it this partition's state.
+    /// Verifies the staged snapshot and makes it this partition's state:
+    /// the loop that submits and waits for each step of
+    /// [`PartitionStore::start_commit`] (for recovery tools and tests; the
+    /// shard drives the steps on its ring without waiting).
     pub fn commit_install(
         &mut self,
         io: &mut impl IoBackend,
         install: Install,
     ) -> Result<(), StoreError> {
-        let staged = self
-            .check_committable(&install)
-            .and_then(|()| self.stage_indexes(io, &install))
-            .and_then(|sealed| {
-                // The new generation's segment table, made durable with the
-                // staged files and named by the commit below.
-                let metas: Vec<SealedSegment> = sealed.iter().map(|s| s.meta).collect();
-                let id = self.sb.table.id + 1;
-                table::write_fresh(io, self.partition_id, &install.staging_dir, id, &metas)
-                    .map(|table| (sealed, table))
-            })
-            .and_then(|(sealed, table)| {
-                // The new active segment's trailer nonce.
-                new_nonce(self.partition_id, &install.staging_dir).map(|n| (sealed, table, n))
-            });
-        let (sealed, table, nonce) = match staged {
-            Ok(staged) => staged,
-            Err(e) => {
-                self.abort_install(io, install)?;
-                return Err(e);
-            }
-        };
-        let m = &install.manifest;
-        let active_path = segment::log_path(&install.staging_dir, m.next_offset);
-        let active_segment = self.provision_segment(io, &active_path)?;
+        let (mut finishing, step) = self.start_commit(io, install);
+        self.finish_blocking(io, &mut finishing, step)
+    }
 
-        // Everything staged is durable before the rename.
-        let mut sqes: Vec<Sqe> = install
-            .files
-            .iter()
-            .map(|&file| Sqe::new(Op::Fdatasync { file }))
-            .collect();
-        sqes.push(Sqe::new(Op::Fsync {
-            file: install.staging_dir_file,
-        }));
-        if let Err((kind, e)) = submit_checked(io, sqes) {
-            return Err(self.fence(format!("staged {kind} failed: {e}")));
-        }
-        let generation = self.sb.live_generation + 1;
-        let generation_dir = segment::generation_dir(&self.dir, generation);
-        if let Err(e) = self.rename_staging(io, &install.staging_dir, &generation_dir) {
-            io.close(active_segment.file);
-            if !matches!(e, StoreError::Fenced { .. }) {
-                self.abort_install(io, install)?;
+    fn finish_blocking(
+        &mut self,
+        io: &mut impl IoBackend,
+        finishing: &mut Finishing,
+        mut step: FinishStep,
+    ) -> Result<(), StoreError> {
+        loop {
+            match step {
+                FinishStep::Submit(sqes) => {
+                    let completions = io.submit(sqes);
+                    step = self.resume_finish(io, finishing, completions);
+                }
+                FinishStep::Done(result) => return result,
             }
-            return Err(e);
         }
-        // The commit point; a failure fences (recovery decides from the
-        // copies that landed).
-        let old_table_id = self.sb.table.id;
-        let next = self.installed_superblock(m, generation, table, nonce);
-        self.write_superblock(io, next)?;
-        tracing::info!(
-            partition = self.partition_id,
-            next_offset = m.next_offset,
-            segments = sealed.len(),
-            "snapshot installed"
-        );
-
-        // Committed: switch over, then remove the old generation.
-        let chain = ChainPoint {
-            next_offset: m.next_offset,
-            last_checksum: m.last_checksum,
-            last_op: m.last_op,
-        };
-        self.chain = chain;
-        self.durable = chain;
-        self.installing = None;
-        // The old generation's files go next: no snapshot may read them.
-        self.invalidate_snapshots();
-        io.close(install.staging_dir_file);
-        self.switch_generation(
-            io,
-            (generation_dir, old_table_id),
-            sealed,
-            (active_segment, chain),
-        );
-        Ok(())
     }
 
     /// The superblock that makes the installed snapshot this partition's
@@ -917,51 +854,6 @@ impl PartitionStore {
             }));
         }
         Ok(())
-    }
-
-    /// Renames the staging directory to the next generation and fsyncs the
-    /// partition directory, in a submission of its own: a failed rename
-    /// does not stop a link chain, and the superblock must never name a
-    /// generation whose rename failed. A failed rename changes nothing (the
-    /// install can be aborted); a failed fsync fences.
-    fn rename_staging(
-        &mut self,
-        io: &mut impl IoBackend,
-        from: &Path,
-        to: &Path,
-    ) -> Result<(), StoreError> {
-        let pid = self.partition_id;
-        // A directory of that name is garbage the superblock does not name:
-        // an attempt that never committed, whose removal failed.
-        if io
-            .exists(to)
-            .map_err(|e| StoreError::io(pid, "stat", to, e))?
-        {
-            tracing::warn!(partition = pid, dir = %to.display(), "removing a stale generation");
-            self.remove_tree(io, to)?;
-        }
-        let dir_file = io
-            .open_dir(&self.dir)
-            .map_err(|e| StoreError::io(pid, "open", &self.dir, e))?;
-        let sqes = vec![
-            Sqe::linked(Op::Rename {
-                from: from.into(),
-                to: to.into(),
-            }),
-            Sqe::new(Op::Fsync { file: dir_file }),
-        ];
-        let completions = io.submit(sqes);
-        io.close(dir_file);
-        let mut results = completions.into_iter().map(|c| c.result);
-        let renamed = results.next().unwrap_or_else(|| Err(lost_completion()));
-        let synced = results.next().unwrap_or_else(|| Err(lost_completion()));
-        if let Err(e) = renamed {
-            return Err(StoreError::io(pid, "rename", from, e));
-        }
-        match synced {
-            Ok(_) => Ok(()),
-            Err(e) => Err(self.fence(format!("install commit directory fsync failed: {e}"))),
-        }
     }
 
     /// The refusals that protect the local log from stale or hostile offers.
@@ -1055,47 +947,6 @@ impl PartitionStore {
         Ok(())
     }
 
-    /// Writes the index of every verified artifact beside it and describes
-    /// the artifacts as sealed segments.
-    fn stage_indexes(
-        &mut self,
-        io: &mut impl IoBackend,
-        install: &Install,
-    ) -> Result<Vec<SealedFile>, StoreError> {
-        let m = &install.manifest;
-        let mut sealed = Vec::with_capacity(m.artifacts.len());
-        for ((a, &file), index) in m.artifacts.iter().zip(&install.files).zip(&install.indexes) {
-            if segment_checksum(&a.chunk_checksums) != a.checksum {
-                return Err(self.transfer_error(TransferError::Verification {
-                    artifact: sealed.len() as u32,
-                    reason: "artifact checksum differs from its chunk checksums".into(),
-                }));
-            }
-            let idx = SealedIndex {
-                index: index.clone(),
-                chunk_size_bytes: m.chunk_size_bytes,
-                chunk_checksums: a.chunk_checksums.clone(),
-            };
-            let idx_path = segment::index_path(&install.staging_dir, a.base_offset);
-            write_new_file(io, self.partition_id, &idx_path, &idx.encode(a.base_offset))?;
-            sealed.push(SealedFile {
-                meta: SealedSegment {
-                    base_offset: a.base_offset,
-                    end_offset: a.end_offset,
-                    length_bytes: a.length_bytes,
-                    checksum: a.checksum,
-                    last_batch_checksum: a.last_batch_checksum,
-                    max_timestamp_ms: a.max_timestamp_ms,
-                },
-                file,
-                index: idx.index,
-                chunk_checksums: idx.chunk_checksums,
-                index_persisted: true,
-            });
-        }
-        Ok(sealed)
-    }
-
     /// Removes a directory and the files in it (no recycling: staged files
     /// may hold anything).
     pub(super) fn remove_tree(
@@ -1103,12 +954,20 @@ impl PartitionStore {
         io: &mut impl IoBackend,
         dir: &Path,
     ) -> Result<(), StoreError> {
+        let ops = self.tree_removals(io, dir)?;
+        self.run_removals(io, ops);
+        Ok(())
+    }
+
+    /// The removals of a directory and the files in it. Listing has no
+    /// ring op: a plain getdents call, the one metadata call an install's
+    /// end makes outside the ring.
+    fn tree_removals(&self, io: &mut impl IoBackend, dir: &Path) -> Result<Vec<Op>, StoreError> {
         let mut ops: Vec<Op> = list(io, self.partition_id, dir)?
             .into_iter()
             .map(|path| Op::Unlink { path })
             .collect();
         ops.push(Op::RemoveDir { path: dir.into() });
-        self.run_removals(io, ops);
-        Ok(())
+        Ok(ops)
     }
 }

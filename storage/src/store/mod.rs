@@ -72,7 +72,7 @@ pub use cache::ReadCacheStats;
 pub use config::StoreConfig;
 pub use error::{AppendRefused, CutError, StoreError, TransferError};
 pub use group::flush_all;
-pub use install::{ChunkCheck, Install, InstallBudget};
+pub use install::{ChunkCheck, FinishStep, Finishing, Install, InstallBudget};
 pub use pool::{PoolConfig, StorePool, PRIVATE_READ_CACHE_BYTES_MAX};
 pub use read::Fetched;
 pub use readahead::ReadAheadStats;
@@ -1350,13 +1350,18 @@ impl PartitionStore {
         debug_assert_eq!(next.sequence, self.sb.sequence + 1);
         debug_assert!(next.frontier.next_offset >= self.sb.frontier.next_offset);
         self.write_superblock_copies(io, &next, &half_for(next.sequence))?;
+        self.superblock_written(next);
+        Ok(())
+    }
+
+    /// `next` is durable: it is the superblock now.
+    fn superblock_written(&mut self, next: Superblock) {
         // A superblock frontier is a frontier record too.
         if next.frontier.active_base == self.active.base_offset {
             let active = &mut self.active;
             active.recorded_position = active.recorded_position.max(next.frontier.active_position);
         }
         self.sb = next;
-        Ok(())
     }
 
     fn write_superblock_copies(
@@ -1692,7 +1697,21 @@ fn submit_checked(
     io: &mut impl IoBackend,
     sqes: Vec<Sqe>,
 ) -> Result<Vec<Completion>, (&'static str, std::io::Error)> {
-    let mut completions = io.submit(sqes);
+    let ops = sqes.len();
+    check_completions(io.submit(sqes), ops)
+}
+
+/// Checks every completion of a batch of `ops` ops; on failure returns the
+/// kind and error of the first failed op, or of a completion the backend
+/// did not hand back.
+fn check_completions(
+    mut completions: Vec<Completion>,
+    ops: usize,
+) -> Result<Vec<Completion>, (&'static str, std::io::Error)> {
+    if completions.len() != ops {
+        let e = std::io::Error::other(format!("{} completions for {ops} ops", completions.len()));
+        return Err(("submit", e));
+    }
     let failed = completions.iter_mut().find_map(|c| match &mut c.result {
         Err(e) => Some((
             c.op.kind(),

@@ -17,7 +17,7 @@ use super::{
     new_nonce, table, ActiveSegment, ChainPoint, PartitionStore, Provisioned, SealedFile,
     StoreError,
 };
-use crate::io::{IoBackend, Op, Sqe};
+use crate::io::{Completion, IoBackend, Op, Sqe};
 use crate::segment;
 use crate::superblock::{Frontier, SealedSegment};
 
@@ -93,10 +93,23 @@ impl PartitionStore {
     pub(super) fn switch_generation(
         &mut self,
         io: &mut impl IoBackend,
+        dir: (PathBuf, u64),
+        sealed: Vec<SealedFile>,
+        active: (Provisioned, ChainPoint),
+    ) {
+        let ops = self.switch_generation_ops(io, dir, sealed, active);
+        self.run_removals(io, ops);
+    }
+
+    /// [`PartitionStore::switch_generation`] but for the removals of the old
+    /// generation's files, returned for the caller to run.
+    pub(super) fn switch_generation_ops(
+        &mut self,
+        io: &mut impl IoBackend,
         (dir, old_table_id): (PathBuf, u64),
         sealed: Vec<SealedFile>,
         (segment, prev): (Provisioned, ChainPoint),
-    ) {
+    ) -> Vec<Op> {
         if let Some(buf) = self.active.pending.take() {
             self.pool.put_write(buf);
         }
@@ -141,7 +154,7 @@ impl PartitionStore {
             path: table::path(&old_dir, old_table_id),
         });
         ops.push(Op::RemoveDir { path: old_dir });
-        self.run_removals(io, ops);
+        ops
     }
 
     /// Maintenance: persists pending indexes, then removes the oldest sealed
@@ -242,13 +255,16 @@ impl PartitionStore {
     /// Runs removals of unreferenced files. A failure only leaves garbage
     /// behind, which the next open removes, so it is logged, not fatal.
     pub(super) fn run_removals(&mut self, io: &mut impl IoBackend, ops: Vec<Op>) {
-        // Ops of one submission may run in any order: directories go last,
-        // once their files are gone.
-        let (dirs, files): (Vec<Op>, Vec<Op>) = ops
-            .into_iter()
-            .partition(|op| matches!(op, Op::RemoveDir { .. }));
-        let mut completions = io.submit(files.into_iter().map(Sqe::new).collect());
-        completions.extend(io.submit(dirs.into_iter().map(Sqe::new).collect()));
+        let (files, dirs) = removal_batches(ops);
+        let completions = io.submit(files.into_iter().map(Sqe::new).collect());
+        self.note_removals(completions);
+        let completions = io.submit(dirs.into_iter().map(Sqe::new).collect());
+        self.note_removals(completions);
+    }
+
+    /// Logs the removals that failed and forgets recycled files whose
+    /// rename did not land.
+    pub(super) fn note_removals(&mut self, completions: Vec<Completion>) {
         for c in completions {
             if let Err(e) = c.result {
                 if let Op::Rename { to, .. } = &c.op {
@@ -260,4 +276,11 @@ impl PartitionStore {
             }
         }
     }
+}
+
+/// Removals as two submissions: the files first, then the directories, once their files are gone (ops of one submission may
+/// run in any order).
+pub(super) fn removal_batches(ops: Vec<Op>) -> (Vec<Op>, Vec<Op>) {
+    ops.into_iter()
+        .partition(|op| !matches!(op, Op::RemoveDir { .. }))
 }

@@ -122,15 +122,7 @@ pub(super) fn write_fresh(
     entries: &[SealedSegment],
 ) -> Result<TableRef, StoreError> {
     let path = path(dir, id);
-    let mut bytes = vec![0u8; entries.len() * RECORD_BYTES];
-    let mut chain = 0;
-    for ((meta, out), index) in entries
-        .iter()
-        .zip(bytes.chunks_exact_mut(RECORD_BYTES))
-        .zip(0..)
-    {
-        chain = encode(meta, index, chain, out);
-    }
+    let (bytes, table) = fresh(id, entries);
     if bytes.is_empty() {
         // Nothing to write: the file only has to exist for the next roll.
         let file = io
@@ -140,13 +132,29 @@ pub(super) fn write_fresh(
     } else {
         write_new_file(io, pid, &path, &bytes)?;
     }
-    Ok(TableRef {
+    Ok(table)
+}
+
+/// The bytes of a new table `id` holding `entries` (none for no entries)
+/// and the reference that names it.
+pub(super) fn fresh(id: u64, entries: &[SealedSegment]) -> (Vec<u8>, TableRef) {
+    let mut bytes = vec![0u8; entries.len() * RECORD_BYTES];
+    let mut chain = 0;
+    for ((meta, out), index) in entries
+        .iter()
+        .zip(bytes.chunks_exact_mut(RECORD_BYTES))
+        .zip(0..)
+    {
+        chain = encode(meta, index, chain, out);
+    }
+    let table = TableRef {
         id,
         first: 0,
         count: entries.len() as u64,
         anchor: 0,
         last: chain,
-    })
+    };
+    (bytes, table)
 }
 
 /// Reads and verifies the live entries `t` names in `generation_dir`.
