@@ -28,7 +28,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use ringlog_protocol::manifest::{Manifest, ManifestError, ManifestLimits};
 use ringlog_protocol::replication::{ChunkKey, Offer, SnapshotOffer};
 use ringlog_protocol::{restamp, Stamp};
-use ringlog_shard::transfer::io::{Installs, Pipeline, Reaped};
+use ringlog_shard::transfer::io::{Installs, Pipeline};
 use ringlog_shard::transfer::{
     Budgets, Event, Fault, IoId, IoOutcome, Local, Message, Outbox, Output, Receiver,
     ReceiverConfig, ReceiverInput, Server, ServerConfig, ServerInput, ServingState, TransferOp,
@@ -571,16 +571,23 @@ impl Run {
         let mut done = Vec::new();
         if self.srv_pipe.owns(batch) {
             self.srv_pipe.complete(
-                &src.store,
+                &mut src.store,
+                &mut src.io,
                 &mut self.installs,
-                batch,
-                completions,
+                (batch, completions),
+                now_ms(),
                 &mut done,
             );
             self.server_done(done);
         } else if self.rx_pipe.owns(batch) {
-            self.rx_pipe
-                .complete(dst, &mut self.installs, batch, completions, &mut done);
+            self.rx_pipe.complete(
+                dst,
+                &mut src.io,
+                &mut self.installs,
+                (batch, completions),
+                now_ms(),
+                &mut done,
+            );
             self.receiver_done(done);
         } else {
             self.failure = Some(format!("batch {} has no owner", batch.0));
@@ -637,7 +644,7 @@ impl Run {
             for output in outputs {
                 match output {
                     Output::Send { to, msg } => self.send(to, msg),
-                    Output::Io { id, op } if side == SERVER => self.serve_io(src, dst, id, op),
+                    Output::Io { id, op } if side == SERVER => self.serve_io(src, id, op),
                     Output::Io { id, op } => self.receive_io(src, dst, id, op),
                     Output::Event(e) => self.event(e),
                 }
@@ -663,26 +670,20 @@ impl Run {
         self.line.push_back((now + self.cfg.delay, to, msg));
     }
 
-    fn serve_io(&mut self, src: &mut Source, dst: &mut PartitionStore, id: IoId, op: TransferOp) {
+    fn serve_io(&mut self, src: &mut Source, id: IoId, op: TransferOp) {
         if let TransferOp::ReadChunks { keys, .. } = &op {
             self.reads.insert(id, (Instant::now(), keys.len()));
         }
-        let (mut done, mut foreign) = (Vec::new(), Reaped::new());
-        let store = &mut src.store;
+        let mut done = Vec::new();
         self.srv_pipe.start(
-            store,
+            &mut src.store,
             &mut src.io,
             &mut self.installs,
-            id,
-            &op,
+            (id, &op),
             now_ms(),
             &mut done,
-            &mut foreign,
         );
         self.server_done(done);
-        for (batch, completions) in foreign {
-            self.route(src, dst, batch, completions);
-        }
     }
 
     fn receive_io(&mut self, src: &mut Source, dst: &mut PartitionStore, id: IoId, op: TransferOp) {
@@ -696,16 +697,14 @@ impl Run {
             TransferOp::CommitInstall => self.commit_started = Some(Instant::now()),
             _ => {}
         }
-        let (mut done, mut foreign) = (Vec::new(), Reaped::new());
+        let mut done = Vec::new();
         self.rx_pipe.start(
             dst,
             &mut src.io,
             &mut self.installs,
-            id,
-            &op,
+            (id, &op),
             now_ms(),
             &mut done,
-            &mut foreign,
         );
         // Measured while the delivered chunk is still alive beside the
         // staging buffer it was copied into.
@@ -713,9 +712,6 @@ impl Run {
         self.peak_bytes = self.peak_bytes.max(held);
         drop(op);
         self.receiver_done(done);
-        for (batch, completions) in foreign {
-            self.route(src, dst, batch, completions);
-        }
     }
 
     fn event(&mut self, e: Event) {
