@@ -415,8 +415,9 @@ impl PartitionStore {
         self.sealed.iter().map(|s| &s.meta)
     }
 
-    /// What the first read that found durable bytes failing verification
-    /// reported, until an install replaced the log: reads keep failing
+    /// What the first read that found a sealed segment failing
+    /// verification reported, until a new generation (an install, a purge)
+    /// replaced the log: reads keep failing
     /// with [`StoreError::Corruption`] (bad bytes are never skipped), so a
     /// replicated partition replaces its store and installs a good copy
     /// from a peer.
