@@ -63,6 +63,15 @@ struct Pair {
     dst: PartitionStore,
 }
 
+/// The receiver's disk after a crash, and its store reopened there.
+fn rebooted(p: Pair) -> (SimBackend, PartitionStore) {
+    let Pair { dst_io, dst, .. } = p;
+    drop(dst);
+    let mut io = dst_io.reboot();
+    let dst = PartitionStore::open(&mut io, Path::new("/dst"), PID, small_config()).unwrap();
+    (io, dst)
+}
+
 /// A source of 160 batches (several windows) and a receiver with a log of its own (3
 /// batches), each on its own disk.
 fn pair(seed: u64) -> Pair {
@@ -212,10 +221,7 @@ fn an_overlapped_transfer_installs_the_source_log() {
         "{} buffered over {bound}",
         ran.buffered_bytes_peak
     );
-    let Pair { dst_io, dst, .. } = p;
-    drop(dst);
-    let mut io = dst_io.reboot();
-    let mut dst = PartitionStore::open(&mut io, Path::new("/dst"), PID, small_config()).unwrap();
+    let (mut io, mut dst) = rebooted(p);
     assert_eq!(read_all(&mut io, &mut dst), want);
 }
 
@@ -240,10 +246,7 @@ fn a_failed_staged_write_in_an_overlapped_window_fails_the_install_and_the_old_s
     assert!(ran.overlapped >= 1);
     assert_eq!(p.dst.durable(), old_durable);
     assert_eq!(read_all(&mut p.dst_io, &mut p.dst), old);
-    let Pair { dst_io, dst, .. } = p;
-    drop(dst);
-    let mut io = dst_io.reboot();
-    let mut dst = PartitionStore::open(&mut io, Path::new("/dst"), PID, small_config()).unwrap();
+    let (mut io, mut dst) = rebooted(p);
     assert_eq!(dst.durable(), old_durable);
     assert_eq!(read_all(&mut io, &mut dst), old);
 }
@@ -531,10 +534,7 @@ fn a_commit_through_its_steps_never_waits_and_installs_the_source_log() {
         counted.1
     );
     assert_eq!(read_all(&mut p.dst_io, &mut p.dst), want);
-    let Pair { dst_io, dst, .. } = p;
-    drop(dst);
-    let mut io = dst_io.reboot();
-    let mut dst = PartitionStore::open(&mut io, Path::new("/dst"), PID, small_config()).unwrap();
+    let (mut io, mut dst) = rebooted(p);
     assert_eq!(read_all(&mut io, &mut dst), want);
 
     // The counter sees the waits of the blocking loop over the same steps.
@@ -596,10 +596,7 @@ fn a_staged_fdatasync_eio_in_a_stepped_commit_fences_and_the_old_state_stays() {
     );
     assert!(p.dst.fenced().is_some());
     assert_eq!(p.dst.superblock(), &old_sb, "no commit point");
-    let Pair { dst_io, dst, .. } = p;
-    drop(dst);
-    let mut io = dst_io.reboot();
-    let mut dst = PartitionStore::open(&mut io, Path::new("/dst"), PID, small_config()).unwrap();
+    let (mut io, mut dst) = rebooted(p);
     assert_eq!(dst.superblock().sequence, old_sb.sequence);
     assert_eq!(read_all(&mut io, &mut dst), old);
 }
@@ -642,10 +639,7 @@ fn a_failed_rename_in_a_stepped_commit_aborts_and_the_old_state_stays() {
         "aborted: staging removed"
     );
     assert_eq!(read_all(&mut p.dst_io, &mut p.dst), old);
-    let Pair { dst_io, dst, .. } = p;
-    drop(dst);
-    let mut io = dst_io.reboot();
-    let mut dst = PartitionStore::open(&mut io, Path::new("/dst"), PID, small_config()).unwrap();
+    let (mut io, mut dst) = rebooted(p);
     assert_eq!(dst.superblock().sequence, old_sb.sequence);
     assert_eq!(read_all(&mut io, &mut dst), old);
 }

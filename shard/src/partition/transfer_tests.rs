@@ -805,14 +805,17 @@ fn a_wiped_replica_installs_by_transfer_and_acks_again() {
     assert_eq!(g.parts[2].high_watermark(), hw, "acked without replica 2");
 }
 
-/// Replica 2's directory, and the segment file of its sealed segment at
-/// `base_offset` (in its live generation).
-fn replica2_segment(g: &Group, base_offset: u64) -> (std::path::PathBuf, std::path::PathBuf) {
+/// Replica 2's first (`oldest`) or last sealed segment's base offset, its
+/// directory, and the segment's file (in its live generation).
+fn replica2_sealed(g: &Group, oldest: bool) -> (u64, std::path::PathBuf, std::path::PathBuf) {
     let store = g.parts[2].store().unwrap();
+    let mut sealed = store.sealed_segments();
+    let picked = if oldest { sealed.next() } else { sealed.last() };
+    let base = picked.expect("rolled").base_offset;
     let generation = format!("gen-{:020}", store.superblock().live_generation);
     let pdir = g._dir.path().join(format!("p{PID}r2"));
-    let log = pdir.join(generation).join(format!("{base_offset:020}.log"));
-    (pdir, log)
+    let log = pdir.join(generation).join(format!("{base:020}.log"));
+    (base, pdir, log)
 }
 
 fn flip_byte(path: &std::path::Path, at: usize) {
@@ -852,13 +855,7 @@ fn installs_after_corruption(g: &mut Group, pdir: &std::path::Path) {
 fn a_corrupt_sealed_segment_is_set_aside_and_installed_from_a_peer() {
     let mut g = Group::new();
     g.produce(60, 1, None);
-    let sealed = *g.parts[2]
-        .store()
-        .unwrap()
-        .sealed_segments()
-        .next()
-        .expect("rolled");
-    let (pdir, log) = replica2_segment(&g, sealed.base_offset);
+    let (_, pdir, log) = replica2_sealed(&g, true);
     g.parts.remove(2).close(&mut g.io[2]).unwrap();
     flip_byte(&log, 500);
     std::fs::remove_file(log.with_extension("idx")).unwrap();
@@ -878,16 +875,10 @@ fn a_corrupt_sealed_segment_is_set_aside_and_installed_from_a_peer() {
 fn a_sealed_segment_found_corrupt_by_a_read_is_set_aside_and_installed_from_a_peer() {
     let mut g = Group::new();
     g.produce(60, 3, None);
-    let sealed = *g.parts[2]
-        .store()
-        .unwrap()
-        .sealed_segments()
-        .next()
-        .expect("rolled");
-    let (pdir, log) = replica2_segment(&g, sealed.base_offset);
+    let (base, pdir, log) = replica2_sealed(&g, true);
     flip_byte(&log, 700);
     let e = g.parts[2]
-        .fetch(&mut g.io[2], sealed.base_offset, 1 << 20, Vec::new())
+        .fetch(&mut g.io[2], base, 1 << 20, Vec::new())
         .unwrap_err();
     assert_eq!(e.code, ErrorCode::Corruption, "{e:?}");
     assert!(g.parts[2].needs_tick(), "the replacement waits for a tick");
@@ -907,13 +898,7 @@ fn a_sealed_segment_found_corrupt_by_a_read_is_set_aside_and_installed_from_a_pe
 fn a_sealed_segment_found_corrupt_by_the_restart_is_set_aside_and_installed_from_a_peer() {
     let mut g = Group::new();
     g.produce(60, 7, None);
-    let sealed = *g.parts[2]
-        .store()
-        .unwrap()
-        .sealed_segments()
-        .last()
-        .expect("rolled");
-    let (pdir, log) = replica2_segment(&g, sealed.base_offset);
+    let (_, pdir, log) = replica2_sealed(&g, false);
     g.parts.remove(2).close(&mut g.io[2]).unwrap();
     flip_byte(&log, 700);
     assert!(log.with_extension("idx").exists());
