@@ -943,6 +943,30 @@ fn every_stale_or_oversized_offer_is_refused_charged_and_released() {
     }
 }
 
+/// Starts an install of `m` (op `id`) through `rx` on `dst`: begun at
+/// once (nothing of it in flight).
+fn begins_through(
+    rx: &mut super::io::Pipeline,
+    dst: &mut Disk,
+    m: &Manifest,
+    id: IoId,
+    done: &mut Vec<(IoId, Result<IoOutcome, Fault>)>,
+) {
+    let begin = TransferOp::BeginInstall {
+        manifest: Arc::new(m.clone()),
+    };
+    let (store, disk_io) = (&mut dst.store, &mut dst.io);
+    rx.start(
+        store,
+        disk_io,
+        &mut dst.installs,
+        (id, &begin),
+        NOW_MS,
+        done,
+    );
+    assert_eq!(done.pop(), Some((id, Ok(IoOutcome::Done))));
+}
+
 /// Whether the receiver's answer to an offer begins an install.
 fn begins_install(outs: &[Output]) -> bool {
     outs.iter().any(|o| {
@@ -2039,19 +2063,7 @@ fn the_pipeline_commits_an_install_a_step_per_reaped_batch() {
     let chunk = store_config().transfer_chunk_bytes;
     let mut rx = Pipeline::new(chunk, 0);
     let mut done = Vec::new();
-    let begin = TransferOp::BeginInstall {
-        manifest: Arc::new(m.clone()),
-    };
-    let (store, disk_io) = (&mut dst.store, &mut dst.io);
-    rx.start(
-        store,
-        disk_io,
-        &mut dst.installs,
-        (1, &begin),
-        NOW_MS,
-        &mut done,
-    );
-    assert_eq!(done.pop(), Some((1, Ok(IoOutcome::Done))));
+    begins_through(&mut rx, &mut dst, &m, 1, &mut done);
     let keys: Vec<ChunkKey> = m
         .artifacts
         .iter()
@@ -2156,19 +2168,7 @@ fn the_pipeline_answers_queued_io_when_reaped_and_aborts_after_it() {
         chunks = bufs;
     }
     assert_eq!(chunks.len(), 3);
-    let begin = TransferOp::BeginInstall {
-        manifest: Arc::new(m.clone()),
-    };
-    let (store, disk_io) = (&mut dst.store, &mut dst.io);
-    rx.start(
-        store,
-        disk_io,
-        &mut dst.installs,
-        (1, &begin),
-        NOW_MS,
-        &mut done,
-    );
-    assert_eq!(done.pop(), Some((1, Ok(IoOutcome::Done))));
+    begins_through(&mut rx, &mut dst, &m, 1, &mut done);
     // Chunk 0 staged, its write in flight; then the abort.
     let accept = |i: usize| TransferOp::AcceptChunks {
         chunks: vec![(keys[i], chunks[i].clone())],
@@ -2204,16 +2204,7 @@ fn the_pipeline_answers_queued_io_when_reaped_and_aborts_after_it() {
     done.clear();
 
     // Again, with the staged write failing on the disk.
-    let (store, disk_io) = (&mut dst.store, &mut dst.io);
-    rx.start(
-        store,
-        disk_io,
-        &mut dst.installs,
-        (4, &begin),
-        NOW_MS,
-        &mut done,
-    );
-    assert_eq!(done.pop(), Some((4, Ok(IoOutcome::Done))));
+    begins_through(&mut rx, &mut dst, &m, 4, &mut done);
     let nth = dst.io.op_count(FaultOp::Write);
     dst.io.inject(FaultOp::Write, nth, DiskFault::Errno(5));
     let (store, disk_io) = (&mut dst.store, &mut dst.io);
