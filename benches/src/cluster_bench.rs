@@ -107,6 +107,11 @@ impl LocalCluster {
                 id.to_string(),
                 "--cluster-secret-file".into(),
                 secret.display().to_string(),
+                // Every node's shard i would pin to core i: all on the same
+                // cores of this one machine. Unpinned, the kernel spreads
+                // them (as `ringlog cluster up` does).
+                "--set".into(),
+                "pin_cores=false".into(),
             ];
             for to in 1..=n {
                 let addr = if to == id {
