@@ -398,6 +398,15 @@ fn kill_later(cluster: &Cluster, id: u32, delay: Duration) -> std::thread::JoinH
     })
 }
 
+/// SIGKILLs node `id` at a seeded moment while `produce` runs, then
+/// reaps it.
+fn kill_during(cluster: &mut Cluster, id: u32, seed: u64, produce: impl FnOnce(&Cluster)) {
+    let killer = kill_later(cluster, id, moment(seed, u64::from(id)));
+    produce(cluster);
+    killer.join().unwrap();
+    cluster.kill(id);
+}
+
 /// A kill moment derived from `seed`: 0-45 ms into a produce run (one
 /// run of 100 produces takes longer than that even on an idle machine).
 fn moment(seed: u64, salt: u64) -> Duration {
@@ -508,13 +517,22 @@ fn run_seed(seed: u64) {
 /// every acknowledged record is still there, identical on every node.
 #[test]
 fn a_cluster_killed_whole_restarts_with_every_acknowledged_record() {
+    for seed in 1..=3 {
+        killed_whole(seed);
+    }
+}
+
+/// One seed of [`a_cluster_killed_whole_restarts_with_every_acknowledged_record`]:
+/// the three kills land at the same seeded moment.
+fn killed_whole(seed: u64) {
     let mut cluster = Cluster::start(3);
     create_topic(&cluster);
     let mut acks = Acks::new();
     let mut at = 1;
     produce_batches(&cluster, &mut at, &mut acks, 0..30);
+    let at_once = moment(seed, 0);
     let killers: Vec<_> = (1..=3)
-        .map(|id| kill_later(&cluster, id, Duration::from_millis(10)))
+        .map(|id| kill_later(&cluster, id, at_once))
         .collect();
     // Whatever this run gets acknowledged before the kills must survive.
     let partial = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -580,15 +598,25 @@ fn a_replicated_partition_survives_a_killed_backup_and_a_killed_primary() {
 /// acknowledged record exactly once.
 #[test]
 fn a_wiped_node_recovers_by_repair_and_the_cluster_then_survives_losing_another() {
+    for seed in 1..=3 {
+        wiped_and_repaired(seed);
+    }
+}
+
+/// One seed of [`a_wiped_node_recovers_by_repair_and_the_cluster_then_survives_losing_another`]:
+/// node 3 is SIGKILLed at a seeded moment of a produce run.
+fn wiped_and_repaired(seed: u64) {
     let mut cluster = Cluster::start(3);
     create_topic(&cluster);
     let mut acks = Acks::new();
     let mut at = 1;
     produce_batches(&cluster, &mut at, &mut acks, 0..40);
     check_identical(&cluster, &acks, Duration::from_secs(10));
-    cluster.kill(3);
+    kill_during(&mut cluster, 3, seed, |c| {
+        produce_batches(c, &mut at, &mut acks, 40..45);
+    });
     std::fs::remove_dir_all(cluster.data_dir(3)).unwrap();
-    produce_batches(&cluster, &mut at, &mut acks, 40..50);
+    produce_batches(&cluster, &mut at, &mut acks, 45..50);
     cluster.boot_with(3, &["--recover"]);
     assert!(cluster.data_dir(3).join("RECOVER").exists());
     // Its metadata replica boots wiped, repairs the group's log, and the
@@ -687,14 +715,23 @@ fn survives_losing_node_1(
 /// acknowledged record present once with identical bytes on both.
 #[test]
 fn a_wiped_node_rejoins_by_state_transfer_and_the_cluster_then_survives_losing_another() {
+    for seed in 1..=3 {
+        wiped_and_transferred(seed);
+    }
+}
+
+/// One seed of [`a_wiped_node_rejoins_by_state_transfer_and_the_cluster_then_survives_losing_another`]:
+/// node 3 is SIGKILLed at a seeded moment of the first produce run.
+fn wiped_and_transferred(seed: u64) {
     let mut cluster = Cluster::start_with(3, SMALL_SEGMENTS);
     create_topic(&cluster);
     let (mut at, mut acks) = (1, Acks::new());
     const VALUE_BYTES: usize = 8 << 10;
     // 300 ops per partition.
     let batches = 300 * PARTITIONS as usize;
-    produce_sized(&cluster, &mut at, &mut acks, 0..8, VALUE_BYTES);
-    cluster.kill(3);
+    kill_during(&mut cluster, 3, seed, |c| {
+        produce_sized(c, &mut at, &mut acks, 0..8, VALUE_BYTES);
+    });
     std::fs::remove_dir_all(cluster.data_dir(3)).unwrap();
     produce_sized(&cluster, &mut at, &mut acks, 8..batches, VALUE_BYTES);
     cluster.boot_with(3, &["--recover"]);
@@ -729,12 +766,45 @@ fn a_wiped_node_rejoins_by_state_transfer_and_the_cluster_then_survives_losing_a
 /// identical bytes.
 #[test]
 fn a_primary_stopped_past_its_timeout_acknowledges_nothing_from_its_old_view() {
+    for seed in 1..=3 {
+        stopped_past_its_timeout(seed);
+    }
+}
+
+/// Produces to `addr` only (no following), from batch `from` on, until a
+/// produce fails: what it acknowledged.
+fn produce_to_until_refused(addr: String, from: usize) -> Acks {
+    let mut acks = Acks::new();
+    for b in from.. {
+        let partition = (b % PARTITIONS as usize) as u32;
+        let values: Vec<Vec<u8>> = (0..PER_BATCH).map(|i| value(2, b, i, 100)).collect();
+        let refs: Vec<&[u8]> = values.iter().map(Vec::as_slice).collect();
+        let sent = Client::connect(&addr)
+            .and_then(|mut c| c.produce(TOPIC, partition, batch_of(&refs).unwrap()));
+        let Ok(a) = sent else { break };
+        acks.entry(partition)
+            .or_default()
+            .insert(a.base_offset, (values, false));
+    }
+    acks
+}
+
+/// One seed of [`a_primary_stopped_past_its_timeout_acknowledges_nothing_from_its_old_view`]:
+/// the SIGSTOP lands at a seeded moment while a producer streams to the
+/// primary; whatever that producer got acknowledged, before the stop or
+/// after the SIGCONT, must be on every node exactly once.
+fn stopped_past_its_timeout(seed: u64) {
     let mut cluster = Cluster::start(3);
     create_topic(&cluster);
     let mut acks = Acks::new();
     let mut at = 1;
     produce_batches(&cluster, &mut at, &mut acks, 0..20);
     assert_eq!(at, 1);
+    let streaming = {
+        let addr = cluster.addr(1).unwrap();
+        std::thread::spawn(move || produce_to_until_refused(addr, 1000))
+    };
+    std::thread::sleep(moment(seed, 9));
     let stopped = cluster.nodes.remove(&1).unwrap();
     let pid = stopped.child.as_ref().unwrap().id() as i32;
     // SAFETY: kill(2) on a server this test started.
@@ -749,6 +819,14 @@ fn a_primary_stopped_past_its_timeout_acknowledges_nothing_from_its_old_view() {
     );
     // SAFETY: as above.
     unsafe { libc::kill(pid, libc::SIGCONT) };
+    let streamed = streaming.join().unwrap();
+    eprintln!(
+        "seed {seed}: the producer streaming to node 1 got {} batches acknowledged",
+        streamed.values().map(BTreeMap::len).sum::<usize>()
+    );
+    for (p, m) in streamed {
+        acks.entry(p).or_default().extend(m);
+    }
     let stale = batch_of(&[b"sent to the old primary".as_slice()]).unwrap();
     let outcome =
         Client::connect(stopped.addr.as_str()).and_then(|mut c| c.produce(TOPIC, 0, stale));
@@ -810,18 +888,19 @@ fn log_start(cluster: &Cluster, id: u32, partition: u32) -> u64 {
     p["log_start_offset"].as_u64().unwrap()
 }
 
-/// Produces 8 batches, SIGKILLs node 3, produces up to batch `batches`
+/// Produces 8 batches, SIGKILLs node 3 at a seeded moment of that run, produces up to batch `batches`
 /// and waits (bounded) until retention on nodes 1 and 2 retired what
 /// node 3 lacks (it holds offsets below 16 of each partition).
 fn leave_node_3_behind_retention(
     cluster: &mut Cluster,
-    at: &mut u32,
-    acks: &mut Acks,
+    (at, acks): (&mut u32, &mut Acks),
+    seed: u64,
     batches: usize,
     value_bytes: usize,
 ) {
-    produce_sized(cluster, at, acks, 0..8, value_bytes);
-    cluster.kill(3);
+    kill_during(cluster, 3, seed, |c| {
+        produce_sized(c, at, acks, 0..8, value_bytes);
+    });
     produce_sized(cluster, at, acks, 8..batches, value_bytes);
     let deadline = Instant::now() + Duration::from_secs(30);
     while [1, 2]
@@ -841,6 +920,13 @@ fn leave_node_3_behind_retention(
 /// record there exactly once.
 #[test]
 fn retention_while_a_backup_is_down_forces_a_transfer_when_it_returns() {
+    for seed in 1..=3 {
+        left_behind_retention(seed);
+    }
+}
+
+/// One seed of [`retention_while_a_backup_is_down_forces_a_transfer_when_it_returns`].
+fn left_behind_retention(seed: u64) {
     // 256 KiB segments (a roll every ~6 batches of 4 x 8 KiB records),
     // retention keeping ~256 KiB, checked every 100 ms.
     let mut cluster = Cluster::start_with(
@@ -859,7 +945,7 @@ fn retention_while_a_backup_is_down_forces_a_transfer_when_it_returns() {
     create_topic(&cluster);
     let (mut at, mut acks) = (1, Acks::new());
     const VALUE_BYTES: usize = 8 << 10;
-    leave_node_3_behind_retention(&mut cluster, &mut at, &mut acks, 160, VALUE_BYTES);
+    leave_node_3_behind_retention(&mut cluster, (&mut at, &mut acks), seed, 160, VALUE_BYTES);
     assert_eq!(acked_end(&acks, 0), 80 * PER_BATCH as u64);
     cluster.boot(3);
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -1241,7 +1327,7 @@ fn serving_peer_killed_mid_transfer(seed: u64) {
     let (mut at, mut acks) = (1, Acks::new());
     // 20 MiB more per partition while node 3 is down.
     const VALUE_BYTES: usize = 64 << 10;
-    leave_node_3_behind_retention(&mut cluster, &mut at, &mut acks, 168, VALUE_BYTES);
+    leave_node_3_behind_retention(&mut cluster, (&mut at, &mut acks), seed, 168, VALUE_BYTES);
     cluster.boot(3);
     let chunks_min = moment(seed, 7).as_millis() as u64 % 6;
     let deadline = Instant::now() + Duration::from_secs(60);
