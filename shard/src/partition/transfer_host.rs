@@ -41,7 +41,7 @@ use std::collections::{BTreeMap, VecDeque};
 use ringlog_storage::io::IoBackend;
 use ringlog_storage::store::PartitionStore;
 
-use super::{Hosted, BOOT_COMMITTED_OPS_KEPT};
+use super::Hosted;
 use crate::ops::TransferStatus;
 use crate::replica_io;
 use crate::transfer::io::{Installs, Pipeline, Reaped};
@@ -774,13 +774,16 @@ impl Hosted {
         let voter_op = x.voter_op.take();
         let cfg = repl.replica_config(pid, self.store.config());
         let seed = x.seed;
-        let booted = replica_io::recover(&mut self.store, io, BOOT_COMMITTED_OPS_KEPT)
-            .map_err(|e| e.to_string())
-            .and_then(|rec| {
-                let durable = self.unmark_covered(io, voter_op, &rec);
-                Replica::restart(cfg, seed, durable, rec.base, &rec.headers)
-                    .map_err(|e| e.to_string())
-            });
+        let booted = replica_io::recover(
+            &mut self.store,
+            io,
+            replica_io::INSTALLED_COMMITTED_OPS_KEPT,
+        )
+        .map_err(|e| e.to_string())
+        .and_then(|rec| {
+            let durable = self.unmark_covered(io, voter_op, &rec);
+            Replica::restart(cfg, seed, durable, rec.base, &rec.headers).map_err(|e| e.to_string())
+        });
         let replica = match booted {
             Ok(replica) => replica,
             Err(e) => {

@@ -394,8 +394,12 @@ impl Cluster {
         let Some(store) = node.store.as_mut() else {
             return Err(violation("store after an install", "no store".into()));
         };
-        let rec = replica_io::recover(store, &mut node.io, BOOT_COMMITTED_OPS_KEPT)
-            .map_err(|e| violation("replica boots from its store", e.reason))?;
+        let rec = replica_io::recover(
+            store,
+            &mut node.io,
+            replica_io::INSTALLED_COMMITTED_OPS_KEPT,
+        )
+        .map_err(|e| violation("replica boots from its store", e.reason))?;
         node.io.set_faults(node.disk_faults.clone());
         let replica = Replica::restart(cfg, seed, rec.durable, rec.base, &rec.headers)
             .map_err(|e| violation("replica config", e.to_string()))?;
