@@ -96,7 +96,7 @@ fn readme_starts_with_the_title_then_the_two_commands() {
 }
 
 #[test]
-fn readme_cites_only_files_that_exist_and_claims_no_replication_yet() {
+fn readme_cites_only_files_that_exist_and_names_both_modes() {
     let root = repo_root();
     let text = readme();
     let mut names = Vec::new();
@@ -120,7 +120,8 @@ fn readme_cites_only_files_that_exist_and_claims_no_replication_yet() {
         missing.is_empty(),
         "README.md cites missing files: {missing:?}"
     );
-    // A node runs alone until the cluster lands: no "replicated" claim.
+    // The intro says what runs: a single node by default, a cluster of
+    // replicated partitions, and where the cluster is shown.
     let first_paragraphs: String = text
         .lines()
         .take(30)
@@ -128,13 +129,20 @@ fn readme_cites_only_files_that_exist_and_claims_no_replication_yet() {
         .collect::<Vec<_>>()
         .join(" ")
         .replace('*', "");
+    for said in [
+        "single node",
+        "cluster of nodes",
+        "quorum",
+        "\"Cluster\" below",
+    ] {
+        assert!(
+            first_paragraphs.contains(said),
+            "{said:?} not in {first_paragraphs}"
+        );
+    }
     assert!(
-        !first_paragraphs.to_lowercase().contains("is a replicated"),
-        "{first_paragraphs}"
-    );
-    assert!(
-        first_paragraphs.contains("single node"),
-        "{first_paragraphs}"
+        text.contains("#### Cluster\n"),
+        "the README shows the cluster"
     );
 }
 
