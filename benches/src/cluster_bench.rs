@@ -380,8 +380,8 @@ impl Job for ClusterJob<'_> {
         ]);
         let mut notes = common_notes(a);
         notes.push(format!(
-            "{} nodes (each --shards {}) and one single node, started by ringlog-bench on \
-             127.0.0.1; each rep produces into a new topic on each side (created on every node \
+            "{} nodes (each --shards {}, unpinned: pin_cores=false) and one single node \
+             (pinned, as by default), started by ringlog-bench on 127.0.0.1; each rep produces into a new topic on each side (created on every node \
              by hand, deleted after), to the cluster's view-0 primary (node 1)",
             self.nodes, a.shards
         ));

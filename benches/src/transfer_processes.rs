@@ -594,7 +594,7 @@ impl Job for ProcessesJob {
         let mut notes = vec![
             format!(
                 "{NODES} ringlog server processes on 127.0.0.1 (a local cluster, --shards {} \
-                 each), retention_bytes = --size; node {RECEIVER} receives: {path}",
+                 each, unpinned: pin_cores=false), retention_bytes = --size; node {RECEIVER} receives: {path}",
                 cfg.shards,
             ),
             format!(
