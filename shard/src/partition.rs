@@ -758,8 +758,8 @@ impl Partition {
         match &mut self.state {
             State::Open(h) => h.transfer_reaped(io, installs, now_ms, reaped, quiet),
             State::Unavailable(_) => {
-                for (batch, _) in reaped {
-                    installs.forget(batch);
+                for reaped in reaped {
+                    installs.forget(io, reaped);
                 }
             }
         }

@@ -17,7 +17,8 @@ use ringlog_protocol::manifest::{Manifest, ManifestLimits};
 use ringlog_storage::io::sim::{Fault, FaultOp, SimBackend};
 use ringlog_storage::io::{BatchId, BufPool, Completion, FileId, IoBackend, Op, OpenMode, Sqe};
 use ringlog_storage::store::{
-    ChunkCheck, FinishStep, Install, InstallBudget, PartitionStore, StoreError, TransferError,
+    BeginStep, ChunkCheck, FinishStep, Install, InstallBudget, PartitionStore, StoreError,
+    TransferError,
 };
 
 const PID: u32 = 5;
@@ -421,9 +422,19 @@ fn a_corrupt_chunk_the_caller_vouched_for_is_still_verified_as_a_log() {
 struct NoWait<'a> {
     io: &'a mut SimBackend,
     waits: u64,
+    /// The kinds of the ops queued without waiting, in order.
+    queued: Vec<&'static str>,
 }
 
-impl NoWait<'_> {
+impl<'a> NoWait<'a> {
+    fn new(io: &'a mut SimBackend) -> Self {
+        Self {
+            io,
+            waits: 0,
+            queued: Vec::new(),
+        }
+    }
+
     fn waited<T>(&mut self, what: T) -> T {
         self.waits += 1;
         what
@@ -467,6 +478,7 @@ impl IoBackend for NoWait<'_> {
         self.waited(r)
     }
     fn submit_nowait(&mut self, batch: Vec<Sqe>) -> BatchId {
+        self.queued.extend(batch.iter().map(|s| s.op.kind()));
         self.io.submit_nowait(batch)
     }
     fn reap(&mut self) -> Vec<(BatchId, Vec<Completion>)> {
@@ -491,7 +503,7 @@ fn commit_nowait(
     install: Install,
     mut before: impl FnMut(&[Sqe], &mut SimBackend),
 ) -> (Result<(), StoreError>, u64, usize) {
-    let mut io = NoWait { io, waits: 0 };
+    let mut io = NoWait::new(io);
     let (mut finishing, mut step) = store.start_commit(&mut io, install);
     let mut steps = 0;
     let result = loop {
@@ -544,7 +556,7 @@ fn a_commit_through_its_steps_never_waits_and_installs_the_source_log() {
         &mut p,
         |_, _| {},
         |store, io, install| {
-            let mut io = NoWait { io, waits: 0 };
+            let mut io = NoWait::new(io);
             let result = store.commit_install(&mut io, install);
             waits = io.waits;
             result
@@ -642,4 +654,152 @@ fn a_failed_rename_in_a_stepped_commit_aborts_and_the_old_state_stays() {
     let (mut io, mut dst) = rebooted(p);
     assert_eq!(dst.superblock().sequence, old_sb.sequence);
     assert_eq!(read_all(&mut io, &mut dst), old);
+}
+
+/// Begins an install of `manifest` as the shard does: each step queued
+/// with `submit_nowait`, reaped and fed back; `before(sqes, io)` sees each
+/// step's submission first (to inject a fault). Returns the result, the
+/// waits the store made and the steps.
+fn begin_nowait(
+    store: &mut PartitionStore,
+    io: &mut SimBackend,
+    manifest: Manifest,
+    mut before: impl FnMut(&[Sqe], &mut SimBackend),
+) -> (Result<Install, StoreError>, u64, usize) {
+    let mut io = NoWait::new(io);
+    let budget = InstallBudget::new(4 << 20);
+    let (mut beginning, sqes) = match store.start_begin(&mut io, manifest, &budget) {
+        Ok(started) => started,
+        Err(e) => return (Err(e), io.waits, 0),
+    };
+    let mut step = BeginStep::Submit(sqes);
+    let mut steps = 0;
+    loop {
+        match step {
+            BeginStep::Submit(sqes) => {
+                steps += 1;
+                before(&sqes, io.io);
+                let batch = io.submit_nowait(sqes);
+                let completions = reap_until(io.io, batch);
+                step = store.resume_begin(&mut io, &mut beginning, completions);
+            }
+            BeginStep::Done(result) => return (result.map(|i| *i), io.waits, steps),
+        }
+    }
+}
+
+/// The source's snapshot as an offer, and every chunk of it.
+fn offer_and_chunks(p: &mut Pair) -> (Manifest, Vec<(u32, u32, Vec<u8>)>) {
+    let m = p.src.open_snapshot(&mut p.src_io, NOW_MS).unwrap();
+    let offer = Manifest::decode(&m.encode(), &ManifestLimits::default()).unwrap();
+    let mut chunks = Vec::new();
+    for (a, artifact) in offer.artifacts.iter().enumerate() {
+        for c in 0..artifact.chunk_checksums.len() as u32 {
+            let buf = p
+                .src
+                .read_chunk(&mut p.src_io, m.snapshot_id, a as u32, c, NOW_MS)
+                .unwrap();
+            chunks.push((a as u32, c, buf.to_vec()));
+        }
+    }
+    p.src.release_snapshot(m.snapshot_id);
+    (offer, chunks)
+}
+
+/// Guards against: any step of an install on the receiver (the begin with
+/// a leftover staging directory to remove, the staged writes and their
+/// fallocates, the commit) waiting on the shard thread for I/O.
+#[test]
+fn a_whole_install_through_its_steps_never_waits_and_installs_the_source_log() {
+    let mut p = pair(19);
+    let want = read_all(&mut p.src_io, &mut p.src);
+    let (offer, chunks) = offer_and_chunks(&mut p);
+    // Left by an install abandoned in an earlier process.
+    let staging = Path::new("/dst/staging");
+    p.dst_io.create_dir(staging).unwrap();
+    let file = p
+        .dst_io
+        .open_file(&staging.join("leftover.log"), OpenMode::Create)
+        .unwrap();
+    p.dst_io.close(file);
+
+    let (begun, waits, steps) = begin_nowait(&mut p.dst, &mut p.dst_io, offer, |_, _| {});
+    let mut install = begun.expect("begun");
+    assert_eq!(waits, 0, "the begin waited {waits} times");
+    assert_eq!(steps, 5, "stat, stale files, stale dir, mkdir, create");
+    assert!(!p.dst_io.exists(&staging.join("leftover.log")).unwrap());
+
+    let mut io = NoWait::new(&mut p.dst_io);
+    for window in chunks.chunks(install.window_chunks()) {
+        let window: Vec<(u32, u32, &[u8])> =
+            window.iter().map(|(a, c, b)| (*a, *c, &b[..])).collect();
+        let batch = install
+            .stage_chunks(&mut io, &window, ChunkCheck::Checksum)
+            .unwrap()
+            .expect("a window comes due");
+        let done = reap_until(io.io, batch);
+        install.finish_staged(batch, done).unwrap();
+    }
+    assert_eq!(io.waits, 0, "staging waited {} times", io.waits);
+    assert_eq!(io.queued.first(), Some(&"fallocate"), "{:?}", io.queued);
+    let fallocates = io.queued.iter().filter(|k| **k == "fallocate").count();
+    assert!(fallocates >= 2, "a window at a time: {:?}", io.queued);
+
+    let (result, waits, _) = commit_nowait(&mut p.dst, &mut p.dst_io, install, |_, _| {});
+    result.expect("installed");
+    assert_eq!(waits, 0, "the commit waited {waits} times");
+    assert_eq!(read_all(&mut p.dst_io, &mut p.dst), want);
+    let (mut io, mut dst) = rebooted(p);
+    assert_eq!(read_all(&mut io, &mut dst), want);
+}
+
+/// Guards against: a begin whose mkdir or one of whose file creates fails
+/// leaving the staging directory or an open file behind, or waiting.
+#[test]
+fn a_begin_that_fails_mid_way_cleans_up_without_waiting_and_a_retry_installs() {
+    for (label, seed) in [("mkdir", 21), ("create", 23)] {
+        let mut p = pair(seed);
+        let want = read_all(&mut p.src_io, &mut p.src);
+        let (offer, chunks) = offer_and_chunks(&mut p);
+        assert!(offer.artifacts.len() >= 2, "several files to create");
+        let mut injected = false;
+        let (begun, waits, _) =
+            begin_nowait(&mut p.dst, &mut p.dst_io, offer.clone(), |sqes, io| {
+                let hit = match sqes.first().map(|s| &s.op) {
+                    Some(Op::MakeDir { .. }) => label == "mkdir",
+                    Some(Op::Open { .. }) => label == "create" && sqes.len() > 2,
+                    _ => false,
+                };
+                if hit && !injected {
+                    injected = true;
+                    // The second file's create in the create batch.
+                    let nth = if label == "create" { 2 } else { 0 };
+                    io.set_fail_at(io.ops_count() + nth);
+                }
+            });
+        assert!(injected, "{label}: no such step");
+        let err = begun.err().expect("the begin failed");
+        assert!(matches!(err, StoreError::Io { .. }), "{label}: {err}");
+        assert_eq!(waits, 0, "{label}: waited");
+        assert!(
+            !p.dst_io.exists(Path::new("/dst/staging")).unwrap(),
+            "{label}: staging left behind"
+        );
+        let open_staged = p
+            .dst_io
+            .open_paths()
+            .into_iter()
+            .filter(|path| path.to_string_lossy().contains("staging"))
+            .count();
+        assert_eq!(open_staged, 0, "{label}: staged files left open");
+
+        let (begun, _, _) = begin_nowait(&mut p.dst, &mut p.dst_io, offer, |_, _| {});
+        let mut install = begun.expect("the retry begins");
+        let all: Vec<(u32, u32, &[u8])> = chunks.iter().map(|(a, c, b)| (*a, *c, &b[..])).collect();
+        for window in all.chunks(install.window_chunks()) {
+            install.accept_chunks(&mut p.dst_io, window).unwrap();
+        }
+        p.dst.commit_install(&mut p.dst_io, install).unwrap();
+        assert_eq!(read_all(&mut p.dst_io, &mut p.dst), want, "{label}");
+    }
 }

@@ -542,19 +542,19 @@ impl Hosted {
     ) {
         let mut done = Vec::with_capacity(reaped.len());
         for (batch, completions) in reaped {
-            let Some(x) = self.xfer.as_mut() else {
-                installs.forget(batch);
+            let reaped = (batch, completions);
+            let Some(x) = self.xfer.as_mut().filter(|x| x.pipeline.owns(batch)) else {
+                if self.xfer.is_some() {
+                    tracing::error!(partition_id = self.store.partition_id(), batch = ?batch, "a transfer batch the pipeline does not hold");
+                }
+                installs.forget(io, reaped);
                 continue;
             };
             let store = &mut self.store;
-            let reaped = (batch, completions);
-            if !x
+            let completed = x
                 .pipeline
-                .complete(store, io, installs, reaped, now_ms, &mut done)
-            {
-                tracing::error!(partition_id = self.store.partition_id(), batch = ?batch, "a transfer batch the pipeline does not hold");
-                installs.forget(batch);
-            }
+                .complete(store, io, installs, reaped, now_ms, &mut done);
+            debug_assert!(completed, "the pipeline owns the batch");
         }
         for (hid, result) in done {
             self.answer_transfer_op(io, hid, result);

@@ -851,8 +851,8 @@ impl<B: IoBackend> Shard<B> {
         out: &mut Applied,
     ) {
         let Some(p) = core.partitions.get_mut(&pid) else {
-            for (batch, _) in batches {
-                core.installs.forget(batch);
+            for reaped in batches {
+                core.installs.forget(&mut core.io, reaped);
             }
             return;
         };

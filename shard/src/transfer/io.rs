@@ -5,12 +5,10 @@
 //! emission order.
 //!
 //! A replicated serve offers only what is at or below the commit (DESIGN.md
-//! section 7): `open_snapshot` describes the durable log, the active tail
-//! included, so [`execute`] cuts every trailing artifact holding an op
-//! above the commit off the manifest (sealed segments hold only committed
-//! ops, so at most the active tail goes) and names the frontier before it.
-//! The lease still pins what the store opened; the server checks every
-//! requested key against the cut manifest, so the tail is never read.
+//! section 7): the store's `open_committed_snapshot` leaves the active tail
+//! out of the manifest unless every op in it is committed (sealed segments
+//! hold only committed ops), with no I/O; the server checks every
+//! requested key against the manifest.
 //!
 //! [`Pipeline`] runs a partition's chunk reads and staged writes without
 //! waiting for them (the ring's batches, reaped by the caller), so the
@@ -18,19 +16,17 @@
 //! wire, and the receiver pulls the next window while this one is being
 //! written. An install's begin, commit and abort wait, without blocking,
 //! for the partition's I/O in flight: held, they start when its last batch
-//! is reaped. The commit and abort then run as the store's step machine
-//! ([`Finishing`]) on the ring, a batch per step; the begin still runs
-//! synchronously once nothing is in flight.
+//! is reaped. They then run as the store's step machines ([`Beginning`],
+//! [`Finishing`]) on the ring, a batch per step.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use ringlog_protocol::manifest::Manifest;
-use ringlog_protocol::BatchHeader;
 use ringlog_storage::io::{BatchId, BufPool, Completion, IoBackend};
 use ringlog_storage::store::{
-    ChunkCheck, ChunkReads, FinishStep, Finishing, Install, InstallBudget, PartitionStore,
-    StoreError, TransferError,
+    BeginStep, Beginning, ChunkCheck, ChunkReads, FinishStep, Finishing, Install, InstallBudget,
+    PartitionStore, StoreError, TransferError,
 };
 
 use super::types::{ChunkData, Fault, FaultKind, IoId, IoOutcome, TransferOp};
@@ -47,9 +43,9 @@ pub struct Installs {
     /// shard's pipelines hold (a window of each machine's I/O, or one step
     /// of an install's end).
     owners: BTreeMap<BatchId, u32>,
-    /// Partitions whose install's commit or abort is running on the ring:
-    /// still installs, against `installs_max`.
-    ending: std::collections::BTreeSet<u32>,
+    /// Partitions whose install's begin, commit or abort is running on the
+    /// ring: installs too, against `installs_max`.
+    stepping: std::collections::BTreeSet<u32>,
 }
 
 impl Installs {
@@ -60,7 +56,7 @@ impl Installs {
             budget,
             active: BTreeMap::new(),
             owners: BTreeMap::new(),
-            ending: std::collections::BTreeSet::new(),
+            stepping: std::collections::BTreeSet::new(),
         }
     }
 
@@ -74,19 +70,43 @@ impl Installs {
         self.owners.len()
     }
 
-    /// A batch whose partition is gone: forgotten (its buffers dropped).
-    pub fn forget(&mut self, batch: BatchId) -> Option<u32> {
+    /// A batch whose partition is gone: forgotten (its buffers dropped,
+    /// and any file a step of an install's begin or end opened closed, so
+    /// its descriptor does not leak).
+    pub fn forget(
+        &mut self,
+        io: &mut impl IoBackend,
+        (batch, completions): (BatchId, Vec<Completion>),
+    ) -> Option<u32> {
+        for c in completions {
+            if matches!(c.op, ringlog_storage::io::Op::Open { .. }) {
+                if let Ok(file) = c.opened() {
+                    io.close(file);
+                }
+            }
+        }
         self.owners.remove(&batch)
     }
 
-    /// Installs in progress on the shard, those whose commit or abort is
-    /// running included.
+    /// Installs in progress on the shard, those whose begin, commit or
+    /// abort is running included.
     pub fn active(&self) -> usize {
-        self.active.len() + self.ending.len()
+        self.active.len() + self.stepping.len()
     }
 
     pub fn budget(&self) -> &InstallBudget {
         &self.budget
+    }
+
+    /// Refuses a begin (transiently) with `installs_max` installs running.
+    fn check_room(&self) -> Result<(), Fault> {
+        if self.active() >= self.installs_max {
+            return Err(Fault {
+                kind: FaultKind::Transient,
+                reason: format!("{} installs running, the limit", self.active()),
+            });
+        }
+        Ok(())
     }
 
     /// Chunk buffer bytes the shard's installs hold now (see
@@ -106,7 +126,10 @@ pub fn execute(
 ) -> Result<IoOutcome, Fault> {
     let pid = store.partition_id();
     match op {
-        TransferOp::OpenSnapshot { commit } => open_committed(store, io, *commit, now_ms),
+        TransferOp::OpenSnapshot { commit } => store
+            .open_committed_snapshot(*commit, now_ms)
+            .map(|m| IoOutcome::Snapshot(Arc::new(m)))
+            .map_err(fault),
         TransferOp::ReadChunks { snapshot_id, keys } => {
             let pairs: Vec<(u32, u32)> = keys.iter().map(|k| (k.artifact, k.chunk)).collect();
             let bufs = store
@@ -120,12 +143,7 @@ pub fn execute(
             Ok(IoOutcome::Done)
         }
         TransferOp::BeginInstall { manifest } => {
-            if installs.active() >= installs.installs_max {
-                return Err(Fault {
-                    kind: FaultKind::Transient,
-                    reason: format!("{} installs running, the limit", installs.active()),
-                });
-            }
+            installs.check_room()?;
             let install = store
                 .begin_install(io, Manifest::clone(manifest), &installs.budget)
                 .map_err(fault)?;
@@ -167,6 +185,11 @@ enum InFlight {
     Stage {
         id: IoId,
     },
+    /// A step of an install's begin.
+    Begin {
+        id: IoId,
+        beginning: Box<Beginning>,
+    },
     /// A step of an install's commit or abort.
     Finish {
         id: IoId,
@@ -179,8 +202,8 @@ enum InFlight {
 /// answered when their batch is reaped ([`Pipeline::complete`]). An
 /// install's begin, commit or abort never overtakes its writes: with I/O
 /// in flight it is held (one at most: the receiver emits one at a time)
-/// and started by the completion of the partition's last batch; the
-/// commit and abort then run a step per batch. While one is held or
+/// and started by the completion of the partition's last batch; each then
+/// runs a step per batch. While one is held or
 /// running the caller starts no other op ([`Pipeline::ends_install`]). In
 /// flight: at most what the machines ask for (the server's
 /// `reads_keys_max` keys per snapshot, the receiver's window of chunks),
@@ -237,7 +260,7 @@ impl Pipeline {
             || self
                 .in_flight
                 .values()
-                .any(|w| matches!(w, InFlight::Finish { .. }))
+                .any(|w| matches!(w, InFlight::Begin { .. } | InFlight::Finish { .. }))
     }
 
     /// Runs, queues or holds `op` (id `id`) of `store`'s partition;
@@ -302,8 +325,8 @@ impl Pipeline {
         }
     }
 
-    /// Runs an install's begin (synchronously), or starts its commit or
-    /// abort on the ring; nothing of the partition is in flight.
+    /// Starts an install's begin, commit or abort on the ring; nothing of
+    /// the partition is in flight.
     fn end_install(
         &mut self,
         store: &mut PartitionStore,
@@ -327,12 +350,70 @@ impl Pipeline {
                 Some(install) => store.start_abort(io, install),
                 None => return done.push((id, Ok(IoOutcome::Done))),
             },
+            TransferOp::BeginInstall { manifest } => {
+                return self.start_begin(store, io, installs, (id, manifest), done)
+            }
             _ => return done.push((id, execute(store, io, installs, op, now_ms))),
         };
         let (finishing, step) = started;
-        let new = installs.ending.insert(pid);
+        let new = installs.stepping.insert(pid);
         assert!(new, "one install per partition");
         self.finish_step(io, installs, (pid, id), Box::new(finishing), step, done);
+    }
+
+    /// Checks room for the install and the offer, then submits its
+    /// begin's first step.
+    fn start_begin(
+        &mut self,
+        store: &mut PartitionStore,
+        io: &mut impl IoBackend,
+        installs: &mut Installs,
+        (id, manifest): (IoId, &Manifest),
+        done: &mut Vec<(IoId, Result<IoOutcome, Fault>)>,
+    ) {
+        if let Err(e) = installs.check_room() {
+            return done.push((id, Err(e)));
+        }
+        let pid = store.partition_id();
+        match store.start_begin(io, Manifest::clone(manifest), installs.budget()) {
+            Ok((beginning, sqes)) => {
+                let new = installs.stepping.insert(pid);
+                assert!(new, "one install per partition");
+                let step = BeginStep::Submit(sqes);
+                self.begin_step(io, installs, (pid, id), Box::new(beginning), step, done);
+            }
+            Err(e) => done.push((id, Err(fault(e)))),
+        }
+    }
+
+    /// Submits the next step of an install's begin, or answers its result.
+    fn begin_step(
+        &mut self,
+        io: &mut impl IoBackend,
+        installs: &mut Installs,
+        (pid, id): (u32, IoId),
+        beginning: Box<Beginning>,
+        step: BeginStep,
+        done: &mut Vec<(IoId, Result<IoOutcome, Fault>)>,
+    ) {
+        match step {
+            BeginStep::Submit(sqes) => {
+                debug_assert!(!sqes.is_empty(), "a step submits something");
+                let batch = io.submit_nowait(sqes);
+                let what = InFlight::Begin { id, beginning };
+                self.queue(installs, pid, Some(batch), what, done);
+            }
+            BeginStep::Done(result) => {
+                let stepped = installs.stepping.remove(&pid);
+                debug_assert!(stepped, "a begin was started");
+                let result = result.map(|install| {
+                    let replaced = installs.active.insert(pid, *install);
+                    debug_assert!(replaced.is_none(), "one install per partition");
+                    IoOutcome::Done
+                });
+                done.push((id, result.map_err(fault)));
+            }
+        }
     }
 
     /// Submits the next step of an install's end, or answers its result.
@@ -353,7 +434,7 @@ impl Pipeline {
                 self.queue(installs, pid, Some(batch), what, done);
             }
             FinishStep::Done(result) => {
-                let ended = installs.ending.remove(&pid);
+                let ended = installs.stepping.remove(&pid);
                 debug_assert!(ended, "an install's end was started");
                 let result = result.map(|()| IoOutcome::Done).map_err(fault);
                 done.push((id, result));
@@ -381,6 +462,7 @@ impl Pipeline {
                 let id = match what {
                     InFlight::Read { id, .. }
                     | InFlight::Stage { id }
+                    | InFlight::Begin { id, .. }
                     | InFlight::Finish { id, .. } => id,
                 };
                 done.push((id, Err(local("a queued window has no batch"))));
@@ -430,6 +512,11 @@ impl Pipeline {
                 };
                 done.push((id, result));
             }
+            InFlight::Begin { id, mut beginning } => {
+                let step = store.resume_begin(io, &mut beginning, completions);
+                let pid = store.partition_id();
+                self.begin_step(io, installs, (pid, id), beginning, step, done);
+            }
             InFlight::Finish { id, mut finishing } => {
                 let step = store.resume_finish(io, &mut finishing, completions);
                 let pid = store.partition_id();
@@ -464,6 +551,7 @@ pub fn fault(e: StoreError) -> Fault {
     let kind = match &e {
         StoreError::Transfer { source, .. } => match source {
             TransferError::Busy
+            | TransferError::NoCommittedPrefix { .. }
             | TransferError::InstallInProgress
             | TransferError::ReserveBudget { .. }
             | TransferError::TooManySnapshots { .. }
@@ -480,77 +568,4 @@ pub fn fault(e: StoreError) -> Fault {
         kind,
         reason: e.to_string(),
     }
-}
-
-/// Opens a snapshot and cuts it to what is at or below `commit`.
-fn open_committed(
-    store: &mut PartitionStore,
-    io: &mut impl IoBackend,
-    commit: u64,
-    now_ms: u64,
-) -> Result<IoOutcome, Fault> {
-    let mut m = store.open_snapshot(io, now_ms).map_err(fault)?;
-    // The replica's commit can lag its store's sealed floor (after a
-    // restart it starts from the superblock's), and retention may have
-    // retired every op at or below it: nothing would be left to offer.
-    m.commit = m.commit.max(commit).max(store.committed_floor());
-    while m.last_op > m.commit {
-        let Some(a) = m.artifacts.pop() else {
-            break;
-        };
-        match batch_before(store, io, a.base_offset) {
-            Ok((last_op, last_checksum)) => {
-                m.next_offset = a.base_offset;
-                m.last_op = last_op;
-                m.last_checksum = last_checksum;
-            }
-            Err(e) => {
-                store.release_snapshot(m.snapshot_id);
-                return Err(e);
-            }
-        }
-    }
-    if m.last_op > m.commit {
-        store.release_snapshot(m.snapshot_id);
-        return Err(Fault {
-            kind: FaultKind::Transient,
-            reason: format!("no committed prefix to offer below op {}", m.last_op),
-        });
-    }
-    Ok(IoOutcome::Snapshot(Arc::new(m)))
-}
-
-/// The op and checksum of the batch ending right before `offset`.
-fn batch_before(
-    store: &mut PartitionStore,
-    io: &mut impl IoBackend,
-    offset: u64,
-) -> Result<(u64, u64), Fault> {
-    let transient = |reason: String| Fault {
-        kind: FaultKind::Transient,
-        reason,
-    };
-    if offset <= store.log_start_offset() {
-        // Nothing before it is held: the frontier the active segment
-        // starts from names it.
-        let f = store.superblock().frontier;
-        if f.active_base == offset {
-            return Ok((f.active_prev_op, f.active_prev_checksum));
-        }
-        return Err(transient(format!(
-            "the batch before offset {offset} is not held"
-        )));
-    }
-    let fetched = store.read(io, offset - 1, 1).map_err(fault)?;
-    let h = BatchHeader::decode(&fetched.bytes).map_err(|e| Fault {
-        kind: FaultKind::Local,
-        reason: format!("batch before offset {offset} does not decode: {e}"),
-    })?;
-    if h.next_offset() != offset {
-        return Err(transient(format!(
-            "the batch before offset {offset} ends at {}",
-            h.next_offset()
-        )));
-    }
-    Ok((h.vsr_op, h.header_checksum))
 }

@@ -943,8 +943,8 @@ fn every_stale_or_oversized_offer_is_refused_charged_and_released() {
     }
 }
 
-/// Starts an install of `m` (op `id`) through `rx` on `dst`: begun at
-/// once (nothing of it in flight).
+/// Starts an install of `m` (op `id`) through `rx` on `dst` (nothing of it
+/// in flight): its begin runs a step per reaped batch, never at once.
 fn begins_through(
     rx: &mut super::io::Pipeline,
     dst: &mut Disk,
@@ -964,7 +964,11 @@ fn begins_through(
         NOW_MS,
         done,
     );
+    assert!(done.is_empty(), "the begin was answered before its I/O");
+    assert!(rx.ends_install() && rx.in_flight() == 1, "a step queued");
+    reap_until_answered(rx, dst, id, done);
     assert_eq!(done.pop(), Some((id, Ok(IoOutcome::Done))));
+    assert!(!rx.ends_install(), "the begin is over");
 }
 
 /// Whether the receiver's answer to an offer begins an install.
@@ -1798,6 +1802,66 @@ fn a_server_whose_commit_lags_its_sealed_segments_offers_them() {
     }
 }
 
+/// Guards against: a serve flushing or reading on the shard thread to cut
+/// its snapshot (a blocking fdatasync of the tail, or a read of the batch
+/// before it). The snapshot opens with no I/O at all: a tail holding an op
+/// above the commit is left out even while it is not durable, and a fully
+/// committed tail not yet durable is refused as transient, then offered
+/// once its flush landed.
+#[test]
+fn a_snapshot_opens_with_no_io_and_offers_a_committed_tail_only_once_durable() {
+    let mut disk = source(242, "/src");
+    disk.grow(3, 0, 7);
+    let sealed = disk.store.sealed_segments().count();
+    assert!(sealed > 0, "the source rolled");
+    let committed = disk.store.chain().last_op;
+    // Accepted, not flushed: one op above the commit.
+    let c = disk.store.chain();
+    let batch = make_batch(PID, c.next_offset, c.last_op + 1, c.last_checksum, 700, 5);
+    disk.store.append(&mut disk.io, &batch).expect("append");
+    let ops_before = disk.io.ops_count();
+    let outcome = disk.run(&TransferOp::OpenSnapshot { commit: committed });
+    let Ok(IoOutcome::Snapshot(m)) = outcome else {
+        panic!("no offer: {outcome:?}");
+    };
+    assert_eq!(disk.io.ops_count(), ops_before, "opening did I/O");
+    let f = disk.store.superblock().frontier;
+    assert_eq!(
+        (m.next_offset, m.last_op),
+        (f.active_base, f.active_prev_op)
+    );
+    assert_eq!(
+        m.artifacts.len(),
+        sealed,
+        "the uncommitted tail is left out"
+    );
+    disk.run(&TransferOp::ReleaseSnapshot {
+        snapshot_id: m.snapshot_id,
+    })
+    .expect("released");
+
+    // Now every accepted op is committed, but the tail is not durable.
+    let all = disk.store.chain().last_op;
+    let outcome = disk.run(&TransferOp::OpenSnapshot { commit: all });
+    let Err(fault) = outcome else {
+        panic!("a tail not durable was offered: {outcome:?}");
+    };
+    assert_eq!(fault.kind, FaultKind::Transient, "{}", fault.reason);
+    assert_eq!(disk.io.ops_count(), ops_before, "refusing did I/O");
+    disk.store.flush(&mut disk.io).expect("flush");
+    let outcome = disk.run(&TransferOp::OpenSnapshot { commit: all });
+    let Ok(IoOutcome::Snapshot(m)) = outcome else {
+        panic!("no offer once durable: {outcome:?}");
+    };
+    assert_eq!((m.last_op, m.commit), (all, all));
+    assert_eq!(m.next_offset, disk.store.durable().next_offset);
+    assert_eq!(
+        m.artifacts.len(),
+        sealed + 1,
+        "the committed tail is offered"
+    );
+}
+
 #[test]
 fn a_not_normal_or_behind_server_refuses() {
     let mut disk = source(240, "/src");
@@ -2046,6 +2110,51 @@ fn reap_until_answered(
         }
     }
     panic!("op {id} was never answered");
+}
+
+/// Guards against: a partition closed while its install's begin has its
+/// create batch on the ring leaking the descriptors that batch opened (the
+/// shard forgets a batch whose partition is gone).
+#[test]
+fn a_forgotten_begin_step_closes_the_files_it_opened() {
+    use super::io::Pipeline;
+    use ringlog_storage::io::{IoBackend, Op};
+    let mut src = Disk::new(307, "/src");
+    src.grow(40, 0, 1);
+    let m = snapshot_of(&mut src);
+    let mut dst = Disk::new(308, "/dst");
+    let mut rx = Pipeline::new(m.chunk_size_bytes, 0);
+    let begin = TransferOp::BeginInstall {
+        manifest: Arc::new(m.clone()),
+    };
+    let mut done = Vec::new();
+    let (store, io) = (&mut dst.store, &mut dst.io);
+    rx.start(store, io, &mut dst.installs, (1, &begin), NOW_MS, &mut done);
+    let staged_open = |io: &SimBackend| {
+        io.open_paths()
+            .iter()
+            .filter(|p| p.to_string_lossy().contains("staging"))
+            .count()
+    };
+    let mut forgotten = 0;
+    for _ in 0..10_000 {
+        for (batch, c) in dst.io.reap() {
+            if c.iter().any(|c| matches!(c.op, Op::Open { .. })) {
+                assert!(staged_open(&dst.io) > m.artifacts.len(), "opened");
+                assert_eq!(dst.installs.forget(&mut dst.io, (batch, c)), Some(PID));
+                forgotten += 1;
+            } else {
+                let (store, io) = (&mut dst.store, &mut dst.io);
+                rx.complete(store, io, &mut dst.installs, (batch, c), NOW_MS, &mut done);
+            }
+        }
+        if forgotten > 0 {
+            break;
+        }
+    }
+    assert_eq!(forgotten, 1, "the create step ran");
+    assert!(done.is_empty(), "never answered: its batch was forgotten");
+    assert_eq!(staged_open(&dst.io), 0, "descriptors leaked");
 }
 
 /// Guards against: an install's commit running synchronously on the

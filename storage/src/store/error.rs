@@ -197,6 +197,10 @@ pub enum TransferError {
     Verification { artifact: u32, reason: String },
     #[error("appends or a flush are pending; this needs the log idle")]
     Busy,
+    #[error(
+        "no committed prefix to offer: op {last_op} ends the sealed log, above commit {commit}"
+    )]
+    NoCommittedPrefix { last_op: u64, commit: u64 },
     #[error("an install is already in progress")]
     InstallInProgress,
     /// A staged write failed or staged bytes failed verification: what is on

@@ -3,10 +3,12 @@
 //! 1. [`PartitionStore::begin_install`] refuses stale or oversized offers
 //!    (purge generation, frontier or commit below ours; more artifacts or
 //!    bigger ones than we could hold; another chunk size), then creates the
-//!    staging directory with one empty file per artifact. Disk is reserved
-//!    (fallocate) a window at a time, as chunks come due, within the
-//!    caller's [`InstallBudget`]: an offer reserves nothing it has not
-//!    begun to deliver.
+//!    staging directory with one empty file per artifact, as a step machine
+//!    ([`PartitionStore::start_begin`]) the shard runs on its ring. Disk is
+//!    reserved a window at a time, as chunks come due, within the caller's
+//!    [`InstallBudget`] (the first window by the begin), and fallocated in
+//!    the batch of the writes it covers: an offer reserves nothing it has
+//!    not begun to deliver.
 //! 2. [`Install::accept_chunks`] verifies each chunk against its manifest
 //!    checksum, then, in order, verifies its bytes as a log (batches,
 //!    offsets, hash chain; a streaming verifier that also builds the index)
@@ -31,8 +33,10 @@
 //! directory is still called `staging` (the rename did not land), the rename
 //! is rolled forward; otherwise `staging` is garbage and rolled back.
 
+mod begin;
 mod finish;
 
+pub use begin::{BeginStep, Beginning};
 pub use finish::{FinishStep, Finishing};
 
 use std::collections::BTreeMap;
@@ -45,10 +49,8 @@ use ringlog_protocol::manifest::{Manifest, ManifestLimits};
 
 use super::open::list;
 use super::verify::LogVerifier;
-use super::{PartitionStore, StoreError, TransferError, STAGING_DIR};
-use crate::io::{
-    align_up, AlignedBuf, BatchId, BufPool, Completion, FileId, IoBackend, Op, OpenMode, Sqe,
-};
+use super::{PartitionStore, StoreError, TransferError};
+use crate::io::{align_up, AlignedBuf, BatchId, BufPool, Completion, FileId, IoBackend, Op, Sqe};
 use crate::segment::{self, SparseIndex};
 use crate::superblock::{Frontier, Superblock, TableRef};
 
@@ -89,14 +91,6 @@ impl InstallBudget {
         TransferError::ReserveBudget {
             needed_bytes,
             free_bytes: self.0.reserve_bytes_max.saturating_sub(reserved_bytes),
-        }
-    }
-
-    fn check(&self, bytes: u64) -> Result<(), TransferError> {
-        let reserved = self.reserved_bytes();
-        match reserved.checked_add(bytes) {
-            Some(n) if n <= self.0.reserve_bytes_max => Ok(()),
-            _ => Err(self.refusal(bytes, reserved)),
         }
     }
 
@@ -188,18 +182,34 @@ pub struct Install {
     /// Staged writes that completed; the commit needs every chunk's.
     chunks_written: u64,
     /// Batches of staged writes queued by [`Install::stage_chunks`] and
-    /// not finished yet: batch -> (chunks, buffer bytes). Their chunks
-    /// count against the window like parked ones.
-    writes_in_flight: BTreeMap<BatchId, (usize, u64)>,
+    /// not finished yet. Their chunks count against the window like parked
+    /// ones.
+    writes_in_flight: BTreeMap<BatchId, Staged>,
     /// Why the install can no longer commit (a failed staged write or
     /// verification), once it cannot.
     poisoned: Option<String>,
     /// Held while the install lives: the store sees it dropped.
     _alive: Arc<()>,
-    /// Per staged file: bytes allocated from its start.
+    /// Per staged file: bytes reserved from its start (allocated, or
+    /// queued in `allocations_due`).
     allocated: Vec<u64>,
+    /// Fallocates of reserved windows not submitted yet: they go into the
+    /// next batch of staged writes, unlinked (a fallocate, mode 0, never
+    /// changes bytes already written, so it and the writes may run in any
+    /// order; a failed one poisons the install like a failed write). At
+    /// most one per window reserved.
+    allocations_due: Vec<Sqe>,
     /// Allocated bytes not yet written, lent by the budget.
     reservation: Reservation,
+}
+
+/// A batch of staged writes in flight: its ops (the writes, and the
+/// fallocate of a window coming due), chunks and chunk buffer bytes.
+#[derive(Debug, Clone, Copy)]
+struct Staged {
+    ops: usize,
+    chunks: usize,
+    bytes: u64,
 }
 
 /// Whether [`Install::stage_chunks`] hashes each chunk against its manifest
@@ -289,7 +299,7 @@ impl Install {
         io: &mut impl IoBackend,
         chunks: &[(u32, u32, &[u8])],
     ) -> Result<(), StoreError> {
-        let (sqes, refusal) = self.due_writes(io, chunks, ChunkCheck::Checksum)?;
+        let (sqes, refusal) = self.due_writes(chunks, ChunkCheck::Checksum)?;
         // Chunks verified above are past the cursor: write them even if a
         // later one failed, so every buffer goes back to the pool.
         let written = if sqes.is_empty() {
@@ -319,7 +329,7 @@ impl Install {
         chunks: &[(u32, u32, &[u8])],
         check: ChunkCheck,
     ) -> Result<Option<BatchId>, StoreError> {
-        let (sqes, refusal) = self.due_writes(io, chunks, check)?;
+        let (sqes, refusal) = self.due_writes(chunks, check)?;
         if let Some(e) = refusal {
             if !sqes.is_empty() {
                 // The refusal is the error to report; a failed write of
@@ -331,16 +341,15 @@ impl Install {
         if sqes.is_empty() {
             return Ok(None);
         }
-        let bytes = sqes
-            .iter()
-            .map(|s| match &s.op {
-                Op::Write { buf, .. } => buf.capacity() as u64,
-                _ => 0,
-            })
-            .sum();
-        let count = sqes.len();
+        let (chunks, bytes) = sqes.iter().fold((0, 0), |(n, b), s| match &s.op {
+            Op::Write { buf, .. } => (n + 1, b + buf.capacity() as u64),
+            _ => (n, b),
+        });
+        debug_assert!(chunks > 0, "a staged batch writes a chunk");
+        let ops = sqes.len();
         let batch = io.submit_nowait(sqes);
-        self.writes_in_flight.insert(batch, (count, bytes));
+        let staged = Staged { ops, chunks, bytes };
+        self.writes_in_flight.insert(batch, staged);
         Ok(Some(batch))
     }
 
@@ -352,7 +361,7 @@ impl Install {
         batch: BatchId,
         completions: Vec<Completion>,
     ) -> Result<(), StoreError> {
-        let Some((count, _)) = self.writes_in_flight.remove(&batch) else {
+        let Some(Staged { ops: count, .. }) = self.writes_in_flight.remove(&batch) else {
             let e = std::io::Error::other(format!("batch {} is not a staged write", batch.0));
             return Err(StoreError::io(
                 self.partition_id,
@@ -387,7 +396,7 @@ impl Install {
     /// parked chunks, staged writes in flight and the pool's idle buffers.
     pub fn buffered_bytes(&self) -> u64 {
         let parked: u64 = self.ahead.values().map(|b| b.capacity() as u64).sum();
-        let writing: u64 = self.writes_in_flight.values().map(|&(_, b)| b).sum();
+        let writing: u64 = self.writes_in_flight.values().map(|s| s.bytes).sum();
         let idle = (self.pool.idle() * self.pool.buf_size_bytes()) as u64;
         parked + writing + idle
     }
@@ -396,7 +405,6 @@ impl Install {
     /// writes and the refusal that stopped it, if any.
     fn due_writes(
         &mut self,
-        io: &mut impl IoBackend,
         chunks: &[(u32, u32, &[u8])],
         check: ChunkCheck,
     ) -> Result<(Vec<Sqe>, Option<StoreError>), StoreError> {
@@ -409,7 +417,7 @@ impl Install {
         while self.ahead.contains_key(&self.cursor) {
             // Before the chunk is consumed: a refused reservation leaves it
             // parked, to be retried by a later call.
-            if let Err(e) = self.reserve_due(io) {
+            if let Err(e) = self.reserve_due() {
                 refusal = Some(e);
                 break;
             }
@@ -424,6 +432,10 @@ impl Install {
                     break;
                 }
             }
+        }
+        if !sqes.is_empty() {
+            // The reserved windows' fallocates go with the first writes.
+            sqes.splice(0..0, self.allocations_due.drain(..));
         }
         Ok((sqes, refusal))
     }
@@ -440,26 +452,16 @@ impl Install {
                     self.reservation.give_back(buf.len() as u64);
                     self.chunks_written += 1;
                 }
-                (Ok(_), _) => self.chunks_written += 1,
-                (Err(e), Op::Write { file, offset, .. }) => {
-                    let path = self
-                        .files
-                        .iter()
-                        .position(|f| f == file)
-                        .and_then(|i| self.manifest.artifacts.get(i))
-                        .map(|a| segment::log_path(&self.staging_dir, a.base_offset))
-                        .unwrap_or_else(|| self.staging_dir.clone());
-                    let reason = format!("staged write at {offset} failed: {e}");
+                (Ok(_), Op::Allocate { .. }) => {}
+                (Err(e), Op::Write { file, offset, .. } | Op::Allocate { file, offset, .. }) => {
+                    let what = c.op.kind();
+                    let reason = format!("staged {what} at {offset} failed: {e}");
                     self.poisoned.get_or_insert(reason);
+                    let path = self.staged_path(*file);
                     let e = std::io::Error::new(e.kind(), e.to_string());
-                    failure.get_or_insert(StoreError::io(
-                        self.partition_id,
-                        "staged write",
-                        path,
-                        e,
-                    ));
+                    failure.get_or_insert(StoreError::io(self.partition_id, what, path, e));
                 }
-                (Err(e), op) => debug_assert!(false, "only writes are staged, got {op:?}: {e}"),
+                (_, op) => debug_assert!(false, "only writes and fallocates are staged: {op:?}"),
             }
             if let Some(buf) = c.op.into_buf() {
                 self.pool.put(buf);
@@ -468,10 +470,21 @@ impl Install {
         failure.map_or(Ok(()), Err)
     }
 
+    /// The staged file `file`'s path, for errors.
+    fn staged_path(&self, file: FileId) -> PathBuf {
+        self.files
+            .iter()
+            .position(|&f| f == file)
+            .and_then(|i| self.manifest.artifacts.get(i))
+            .map(|a| segment::log_path(&self.staging_dir, a.base_offset))
+            .unwrap_or_else(|| self.staging_dir.clone())
+    }
+
     /// Makes sure the chunk at the cursor lands in allocated space: if it
-    /// does not, allocates its file up to a window of chunks further (or
-    /// its end), within the budget.
-    fn reserve_due(&mut self, io: &mut impl IoBackend) -> Result<(), StoreError> {
+    /// does not, reserves its file up to a window of chunks further (or
+    /// its end), within the budget, and queues the fallocate for the batch
+    /// that writes it (see `allocations_due`).
+    fn reserve_due(&mut self) -> Result<(), StoreError> {
         let (artifact, chunk) = self.cursor;
         let i = artifact as usize;
         let (Some(a), Some(&file), Some(&allocated)) = (
@@ -498,12 +511,13 @@ impl Install {
             .max(need_end);
         let bytes = window_end - allocated;
         self.reservation.take(bytes).map_err(|e| self.refusal(e))?;
-        if let Err(e) = io.allocate(file, window_end) {
-            self.reservation.give_back(bytes);
-            let path = segment::log_path(&self.staging_dir, a.base_offset);
-            return Err(StoreError::io(self.partition_id, "fallocate", path, e));
-        }
         self.allocated[i] = window_end;
+        debug_assert!(bytes > 0, "only a chunk past the allocation reserves");
+        self.allocations_due.push(Sqe::new(Op::Allocate {
+            file,
+            offset: allocated,
+            len_bytes: bytes,
+        }));
         Ok(())
     }
 
@@ -554,7 +568,7 @@ impl Install {
         }
         // Chunks being written hold buffers too: together with the parked
         // ones, at most a window.
-        let writing: usize = self.writes_in_flight.values().map(|&(n, _)| n).sum();
+        let writing: usize = self.writes_in_flight.values().map(|s| s.chunks).sum();
         if self.ahead.len() + writing >= self.window_chunks {
             return Err(self.refusal(TransferError::OutsideWindow {
                 artifact,
@@ -631,114 +645,29 @@ impl Install {
 }
 
 impl PartitionStore {
-    /// Checks an offer and prepares to stage it, reserving the first window
-    /// of disk from `budget`. Refusals are typed [`TransferError`]s; nothing
-    /// on disk changes for a refused offer, and a begin that fails half-way
-    /// closes what it opened and removes its staging directory.
+    /// Checks an offer and prepares to stage it: the loop that submits and
+    /// waits for each step of [`PartitionStore::start_begin`]. The first
+    /// window of disk must fit `budget` (taken by the first staged write).
+    /// Refusals are typed [`TransferError`]s; nothing on disk changes for a
+    /// refused offer, and a begin that fails half-way closes what it opened
+    /// and removes its staging directory.
     pub fn begin_install(
         &mut self,
         io: &mut impl IoBackend,
         manifest: Manifest,
         budget: &InstallBudget,
     ) -> Result<Install, StoreError> {
-        self.check_fenced()?;
-        self.clear_dropped_install(io)?;
-        self.check_offer(&manifest)?;
-        let window_chunks = self.config.transfer_window_chunks;
-        let first_window = manifest.artifacts.first().map_or(0, |a| {
-            let window = u64::from(manifest.chunk_size_bytes) * window_chunks as u64;
-            align_up(a.length_bytes).min(window)
-        });
-        // Checked before anything is created; taken by the first reserve.
-        budget
-            .check(first_window)
-            .map_err(|e| self.transfer_error(e))?;
-        let reservation = Reservation {
-            budget: budget.clone(),
-            bytes: 0,
-        };
-        let staging_dir = self.dir.join(STAGING_DIR);
-        let (staging_dir_file, files) = self.create_staging(io, &staging_dir, &manifest)?;
-        let alive = Arc::new(());
-        let mut held = files.clone();
-        held.push(staging_dir_file);
-        let mut install = Install {
-            partition_id: self.partition_id,
-            pool: BufPool::new(manifest.chunk_size_bytes as usize, window_chunks),
-            allocated: vec![0; files.len()],
-            manifest,
-            staging_dir,
-            staging_dir_file,
-            files,
-            cursor: (0, 0),
-            ahead: BTreeMap::new(),
-            window_chunks,
-            verifier: None,
-            indexes: Vec::new(),
-            chain: None,
-            batch_bytes_max: self.config.batch_bytes_max(),
-            index_interval_bytes: self.config.index_interval_bytes,
-            chunks_written: 0,
-            writes_in_flight: BTreeMap::new(),
-            poisoned: None,
-            _alive: alive.clone(),
-            reservation,
-        };
-        self.installing = Some(InstallSlot {
-            alive: Arc::downgrade(&alive),
-            files: held,
-        });
-        if !install.complete() {
-            if let Err(e) = install.reserve_due(io) {
-                self.abort_install(io, install)?;
-                return Err(e);
-            }
-        }
-        Ok(install)
-    }
-
-    /// Creates the staging directory and one empty file per artifact; on
-    /// failure, closes what it opened and removes the directory again.
-    fn create_staging(
-        &mut self,
-        io: &mut impl IoBackend,
-        staging_dir: &Path,
-        manifest: &Manifest,
-    ) -> Result<(FileId, Vec<FileId>), StoreError> {
-        let pid = self.partition_id;
-        // Leftovers of an install abandoned earlier in this process.
-        if io
-            .exists(staging_dir)
-            .map_err(|e| StoreError::io(pid, "stat", staging_dir, e))?
-        {
-            self.remove_tree(io, staging_dir)?;
-        }
-        io.create_dir(staging_dir)
-            .map_err(|e| StoreError::io(pid, "mkdir", staging_dir, e))?;
-        let mut opened = Vec::with_capacity(manifest.artifacts.len() + 1);
-        let created = io
-            .open_dir(staging_dir)
-            .map_err(|e| StoreError::io(pid, "open", staging_dir, e))
-            .map(|dir_file| opened.push(dir_file))
-            .and_then(|()| {
-                for a in &manifest.artifacts {
-                    let path = segment::log_path(staging_dir, a.base_offset);
-                    let file = io
-                        .open_file(&path, OpenMode::Create)
-                        .map_err(|e| StoreError::io(pid, "create", &path, e))?;
-                    opened.push(file);
+        let (mut b, sqes) = self.start_begin(io, manifest, budget)?;
+        let mut step = BeginStep::Submit(sqes);
+        loop {
+            match step {
+                BeginStep::Submit(sqes) => {
+                    let completions = io.submit(sqes);
+                    step = self.resume_begin(io, &mut b, completions);
                 }
-                Ok(())
-            });
-        if let Err(e) = created {
-            for file in opened {
-                io.close(file);
+                BeginStep::Done(result) => return result.map(|install| *install),
             }
-            self.remove_tree(io, staging_dir)?;
-            return Err(e);
         }
-        let dir_file = opened.remove(0);
-        Ok((dir_file, opened))
     }
 
     /// Refuses a second install while one is alive; one dropped without a
@@ -944,18 +873,6 @@ impl PartitionStore {
         if self.active.end_position > self.active.durable_position || self.flushing.is_some() {
             return refuse(TransferError::Busy);
         }
-        Ok(())
-    }
-
-    /// Removes a directory and the files in it (no recycling: staged files
-    /// may hold anything).
-    pub(super) fn remove_tree(
-        &mut self,
-        io: &mut impl IoBackend,
-        dir: &Path,
-    ) -> Result<(), StoreError> {
-        let ops = self.tree_removals(io, dir)?;
-        self.run_removals(io, ops);
         Ok(())
     }
 

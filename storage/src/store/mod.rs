@@ -72,7 +72,9 @@ pub use cache::ReadCacheStats;
 pub use config::StoreConfig;
 pub use error::{AppendRefused, CutError, StoreError, TransferError};
 pub use group::flush_all;
-pub use install::{ChunkCheck, FinishStep, Finishing, Install, InstallBudget};
+pub use install::{
+    BeginStep, Beginning, ChunkCheck, FinishStep, Finishing, Install, InstallBudget,
+};
 pub use pool::{PoolConfig, StorePool, PRIVATE_READ_CACHE_BYTES_MAX};
 pub use read::Fetched;
 pub use readahead::ReadAheadStats;

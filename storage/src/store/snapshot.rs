@@ -55,20 +55,15 @@ struct ChunkRead {
 }
 
 impl PartitionStore {
-    /// Opens a snapshot of everything durable and returns its manifest.
+    /// Opens a snapshot of everything durable and returns its manifest,
+    /// flushing what was accepted first (blocking: for tools and tests).
     /// `now_ms` is the caller's clock, for the lease.
     pub fn open_snapshot(
         &mut self,
         io: &mut impl IoBackend,
         now_ms: u64,
     ) -> Result<Manifest, StoreError> {
-        self.check_fenced()?;
-        self.expire_snapshots(now_ms);
-        if self.snapshots.len() >= self.config.snapshots_max {
-            return Err(self.transfer_error(TransferError::TooManySnapshots {
-                open: self.snapshots.len(),
-            }));
-        }
+        self.check_snapshot_room(now_ms)?;
         // Everything accepted becomes durable, so the active segment's
         // hasher covers exactly the prefix offered; a group-commit flush in
         // flight must complete first.
@@ -76,13 +71,63 @@ impl PartitionStore {
             return Err(self.transfer_error(TransferError::Busy));
         }
         self.flush(io)?;
+        self.lease_snapshot(None, now_ms)
+    }
+
+    /// Opens a snapshot of the committed log and returns its manifest, with
+    /// no I/O (a replica serves this way from its shard thread): the sealed
+    /// segments (a roll seals only committed ops), and the active segment's
+    /// durable prefix if every op accepted there is at or below `commit`.
+    /// The manifest's commit is the highest of `commit`, the superblock's
+    /// and [`PartitionStore::committed_floor`]. Refused with
+    /// [`TransferError::Busy`] while a fully committed tail is not durable
+    /// yet, and [`TransferError::NoCommittedPrefix`] when the sealed log
+    /// ends above the commit (only without an uncommitted headroom).
+    pub fn open_committed_snapshot(
+        &mut self,
+        commit: u64,
+        now_ms: u64,
+    ) -> Result<Manifest, StoreError> {
+        self.check_snapshot_room(now_ms)?;
+        let commit = commit.max(self.sb.vsr.commit).max(self.committed_floor());
+        self.lease_snapshot(Some(commit), now_ms)
+    }
+
+    fn check_snapshot_room(&mut self, now_ms: u64) -> Result<(), StoreError> {
+        self.check_fenced()?;
+        self.expire_snapshots(now_ms);
+        if self.snapshots.len() >= self.config.snapshots_max {
+            return Err(self.transfer_error(TransferError::TooManySnapshots {
+                open: self.snapshots.len(),
+            }));
+        }
+        Ok(())
+    }
+
+    /// Leases the sealed segments and, unless `commit` cuts it, the active
+    /// segment's durable prefix; `commit` None offers everything durable.
+    fn lease_snapshot(&mut self, commit: Option<u64>, now_ms: u64) -> Result<Manifest, StoreError> {
+        let active = &self.active;
+        let tail_kept = active.end_position > 0 && commit.is_none_or(|c| self.chain.last_op <= c);
+        if tail_kept && (active.durable_position < active.end_position || self.flushing.is_some()) {
+            return Err(self.transfer_error(TransferError::Busy));
+        }
+        let (next_offset, last_op, last_checksum) = if tail_kept {
+            let d = &self.durable;
+            (d.next_offset, d.last_op, d.last_checksum)
+        } else {
+            (active.base_offset, active.prev_op, active.prev_checksum)
+        };
+        if let Some(commit) = commit.filter(|&c| c < last_op) {
+            return Err(self.transfer_error(TransferError::NoCommittedPrefix { last_op, commit }));
+        }
+        let commit = commit.unwrap_or(self.sb.vsr.commit);
         let mut artifacts: Vec<Artifact> = self
             .sealed
             .iter()
             .map(|s| segment_artifact(&s.meta, s.chunk_checksums.clone()))
             .collect();
-        let active = &self.active;
-        let tail = (active.durable_position > 0).then(|| {
+        let tail = tail_kept.then(|| {
             debug_assert_eq!(active.durable_position, active.end_position);
             let chunk_checksums = active.hasher.chunk_checksums();
             let meta = self.durable_active_meta();
@@ -93,6 +138,7 @@ impl PartitionStore {
                 chunk_checksums,
             }
         });
+        debug_assert!(artifacts.last().is_none_or(|a| a.end_offset == next_offset));
         self.snapshot_seq += 1;
         // Unique across restarts too: the clock moves on, the sequence
         // separates snapshots opened in the same millisecond.
@@ -107,10 +153,10 @@ impl PartitionStore {
         Ok(Manifest {
             partition_id: self.partition_id,
             view: self.sb.vsr.view,
-            commit: self.sb.vsr.commit,
-            next_offset: self.durable.next_offset,
-            last_op: self.durable.last_op,
-            last_checksum: self.durable.last_checksum,
+            commit,
+            next_offset,
+            last_op,
+            last_checksum,
             purge_generation: self.sb.purge_generation,
             snapshot_id: id,
             chunk_size_bytes: self.config.transfer_chunk_bytes,
