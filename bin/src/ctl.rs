@@ -36,9 +36,16 @@ enum CtlCommand {
     Status,
     /// Topics and their partition counts.
     Topics,
-    /// Partitions: shard, role, frontier, commit (offsets), and for a
-    /// replicated one its view, op, commit op and lag; segments, bytes.
-    Partitions { topic: Option<String> },
+    /// Partitions of every node of the cluster (a node that cannot be
+    /// asked is listed as unreachable): node, shard, role, frontier, commit
+    /// (offsets), and for a replicated one its view, op, commit op and lag
+    /// (behind the highest commit any replica reports); segments, bytes.
+    Partitions {
+        topic: Option<String>,
+        /// This node's replicas only (no peer is asked).
+        #[arg(long)]
+        local: bool,
+    },
     /// Create a topic.
     CreateTopic { topic: String, partitions: u32 },
     /// Delete a topic and its data.
@@ -183,7 +190,9 @@ pub fn run(args: CtlArgs) -> i32 {
     let req = match &args.command {
         CtlCommand::Status => json!({"cmd": "status"}),
         CtlCommand::Topics => json!({"cmd": "topics"}),
-        CtlCommand::Partitions { topic } => json!({"cmd": "partitions", "topic": topic}),
+        CtlCommand::Partitions { topic, local } => {
+            json!({"cmd": "partitions", "topic": topic, "cluster": !local})
+        }
         CtlCommand::CreateTopic { topic, partitions } => {
             json!({"cmd": "create_topic", "topic": topic, "partitions": partitions})
         }
@@ -233,6 +242,7 @@ pub fn run(args: CtlArgs) -> i32 {
         ),
         CtlCommand::Partitions { .. } => table(
             &[
+                "NODE",
                 "TOPIC",
                 "PART",
                 "ID",
@@ -252,6 +262,7 @@ pub fn run(args: CtlArgs) -> i32 {
             rows(
                 result,
                 &[
+                    "node",
                     "topic",
                     "partition",
                     "partition_id",

@@ -778,7 +778,7 @@ fn ctl_into_a_closed_pipe_exits_quietly() {
     BufReader::new(std::fs::File::from(read))
         .read_line(&mut first)
         .unwrap();
-    assert!(first.starts_with("TOPIC"), "{first}");
+    assert!(first.starts_with("NODE  TOPIC"), "{first}");
     let status = wait_bounded(&mut child, Duration::from_secs(30));
     let mut err = String::new();
     std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();

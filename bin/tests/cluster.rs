@@ -626,7 +626,7 @@ fn wiped_and_repaired(seed: u64) {
     check_identical(&cluster, &acks, Duration::from_secs(30));
     // ctl partitions on the recovered node: a backup of view 0, caught
     // up, after repairing.
-    let parts = cluster.nodes[&3].ctl(&["partitions"]);
+    let parts = cluster.nodes[&3].ctl(&["partitions", "--local"]);
     for p in data_partitions(&parts) {
         assert_eq!(p["role"], "backup", "{p}");
         assert_eq!(p["view"], 0, "{p}");
@@ -654,7 +654,7 @@ fn wiped_and_repaired(seed: u64) {
     assert_eq!(transfers["result"], serde_json::json!([]), "{transfers}");
     // The view changed on the survivors, and the metrics say so.
     for id in [2, 3] {
-        let parts = cluster.nodes[&id].ctl(&["partitions"]);
+        let parts = cluster.nodes[&id].ctl(&["partitions", "--local"]);
         for p in data_partitions(&parts) {
             assert!(p["view"].as_u64().unwrap() >= 1, "node {id}: {p}");
             assert!(p["view_changes"].as_u64().unwrap() >= 1, "node {id}: {p}");
@@ -880,7 +880,7 @@ fn data_partitions(parts: &serde_json::Value) -> Vec<&serde_json::Value> {
 
 /// Each node's log start of `partition` (ctl partitions).
 fn log_start(cluster: &Cluster, id: u32, partition: u32) -> u64 {
-    let parts = cluster.nodes[&id].ctl(&["partitions"]);
+    let parts = cluster.nodes[&id].ctl(&["partitions", "--local"]);
     let p = data_partitions(&parts)
         .into_iter()
         .find(|p| p["partition"] == partition)
@@ -1085,7 +1085,7 @@ fn a_replicated_topic_purged_through_a_backup_is_purged_alike_on_every_node() {
         installs >= u64::from(PARTITIONS),
         "node 3: {installs} installs"
     );
-    let parts = cluster.nodes[&3].ctl(&["partitions"]);
+    let parts = cluster.nodes[&3].ctl(&["partitions", "--local"]);
     for p in data_partitions(&parts) {
         assert_eq!(p["purge_generation"], 1, "{p}");
     }
@@ -1139,7 +1139,7 @@ fn a_replicated_topic_purged_through_a_backup_is_purged_alike_on_every_node() {
 
 /// Each data partition's purge generation on node `id`, by partition.
 fn purge_generations(cluster: &Cluster, id: u32) -> Vec<u64> {
-    let parts = cluster.nodes[&id].ctl(&["partitions"]);
+    let parts = cluster.nodes[&id].ctl(&["partitions", "--local"]);
     let mut rows: Vec<(u64, u64)> = data_partitions(&parts)
         .iter()
         .map(|p| {
@@ -1474,7 +1474,7 @@ fn primary_of(cluster: &Cluster, partition: u32) -> u32 {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         for (&id, node) in &cluster.nodes {
-            let parts = node.ctl(&["partitions"]);
+            let parts = node.ctl(&["partitions", "--local"]);
             let primary = data_partitions(&parts)
                 .iter()
                 .any(|p| p["partition"] == partition && p["role"] == "primary");
@@ -1707,7 +1707,7 @@ fn check_acked_prefix(bytes: &[u8], acked: &BTreeMap<u64, (Vec<Vec<u8>>, bool)>)
 /// The partition indexes of the test's topic node `id` holds (ctl
 /// partitions), with their partition ids.
 fn held_partitions(cluster: &Cluster, id: u32) -> BTreeMap<u32, u32> {
-    let parts = cluster.nodes[&id].ctl(&["partitions"]);
+    let parts = cluster.nodes[&id].ctl(&["partitions", "--local"]);
     data_partitions(&parts)
         .iter()
         .map(|p| {
@@ -1837,4 +1837,96 @@ fn a_topic_of_three_replicas_on_five_nodes_lives_on_its_placed_nodes() {
             }
         }
     }
+}
+
+/// `ctl partitions` on node `on` (cluster-wide), polled (bounded) until
+/// `ready` holds of its rows; returns them.
+fn cluster_table(
+    cluster: &Cluster,
+    on: u32,
+    ready: impl Fn(&[serde_json::Value]) -> bool,
+) -> Vec<serde_json::Value> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let reply = cluster.nodes[&on].ctl(&["partitions"]);
+        assert_eq!(reply["ok"], true, "{reply}");
+        let rows = reply["result"].as_array().unwrap().clone();
+        if ready(&rows) {
+            return rows;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node {on}: table not as expected after 30 s: {rows:#?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The data partitions' rows of `rows` held by node `id`.
+fn rows_of(rows: &[serde_json::Value], id: u32) -> Vec<&serde_json::Value> {
+    rows.iter()
+        .filter(|r| r["node"] == id && r["topic"] == TOPIC)
+        .collect()
+}
+
+/// Every node of `ids` lists each partition once, and each is caught up:
+/// lag 0 (against the highest commit any replica reports), one primary.
+fn all_caught_up(rows: &[serde_json::Value], ids: &[u32]) -> bool {
+    (0..PARTITIONS).all(|p| {
+        let of_p: Vec<_> = rows
+            .iter()
+            .filter(|r| r["topic"] == TOPIC && r["partition"] == p)
+            .collect();
+        let primaries = of_p.iter().filter(|r| r["role"] == "primary").count();
+        ids.iter()
+            .all(|&id| of_p.iter().filter(|r| r["node"] == id).count() == 1)
+            && of_p.len() == ids.len()
+            && primaries == 1
+            && of_p.iter().all(|r| r["lag_ops"] == 0)
+    })
+}
+
+/// Issue 11 item 5: `ctl partitions` on any node shows every node's
+/// replicas (role, view, commit, frontier, lag); a SIGKILLed node is one
+/// `unreachable` row while the others go on; restarted, its rows come
+/// back and catch up, seen from another node.
+#[test]
+fn ctl_partitions_shows_every_replica_on_every_node_and_a_killed_node_as_unreachable() {
+    let mut cluster = Cluster::start(3);
+    create_topic(&cluster);
+    let mut acks = Acks::new();
+    let mut at = 1;
+    produce_batches(&cluster, &mut at, &mut acks, 0..20);
+    check_identical(&cluster, &acks, Duration::from_secs(10));
+    for on in 1..=3 {
+        let rows = cluster_table(&cluster, on, |r| all_caught_up(r, &[1, 2, 3]));
+        // Every node reports the same commit and frontier of a partition.
+        for p in 0..PARTITIONS {
+            let of_p = rows
+                .iter()
+                .filter(|r| r["topic"] == TOPIC && r["partition"] == p);
+            let figures: std::collections::BTreeSet<String> = of_p
+                .map(|r| format!("{} {} {}", r["commit"], r["frontier"], r["commit_op"]))
+                .collect();
+            assert_eq!(figures.len(), 1, "node {on}, partition {p}: {figures:?}");
+        }
+    }
+
+    cluster.kill(3);
+    produce_batches(&cluster, &mut at, &mut acks, 20..30);
+    let rows = cluster_table(&cluster, 1, |r| all_caught_up(r, &[1, 2]));
+    let of_3: Vec<_> = rows.iter().filter(|r| r["node"] == 3).collect();
+    assert_eq!(of_3.len(), 1, "{of_3:#?}");
+    assert_eq!(of_3[0]["role"], "unreachable", "{of_3:#?}");
+    assert!(of_3[0]["fault"].as_str().unwrap().contains("127.0.0.1"));
+    let killed_at = rows_of(&rows, 1)[0]["commit_op"].as_u64().unwrap();
+
+    cluster.boot(3);
+    produce_batches(&cluster, &mut at, &mut acks, 30..34);
+    let rows = cluster_table(&cluster, 2, |r| all_caught_up(r, &[1, 2, 3]));
+    for r in rows_of(&rows, 3) {
+        assert!(r["commit_op"].as_u64().unwrap() > killed_at, "{r}");
+        assert_eq!(r["role"], "backup", "{r}");
+    }
+    check_identical(&cluster, &acks, Duration::from_secs(30));
 }

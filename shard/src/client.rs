@@ -15,13 +15,13 @@
 
 use std::collections::VecDeque;
 use std::io::{Read, Write};
-use std::net::{TcpStream, ToSocketAddrs};
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::Duration;
 
 use ringlog_protocol::wire::{
     decode_frame_header, Body, ErrorCode, FetchReply, HelloReply, ProduceReply, ProduceTarget,
-    Reply, Request, TopicDescription, TopicSummary, WireError, FRAME_BYTES_MAX, FRAME_HEADER_LEN,
-    PROTOCOL_VERSION,
+    ReplicaList, Reply, Request, TopicDescription, TopicSummary, WireError, FRAME_BYTES_MAX,
+    FRAME_HEADER_LEN, PROTOCOL_VERSION,
 };
 use ringlog_protocol::{BatchBuilder, BatchError, BatchView, Record, Stamp};
 use thiserror::Error;
@@ -179,10 +179,28 @@ impl Client {
         Client::handshake(stream)
     }
 
+    /// Connects and performs the handshake with every step (connect, each
+    /// read and write) bounded by `timeout`, which stays the bound of the
+    /// client's later calls: for asking a peer that may be down or wedged.
+    pub fn connect_within(addr: SocketAddr, timeout: Duration) -> Result<Client, ClientError> {
+        let connect = |source| ClientError::Connect {
+            addr: addr.to_string(),
+            source,
+        };
+        let stream = TcpStream::connect_timeout(&addr, timeout).map_err(connect)?;
+        stream.set_write_timeout(Some(timeout)).map_err(connect)?;
+        Client::handshake_within(stream, timeout)
+    }
+
     /// Performs the handshake on an already connected stream.
     pub fn handshake(stream: TcpStream) -> Result<Client, ClientError> {
+        Client::handshake_within(stream, REPLY_SLACK)
+    }
+
+    /// The handshake, with `read_timeout` on its reply.
+    fn handshake_within(stream: TcpStream, read_timeout: Duration) -> Result<Client, ClientError> {
         stream.set_nodelay(true)?;
-        stream.set_read_timeout(Some(REPLY_SLACK))?;
+        stream.set_read_timeout(Some(read_timeout))?;
         let mut c = Client {
             stream,
             next_correlation: 1,
@@ -315,6 +333,14 @@ impl Client {
             topic: topic.into(),
         })? {
             Body::Topic(t) => Ok(t),
+            other => Err(ClientError::Unexpected(format!("{other:?}"))),
+        }
+    }
+
+    /// Every partition replica the node holds, with its replication state.
+    pub fn replicas(&mut self) -> Result<ReplicaList, ClientError> {
+        match self.call(&Request::Replicas)? {
+            Body::Replicas(r) => Ok(r),
             other => Err(ClientError::Unexpected(format!("{other:?}"))),
         }
     }

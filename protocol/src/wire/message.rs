@@ -32,6 +32,7 @@ pub enum Opcode {
     Produce = 6,
     Fetch = 7,
     Purge = 8,
+    Replicas = 9,
 }
 
 impl Opcode {
@@ -45,6 +46,7 @@ impl Opcode {
             6 => Opcode::Produce,
             7 => Opcode::Fetch,
             8 => Opcode::Purge,
+            9 => Opcode::Replicas,
             _ => return None,
         })
     }
@@ -174,6 +176,9 @@ pub enum Request {
         topic: String,
         partition: u32,
     },
+    /// Every partition replica the node holds, with its replication state
+    /// (`ctl partitions` gathers these from every node of a cluster).
+    Replicas,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -199,6 +204,58 @@ pub struct PartitionInfo {
     pub high_watermark: u64,
     pub size_bytes: u64,
     pub fenced: bool,
+}
+
+/// Longest role name in a [`ReplicaInfo`].
+pub const ROLE_BYTES_MAX: usize = 32;
+/// A [`ReplicaInfo`]'s fault reason is cut to this many bytes.
+pub const FAULT_BYTES_MAX: usize = 512;
+/// Most rows in a Replicas reply: a node holding more lists the first
+/// ones, by topic and index, and says how many it left out.
+pub const REPLICA_ROWS_MAX: u32 = 65_536;
+/// Least bytes of one encoded [`ReplicaInfo`] (empty strings, no VSR).
+const REPLICA_ROW_BYTES_MIN: usize = 2 + 4 + 4 + 2 + 2 + 5 * 8 + 4 + 1 + 1;
+/// Most bytes of one encoded [`ReplicaInfo`]: a server fits its reply in
+/// its frame limit with this.
+pub const REPLICA_ROW_BYTES_MAX: usize =
+    REPLICA_ROW_BYTES_MIN + TOPIC_NAME_BYTES_MAX + ROLE_BYTES_MAX + 2 + FAULT_BYTES_MAX + 28;
+
+/// One partition replica as a node holds it (a Replicas reply's row).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReplicaInfo {
+    pub topic: String,
+    pub partition: u32,
+    pub partition_id: u32,
+    pub shard: u16,
+    /// `primary`, `backup`, `view_change`, `recovering`, `wiped`, ...
+    pub role: String,
+    pub log_start_offset: u64,
+    pub frontier: u64,
+    pub commit: u64,
+    pub size_bytes: u64,
+    pub sealed_segments: u32,
+    pub purge_generation: u64,
+    pub fault: Option<String>,
+    /// None for a partition that is not replicated.
+    pub vsr: Option<ReplicaVsr>,
+}
+
+/// A replicated partition's VSR figures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReplicaVsr {
+    pub view: u32,
+    pub op: u64,
+    pub commit_op: u64,
+    /// The highest commit this replica heard of in its group.
+    pub commit_max: u64,
+}
+
+/// A node's replicas: at most [`REPLICA_ROWS_MAX`] rows, and how many
+/// more it holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReplicaList {
+    pub rows: Vec<ReplicaInfo>,
+    pub omitted: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -235,6 +292,7 @@ pub enum Body {
     Topic(TopicDescription),
     Produced(ProduceReply),
     Fetched(FetchReply),
+    Replicas(ReplicaList),
 }
 
 /// A response frame.
@@ -257,6 +315,7 @@ impl Request {
             Request::Produce { .. } => Opcode::Produce,
             Request::Fetch { .. } => Opcode::Fetch,
             Request::Purge { .. } => Opcode::Purge,
+            Request::Replicas => Opcode::Replicas,
         }
     }
 
@@ -281,7 +340,7 @@ impl Request {
             Request::DeleteTopic { topic } | Request::DescribeTopic { topic } => {
                 w.str16("topic", topic, TOPIC_NAME_BYTES_MAX)?;
             }
-            Request::ListTopics => {}
+            Request::ListTopics | Request::Replicas => {}
             Request::Produce {
                 topic,
                 target,
@@ -374,6 +433,7 @@ fn decode_request(op: Opcode, r: &mut Reader<'_>) -> Result<Request, WireError> 
         },
         Opcode::DeleteTopic => Request::DeleteTopic { topic: topic(r)? },
         Opcode::ListTopics => Request::ListTopics,
+        Opcode::Replicas => Request::Replicas,
         Opcode::DescribeTopic => Request::DescribeTopic { topic: topic(r)? },
         Opcode::Produce => {
             let (topic, target) = produce_fields(r)?;
@@ -476,6 +536,7 @@ impl Reply {
                 w.u64(f.high_watermark);
                 w.bytes32("batches", &f.batches)?;
             }
+            Ok(Body::Replicas(list)) => encode_replicas(&mut w, list)?,
         }
         encode_frame(&w.buf, out);
         Ok(())
@@ -577,16 +638,7 @@ fn decode_body(op: Opcode, r: &mut Reader<'_>) -> Result<Body, WireError> {
                     log_start_offset: u64_(r, "partition")?,
                     high_watermark: u64_(r, "partition")?,
                     size_bytes: u64_(r, "partition")?,
-                    fenced: match u8_(r, "partition")? {
-                        0 => false,
-                        1 => true,
-                        v => {
-                            return Err(WireError::BadValue {
-                                what: "fenced",
-                                value: u64::from(v),
-                            })
-                        }
-                    },
+                    fenced: flag(r, "fenced")?,
                 });
             }
             Body::Topic(TopicDescription {
@@ -609,7 +661,128 @@ fn decode_body(op: Opcode, r: &mut Reader<'_>) -> Result<Body, WireError> {
                 .ok_or(WireError::Truncated { what: "batches" })?
                 .to_vec(),
         }),
+        Opcode::Replicas => Body::Replicas(decode_replicas(r)?),
     })
+}
+
+fn encode_replicas(w: &mut Writer, list: &ReplicaList) -> Result<(), WireError> {
+    let n = len_u32("replicas", list.rows.len())?;
+    if n > REPLICA_ROWS_MAX {
+        return Err(WireError::TooLong {
+            what: "replicas",
+            len: list.rows.len(),
+            max: REPLICA_ROWS_MAX as usize,
+        });
+    }
+    w.u32(n);
+    w.u32(list.omitted);
+    for p in &list.rows {
+        w.str16("topic", &p.topic, TOPIC_NAME_BYTES_MAX)?;
+        w.u32(p.partition);
+        w.u32(p.partition_id);
+        w.u16(p.shard);
+        w.str16("role", &p.role, ROLE_BYTES_MAX)?;
+        for v in [
+            p.log_start_offset,
+            p.frontier,
+            p.commit,
+            p.size_bytes,
+            p.purge_generation,
+        ] {
+            w.u64(v);
+        }
+        w.u32(p.sealed_segments);
+        match &p.fault {
+            None => w.u8(0),
+            Some(f) => {
+                w.u8(1);
+                let mut cut = f.len().min(FAULT_BYTES_MAX);
+                while !f.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                w.str16("fault", &f[..cut], FAULT_BYTES_MAX)?;
+            }
+        }
+        match &p.vsr {
+            None => w.u8(0),
+            Some(v) => {
+                w.u8(1);
+                w.u32(v.view);
+                w.u64(v.op);
+                w.u64(v.commit_op);
+                w.u64(v.commit_max);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn decode_replicas(r: &mut Reader<'_>) -> Result<ReplicaList, WireError> {
+    let n = u32_(r, "replicas")?;
+    if n > REPLICA_ROWS_MAX {
+        return Err(WireError::TooLong {
+            what: "replicas",
+            len: usize_from(n),
+            max: REPLICA_ROWS_MAX as usize,
+        });
+    }
+    let omitted = u32_(r, "replicas")?;
+    check_count("replicas", n, REPLICA_ROW_BYTES_MIN, r.remaining())?;
+    let mut rows = Vec::with_capacity(usize_from(n));
+    for _ in 0..n {
+        let topic = topic(r)?;
+        let partition = u32_(r, "replica")?;
+        let partition_id = u32_(r, "replica")?;
+        let shard = u16_(r, "replica")?;
+        let role = str16(r, "role", ROLE_BYTES_MAX)?;
+        let mut figures = [0u64; 5];
+        for f in &mut figures {
+            *f = u64_(r, "replica")?;
+        }
+        let [log_start_offset, frontier, commit, size_bytes, purge_generation] = figures;
+        let sealed_segments = u32_(r, "replica")?;
+        let fault = match flag(r, "fault")? {
+            false => None,
+            true => Some(str16(r, "fault", FAULT_BYTES_MAX)?),
+        };
+        let vsr = match flag(r, "vsr")? {
+            false => None,
+            true => Some(ReplicaVsr {
+                view: u32_(r, "vsr")?,
+                op: u64_(r, "vsr")?,
+                commit_op: u64_(r, "vsr")?,
+                commit_max: u64_(r, "vsr")?,
+            }),
+        };
+        rows.push(ReplicaInfo {
+            topic,
+            partition,
+            partition_id,
+            shard,
+            role,
+            log_start_offset,
+            frontier,
+            commit,
+            size_bytes,
+            sealed_segments,
+            purge_generation,
+            fault,
+            vsr,
+        });
+    }
+    Ok(ReplicaList { rows, omitted })
+}
+
+/// A 0/1 byte; anything else is refused.
+fn flag(r: &mut Reader<'_>, what: &'static str) -> Result<bool, WireError> {
+    match u8_(r, what)? {
+        0 => Ok(false),
+        1 => Ok(true),
+        v => Err(WireError::BadValue {
+            what,
+            value: u64::from(v),
+        }),
+    }
 }
 
 fn check_count(

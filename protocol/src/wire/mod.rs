@@ -40,9 +40,15 @@
 //!               resp: u32 partition, u64 next_offset, u64 log_start_offset,
 //!                     u64 high_watermark, bytes32 batches
 //! Purge         req: str16 topic, u32 partition         resp: (empty)
+//! Replicas      req: (empty)                            resp: u32 n (<= REPLICA_ROWS_MAX),
+//!                                                             u32 omitted, n x ReplicaInfo
 //! TopicSummary  str16 topic, u32 partitions
 //! PartitionInfo u32 partition, u32 partition_id, u16 shard, u64 log_start_offset,
 //!               u64 high_watermark, u64 size_bytes, u8 fenced
+//! ReplicaInfo   str16 topic, u32 partition, u32 partition_id, u16 shard, str16 role,
+//!               u64 log_start_offset, u64 frontier, u64 commit, u64 size_bytes,
+//!               u64 purge_generation, u32 sealed_segments, u8 has_fault [str16 fault], u8 replicated
+//!               [u32 view, u64 op, u64 commit_op, u64 commit_max]
 //! ```
 //!
 //! A produce is answered only after the batch is durable (its fdatasync
@@ -59,8 +65,9 @@ pub use error::{ErrorCode, WireError};
 pub use frame::{decode_frame_header, encode_frame, FrameHeader, FRAME_HEADER_LEN};
 pub use message::{
     split_request, Body, FetchReply, HelloReply, Opcode, PartitionInfo, ProduceHead, ProduceReply,
-    ProduceTarget, Reply, Request, RequestSplit, TopicDescription, TopicSummary,
-    FETCH_REPLY_HEAD_LEN, PRODUCE_HEAD_BYTES_MAX, RESPONSE_BIT,
+    ProduceTarget, ReplicaInfo, ReplicaList, ReplicaVsr, Reply, Request, RequestSplit,
+    TopicDescription, TopicSummary, FAULT_BYTES_MAX, FETCH_REPLY_HEAD_LEN, PRODUCE_HEAD_BYTES_MAX,
+    REPLICA_ROWS_MAX, REPLICA_ROW_BYTES_MAX, RESPONSE_BIT, ROLE_BYTES_MAX,
 };
 
 /// "RLWP" as little-endian bytes: identifies a ringlog client.

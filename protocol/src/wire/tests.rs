@@ -40,7 +40,26 @@ fn requests() -> Vec<Request> {
             topic: "t".into(),
             partition: 0,
         },
+        Request::Replicas,
     ]
+}
+
+fn replica(vsr: Option<ReplicaVsr>, fault: Option<&str>) -> ReplicaInfo {
+    ReplicaInfo {
+        topic: "t".into(),
+        partition: 2,
+        partition_id: 9,
+        shard: 1,
+        role: "backup".into(),
+        log_start_offset: 3,
+        frontier: 40,
+        commit: 38,
+        size_bytes: 1 << 20,
+        sealed_segments: 2,
+        purge_generation: 1,
+        fault: fault.map(str::to_string),
+        vsr,
+    }
 }
 
 fn replies() -> Vec<Reply> {
@@ -98,6 +117,25 @@ fn replies() -> Vec<Reply> {
                 log_start_offset: 0,
                 high_watermark: 20,
                 batches: vec![7; 33],
+            }),
+        ),
+        Reply::ok(
+            Opcode::Replicas,
+            9,
+            Body::Replicas(ReplicaList {
+                rows: vec![
+                    replica(None, Some("fsync failed")),
+                    replica(
+                        Some(ReplicaVsr {
+                            view: 4,
+                            op: 12,
+                            commit_op: 11,
+                            commit_max: 12,
+                        }),
+                        None,
+                    ),
+                ],
+                omitted: 3,
             }),
         ),
         Reply::error(99, 7, ErrorCode::UnknownCommand, "unknown opcode 99"),
@@ -385,4 +423,97 @@ fn a_fetch_head_then_its_batches_is_the_encoded_reply() {
         let decoded = Reply::decode(open(&got).unwrap()).unwrap();
         assert_eq!(decoded.result, Ok(Body::Fetched(f)));
     }
+}
+
+/// The body of an Ok Replicas reply declaring `n` rows, then `rest`.
+fn replicas_body(n: u32, rest: &[u8]) -> Vec<u8> {
+    let mut body = Vec::new();
+    body.extend_from_slice(&(Opcode::Replicas as u16 | RESPONSE_BIT).to_le_bytes());
+    body.extend_from_slice(&0u16.to_le_bytes());
+    body.extend_from_slice(&1u32.to_le_bytes());
+    body.extend_from_slice(&n.to_le_bytes());
+    body.extend_from_slice(&0u32.to_le_bytes());
+    body.extend_from_slice(rest);
+    body
+}
+
+#[test]
+fn a_replicas_reply_count_is_bounded_before_anything_is_allocated() {
+    // More rows than the cap, and more than the bytes could hold: both
+    // refused from the count alone.
+    let over = Reply::decode(&replicas_body(REPLICA_ROWS_MAX + 1, &[]));
+    assert!(
+        matches!(
+            over,
+            Err(WireError::TooLong {
+                what: "replicas",
+                ..
+            })
+        ),
+        "{over:?}"
+    );
+    let short = Reply::decode(&replicas_body(1000, &[0; 64]));
+    assert!(
+        matches!(short, Err(WireError::Truncated { what: "replicas" })),
+        "{short:?}"
+    );
+    // A server refuses to encode more than the cap.
+    let rows = vec![replica(None, None); REPLICA_ROWS_MAX as usize + 1];
+    let mut out = Vec::new();
+    let e = Reply::ok(
+        Opcode::Replicas,
+        1,
+        Body::Replicas(ReplicaList { rows, omitted: 0 }),
+    )
+    .encode(&mut out)
+    .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            WireError::TooLong {
+                what: "replicas",
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn a_replica_row_with_a_flag_other_than_0_or_1_is_refused_and_a_long_fault_is_cut() {
+    let reply = Reply::ok(
+        Opcode::Replicas,
+        1,
+        Body::Replicas(ReplicaList {
+            rows: vec![replica(None, Some(&"é".repeat(FAULT_BYTES_MAX)))],
+            omitted: 0,
+        }),
+    );
+    let mut frame = Vec::new();
+    reply.encode(&mut frame).unwrap();
+    let body = &frame[FRAME_HEADER_LEN..];
+    let Ok(Reply {
+        result: Ok(Body::Replicas(list)),
+        ..
+    }) = Reply::decode(body)
+    else {
+        panic!("a long fault must encode, cut");
+    };
+    let fault = list.rows[0].fault.as_deref().unwrap();
+    assert!(fault.len() <= FAULT_BYTES_MAX && fault.len() > FAULT_BYTES_MAX - 2);
+    assert!(body.len() - 16 <= REPLICA_ROW_BYTES_MAX);
+    // The last byte is the row's "replicated" flag.
+    let mut bad = body.to_vec();
+    *bad.last_mut().unwrap() = 2;
+    let e = Reply::decode(&bad).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            WireError::BadValue {
+                what: "vsr",
+                value: 2
+            }
+        ),
+        "{e:?}"
+    );
 }

@@ -30,6 +30,9 @@ enum Command {
     Partitions {
         #[serde(default)]
         topic: Option<String>,
+        /// Every node's replicas, not only this node's.
+        #[serde(default)]
+        cluster: bool,
     },
     CreateTopic {
         topic: String,
@@ -499,9 +502,12 @@ fn run(ctx: &ControlContext, cmd: Command) -> Result<Value, String> {
             Ok(json!(topics))
         }
         Command::Cluster => Ok(cluster_nodes(ctx)),
-        Command::Partitions { topic } => {
-            let all = all_partitions(ctx, shards, topic)?;
-            serde_json::to_value(all).map_err(|e| e.to_string())
+        Command::Partitions { topic, cluster } => {
+            let all = all_partitions(ctx, shards, topic.clone())?;
+            match cluster {
+                true => super::replicas::cluster_partitions(ctx, all, topic.as_deref()),
+                false => serde_json::to_value(all).map_err(|e| e.to_string()),
+            }
         }
         Command::Transfers => {
             let now_ms = std::time::SystemTime::now()

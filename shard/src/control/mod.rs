@@ -3,7 +3,8 @@
 //! Each request is one line holding a JSON object with a `cmd` field; each
 //! reply is one line: `{"ok":true,"result":...}` or
 //! `{"ok":false,"error":"..."}`. Commands: `status`, `topics`,
-//! `partitions` (optional `topic`), `create_topic` (`topic`, `partitions`),
+//! `partitions` (optional `topic`; `cluster: true` adds every peer's
+//! replicas, see [`replicas`]), `create_topic` (`topic`, `partitions`),
 //! `delete_topic` (`topic`), `purge` (`topic`, optional `partition`),
 //! `consumers` (optional `group`: committed offset, start, end and lag per
 //! group and partition, see [`consumers`]), `metrics` (Prometheus text in
@@ -21,6 +22,7 @@ pub mod client;
 mod commands;
 pub mod consumers;
 pub mod metrics_http;
+mod replicas;
 mod server;
 
 use std::net::SocketAddr;

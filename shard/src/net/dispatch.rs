@@ -2,13 +2,14 @@
 //! partition through the catalog and calls the owning shard.
 
 use ringlog_protocol::wire::{
-    partition_for_key, Body, ErrorCode, Opcode, PartitionInfo, ProduceReply, ProduceTarget, Reply,
-    Request, TopicDescription, TopicSummary,
+    partition_for_key, Body, ErrorCode, Opcode, PartitionInfo, ProduceReply, ProduceTarget,
+    ReplicaInfo, ReplicaList, ReplicaVsr, Reply, Request, TopicDescription, TopicSummary,
+    REPLICA_ROWS_MAX, REPLICA_ROW_BYTES_MAX,
 };
 
 use crate::catalog::{TopicMeta, TopicState};
 use crate::handle::ShardHandle;
-use crate::ops::{ClientBatch, MetaOp, Op, OpError, OpReply};
+use crate::ops::{ClientBatch, MetaOp, Op, OpError, OpReply, PartitionStatus};
 use crate::placement::shard_for;
 
 /// Space a fetch reply needs beside its batches.
@@ -224,5 +225,62 @@ async fn run(shard: &impl ShardHandle, req: Request) -> Result<Body, OpError> {
                 r => Err(unexpected(r)),
             }
         }
+        Request::Replicas => replicas(shard).await.map(Body::Replicas),
+    }
+}
+
+/// Every partition of every shard, by topic and index, as many as fit
+/// the reply's frame (and [`REPLICA_ROWS_MAX`]); the rest are counted.
+async fn replicas(shard: &impl ShardHandle) -> Result<ReplicaList, OpError> {
+    let mut all = Vec::new();
+    for owner in 0..shard.shard_count() {
+        match shard
+            .call(
+                owner,
+                Op::Describe {
+                    partition_ids: None,
+                },
+            )
+            .await?
+        {
+            OpReply::Partitions(list) => all.extend(list),
+            r => return Err(unexpected(r)),
+        }
+    }
+    all.sort_by(|a, b| (&a.topic, a.partition).cmp(&(&b.topic, b.partition)));
+    let fit = (shard.config().frame_bytes_max as usize).saturating_sub(64) / REPLICA_ROW_BYTES_MAX;
+    let rows_max = fit.min(REPLICA_ROWS_MAX as usize);
+    let omitted = u32::try_from(all.len().saturating_sub(rows_max)).unwrap_or(u32::MAX);
+    all.truncate(rows_max);
+    Ok(ReplicaList {
+        rows: all.into_iter().map(replica_info).collect(),
+        omitted,
+    })
+}
+
+fn replica_info(p: PartitionStatus) -> ReplicaInfo {
+    let vsr = match (p.view, p.op, p.commit_op, p.lag_ops) {
+        (Some(view), Some(op), Some(commit_op), Some(lag_ops)) => Some(ReplicaVsr {
+            view,
+            op,
+            commit_op,
+            commit_max: commit_op.saturating_add(lag_ops),
+        }),
+        _ => None,
+    };
+    ReplicaInfo {
+        topic: p.topic,
+        partition: p.partition,
+        partition_id: p.partition_id,
+        shard: u16::try_from(p.shard).unwrap_or(u16::MAX),
+        role: p.role.to_string(),
+        log_start_offset: p.log_start_offset,
+        frontier: p.frontier,
+        commit: p.commit,
+        size_bytes: p.size_bytes,
+        sealed_segments: u32::try_from(p.sealed_segments).unwrap_or(u32::MAX),
+        purge_generation: p.purge_generation,
+        fault: p.fault,
+        vsr,
     }
 }
