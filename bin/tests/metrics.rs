@@ -507,7 +507,7 @@ fn produce_buffers_are_lent_up_to_their_bound_and_every_batch_arrives() {
             std::thread::spawn(move || {
                 for _ in 0..rounds {
                     for i in 0..16u32 {
-                        c.send_produce("lend", i % 2, batch.clone()).unwrap();
+                        c.send_produce("lend", i % 2, &batch).unwrap();
                     }
                     for _ in 0..16 {
                         c.recv_produced().unwrap();

@@ -166,6 +166,22 @@ pub struct Client {
     rx: Vec<u8>,
 }
 
+/// Writes `head` then `body` whole, with as few writes as the socket
+/// takes them in.
+fn write_all_of(stream: &mut TcpStream, head: &[u8], body: &[u8]) -> std::io::Result<()> {
+    let mut slices = [std::io::IoSlice::new(head), std::io::IoSlice::new(body)];
+    let mut left: &mut [std::io::IoSlice<'_>] = &mut slices;
+    while !left.is_empty() {
+        match stream.write_vectored(left) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => std::io::IoSlice::advance_slices(&mut left, n),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
 /// The largest reply body buffer a client keeps for the next reply.
 pub const RX_KEPT_BYTES_MAX: usize = 16 << 20;
 
@@ -252,15 +268,21 @@ impl Client {
     /// reading stalls once the socket buffers are full (with large fetch
     /// replies, until the server's write stall timeout closes it).
     pub fn send(&mut self, req: &Request) -> Result<u32, ClientError> {
-        let correlation = self.next_correlation;
-        // Correlation 0 is the server's: errors about the connection itself
-        // (refused over the connection cap, bad frame, shutting down).
-        self.next_correlation = self.next_correlation.checked_add(1).unwrap_or(1);
+        let correlation = self.take_correlation();
         let mut frame = Vec::new();
         req.encode(correlation, &mut frame)?;
         self.stream.write_all(&frame)?;
         self.pending.push_back(correlation);
         Ok(correlation)
+    }
+
+    fn take_correlation(&mut self) -> u32 {
+        let correlation = self.next_correlation;
+        // Correlation 0 is the server's: errors about the connection itself
+        // (refused over the connection cap, bad frame, shutting down).
+        self.next_correlation = self.next_correlation.checked_add(1).unwrap_or(1);
+        debug_assert_ne!(correlation, 0);
+        correlation
     }
 
     /// Requests sent with [`Client::send`] whose reply was not taken yet.
@@ -371,20 +393,20 @@ impl Client {
         target: ProduceTarget,
         batch: Vec<u8>,
     ) -> Result<ProduceReply, ClientError> {
-        let req = self.produce_request(topic, target, batch)?;
-        produced(self.call(&req)?)
+        self.send_produce_to(topic, &target, &batch)?;
+        self.recv_produced()
     }
 
     /// Sends a produce to a partition without waiting for its ack (see
-    /// [`Client::send`]); [`Client::recv_produced`] takes the ack.
+    /// [`Client::send`]); [`Client::recv_produced`] takes the ack. The
+    /// batch is written from `batch` itself: nothing of it is copied.
     pub fn send_produce(
         &mut self,
         topic: &str,
         partition: u32,
-        batch: Vec<u8>,
+        batch: &[u8],
     ) -> Result<u32, ClientError> {
-        let req = self.produce_request(topic, ProduceTarget::Partition(partition), batch)?;
-        self.send(&req)
+        self.send_produce_to(topic, &ProduceTarget::Partition(partition), batch)
     }
 
     /// The ack of the oldest request in flight, which must be a produce.
@@ -392,12 +414,14 @@ impl Client {
         produced(self.recv()?)
     }
 
-    fn produce_request(
-        &self,
+    /// A Produce's frame head, then the batch where it lies, in one
+    /// vectored write.
+    fn send_produce_to(
+        &mut self,
         topic: &str,
-        target: ProduceTarget,
-        batch: Vec<u8>,
-    ) -> Result<Request, ClientError> {
+        target: &ProduceTarget,
+        batch: &[u8],
+    ) -> Result<u32, ClientError> {
         // 0: a server that announced no limit; it still checks its own.
         let max = self.hello.batch_bytes_max;
         if max > 0 && batch.len() > max as usize {
@@ -406,11 +430,11 @@ impl Client {
                 max,
             });
         }
-        Ok(Request::Produce {
-            topic: topic.into(),
-            target,
-            batch,
-        })
+        let correlation = self.take_correlation();
+        let head = Request::encode_produce_head(correlation, topic, target, batch.len())?;
+        write_all_of(&mut self.stream, &head, batch)?;
+        self.pending.push_back(correlation);
+        Ok(correlation)
     }
 
     /// Durable batches from `offset`; with `wait_ms`, waits that long for

@@ -301,10 +301,9 @@ fn send(
     partition: u32,
     batch: &[u8],
 ) -> Result<(), ClientJobError> {
-    // The client takes the batch by value; the copy is part of building
-    // the request, as it would be for any caller.
+    // The client writes the batch from where it lies (no copy per send).
     client
-        .send_produce(&cfg.topic, partition, batch.to_vec())
+        .send_produce(&cfg.topic, partition, batch)
         .map(drop)
         .map_err(client_err(
             conn,

@@ -70,18 +70,10 @@ pub fn decode_frame_header(
 
 /// Prepends the frame header to `body` (`out` receives header then body).
 pub fn encode_frame(body: &[u8], out: &mut Vec<u8>) {
-    encode_frame_covering(body, body.len(), out);
-}
-
-/// [`encode_frame`] whose checksum covers only `body[..covered_len]` (a
-/// Produce request's head).
-pub(crate) fn encode_frame_covering(body: &[u8], covered_len: usize, out: &mut Vec<u8>) {
-    debug_assert!(covered_len <= body.len());
     // Bodies are built by this crate's encoders, which stay under the cap.
     let len = u32::try_from(body.len()).unwrap_or(u32::MAX);
-    let covered = body.get(..covered_len).unwrap_or(body);
     out.reserve(FRAME_HEADER_LEN + body.len());
     out.extend_from_slice(&len.to_le_bytes());
-    out.extend_from_slice(&checksum(covered).to_le_bytes());
+    out.extend_from_slice(&checksum(body).to_le_bytes());
     out.extend_from_slice(body);
 }

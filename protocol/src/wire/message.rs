@@ -1,6 +1,6 @@
 //! Requests and replies: typed messages and their (strict) codecs.
 
-use super::frame::{encode_frame, encode_frame_covering, FRAME_HEADER_LEN};
+use super::frame::{encode_frame, FRAME_HEADER_LEN};
 use super::{ErrorCode, WireError, KEY_BYTES_MAX, TOPIC_NAME_BYTES_MAX, WIRE_MAGIC};
 use crate::reader::{usize_from, Reader};
 
@@ -319,6 +319,38 @@ impl Request {
         }
     }
 
+    /// The frame of a Produce request up to its batch: `head` followed by
+    /// the `batch_len` bytes of the batch is byte for byte what
+    /// [`Request::encode`] writes for it (the checksum covers the head
+    /// only), so a client sends a batch from where it lies, uncopied.
+    pub fn encode_produce_head(
+        correlation: u32,
+        topic: &str,
+        target: &ProduceTarget,
+        batch_len: usize,
+    ) -> Result<Vec<u8>, WireError> {
+        let mut w = Writer::message(Opcode::Produce as u16, 0, correlation);
+        w.str16("topic", topic, TOPIC_NAME_BYTES_MAX)?;
+        match target {
+            ProduceTarget::Partition(p) => {
+                w.u8(0);
+                w.u32(*p);
+            }
+            ProduceTarget::Key(key) => {
+                w.u8(1);
+                w.bytes16("key", key, KEY_BYTES_MAX)?;
+            }
+        }
+        w.u32(len_u32("batch", batch_len)?);
+        debug_assert!(w.buf.len() <= PRODUCE_HEAD_BYTES_MAX);
+        let body_len = len_u32("produce request", w.buf.len() + batch_len)?;
+        let mut head = Vec::with_capacity(FRAME_HEADER_LEN + w.buf.len());
+        head.extend_from_slice(&body_len.to_le_bytes());
+        head.extend_from_slice(&crate::checksum::checksum(&w.buf).to_le_bytes());
+        head.extend_from_slice(&w.buf);
+        Ok(head)
+    }
+
     /// Appends the whole frame (header and body) to `out`.
     pub fn encode(&self, correlation: u32, out: &mut Vec<u8>) -> Result<(), WireError> {
         let mut w = Writer::message(self.opcode() as u16, 0, correlation);
@@ -346,18 +378,11 @@ impl Request {
                 target,
                 batch,
             } => {
-                w.str16("topic", topic, TOPIC_NAME_BYTES_MAX)?;
-                match target {
-                    ProduceTarget::Partition(p) => {
-                        w.u8(0);
-                        w.u32(*p);
-                    }
-                    ProduceTarget::Key(key) => {
-                        w.u8(1);
-                        w.bytes16("key", key, KEY_BYTES_MAX)?;
-                    }
-                }
-                w.bytes32("batch", batch)?;
+                let head = Request::encode_produce_head(correlation, topic, target, batch.len())?;
+                out.reserve(head.len() + batch.len());
+                out.extend_from_slice(&head);
+                out.extend_from_slice(batch);
+                return Ok(());
             }
             Request::Fetch {
                 topic,
@@ -377,12 +402,7 @@ impl Request {
                 w.u32(*partition);
             }
         }
-        // A Produce's checksum covers its head (see `split_request`).
-        let covered = match self {
-            Request::Produce { batch, .. } => w.buf.len() - batch.len(),
-            _ => w.buf.len(),
-        };
-        encode_frame_covering(&w.buf, covered, out);
+        encode_frame(&w.buf, out);
         Ok(())
     }
 
