@@ -17,8 +17,7 @@ use ringlog_protocol::manifest::{Manifest, ManifestLimits};
 use ringlog_storage::io::sim::{Fault, FaultOp, SimBackend};
 use ringlog_storage::io::{BatchId, BufPool, Completion, FileId, IoBackend, Op, OpenMode, Sqe};
 use ringlog_storage::store::{
-    BeginStep, ChunkCheck, FinishStep, Install, InstallBudget, PartitionStore, StoreError,
-    TransferError,
+    ChunkCheck, Install, InstallBudget, PartitionStore, Step, StoreError, TransferError,
 };
 
 const PID: u32 = 5;
@@ -501,24 +500,39 @@ fn commit_nowait(
     store: &mut PartitionStore,
     io: &mut SimBackend,
     install: Install,
-    mut before: impl FnMut(&[Sqe], &mut SimBackend),
+    before: impl FnMut(&[Sqe], &mut SimBackend),
 ) -> (Result<(), StoreError>, u64, usize) {
     let mut io = NoWait::new(io);
-    let (mut finishing, mut step) = store.start_commit(&mut io, install);
+    let (mut finishing, step) = store.start_commit(&mut io, install);
+    let (result, steps) = steps_nowait(&mut io, step, before, |io, completions| {
+        store.resume_finish(io, &mut finishing, completions)
+    });
+    (result, io.waits, steps)
+}
+
+/// Runs a step machine as the shard does: each step queued with
+/// `submit_nowait`, its completions reaped and fed back through `resume`;
+/// `before(sqes, io)` sees each step's submission first. Returns the result
+/// and the steps.
+fn steps_nowait<'a, T>(
+    io: &mut NoWait<'a>,
+    mut step: Step<T>,
+    mut before: impl FnMut(&[Sqe], &mut SimBackend),
+    mut resume: impl FnMut(&mut NoWait<'a>, Vec<Completion>) -> Step<T>,
+) -> (Result<T, StoreError>, usize) {
     let mut steps = 0;
-    let result = loop {
+    loop {
         match step {
-            FinishStep::Submit(sqes) => {
+            Step::Submit(sqes) => {
                 steps += 1;
                 before(&sqes, io.io);
                 let batch = io.submit_nowait(sqes);
                 let completions = reap_until(io.io, batch);
-                step = store.resume_finish(&mut io, &mut finishing, completions);
+                step = resume(io, completions);
             }
-            FinishStep::Done(result) => break result,
+            Step::Done(result) => return (result, steps),
         }
-    };
-    (result, io.waits, steps)
+    }
 }
 
 /// Guards against: an install's commit (its index and table writes, the
@@ -664,7 +678,7 @@ fn begin_nowait(
     store: &mut PartitionStore,
     io: &mut SimBackend,
     manifest: Manifest,
-    mut before: impl FnMut(&[Sqe], &mut SimBackend),
+    before: impl FnMut(&[Sqe], &mut SimBackend),
 ) -> (Result<Install, StoreError>, u64, usize) {
     let mut io = NoWait::new(io);
     let budget = InstallBudget::new(4 << 20);
@@ -672,20 +686,10 @@ fn begin_nowait(
         Ok(started) => started,
         Err(e) => return (Err(e), io.waits, 0),
     };
-    let mut step = BeginStep::Submit(sqes);
-    let mut steps = 0;
-    loop {
-        match step {
-            BeginStep::Submit(sqes) => {
-                steps += 1;
-                before(&sqes, io.io);
-                let batch = io.submit_nowait(sqes);
-                let completions = reap_until(io.io, batch);
-                step = store.resume_begin(&mut io, &mut beginning, completions);
-            }
-            BeginStep::Done(result) => return (result.map(|i| *i), io.waits, steps),
-        }
-    }
+    let (result, steps) = steps_nowait(&mut io, Step::Submit(sqes), before, |io, completions| {
+        store.resume_begin(io, &mut beginning, completions)
+    });
+    (result.map(|i| *i), io.waits, steps)
 }
 
 /// The source's snapshot as an offer, and every chunk of it.

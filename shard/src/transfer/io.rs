@@ -25,8 +25,8 @@ use std::sync::Arc;
 use ringlog_protocol::manifest::Manifest;
 use ringlog_storage::io::{BatchId, BufPool, Completion, IoBackend};
 use ringlog_storage::store::{
-    BeginStep, Beginning, ChunkCheck, ChunkReads, FinishStep, Finishing, Install, InstallBudget,
-    PartitionStore, StoreError, TransferError,
+    Beginning, ChunkCheck, ChunkReads, Finishing, Install, InstallBudget, PartitionStore, Step,
+    StoreError, TransferError,
 };
 
 use super::types::{ChunkData, Fault, FaultKind, IoId, IoOutcome, TransferOp};
@@ -197,6 +197,47 @@ enum InFlight {
     },
 }
 
+/// A step machine of an install the pipeline drives: how it waits in
+/// flight, and what its result does once it lands.
+trait Stepping {
+    type Output;
+    fn in_flight(self: Box<Self>, id: IoId) -> InFlight;
+    fn landed(installs: &mut Installs, pid: u32, out: Self::Output) -> IoOutcome;
+}
+
+impl Stepping for Beginning {
+    type Output = Box<Install>;
+
+    fn in_flight(self: Box<Self>, id: IoId) -> InFlight {
+        InFlight::Begin {
+            id,
+            beginning: self,
+        }
+    }
+
+    /// The begun install becomes the partition's active one.
+    fn landed(installs: &mut Installs, pid: u32, install: Box<Install>) -> IoOutcome {
+        let replaced = installs.active.insert(pid, *install);
+        debug_assert!(replaced.is_none(), "one install per partition");
+        IoOutcome::Done
+    }
+}
+
+impl Stepping for Finishing {
+    type Output = ();
+
+    fn in_flight(self: Box<Self>, id: IoId) -> InFlight {
+        InFlight::Finish {
+            id,
+            finishing: self,
+        }
+    }
+
+    fn landed(_: &mut Installs, _: u32, (): ()) -> IoOutcome {
+        IoOutcome::Done
+    }
+}
+
 /// One partition's transfer I/O on the shard's ring: chunk reads
 /// (serving) and staged writes (receiving) are queued without waiting and
 /// answered when their batch is reaped ([`Pipeline::complete`]). An
@@ -358,7 +399,7 @@ impl Pipeline {
         let (finishing, step) = started;
         let new = installs.stepping.insert(pid);
         assert!(new, "one install per partition");
-        self.finish_step(io, installs, (pid, id), Box::new(finishing), step, done);
+        self.step(io, installs, (pid, id), Box::new(finishing), step, done);
     }
 
     /// Checks room for the install and the offer, then submits its
@@ -379,65 +420,36 @@ impl Pipeline {
             Ok((beginning, sqes)) => {
                 let new = installs.stepping.insert(pid);
                 assert!(new, "one install per partition");
-                let step = BeginStep::Submit(sqes);
-                self.begin_step(io, installs, (pid, id), Box::new(beginning), step, done);
+                let step = Step::Submit(sqes);
+                self.step(io, installs, (pid, id), Box::new(beginning), step, done);
             }
             Err(e) => done.push((id, Err(fault(e)))),
         }
     }
 
-    /// Submits the next step of an install's begin, or answers its result.
-    fn begin_step(
+    /// Submits the next step of an install's begin, commit or abort
+    /// (`machine` is held in flight meanwhile), or answers its result.
+    fn step<M: Stepping>(
         &mut self,
         io: &mut impl IoBackend,
         installs: &mut Installs,
         (pid, id): (u32, IoId),
-        beginning: Box<Beginning>,
-        step: BeginStep,
+        machine: Box<M>,
+        step: Step<M::Output>,
         done: &mut Vec<(IoId, Result<IoOutcome, Fault>)>,
     ) {
         match step {
-            BeginStep::Submit(sqes) => {
+            Step::Submit(sqes) => {
                 debug_assert!(!sqes.is_empty(), "a step submits something");
                 let batch = io.submit_nowait(sqes);
-                let what = InFlight::Begin { id, beginning };
+                let what = machine.in_flight(id);
                 self.queue(installs, pid, Some(batch), what, done);
             }
-            BeginStep::Done(result) => {
+            Step::Done(result) => {
                 let stepped = installs.stepping.remove(&pid);
-                debug_assert!(stepped, "a begin was started");
-                let result = result.map(|install| {
-                    let replaced = installs.active.insert(pid, *install);
-                    debug_assert!(replaced.is_none(), "one install per partition");
-                    IoOutcome::Done
-                });
+                debug_assert!(stepped, "a begin, commit or abort was started");
+                let result = result.map(|out| M::landed(installs, pid, out));
                 done.push((id, result.map_err(fault)));
-            }
-        }
-    }
-
-    /// Submits the next step of an install's end, or answers its result.
-    fn finish_step(
-        &mut self,
-        io: &mut impl IoBackend,
-        installs: &mut Installs,
-        (pid, id): (u32, IoId),
-        finishing: Box<Finishing>,
-        step: FinishStep,
-        done: &mut Vec<(IoId, Result<IoOutcome, Fault>)>,
-    ) {
-        match step {
-            FinishStep::Submit(sqes) => {
-                debug_assert!(!sqes.is_empty(), "a step submits something");
-                let batch = io.submit_nowait(sqes);
-                let what = InFlight::Finish { id, finishing };
-                self.queue(installs, pid, Some(batch), what, done);
-            }
-            FinishStep::Done(result) => {
-                let ended = installs.stepping.remove(&pid);
-                debug_assert!(ended, "an install's end was started");
-                let result = result.map(|()| IoOutcome::Done).map_err(fault);
-                done.push((id, result));
             }
         }
     }
@@ -515,12 +527,12 @@ impl Pipeline {
             InFlight::Begin { id, mut beginning } => {
                 let step = store.resume_begin(io, &mut beginning, completions);
                 let pid = store.partition_id();
-                self.begin_step(io, installs, (pid, id), beginning, step, done);
+                self.step(io, installs, (pid, id), beginning, step, done);
             }
             InFlight::Finish { id, mut finishing } => {
                 let step = store.resume_finish(io, &mut finishing, completions);
                 let pid = store.partition_id();
-                self.finish_step(io, installs, (pid, id), finishing, step, done);
+                self.step(io, installs, (pid, id), finishing, step, done);
             }
         }
         if self.in_flight.is_empty() {

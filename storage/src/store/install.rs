@@ -39,6 +39,36 @@ mod finish;
 pub use begin::{BeginStep, Beginning};
 pub use finish::{FinishStep, Finishing};
 
+/// What the caller of a step machine (an install's begin, commit or
+/// abort) does next.
+#[derive(Debug)]
+pub enum Step<T> {
+    /// Submit these (one batch) and feed their completions back.
+    Submit(Vec<Sqe>),
+    /// The machine is done: its result.
+    Done(Result<T, StoreError>),
+}
+
+/// Runs a step machine to its end, submitting each step and waiting for
+/// it (`resume` feeds the completions back): for tools and tests; the
+/// shard drives the steps on its ring without waiting.
+fn run_steps<I: IoBackend, T>(
+    io: &mut I,
+    mut step: Step<T>,
+    mut resume: impl FnMut(&mut I, Vec<Completion>) -> Step<T>,
+) -> Result<T, StoreError> {
+    loop {
+        match step {
+            Step::Submit(sqes) => {
+                debug_assert!(!sqes.is_empty(), "a step submits something");
+                let completions = io.submit(sqes);
+                step = resume(io, completions);
+            }
+            Step::Done(result) => return result,
+        }
+    }
+}
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -658,16 +688,10 @@ impl PartitionStore {
         budget: &InstallBudget,
     ) -> Result<Install, StoreError> {
         let (mut b, sqes) = self.start_begin(io, manifest, budget)?;
-        let mut step = BeginStep::Submit(sqes);
-        loop {
-            match step {
-                BeginStep::Submit(sqes) => {
-                    let completions = io.submit(sqes);
-                    step = self.resume_begin(io, &mut b, completions);
-                }
-                BeginStep::Done(result) => return result.map(|install| *install),
-            }
-        }
+        run_steps(io, Step::Submit(sqes), |io, completions| {
+            self.resume_begin(io, &mut b, completions)
+        })
+        .map(|install| *install)
     }
 
     /// Refuses a second install while one is alive; one dropped without a
@@ -699,7 +723,9 @@ impl PartitionStore {
         install: Install,
     ) -> Result<(), StoreError> {
         let (mut finishing, step) = self.start_abort(io, install);
-        self.finish_blocking(io, &mut finishing, step)
+        run_steps(io, step, |io, completions| {
+            self.resume_finish(io, &mut finishing, completions)
+        })
     }
 
     /// Verifies the staged snapshot and makes it this partition's state:
@@ -712,24 +738,9 @@ impl PartitionStore {
         install: Install,
     ) -> Result<(), StoreError> {
         let (mut finishing, step) = self.start_commit(io, install);
-        self.finish_blocking(io, &mut finishing, step)
-    }
-
-    fn finish_blocking(
-        &mut self,
-        io: &mut impl IoBackend,
-        finishing: &mut Finishing,
-        mut step: FinishStep,
-    ) -> Result<(), StoreError> {
-        loop {
-            match step {
-                FinishStep::Submit(sqes) => {
-                    let completions = io.submit(sqes);
-                    step = self.resume_finish(io, finishing, completions);
-                }
-                FinishStep::Done(result) => return result,
-            }
-        }
+        run_steps(io, step, |io, completions| {
+            self.resume_finish(io, &mut finishing, completions)
+        })
     }
 
     /// The superblock that makes the installed snapshot this partition's

@@ -73,7 +73,7 @@ pub use config::StoreConfig;
 pub use error::{AppendRefused, CutError, StoreError, TransferError};
 pub use group::flush_all;
 pub use install::{
-    BeginStep, Beginning, ChunkCheck, FinishStep, Finishing, Install, InstallBudget,
+    BeginStep, Beginning, ChunkCheck, FinishStep, Finishing, Install, InstallBudget, Step,
 };
 pub use pool::{PoolConfig, StorePool, PRIVATE_READ_CACHE_BYTES_MAX};
 pub use read::Fetched;

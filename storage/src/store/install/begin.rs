@@ -15,17 +15,13 @@ use ringlog_protocol::manifest::Manifest;
 
 use super::super::retention::removal_batches;
 use super::super::{PartitionStore, StoreError, STAGING_DIR};
-use super::{Install, InstallBudget, InstallSlot, Reservation};
+use super::{Install, InstallBudget, InstallSlot, Reservation, Step};
 use crate::io::{align_up, Completion, FileId, IoBackend, Op, OpenMode, Sqe};
 use crate::segment;
 
-/// What the caller does next for a [`Beginning`].
-pub enum BeginStep {
-    /// Submit these (one batch) and feed their completions back.
-    Submit(Vec<Sqe>),
-    /// The begin is over: the install, or why there is none.
-    Done(Result<Box<Install>, StoreError>),
-}
+/// What the caller does next for a [`Beginning`]: at `Done`, the
+/// install, or why there is none.
+pub type BeginStep = Step<Box<Install>>;
 
 /// A begin in progress (see the module docs).
 pub struct Beginning {

@@ -26,19 +26,14 @@ use super::super::{
     check_completions, is_enospc, new_nonce, segment, small_file_sqes, table, ChainPoint,
     PartitionStore, Provisioned, SealedFile, StoreError, SUPERBLOCK_FILE,
 };
-use super::Install;
+use super::{Install, Step};
 use crate::io::{AlignedBuf, Completion, FileId, IoBackend, Op, OpenMode, Sqe, BLOCK_SIZE};
 use crate::segment::{segment_checksum, SealedIndex};
 use crate::superblock::{half_for, SealedSegment, Superblock, TableRef};
 
-/// What the caller does next for a [`Finishing`].
-#[derive(Debug)]
-pub enum FinishStep {
-    /// Submit these (one batch) and feed their completions back.
-    Submit(Vec<Sqe>),
-    /// The commit or abort is over.
-    Done(Result<(), StoreError>),
-}
+/// What the caller does next for a [`Finishing`]: at `Done`, the commit
+/// or abort is over.
+pub type FinishStep = Step<()>;
 
 /// A commit or abort in progress (see the module docs).
 pub struct Finishing {
