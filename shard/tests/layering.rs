@@ -129,6 +129,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
         "control",
         &[
             "catalog",
+            // `partitions` asks each peer over the client protocol.
+            "client",
             "config",
             "mailbox",
             "metrics",
