@@ -248,14 +248,25 @@ async fn replicas(shard: &impl ShardHandle) -> Result<ReplicaList, OpError> {
         }
     }
     all.sort_by(|a, b| (&a.topic, a.partition).cmp(&(&b.topic, b.partition)));
-    let fit = (shard.config().frame_bytes_max as usize).saturating_sub(64) / REPLICA_ROW_BYTES_MAX;
-    let rows_max = fit.min(REPLICA_ROWS_MAX as usize);
-    let omitted = u32::try_from(all.len().saturating_sub(rows_max)).unwrap_or(u32::MAX);
-    all.truncate(rows_max);
+    let omitted = keep_what_fits(&mut all, shard.config().frame_bytes_max);
     Ok(ReplicaList {
         rows: all.into_iter().map(replica_info).collect(),
         omitted,
     })
+}
+
+/// Cuts `rows` to what a Replicas reply holds within a frame of
+/// `frame_bytes_max` (each row at most [`REPLICA_ROW_BYTES_MAX`]) and
+/// [`REPLICA_ROWS_MAX`]; returns how many it cut.
+fn keep_what_fits<T>(rows: &mut Vec<T>, frame_bytes_max: u32) -> u32 {
+    let fit = (frame_bytes_max as usize).saturating_sub(64) / REPLICA_ROW_BYTES_MAX;
+    let rows_max = fit.min(REPLICA_ROWS_MAX as usize);
+    let omitted = u32::try_from(rows.len().saturating_sub(rows_max)).unwrap_or(u32::MAX);
+    rows.truncate(rows_max);
+    debug_assert!(
+        rows.len() * REPLICA_ROW_BYTES_MAX <= (frame_bytes_max as usize).saturating_sub(64)
+    );
+    omitted
 }
 
 fn replica_info(p: PartitionStatus) -> ReplicaInfo {
@@ -282,5 +293,35 @@ fn replica_info(p: PartitionStatus) -> ReplicaInfo {
         purge_generation: p.purge_generation,
         fault: p.fault,
         vsr,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_replicas_reply_keeps_what_its_frame_and_the_row_cap_hold_and_counts_the_rest() {
+        // A 1 MiB frame holds fewer rows than the cap.
+        let small = 1 << 20;
+        let fit = (small as usize - 64) / REPLICA_ROW_BYTES_MAX;
+        let mut rows: Vec<u32> = (0..5000).collect();
+        let omitted = keep_what_fits(&mut rows, small);
+        assert_eq!(rows.len(), fit);
+        assert_eq!(omitted as usize, 5000 - fit);
+        assert_eq!(
+            rows.last(),
+            Some(&(fit as u32 - 1)),
+            "the first rows are kept"
+        );
+        // The largest frame: the row cap binds.
+        let mut rows: Vec<u32> = (0..REPLICA_ROWS_MAX + 7).collect();
+        let omitted = keep_what_fits(&mut rows, ringlog_protocol::wire::FRAME_BYTES_MAX);
+        assert_eq!(rows.len(), REPLICA_ROWS_MAX as usize);
+        assert_eq!(omitted, 7);
+        // Under both bounds nothing is cut.
+        let mut rows = vec![1, 2, 3];
+        assert_eq!(keep_what_fits(&mut rows, small), 0);
+        assert_eq!(rows, vec![1, 2, 3]);
     }
 }
