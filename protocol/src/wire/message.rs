@@ -511,11 +511,8 @@ impl Reply {
         let mut w = Writer::message(self.opcode | RESPONSE_BIT, code as u16, self.correlation);
         match &self.result {
             Err((_, message)) => {
-                let mut cut = message.len().min(ERROR_MESSAGE_BYTES_MAX);
-                while !message.is_char_boundary(cut) {
-                    cut -= 1;
-                }
-                w.str16("error message", &message[..cut], ERROR_MESSAGE_BYTES_MAX)?;
+                let message = cut_at_char(message, ERROR_MESSAGE_BYTES_MAX);
+                w.str16("error message", message, ERROR_MESSAGE_BYTES_MAX)?;
             }
             Ok(Body::Empty) => {}
             Ok(Body::Hello(h)) => {
@@ -716,11 +713,7 @@ fn encode_replicas(w: &mut Writer, list: &ReplicaList) -> Result<(), WireError> 
             None => w.u8(0),
             Some(f) => {
                 w.u8(1);
-                let mut cut = f.len().min(FAULT_BYTES_MAX);
-                while !f.is_char_boundary(cut) {
-                    cut -= 1;
-                }
-                w.str16("fault", &f[..cut], FAULT_BYTES_MAX)?;
+                w.str16("fault", cut_at_char(f, FAULT_BYTES_MAX), FAULT_BYTES_MAX)?;
             }
         }
         match &p.vsr {
@@ -791,6 +784,16 @@ fn decode_replicas(r: &mut Reader<'_>) -> Result<ReplicaList, WireError> {
         });
     }
     Ok(ReplicaList { rows, omitted })
+}
+
+/// The longest prefix of `s` of at most `bytes_max` bytes that ends on a
+/// char boundary.
+fn cut_at_char(s: &str, bytes_max: usize) -> &str {
+    let mut cut = s.len().min(bytes_max);
+    while !s.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    &s[..cut]
 }
 
 /// A 0/1 byte; anything else is refused.
