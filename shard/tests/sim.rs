@@ -328,6 +328,7 @@ fn transfer_seeds_converge_under_retention() {
         ("installs", total.transfer_installs),
         ("install crashes", total.transfer_install_crashes),
         ("peer rotations", total.transfer_rotations),
+        ("serving peer deaths", total.serving_crashes),
         ("refusals", total.transfer_refusals),
         ("purges", total.purges),
         ("store purges", total.replica_purges),

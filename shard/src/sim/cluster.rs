@@ -462,6 +462,10 @@ impl Cluster {
     }
 
     fn power_off(&mut self, r: u8) -> Result<(), Violation> {
+        let node = &self.nodes[usize::from(r)];
+        if node.is_up() && node.store.as_ref().is_some_and(|s| s.snapshots_open() > 0) {
+            self.counts.serving_crashes += 1;
+        }
         self.client.in_flight.retain(|_, (to, _)| *to != r);
         self.purge_target_down(r);
         if let Some(h) = self.hostile.as_mut().filter(|h| h.replica == r) {

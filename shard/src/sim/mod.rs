@@ -136,6 +136,9 @@ pub struct Counts {
     /// Crashes during an install's storage ops.
     pub transfer_install_crashes: u64,
     pub transfer_rotations: u64,
+    /// Crashes of a replica while its store held a snapshot open for a
+    /// receiver (the serving peer dying mid-transfer).
+    pub serving_crashes: u64,
     /// Offers the receiver refused (stale, oversized, no progress).
     pub transfer_refusals: u64,
     pub transfer_attempts_failed: u64,
@@ -200,6 +203,7 @@ impl Counts {
                 o.transfer_install_crashes,
             ),
             (&mut self.transfer_rotations, o.transfer_rotations),
+            (&mut self.serving_crashes, o.serving_crashes),
             (&mut self.transfer_refusals, o.transfer_refusals),
             (
                 &mut self.transfer_attempts_failed,
@@ -246,7 +250,7 @@ impl fmt::Display for Counts {
              restarts {} wipes {} fenced {} fsync_failures {} write_failures {} \
              read_faults {} truncations {} uncommitted_tail_full {} messages {} lost {} dup {} \
              partitions {} (asymmetric {}) clogs {} ops_read_back {} retired_segments {} \
-             transfers {} ({}) offers_taken {} installs {} install_crashes {} rotations {} \
+             transfers {} ({}) offers_taken {} installs {} install_crashes {} rotations {} serving_crashes {} \
              refusals {} attempts_failed {} transfer_messages {} acks_retired {} \
              purges {} (abandoned {}) replica_purges {} (over snapshots {}) purges_at_recovery {} purge_crashes {} \
              stale_generation_refusals {} hostile_frames {} charges {} quarantines {}",
@@ -278,6 +282,7 @@ impl fmt::Display for Counts {
             self.transfer_installs,
             self.transfer_install_crashes,
             self.transfer_rotations,
+            self.serving_crashes,
             self.transfer_refusals,
             self.transfer_attempts_failed,
             self.transfer_messages,
