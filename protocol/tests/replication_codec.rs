@@ -11,7 +11,7 @@ use ringlog_protocol::replication::{
     body_checksum_len, Body, Chunk, ChunkKey, Command, Commit, DoViewChange, Envelope,
     EvictedReason, Message, Offer, Prepare, PrepareOk, Prepares, RangeEvicted, Refusal,
     ReleaseSnapshot, ReplicationError, ReplicationLimits, RequestChunks, RequestPrepares,
-    RequestSnapshot, RequestStartView, SnapshotOffer, StartView, HEADER_LEN, MAGIC,
+    RequestSnapshot, RequestStartView, SnapshotOffer, StartView, ViewNotice, HEADER_LEN, MAGIC,
 };
 use ringlog_protocol::{checksum, BatchBuilder, BatchHeader, BatchView, Record, Stamp};
 
@@ -112,6 +112,7 @@ enum Spec {
     DoViewChange(DoViewChange),
     StartView(StartView),
     RequestStartView(RequestStartView),
+    ViewNotice(ViewNotice),
     RequestPrepares(RequestPrepares),
     Prepares {
         commit: u64,
@@ -142,6 +143,7 @@ impl Spec {
             Spec::DoViewChange(m) => Body::DoViewChange(m.clone()),
             Spec::StartView(m) => Body::StartView(m.clone()),
             Spec::RequestStartView(m) => Body::RequestStartView(*m),
+            Spec::ViewNotice(m) => Body::ViewNotice(*m),
             Spec::RequestPrepares(m) => Body::RequestPrepares(*m),
             Spec::Prepares { commit, batches } => Body::Prepares(Prepares {
                 commit: *commit,
@@ -288,6 +290,7 @@ fn samples() -> Vec<Spec> {
             suffix,
         }),
         Spec::RequestStartView(RequestStartView { nonce: 77 }),
+        Spec::ViewNotice(ViewNotice { nonce: 78 }),
         Spec::RequestPrepares(RequestPrepares {
             op_min: 20,
             op_max: 23,
@@ -429,7 +432,7 @@ fn samples_round_trip() {
             s.body().command() as u8
         })
         .collect();
-    assert_eq!(commands.len(), 15, "every command has a sample");
+    assert_eq!(commands.len(), 16, "every command has a sample");
 }
 
 #[test]
@@ -531,6 +534,7 @@ fn spec(env: Envelope) -> impl Strategy<Value = Spec> {
             })
         }),
         any::<u64>().prop_map(|nonce| Spec::RequestStartView(RequestStartView { nonce })),
+        any::<u64>().prop_map(|nonce| Spec::ViewNotice(ViewNotice { nonce })),
         (1u64..u64::MAX / 2, 0u64..1000).prop_map(|(op_min, n)| Spec::RequestPrepares(
             RequestPrepares {
                 op_min,
@@ -751,6 +755,7 @@ fn body_of_another_command_refused() {
         Command::Commit,
         Command::StartViewChange,
         Command::RequestStartView,
+        Command::ViewNotice,
         Command::RequestPrepares,
         Command::RangeEvicted,
         Command::RequestSnapshot,
@@ -766,9 +771,12 @@ fn body_of_another_command_refused() {
                         c,
                         Command::PrepareOk | Command::Commit | Command::RequestPrepares
                     )
-                }) || pair
-                    .iter()
-                    .all(|c| matches!(c, Command::RequestStartView | Command::ReleaseSnapshot))
+                }) || pair.iter().all(|c| {
+                    matches!(
+                        c,
+                        Command::RequestStartView | Command::ViewNotice | Command::ReleaseSnapshot
+                    )
+                })
             });
             if same_size {
                 continue;
@@ -959,6 +967,7 @@ fn fixed_bodies_must_have_their_exact_length() {
         Command::Commit,
         Command::StartViewChange,
         Command::RequestStartView,
+        Command::ViewNotice,
         Command::RequestPrepares,
         Command::RangeEvicted,
     ] {

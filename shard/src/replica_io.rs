@@ -60,6 +60,7 @@ pub fn execute(
                 commit: state.commit,
                 op: store.durable().last_op,
                 wiped: state.wiped,
+                view_lost: state.view_lost,
             };
             store
                 .set_vsr(io, vsr)
@@ -468,6 +469,7 @@ fn recover_above(
         log_view: sb.log_view,
         commit: sb.commit,
         wiped: sb.wiped,
+        view_lost: sb.view_lost,
     };
     let end = store.durable();
     let last_op = end.last_op;

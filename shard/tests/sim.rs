@@ -152,8 +152,10 @@ fn pinned_flipped_reads_never_become_corruption() {
 const PINNED_WIPE_SEEDS: &[(u64, u8, bool, &str)] = &[
     // Since also 'a new primary holds every committed op': a replica wiped
     // in view 0 counted as whole at its first superblock write, mid-repair
-    // (vsr: `leave_wiped_when_whole`).
-    (21821, 3, false, "converges after healing"),
+    // (vsr: `leave_wiped_when_whole`). Found as 21821; since ViewNotice
+    // changed the message stream 21821 no longer wipes, and 21823 is the
+    // next seed that does.
+    (21823, 3, false, "converges after healing"),
     // Under a steady stream the primary's pipeline never drained, its store
     // never rolled, the uncommitted headroom filled and it fenced at every
     // view change it was needed for (vsr: `Config::drain_every_bytes`).
@@ -200,6 +202,25 @@ fn batch_opts(seed: u64) -> SimOptions {
 /// in `pinned_transfer_seeds_purge_and_floor` and
 /// `pinned_transfer_seed_an_install_covering_the_log_keeps_a_voter`).
 const TRANSFER_OPEN_BUG_SEEDS: &[u64] = &[];
+
+/// 11017175 (`--transfers --purges`, 5 replicas) failed 'acked op durable
+/// on a quorum': R3 voted R1 into view 1, lost its disk, rebooted where
+/// only view 0's primary R0 and R2 heard it, took R0's StartView and acked
+/// R0's new ops, completing view 0's quorum for ops view 1 had discarded.
+/// A replica that lost its disk now acks nothing and ends its wipe only
+/// once a quorum of peers' answers (ViewNotice, StartView) names no view
+/// above its own (`vsr::tests::a_replica_that_lost_its_disk_acks_nothing_until_a_quorum_names_its_view`).
+/// Found by `ci/vopr`-style fresh runs of 11000000..11017500.
+#[test]
+fn pinned_wiped_replica_learns_its_view_from_a_quorum() {
+    for (seed, hostile) in [(11_017_175, false), (11_017_175, true)] {
+        let mut opts = transfer_opts(seed);
+        opts.purges = true;
+        opts.hostile = hostile;
+        opts.replicas = Some(5);
+        sim::run(opts).unwrap_or_else(|f| panic!("seed {seed}: {f}"));
+    }
+}
 
 /// With purges on, a cluster of one that crashed after appending a purge op
 /// and before its flush completed ended with its store a purge generation

@@ -21,7 +21,7 @@
 //!   0 magic u64            8 version u16        10 copy_index u16
 //!  12 reserved u32        16 checksum u64       24 sequence u64
 //!  32 parent u64          40 cluster_id u128    56 partition_id u32
-//!  60 replica_index u8    61 vsr_flags u8 (bit 0: wiped, see `VsrState`)
+//!  60 replica_index u8    61 vsr_flags u8 (bit 0: wiped, bit 1: view_lost; see `VsrState`)
 //!  62 reserved [u8;2]     64 view u32
 //!  68 log_view u32        72 commit u64         80 op u64
 //!  88 next_offset u64     96 last_op u64       104 last_checksum u64
@@ -65,6 +65,8 @@ const MAGIC: u64 = u64::from_le_bytes(*b"RLGSUPER");
 pub const VERSION: u16 = 6;
 /// `vsr_flags` bit: [`VsrState::wiped`].
 const VSR_FLAG_WIPED: u8 = 1;
+/// `vsr_flags` bit: [`VsrState::view_lost`] (only beside `VSR_FLAG_WIPED`).
+const VSR_FLAG_VIEW_LOST: u8 = 2;
 const FIXED_LEN: usize = 232;
 
 /// The two copies that receive the state with this sequence number.
@@ -88,6 +90,11 @@ pub struct VsrState {
     /// set must not vote or lead, also after a crash mid-repair (its host
     /// cannot remember the wipe; only this can).
     pub wiped: bool,
+    /// Set with `wiped` when the disk was lost (not by an install, which
+    /// keeps the superblock's view): the view the replica promised before
+    /// is unknown, so it must learn the view from a quorum before it acks
+    /// or votes. Never set without `wiped`.
+    pub view_lost: bool,
 }
 
 /// The durable frontier checkpoint: everything below it is known to be on
@@ -233,7 +240,16 @@ impl Superblock {
         w.u64(self.parent);
         w.bytes(&self.cluster_id.to_le_bytes());
         w.u32(self.partition_id);
-        let flags = if self.vsr.wiped { VSR_FLAG_WIPED } else { 0 };
+        assert!(
+            self.vsr.wiped || !self.vsr.view_lost,
+            "view_lost only when wiped"
+        );
+        let flags = if self.vsr.wiped { VSR_FLAG_WIPED } else { 0 }
+            | if self.vsr.view_lost {
+                VSR_FLAG_VIEW_LOST
+            } else {
+                0
+            };
         w.bytes(&[self.replica_index, flags, 0, 0]);
         w.u32(self.vsr.view);
         w.u32(self.vsr.log_view);
@@ -301,17 +317,21 @@ impl Superblock {
         let cluster_id = u128::from_le_bytes(r.take(16).try_into().expect("16 bytes"));
         let partition_id = r.u32();
         let replica = r.take(4);
-        if replica[2..] != [0, 0] || replica[1] & !VSR_FLAG_WIPED != 0 {
+        let flags = replica[1];
+        let known = VSR_FLAG_WIPED | VSR_FLAG_VIEW_LOST;
+        if replica[2..] != [0, 0] || flags & !known != 0 || flags == VSR_FLAG_VIEW_LOST {
             return Err(CopyError::NonZeroReserved);
         }
         let replica_index = replica[0];
-        let wiped = replica[1] & VSR_FLAG_WIPED != 0;
+        let wiped = flags & VSR_FLAG_WIPED != 0;
+        let view_lost = flags & VSR_FLAG_VIEW_LOST != 0;
         let vsr = VsrState {
             view: r.u32(),
             log_view: r.u32(),
             commit: r.u64(),
             op: r.u64(),
             wiped,
+            view_lost,
         };
         let frontier = Frontier {
             next_offset: r.u64(),
@@ -515,6 +535,7 @@ mod tests {
                 commit: 10,
                 op: 11,
                 wiped: false,
+                view_lost: false,
             },
             frontier: Frontier {
                 next_offset: 500,
@@ -577,18 +598,27 @@ mod tests {
         sb.encode(0, &mut copy);
         assert_eq!(copy[61], VSR_FLAG_WIPED);
         assert!(Superblock::decode(&copy).unwrap().0.vsr.wiped);
+        sb.vsr.view_lost = true;
+        sb.encode(0, &mut copy);
+        assert_eq!(copy[61], VSR_FLAG_WIPED | VSR_FLAG_VIEW_LOST);
+        let vsr = Superblock::decode(&copy).unwrap().0.vsr;
+        assert!(vsr.wiped && vsr.view_lost);
         sample().encode(0, &mut copy);
         assert!(!Superblock::decode(&copy).unwrap().0.vsr.wiped);
-        // A flag bit this version does not know, with a valid checksum.
-        copy[61] = 2;
-        let mut zeroed = copy.clone();
-        zeroed[16..24].fill(0);
-        let sum = checksum(&zeroed);
-        copy[16..24].copy_from_slice(&sum.to_le_bytes());
-        assert_eq!(
-            Superblock::decode(&copy).unwrap_err(),
-            CopyError::NonZeroReserved
-        );
+        // view_lost without wiped, then a flag bit this version does not
+        // know, each with a valid checksum.
+        for flags in [VSR_FLAG_VIEW_LOST, 4] {
+            copy[61] = flags;
+            let mut zeroed = copy.clone();
+            zeroed[16..24].fill(0);
+            let sum = checksum(&zeroed);
+            copy[16..24].copy_from_slice(&sum.to_le_bytes());
+            assert_eq!(
+                Superblock::decode(&copy).unwrap_err(),
+                CopyError::NonZeroReserved,
+                "flags {flags}"
+            );
+        }
     }
 
     #[test]

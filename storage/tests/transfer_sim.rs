@@ -326,6 +326,7 @@ fn stale_offers_are_refused() {
         commit,
         op: commit,
         wiped: false,
+        view_lost: false,
     };
     let held = c.durable().last_op;
     assert!(held > 0 && held < 30);

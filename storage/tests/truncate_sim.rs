@@ -201,6 +201,7 @@ fn workload(
         commit: 3,
         op: 6,
         wiped: false,
+        view_lost: false,
     };
     model.vsr_asked = Some(vsr);
     store.set_vsr(io, vsr)?;
@@ -439,6 +440,7 @@ fn bad_cuts_are_refused_with_typed_errors_and_change_nothing() {
         commit: 4,
         op: 8,
         wiped: false,
+        view_lost: false,
     };
     store.set_vsr(&mut io, vsr).unwrap();
     // Below the durable commit: op 4 would go.
@@ -677,6 +679,7 @@ fn vsr_state_survives_a_crash_at_any_io_of_set_vsr() {
         commit: 5,
         op: 7,
         wiped: true,
+        view_lost: false,
     };
     let new = VsrState {
         view: 4,
@@ -684,6 +687,7 @@ fn vsr_state_survives_a_crash_at_any_io_of_set_vsr() {
         commit: 6,
         op: 7,
         wiped: false,
+        view_lost: false,
     };
     let prepare = |seed| {
         let mut io = SimBackend::new(seed);

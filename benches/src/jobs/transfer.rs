@@ -300,6 +300,7 @@ impl Source {
             commit: ops,
             op: ops,
             wiped: false,
+            view_lost: false,
         };
         store.set_vsr(&mut io, vsr)?;
         // Seal the active segment now, so no timed rep pays for the roll.

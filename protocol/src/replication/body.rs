@@ -5,7 +5,7 @@ use super::transfer;
 use super::{
     Body, Command, Commit, DoViewChange, Envelope, EvictedReason, Header, Prepare, PrepareOk,
     Prepares, RangeEvicted, ReplicationError, ReplicationLimits, RequestPrepares, RequestStartView,
-    StartView,
+    StartView, ViewNotice,
 };
 use crate::batch::{
     encode_header, BatchHeader, BatchView, HEADER_LEN as BATCH_HEADER_LEN, RECORD_LEN_MIN,
@@ -150,6 +150,10 @@ pub(super) fn decode<'a>(
         Command::RequestStartView => {
             let mut f = Fields::new(command, body, REQUEST_START_VIEW_LEN, true)?;
             Body::RequestStartView(RequestStartView { nonce: f.u64()? })
+        }
+        Command::ViewNotice => {
+            let mut f = Fields::new(command, body, REQUEST_START_VIEW_LEN, true)?;
+            Body::ViewNotice(ViewNotice { nonce: f.u64()? })
         }
         Command::RequestPrepares => {
             let mut f = Fields::new(command, body, REQUEST_PREPARES_LEN, true)?;
@@ -576,6 +580,7 @@ pub(super) fn encode(
             encode_suffix(Command::StartView, &sv.suffix, out)?;
         }
         Body::RequestStartView(r) => put_u64s(out, &[r.nonce]),
+        Body::ViewNotice(r) => put_u64s(out, &[r.nonce]),
         Body::RequestPrepares(r) => {
             check_request_prepares(r)?;
             put_u64s(out, &[r.op_min, r.op_max]);

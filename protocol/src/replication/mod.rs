@@ -39,6 +39,8 @@
 //! StartView        u64 op, u64 head_checksum, u64 commit, u64 nonce,
 //!                  u32 count, u32 reserved, headers
 //! RequestStartView u64 nonce
+//! ViewNotice       u64 nonce    (the answer of a replica that is not the
+//!                               normal primary: its view, in the header)
 //! RequestPrepares  u64 op_min, u64 op_max            (inclusive range)
 //! Prepares         u64 commit, u32 count, u32 reserved, count x batch
 //! RangeEvicted     u64 op_min, u64 op_max, u64 op_held_min,
@@ -171,6 +173,7 @@ pub enum Command {
     RequestChunks = 13,
     Chunk = 14,
     ReleaseSnapshot = 15,
+    ViewNotice = 16,
 }
 
 impl Command {
@@ -191,6 +194,7 @@ impl Command {
             13 => Command::RequestChunks,
             14 => Command::Chunk,
             15 => Command::ReleaseSnapshot,
+            16 => Command::ViewNotice,
             _ => return None,
         })
     }
@@ -327,6 +331,15 @@ pub struct RequestStartView {
     pub nonce: u64,
 }
 
+/// A replica's answer to a RequestStartView when it is not the normal
+/// primary: its view (the header's) and the request's nonce, so a replica
+/// that lost its disk learns the view from a quorum of fresh answers
+/// before it acks or votes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ViewNotice {
+    pub nonce: u64,
+}
+
 /// Asks for the batches of ops `op_min..=op_max`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RequestPrepares {
@@ -385,6 +398,7 @@ pub enum Body<'a> {
     DoViewChange(DoViewChange),
     StartView(StartView),
     RequestStartView(RequestStartView),
+    ViewNotice(ViewNotice),
     RequestPrepares(RequestPrepares),
     Prepares(Prepares<'a>),
     RangeEvicted(RangeEvicted),
@@ -405,6 +419,7 @@ impl Body<'_> {
             Body::DoViewChange(_) => Command::DoViewChange,
             Body::StartView(_) => Command::StartView,
             Body::RequestStartView(_) => Command::RequestStartView,
+            Body::ViewNotice(_) => Command::ViewNotice,
             Body::RequestPrepares(_) => Command::RequestPrepares,
             Body::Prepares(_) => Command::Prepares,
             Body::RangeEvicted(_) => Command::RangeEvicted,

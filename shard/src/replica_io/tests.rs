@@ -150,6 +150,7 @@ fn persist_vsr_survives_a_reboot() {
         log_view: 3,
         commit: 2,
         wiped: false,
+        view_lost: false,
     };
     run(&mut store, &mut io, StorageOp::PersistVsr(state));
     drop(store);
@@ -225,6 +226,7 @@ fn injected_fsync_eio_fails_flush_and_fences() {
         log_view: 0,
         commit: 0,
         wiped: false,
+        view_lost: false,
     };
     assert!(execute(&mut store, &mut io, &StorageOp::PersistVsr(state)).is_err());
 }
@@ -240,6 +242,7 @@ fn injected_write_eio_fails_persist_vsr() {
         log_view: 0,
         commit: 0,
         wiped: false,
+        view_lost: false,
     };
     let err = execute(&mut store, &mut io, &StorageOp::PersistVsr(state)).expect_err("EIO");
     assert!(err.reason.starts_with("persist vsr"), "{err}");
@@ -653,6 +656,7 @@ fn an_installed_replica_boots_without_reading_back_its_committed_ops() {
         log_view: 0,
         commit: n,
         wiped: false,
+        view_lost: false,
     };
     run(&mut store, &mut io, StorageOp::PersistVsr(state));
     drop(store);

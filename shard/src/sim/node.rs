@@ -392,6 +392,7 @@ impl Node {
         // The host's first write for a wiped replica (see `Replica::wiped`).
         let vsr = superblock::VsrState {
             wiped: true,
+            view_lost: true,
             ..superblock::VsrState::default()
         };
         store

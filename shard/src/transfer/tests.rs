@@ -107,6 +107,7 @@ impl Disk {
             commit: op,
             op: self.store.durable().last_op,
             wiped: false,
+            view_lost: false,
         };
         self.store.set_vsr(&mut self.io, vsr).expect("set vsr");
     }

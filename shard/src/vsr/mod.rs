@@ -24,6 +24,12 @@
 //! log_view. A wiped replica ([`Replica::wiped`]) never votes or leads
 //! until its log is whole and its log_view durable, and the superblock
 //! says so ([`VsrState::wiped`], so a crash mid-repair reboots it wiped);
+//! one that lost its disk ([`VsrState::view_lost`]) may have promised a
+//! view it no longer knows, so it also acks nothing, and ends its wipe only
+//! once fresh answers to its RequestStartView (a ViewNotice from each
+//! replica that is not the normal primary, the primary's StartView) from
+//! `n - quorum + 1` peers name no view above its own: any view change
+//! quorum holds one of them (Viewstamped Replication's recovery quorum);
 //! a restarted one
 //! ([`Replica::restart`]) asks for the view (RequestStartView) and joins a
 //! view change itself only after `recovering_attempts_max` unanswered

@@ -269,6 +269,14 @@ pub struct Replica {
     /// Booted with no disk state and not yet repaired to a durable
     /// log_view: it learns the view and repairs, but never votes or leads.
     pub(super) wiped: bool,
+    /// Mirrors [`VsrState::view_lost`]: its disk was lost, so it may have
+    /// promised a view it no longer knows. It acks nothing, and its wipe
+    /// ends only once `views_heard` covers its view (`view_known`).
+    pub(super) view_lost: bool,
+    /// While `view_lost`: the highest view each peer named in a fresh
+    /// answer (a ViewNotice or StartView echoing our nonce); one entry per
+    /// peer, so at most `replica_count - 1`.
+    pub(super) views_heard: BTreeMap<u8, u32>,
     /// The commit of the last Commit heartbeat (to notice a stall).
     pub(super) heartbeat_commit: u64,
     /// The op the log must hold (durably) before log_view is persisted.
@@ -357,8 +365,9 @@ impl Replica {
 
     /// A replica whose disk was lost: empty, Recovering, and it stays so
     /// until the current primary's StartView (it never claims view 0).
-    /// The host first writes `VsrState { wiped: true, ..Default::default() }`
-    /// to the new store's superblock: the state this replica starts from.
+    /// The host first writes `VsrState { wiped: true, view_lost: true,
+    /// ..Default::default() }` to the new store's superblock: the state
+    /// this replica starts from.
     pub fn wiped(cfg: Config, seed: u64) -> Result<Self, ConfigError> {
         Self::wiped_for(cfg, seed, Trigger::NewOrWiped)
     }
@@ -374,6 +383,7 @@ impl Replica {
         );
         let durable = VsrState {
             wiped: true,
+            view_lost: true,
             ..VsrState::default()
         };
         let mut r = Self::boot(cfg, seed, durable, Anchor::default(), &[])?;
@@ -400,6 +410,7 @@ impl Replica {
         }
         let mut r = Self::blank(cfg, seed, durable, log)?;
         r.wiped = durable.wiped;
+        r.view_lost = durable.view_lost;
         r.commit = durable.commit.min(r.log.op()).max(base.op);
         // An op after a purge op was appended only once the purge had
         // committed (and been applied: `append`); one at the head may not be.
@@ -477,6 +488,8 @@ impl Replica {
             held: VecDeque::new(),
             timeouts,
             wiped: false,
+            view_lost: false,
+            views_heard: BTreeMap::new(),
             heartbeat_commit: 0,
             log_view_op: 0,
             unverified_above: None,
@@ -680,6 +693,8 @@ impl Replica {
         );
         assert!(self.commit <= self.commit_max, "commit above commit_max");
         assert_eq!(self.wiped, d.wiped, "the wipe is what the superblock says");
+        assert_eq!(self.view_lost, d.view_lost, "so is a lost view");
+        assert!(self.wiped || !self.view_lost, "a lost view is a wipe's");
         assert!(
             self.log.base().op <= self.commit,
             "journal pruned uncommitted ops"
@@ -812,11 +827,13 @@ impl Replica {
         } else {
             self.durable.log_view
         };
+        let wipe_ends = self.wipe_may_end(log_view);
         let state = VsrState {
             view: self.view,
             log_view,
             commit: self.commit.max(self.durable.commit),
-            wiped: self.wiped && !self.whole_at(log_view),
+            wiped: self.wiped && !wipe_ends,
+            view_lost: self.view_lost && !wipe_ends,
         };
         if state == self.durable {
             return;
@@ -851,12 +868,37 @@ impl Replica {
             && self.log_view_ready()
     }
 
+    /// A wipe may end with a superblock naming `log_view`: the log is
+    /// whole there and, if the disk was lost, the view is known.
+    fn wipe_may_end(&self, log_view: u32) -> bool {
+        self.whole_at(log_view) && (!self.view_lost || self.view_known())
+    }
+
+    /// Whether the fresh answers rule out a view above ours that this
+    /// replica may have promised before it lost its disk. Any view change
+    /// quorum holds at least `quorum - 1` other replicas, each of which
+    /// persisted that view before it voted; answers from `n - quorum + 1`
+    /// of the `n - 1` others include one of them (Viewstamped Replication's
+    /// recovery quorum).
+    pub(super) fn view_known(&self) -> bool {
+        let n = u32::from(self.cfg.replica_count);
+        let need = (n - self.cfg.quorum() + 1).min(n - 1);
+        debug_assert!(self.views_heard.len() < usize::from(self.cfg.replica_count));
+        self.views_heard.len() as u32 >= need && self.views_heard.values().all(|&v| v <= self.view)
+    }
+
     /// A wiped replica whose log is whole clears the superblock's wiped
     /// flag; it is an ordinary replica once that write is durable
-    /// (`on_persisted`).
+    /// (`on_persisted`). One whose disk was lost first asks every peer
+    /// for its view, until a quorum of answers covers its own.
     fn leave_wiped_when_whole(&mut self, out: &mut Outbox) {
-        if self.wiped && self.status != Status::Fenced && self.whole_at(self.durable.log_view) {
+        if !self.wiped || self.status == Status::Fenced {
+            return;
+        }
+        if self.wipe_may_end(self.durable.log_view) {
             self.persist(out);
+        } else if self.view_lost && self.whole_at(self.durable.log_view) {
+            self.ask_views(out);
         }
     }
 
@@ -985,6 +1027,12 @@ impl Replica {
         self.durable = state;
         // Its log is whole and the superblock says so: an ordinary replica.
         self.wiped = state.wiped;
+        let view_found = self.view_lost && !state.view_lost;
+        self.view_lost = state.view_lost;
+        if view_found && self.status == Status::Normal && !self.is_primary() {
+            // The acks it withheld while its view was unknown.
+            self.ack_uncommitted(self.commit, out);
+        }
         if std::mem::take(&mut self.persist_again) {
             self.persist(out);
         }
@@ -1360,6 +1408,11 @@ impl Replica {
             // it, and until then it lacks what the primary committed.
             return;
         }
+        if self.view_lost {
+            // It may be in a view older than one it promised before its
+            // disk was lost: its ack could complete an older view's quorum.
+            return;
+        }
         let primary = self.primary_of(self.view);
         self.send(
             out,
@@ -1426,6 +1479,9 @@ impl Replica {
             }
             Body::RequestStartView(wire::RequestStartView { nonce }) => {
                 self.on_request_start_view(from, view, nonce, out)
+            }
+            Body::ViewNotice(wire::ViewNotice { nonce }) => {
+                self.on_view_notice(from, view, nonce, out)
             }
             Body::RequestPrepares(wire::RequestPrepares { op_min, op_max }) => {
                 self.on_request_prepares(from, view, op_min, op_max, out)

@@ -366,6 +366,7 @@ impl Cluster {
         // What a host writes to a wiped replica's new store first.
         node.vsr = VsrState {
             wiped: true,
+            view_lost: true,
             ..VsrState::default()
         };
         node.pending_io.clear();
@@ -891,6 +892,59 @@ fn old_primary_uncommitted_tail_cut_on_rejoin() {
         .any(|(t, r)| *t == 2 && matches!(r, Err(AppendError::OutcomeUnknown { .. }))));
 }
 
+/// Guards against (simulator seed 11017175, `--transfers --purges`, 5
+/// replicas): a replica that lost its disk after voting R1 into view 1
+/// hears only the old view's primary R0 (still Normal in view 0 with R2),
+/// takes R0's StartView, repairs and acks R0's new op, completing view 0's
+/// quorum {R0, R2, R3} for an op view 1 never saw: an acknowledged op the
+/// view-1 quorum then discards. It must ack nothing, and stay wiped, until
+/// answers from a quorum of peers (3 of 4 here) name no view above its own.
+#[test]
+fn a_replica_that_lost_its_disk_acks_nothing_until_a_quorum_names_its_view() {
+    let mut c = Cluster::new(5);
+    c.append(0, 1, 1);
+    c.settle();
+    c.tick(3);
+    let side = |r: u8| r == 0 || r == 2;
+    c.drop = Some(Box::new(move |from, to, _| side(from) != side(to)));
+    c.tick_until(200, |c| c.normal_primary(1) && c.r(3).view() == 1);
+    assert!(c.normal_primary(0), "R0 still leads view 0 with R2");
+    // R3 loses its disk and comes back where only R0 and R2 hear it.
+    c.crash(3);
+    c.wipe(3);
+    c.node(3).sent.clear();
+    let old_side = |r: u8| r == 0 || r == 2 || r == 3;
+    c.drop = Some(Box::new(move |from, to, _| old_side(from) != old_side(to)));
+    c.append(0, 2, 2);
+    c.tick(60);
+    assert!(c.r(3).is_wiped(), "two answers of view 0 are not a quorum");
+    assert_eq!(c.r(3).op(), 2, "it repaired R0's log");
+    let acks = (c.nodes[3].sent.iter())
+        .filter(|(_, m)| matches!(m.body, Body::PrepareOk(_)))
+        .count();
+    assert_eq!(acks, 0, "it acked nothing while its view was unknown");
+    assert!(
+        c.nodes[0].replies.iter().all(|(t, _)| *t != 2),
+        "R0 + R2 are no quorum: op 2 is not acknowledged"
+    );
+    // Healed: R1's and R4's answers name view 1; R3 moves up, and only
+    // then ends its wipe and acks.
+    c.drop = None;
+    c.tick_until(600, |c| {
+        (0..5).all(|r| c.r(r).status() == Status::Normal && c.r(r).view() == c.r(1).view())
+            && !c.r(3).is_wiped()
+    });
+    assert!(c.r(3).view() >= 1);
+    assert!(
+        c.nodes[0]
+            .replies
+            .iter()
+            .all(|(t, r)| *t != 2 || r.is_err()),
+        "op 2 of the old view never commits: {:?}",
+        c.nodes[0].replies
+    );
+}
+
 /// Guards against: a restarted or wiped replica voting at view 0 (or any
 /// view) before it learned the current one, and so electing on a quorum
 /// that does not hold committed data.
@@ -905,6 +959,7 @@ fn wiped_replica_does_not_vote_before_learning_the_view() {
     c.node(2).ops.clear();
     c.node(2).vsr = VsrState {
         wiped: true,
+        view_lost: true,
         ..VsrState::default()
     };
     c.node(2).sent.clear();

@@ -165,6 +165,11 @@ pub struct VsrState {
     /// it wiped again. A host making a store for a wiped replica writes
     /// this first.
     pub wiped: bool,
+    /// Set with `wiped` when the disk was lost (an install keeps its view
+    /// and leaves this clear): the view it promised before is unknown, so
+    /// it acks nothing and ends the wipe only once a quorum of fresh
+    /// answers (ViewNotice, StartView) named no view above its own.
+    pub view_lost: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -185,6 +190,9 @@ pub enum Body {
     DoViewChange(wire::DoViewChange),
     StartView(wire::StartView),
     RequestStartView(wire::RequestStartView),
+    /// Not the normal primary: the sender's view, answering a
+    /// RequestStartView (its nonce).
+    ViewNotice(wire::ViewNotice),
     RequestPrepares(wire::RequestPrepares),
     Prepares(Prepares),
     /// A repair answer: the ops asked for are no longer held (the asker
@@ -217,6 +225,7 @@ impl Body {
             Body::DoViewChange(_) => "do_view_change",
             Body::StartView(_) => "start_view",
             Body::RequestStartView(_) => "request_start_view",
+            Body::ViewNotice(_) => "view_notice",
             Body::RequestPrepares(_) => "request_prepares",
             Body::Prepares(_) => "prepares",
             Body::RangeEvicted(_) => "range_evicted",

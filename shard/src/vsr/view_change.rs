@@ -426,6 +426,9 @@ impl Replica {
             suffix,
         } = sv;
         let op = head.0;
+        if self.view_lost && nonce == self.nonce && from == self.primary_of(view) {
+            self.hear_view(from, view);
+        }
         let reason = if from != self.primary_of(view) {
             "not from the view's primary"
         } else if view < self.view || (view == self.view && self.status == Status::Normal) {
@@ -492,6 +495,10 @@ impl Replica {
             // moves up to it. One view change per heal, never while it
             // cannot hear us (it only asks after one of our messages).
             self.start_view_change(view, out);
+        } else if !self.view_lost {
+            // Not the primary, but our view is a promise: a replica that
+            // lost its disk needs a quorum of these before it acks.
+            self.send(out, from, Body::ViewNotice(wire::ViewNotice { nonce }));
         } else {
             let reason = "not the normal primary";
             out.event(Event::Dropped {
@@ -514,6 +521,43 @@ impl Replica {
         });
     }
 
+    /// A peer's view, answering our RequestStartView: counted while our
+    /// own view is unknown (`view_known`); a newer one is asked for.
+    pub(super) fn on_view_notice(&mut self, from: u8, view: u32, nonce: u64, out: &mut Outbox) {
+        if !self.view_lost || nonce != self.nonce {
+            let reason = "not asked";
+            return out.event(Event::Dropped {
+                what: "view_notice",
+                reason,
+            });
+        }
+        self.hear_view(from, view);
+        if view > self.view {
+            self.learn_view(view, out);
+        }
+    }
+
+    pub(super) fn hear_view(&mut self, from: u8, view: u32) {
+        debug_assert!(self.view_lost && from != self.cfg.replica);
+        let heard = self.views_heard.entry(from).or_insert(view);
+        *heard = (*heard).max(view);
+    }
+
+    /// Asks every peer for its view (RequestStartView), unless a round is
+    /// already out; `start_view_request_retry` repeats it.
+    pub(super) fn ask_views(&mut self, out: &mut Outbox) {
+        debug_assert!(self.view_lost);
+        if self.timeouts[T::StartViewRequest as usize].armed() {
+            return;
+        }
+        let nonce = self.nonce;
+        self.send_all(
+            out,
+            Body::RequestStartView(wire::RequestStartView { nonce }),
+        );
+        self.start(T::StartViewRequest);
+    }
+
     /// Saw a newer view in a normal-operation message: ask for StartView.
     pub(super) fn learn_view(&mut self, view: u32, out: &mut Outbox) {
         if view <= self.view_seen_max && self.timeouts[T::StartViewRequest as usize].armed() {
@@ -530,7 +574,9 @@ impl Replica {
     }
 
     pub(super) fn start_view_request_retry(&mut self, out: &mut Outbox) {
-        let behind = self.status == Status::Recovering || self.view_seen_max > self.view;
+        let behind = self.status == Status::Recovering
+            || self.view_seen_max > self.view
+            || (self.view_lost && !self.view_known());
         if !behind {
             return self.timeout(T::StartViewRequest).stop();
         }

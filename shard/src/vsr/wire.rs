@@ -36,6 +36,7 @@ impl Message {
             Body::DoViewChange(b) => wire::Body::DoViewChange(b.clone()),
             Body::StartView(b) => wire::Body::StartView(b.clone()),
             Body::RequestStartView(b) => wire::Body::RequestStartView(*b),
+            Body::ViewNotice(b) => wire::Body::ViewNotice(*b),
             Body::RequestPrepares(b) => wire::Body::RequestPrepares(*b),
             Body::Prepares(p) => {
                 let batches = p.batches.iter().map(|b| BatchView::parse(b));
@@ -67,6 +68,7 @@ impl Message {
             wire::Body::DoViewChange(b) => Body::DoViewChange(b.clone()),
             wire::Body::StartView(b) => Body::StartView(b.clone()),
             wire::Body::RequestStartView(b) => Body::RequestStartView(*b),
+            wire::Body::ViewNotice(b) => Body::ViewNotice(*b),
             wire::Body::RequestPrepares(b) => Body::RequestPrepares(*b),
             wire::Body::Prepares(p) => Body::Prepares(Prepares {
                 commit: p.commit,
