@@ -222,6 +222,20 @@ fn pinned_wiped_replica_learns_its_view_from_a_quorum() {
     }
 }
 
+/// 13001369 (batch options, 3 replicas) failed 'converges after healing':
+/// the new primary R2 held op 195 uncommitted; R0 had installed a snapshot
+/// ending at op 195, so op 195 was its log base, not a journal entry, and
+/// it never acked R2's Prepare for it (nor did R1, already past it): R2's
+/// commit stayed one behind forever. A Prepare that matches the log's
+/// base (durable by construction: installed, or pruned only once durable)
+/// is acked now.
+#[test]
+fn pinned_prepare_of_the_log_base_is_acked() {
+    let mut opts = batch_opts(13_001_369);
+    opts.replicas = Some(3);
+    sim::run(opts).unwrap_or_else(|f| panic!("seed 13001369: {f}"));
+}
+
 /// With purges on, a cluster of one that crashed after appending a purge op
 /// and before its flush completed ended with its store a purge generation
 /// ahead of the simulator's log ('purge generations agree'). Its recovery
