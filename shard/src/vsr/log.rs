@@ -62,6 +62,16 @@ impl Log {
         }
     }
 
+    /// `op`'s header checksum and whether it is durable here: a journal
+    /// entry, or the base (an installed frontier or an entry pruned only
+    /// once durable, so always durable).
+    pub fn held(&self, op: u64) -> Option<(u64, bool)> {
+        if op == self.base.op && op > 0 {
+            return Some((self.base.checksum, true));
+        }
+        self.get(op).map(|e| (e.header.header_checksum, e.durable))
+    }
+
     pub fn get(&self, op: u64) -> Option<&Entry> {
         let index = op.checked_sub(self.base.op + 1)?;
         self.entries.get(usize::try_from(index).ok()?)

@@ -1400,9 +1400,7 @@ impl Replica {
 
     pub(super) fn send_prepare_ok(&mut self, op: u64, prepare_checksum: u64, out: &mut Outbox) {
         debug_assert!(
-            self.log.get(op).is_some_and(|e| e.durable)
-                || (op == self.log.base().op && op > 0)
-                || planted!(AckBeforeFsync),
+            self.log.held(op).is_some_and(|(_, durable)| durable) || planted!(AckBeforeFsync),
             "ack before fsync"
         );
         if self.transferring.is_some() {
@@ -1634,15 +1632,7 @@ impl Replica {
 
     /// A Prepare for an op we hold: re-ack it (our ack may have been lost).
     fn on_prepare_held(&mut self, op: u64, commit: u64, checksum: u64, out: &mut Outbox) {
-        let base = self.log.base();
-        // The base is a durable op below the journal (an installed
-        // frontier, or pruned once committed): held all the same.
-        let held = if op == base.op && op > 0 {
-            Some((base.checksum, true))
-        } else {
-            (self.log.get(op)).map(|e| (e.header.header_checksum, e.durable))
-        };
-        match held {
+        match self.log.held(op) {
             Some((c, true)) if c == checksum && op > commit => {
                 self.send_prepare_ok(op, checksum, out)
             }

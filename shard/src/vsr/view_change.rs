@@ -550,12 +550,17 @@ impl Replica {
         if self.timeouts[T::StartViewRequest as usize].armed() {
             return;
         }
+        self.ask_all_for_the_view(out);
+        self.start(T::StartViewRequest);
+    }
+
+    /// RequestStartView with our nonce to every peer.
+    fn ask_all_for_the_view(&mut self, out: &mut Outbox) {
         let nonce = self.nonce;
         self.send_all(
             out,
             Body::RequestStartView(wire::RequestStartView { nonce }),
         );
-        self.start(T::StartViewRequest);
     }
 
     /// Saw a newer view in a normal-operation message: ask for StartView.
@@ -565,11 +570,7 @@ impl Replica {
         }
         self.view_seen_max = self.view_seen_max.max(view);
         self.nonce = self.rng.next_u64() | 1;
-        let nonce = self.nonce;
-        self.send_all(
-            out,
-            Body::RequestStartView(wire::RequestStartView { nonce }),
-        );
+        self.ask_all_for_the_view(out);
         self.start(T::StartViewRequest);
     }
 
@@ -590,11 +591,7 @@ impl Replica {
             self.status = Status::ViewChange;
             return self.start_view_change(self.view + 1, out);
         }
-        let nonce = self.nonce;
-        self.send_all(
-            out,
-            Body::RequestStartView(wire::RequestStartView { nonce }),
-        );
+        self.ask_all_for_the_view(out);
         self.backoff(T::StartViewRequest);
     }
 
