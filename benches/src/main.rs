@@ -1461,7 +1461,7 @@ mod tests {
         let (_tmp, dir) = data_dir();
         let args = transfer(&format!(
             "transfer --dir {} --size 8m --segment-size 4m --chunk-size 512k --window 4 \
-             --batch-size 64k --delay-ms 2 --vs-lockstep --reps 1",
+             --batch-size 64k --delay-ms 10 --vs-lockstep --reps 1",
             dir.display()
         ));
         let report = transfer_report(&args).unwrap();
@@ -1475,7 +1475,7 @@ mod tests {
         // Its own source, of 256 KiB chunks.
         assert_eq!(l.summary.ios, 32);
         assert_eq!(l.chunk_size, 256 << 10);
-        // 32 round trips of 4 ms against 4 of 2 MiB each: the window wins
+        // 32 round trips of 20 ms against 4 of 2 MiB each: the window wins
         // by far more than the noise of a shared machine.
         let ratio = report.ratios().unwrap().throughput.median;
         assert!(ratio > 2.0, "windowed/lockstep {ratio}");
@@ -1484,7 +1484,7 @@ mod tests {
             &[
                 "ringlog windowed transfer: bw=",
                 "lockstep transfer: bw=",
-                "delay 2 ms each way (in process, not TCP)",
+                "delay 10 ms each way (in process, not TCP)",
                 "receiver memory: peak ",
                 "ratio throughput windowed/lockstep = ",
             ],
