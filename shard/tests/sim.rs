@@ -160,6 +160,12 @@ const PINNED_WIPE_SEEDS: &[(u64, u8, bool, &str)] = &[
     // never rolled, the uncommitted headroom filled and it fenced at every
     // view change it was needed for (vsr: `Config::drain_every_bytes`).
     (5007363, 3, true, "converges after healing"),
+    // A new primary repaired the ops of its view without committing any
+    // until the last one arrived: past its segment's headroom the store
+    // refused the append and it fenced, at every reboot, while the third
+    // replica's disk was lost (vsr: `on_prepares` commits before each
+    // linked op).
+    (15003536, 3, true, "converges after healing"),
 ];
 
 #[test]

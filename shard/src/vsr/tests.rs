@@ -87,6 +87,11 @@ struct Node {
     /// (op, checksum) of each successful reply, read when it was sent.
     acks: Vec<(u64, Option<u64>)>,
     events: Vec<Event>,
+    /// The last op the replica said committed (what a store learns from
+    /// `Event::Committed`), and the most ops above it an Append found in
+    /// the log: the tail a store must keep unsealed.
+    committed_seen: u64,
+    tail_at_append_max: u64,
 }
 
 impl Node {
@@ -107,6 +112,8 @@ impl Node {
             replies: Vec::new(),
             acks: Vec::new(),
             events: Vec::new(),
+            committed_seen: 0,
+            tail_at_append_max: 0,
         }
     }
 
@@ -225,6 +232,10 @@ impl Cluster {
                     self.net.push_back((r, to, msg));
                 }
                 Output::Io { id, op } => {
+                    if let StorageOp::Append { op, .. } = op {
+                        let tail = (op - 1).saturating_sub(node.committed_seen);
+                        node.tail_at_append_max = node.tail_at_append_max.max(tail);
+                    }
                     node.io_log.push(op.clone());
                     node.pending_io.push_back((id, op));
                 }
@@ -235,7 +246,12 @@ impl Cluster {
                     }
                     node.replies.push((token, result));
                 }
-                Output::Event(e) => node.events.push(e),
+                Output::Event(e) => {
+                    if let Event::Committed { op } = e {
+                        node.committed_seen = op;
+                    }
+                    node.events.push(e)
+                }
             }
         }
     }
@@ -352,6 +368,7 @@ impl Cluster {
         )
         .expect("config");
         node.replica = replica;
+        node.committed_seen = node.vsr.commit;
         node.up = true;
     }
 
@@ -360,6 +377,7 @@ impl Cluster {
         let n = self.nodes.len() as u8;
         let node = self.node(r);
         node.replica = Replica::wiped(config(n, r), 77 + u64::from(r)).expect("config");
+        node.committed_seen = 0;
         node.ops.clear();
         node.synced = 0;
         node.purged = None;
@@ -765,6 +783,37 @@ fn new_primary_repairs_missing_committed_op_before_start_view() {
             "R2 repaired op 1"
         );
     }
+}
+
+/// Guards against: a new primary repairing the committed ops its view
+/// needs without committing any of them until the last one arrived. Its
+/// store seals a segment only once the whole tail is committed, so a
+/// repair longer than the segment's headroom was refused at the segment's
+/// end and the replica fenced, at every reboot (sim seed 15003536: the
+/// cluster never came back). Each repaired op that links to the log
+/// proves the chain below it canonical, so the ops below it within the
+/// quorum's commit are committed before it is appended.
+#[test]
+fn new_primary_commits_what_it_repairs_before_it_appends_more() {
+    let mut c = Cluster::new(3);
+    c.node(1).up = false;
+    let ops = 12u64;
+    for token in 1..=ops {
+        c.append(0, token, token as u8);
+        c.settle();
+    }
+    assert_eq!(c.r(0).commit(), ops);
+    // R1 (view 1's primary) comes back holding nothing; R0 is gone.
+    c.crash(0);
+    c.node(1).up = true;
+    c.tick_until(300, |c| c.normal_primary(1));
+    assert_eq!(c.r(1).commit(), ops);
+    assert_eq!(c.nodes[1].ops, c.nodes[2].ops, "repaired bytes identical");
+    let tail = c.nodes[1].tail_at_append_max;
+    assert!(
+        tail <= 1,
+        "R1 appended with {tail} repaired ops uncommitted"
+    );
 }
 
 /// Guards against: picking the longest suffix instead of the one from the

@@ -829,13 +829,14 @@ impl Replica {
                 break;
             }
             self.target.remove(&h.vsr_op);
-            if self.status == Status::Normal {
-                // The commit before each op, as `on_prepare` takes it: a
-                // store rolls only once its whole tail is committed, and a
-                // whole answer of uncommitted batches can pass a segment's
-                // end and its headroom.
-                self.advance_commit(commit, out);
-            }
+            // It links: our log below it is canonical (as `append` notes),
+            // so the commit comes before each op, as `on_prepare` takes it.
+            // A store rolls only once its whole tail is committed, and a
+            // whole answer, or a new primary's whole repair, of uncommitted
+            // batches can pass a segment's end and its headroom.
+            self.unverified_above = None;
+            self.advance_commit(commit, out);
+            debug_assert!(self.commit >= self.commit_max.min(self.log.op()));
             self.append(h, batch, out);
         }
         if self.status == Status::Normal {
