@@ -1114,3 +1114,44 @@ fn a_roll_due_during_a_flush_in_flight_waits_for_the_next_append() {
     store.append(&mut io, &batch).unwrap();
     assert_eq!(store.sealed_segments().count(), 1);
 }
+
+/// Guards against: a slot record that open found below the superblock's
+/// frontier (a checkpoint written after it, here by `close`) was left out of
+/// the slot sequence in effect, so a later cut's `slot_floor` did not void
+/// it. A cut below that record then left a record naming cut bytes: the
+/// rescan after the cut, and every open after it, refused the log as
+/// corrupt ("bad magic" where the cut ends it; sim seed 13006067 with
+/// transfers and purges).
+#[test]
+fn a_cut_voids_slot_records_that_open_found_below_the_checkpoint() {
+    use ringlog_storage::store::FRONTIER_SLOT_EVERY_FLUSHES;
+    let config = small_config();
+    let mut io = SimBackend::new(21);
+    // Two slot records (sequences 0 and 1), then a few flushes past them.
+    let flushes = 2 * FRONTIER_SLOT_EVERY_FLUSHES + 5;
+    let mut store = PartitionStore::create(&mut io, dir(), PID, config.clone()).unwrap();
+    for op in 1..=flushes {
+        let batch = op_batch(&store, op, op, 100);
+        store.append(&mut io, &batch).unwrap();
+        store.flush(&mut io).unwrap();
+    }
+    assert!(store.sealed_segments().next().is_none(), "one segment");
+    // A checkpoint at the durable end, above both slot records.
+    store.close(&mut io).unwrap();
+    let mut io = io.reboot();
+    let mut store = PartitionStore::open(&mut io, dir(), PID, config.clone()).unwrap();
+    assert_eq!(store.chain().last_op, flushes);
+    let cut_op = 10;
+    store
+        .truncate_above(&mut io, cut_op)
+        .unwrap_or_else(|e| panic!("the cut read its own log back as corrupt: {e}"));
+    drop(store);
+    let mut io = io.reboot();
+    let mut store = PartitionStore::open(&mut io, dir(), PID, config)
+        .unwrap_or_else(|e| panic!("a slot record from before the cut was trusted: {e}"));
+    let ops: Vec<u64> = log_of(&mut io, &mut store)
+        .iter()
+        .map(|b| op_of(b))
+        .collect();
+    assert_eq!(ops, (1..=cut_op).collect::<Vec<_>>());
+}

@@ -581,7 +581,7 @@ fn frontier_record(
         (segment::SLOTS * segment::SLOT_BYTES) as usize,
     )
     .map_err(|e| StoreError::io(pid, "read frontier record", path, e))?;
-    let newest = bytes
+    let owned: Vec<FrontierSlot> = bytes
         .chunks(segment::SLOT_BYTES as usize)
         .enumerate()
         .filter_map(|(i, block)| FrontierSlot::decode(block).map(|s| (i as u64, s)))
@@ -593,24 +593,38 @@ fn frontier_record(
                 && s.live_generation == sb.live_generation
                 && s.active_base == f.active_base
                 && s.capacity_bytes == capacity
-                && s.position <= capacity
+        })
+        .map(|(_, s)| s)
+        .collect();
+    // Every record of this segment counts toward the sequence in effect,
+    // one the checkpoint passed too: a later cut's `slot_floor` (one past
+    // that sequence) must void each record that may name cut positions.
+    let slot_sequence = owned
+        .iter()
+        .map(|s| s.sequence + 1)
+        .max()
+        .unwrap_or(f.slot_floor);
+    let newest = owned
+        .iter()
+        .filter(|s| {
+            s.position <= capacity
                 && s.position >= f.active_position
                 && s.next_offset >= f.next_offset
         })
-        .map(|(_, s)| s)
         .max_by_key(|s| s.sequence);
+    debug_assert!(newest.is_none_or(|s| s.sequence < slot_sequence));
     Ok(match newest {
         Some(s) if s.position > f.active_position => Record {
             position: s.position,
             next_offset: s.next_offset,
             last_checksum: s.last_checksum,
-            slot_sequence: s.sequence + 1,
+            slot_sequence,
         },
         _ => Record {
             position: f.active_position,
             next_offset: f.next_offset,
             last_checksum: f.last_checksum,
-            slot_sequence: newest.map_or(f.slot_floor, |s| s.sequence + 1),
+            slot_sequence,
         },
     })
 }
