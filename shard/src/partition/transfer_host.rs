@@ -636,10 +636,19 @@ impl Hosted {
         x.next_io += 1;
         x.started.insert(hid, Started { rx, id, kind });
         let mut done = Vec::new();
-        if kind == Kind::Begin && !self.prepare_install(io) {
+        let ready = match kind {
+            Kind::Begin => self.prepare_install(io),
+            // At the commit point, not before: until the install commits,
+            // a crash reopens the old log, which holds every op the replica
+            // acked, so it reboots a voter (sim seed 31001553: one replica's
+            // disk lost, another crashed while staging, and neither voted).
+            Kind::Commit => self.mark_wiped(io, true),
+            Kind::Abort | Kind::Other => true,
+        };
+        if !ready {
             let fault = crate::transfer::Fault {
                 kind: crate::transfer::FaultKind::Local,
-                reason: "the superblock could not be marked wiped".into(),
+                reason: "the store could not be made ready for the install".into(),
             };
             done.push((hid, Err(fault)));
         } else if let Some(x) = self.xfer.as_mut() {
@@ -695,8 +704,8 @@ impl Hosted {
     }
 
     /// Before an install begins: the frozen replica's waiting flushes are
-    /// made durable and answered, then the superblock is marked wiped.
-    /// False if either write failed (the store is fenced then).
+    /// made durable and answered. False if that failed (the store is
+    /// fenced then).
     fn prepare_install(&mut self, io: &mut impl IoBackend) -> bool {
         if !self.flushes.is_empty() {
             if let Err(e) = self.store.flush(io) {
@@ -704,14 +713,11 @@ impl Hosted {
             }
             self.answer_flushes(io);
         }
-        if self.store.fenced().is_some() {
-            return false;
-        }
-        self.mark_wiped(io, true)
+        self.store.fenced().is_none()
     }
 
-    /// Marks the superblock wiped before an install, or unmarks it after
-    /// one that did not commit. False if the write failed.
+    /// Marks the superblock wiped before an install commits, or unmarks it
+    /// after one that did not commit. False if the write failed.
     fn mark_wiped(&mut self, io: &mut impl IoBackend, wiped: bool) -> bool {
         debug_assert!(self.flushes.is_empty() || !wiped, "flushes answered first");
         let durable = self.replica.durable();

@@ -421,7 +421,13 @@ impl Cluster {
             self.run_io(r)?;
             return Ok(true);
         }
-        if begin && !self.nodes[usize::from(r)].xfer.marked && !self.mark_wiped(r, true)? {
+        // Marked at the commit point: a crash before it reopens the old
+        // log, a voter's (as the server's `transfer_host` does).
+        let commit = matches!(
+            self.nodes[usize::from(r)].xfer.pending.front(),
+            Some((_, _, TransferOp::CommitInstall))
+        );
+        if commit && !self.nodes[usize::from(r)].xfer.marked && !self.mark_wiped(r, true)? {
             return Ok(true);
         }
         let node = &mut self.nodes[usize::from(r)];
@@ -482,8 +488,8 @@ impl Cluster {
         Ok(true)
     }
 
-    /// Marks `r`'s superblock wiped before an install (a crash from there
-    /// reboots the replica wiped), or unmarks it after one that did not
+    /// Marks `r`'s superblock wiped before an install commits (a crash from
+    /// there reboots the replica wiped), or unmarks it after one that did not
     /// commit (the replica's own durable state again). False if the write
     /// crashed or failed: the node is down.
     fn mark_wiped(&mut self, r: u8, wiped: bool) -> Result<bool, Violation> {

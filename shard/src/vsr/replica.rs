@@ -1715,14 +1715,23 @@ impl Replica {
     }
 
     /// PrepareOk for every durable op above the primary's `commit` (ours
-    /// may be ahead: a new primary can learn a commit only from acks).
+    /// may be ahead: a new primary can learn a commit only from acks),
+    /// the log's base too: after an install or a purge it may be the only
+    /// op we hold above that commit, and a primary rebooted without batch
+    /// bytes cannot re-prepare it (sim seed 31009637).
     pub(super) fn ack_uncommitted(&mut self, commit: u64, out: &mut Outbox) {
-        let acks: Vec<(u64, u64)> = self
-            .log
-            .entries()
-            .filter(|e| e.durable && e.header.vsr_op > commit)
-            .map(|e| (e.header.vsr_op, e.header.header_checksum))
+        let base = self.log.base();
+        let acks: Vec<(u64, u64)> = (base.op > commit)
+            .then_some((base.op, base.checksum))
+            .into_iter()
+            .chain(
+                self.log
+                    .entries()
+                    .filter(|e| e.durable && e.header.vsr_op > commit)
+                    .map(|e| (e.header.vsr_op, e.header.header_checksum)),
+            )
             .collect();
+        debug_assert!(acks.windows(2).all(|w| w[0].0 < w[1].0));
         for (op, checksum) in acks {
             self.send_prepare_ok(op, checksum, out);
         }
