@@ -240,18 +240,16 @@ fn pinned_stalled_commit_reacks_the_log_base() {
     sim::run(batch_opts(31_009_637)).unwrap_or_else(|f| panic!("seed 31009637: {f}"));
 }
 
-/// Open bug, not fixed: 31001553 (batch options, 3 replicas) fails
-/// 'converges after healing'. R0 lost its disk (a non-voter until a quorum
-/// names its view), and R1 crashed while its superblock was being marked
-/// wiped for an install that had not committed: it reboots wiped with its
-/// old log, which holds every op it acked, yet it cannot prove that, so it
-/// never votes and R2 alone cannot finish a view change. A fix needs the
-/// mark to name the op the log held (so the reboot can unmark an old log);
-/// the mark now comes only at the commit point, which narrowed the window
-/// from the whole install to that one write. Run with `--ignored`.
+/// 31001553 (batch options, 3 replicas) failed 'converges after healing'.
+/// R0 lost its disk (a non-voter until a quorum names its view), and R1
+/// crashed while its superblock was being marked wiped for an install
+/// that had not committed: it rebooted wiped with its old log, which holds
+/// every op it acked, so it never voted and R2 alone could not finish a
+/// view change. The mark is now written by the install's commit itself
+/// (`Installs::mark_for_commit`): a crash leaves the old log unmarked or
+/// the new one marked. Found by a fresh run of 31000000..31020100.
 #[test]
-#[ignore = "open bug: a replica rebooted mid-mark with its old log never votes"]
-fn open_bug_crash_while_marking_an_install_beside_a_lost_disk() {
+fn pinned_crash_at_an_install_commit_beside_a_lost_disk() {
     sim::run(batch_opts(31_001_553)).unwrap_or_else(|f| panic!("seed 31001553: {f}"));
 }
 
@@ -291,8 +289,8 @@ fn pinned_lone_replica_purge_committed_by_its_recovery() {
 /// until its log is whole), so two of three replicas could not vote, R1
 /// could not finish a view change, and nobody was Normal to make the
 /// others whole. R2's install covered every op its log held before it
-/// (so every op it may have acked): such an install now unmarks the
-/// superblock and the replica votes again as one that is behind. Found
+/// (so every op it may have acked): such an install now leaves the
+/// superblock unmarked and the replica votes again as one that is behind. Found
 /// when backups took each repaired op's commit before appending the next
 /// (which moved this seed's trajectory onto it).
 #[test]
@@ -450,7 +448,8 @@ fn pinned_transfer_seeds_reinstall_after_interrupted_install() {
 /// 9000208 (transfers, purges, hostile): a crash inside the write that
 /// unmarks the superblock after an install that did not commit left it
 /// unwiped while the sim still held the replica wiped ('a wipe survives a
-/// crash'); the unwipe is now asked before the write.
+/// crash'); the unwipe was then asked before the write, and now there is
+/// no such write (an install's commit carries its mark).
 #[test]
 fn pinned_transfer_seed_a_transferring_replica_still_votes() {
     for seed in [8_000_652, 8_000_836] {

@@ -11,14 +11,15 @@
 //! flushed and those flushes answered: a frozen replica is a backup (a
 //! transferring replica never leads), its appends are durable before the
 //! install, and the PrepareOks they earn go out; an op it never
-//! acknowledged is the primary's to retransmit. Then the superblock is
-//! marked wiped (`StorageOp::PersistVsr`), so a crash during the install
-//! reboots the replica wiped, and the install runs. An attempt that does not
-//! commit unmarks it and the replica is stepped again on its old log; an
-//! install reboots it (`replica_io::recover` + `Replica::restart`) wiped on
-//! the installed frontier, and it repairs from there; if the install
-//! covers the log it had (a voter then), the superblock is unmarked first
-//! and it votes again as a replica that is behind (`vsr` module docs).
+//! acknowledged is the primary's to retransmit. Then the install runs; its
+//! commit's superblock write also marks the replica wiped
+//! (`transfer::io::Installs::mark_for_commit`), unless the install covers
+//! the log the replica had as a voter: a crash before that write reopens
+//! the old log unmarked, one after it the installed log as marked. An
+//! attempt that does not commit leaves the old log and the replica is
+//! stepped again on it; an install reboots it (`replica_io::recover` +
+//! `Replica::restart`) on the installed frontier, wiped (it repairs from
+//! there) or, covered, as a voter that is behind (`vsr` module docs).
 //!
 //! Storage: chunk reads (serving) and staged writes (installing) go on the
 //! shard's ring through `transfer::io::Pipeline` without waiting: the
@@ -50,7 +51,7 @@ use crate::transfer::{
     ReceiverConfig, ReceiverInput, Server, ServerConfig, ServerInput, ServingState, TransferOp,
     Trigger,
 };
-use crate::vsr::{Input, Replica, Status, StorageOp, VsrState};
+use crate::vsr::{Input, Replica, Status};
 
 /// Transfer ops queued behind one another in a partition: a step emits at
 /// most a window of chunk ops plus a few, and they start before the step
@@ -139,11 +140,9 @@ pub struct TransferHost {
     wanted: Option<Trigger>,
     /// BeginInstall was emitted: the replica takes only completions.
     frozen: bool,
-    /// The superblock is marked wiped for an install.
-    marked: bool,
-    /// Marked for the install of a replica that was a voter: its log's op
-    /// then, the highest it may have acked (see `vsr` module docs).
-    voter_op: Option<u64>,
+    /// The wipe mark the starting install's commit writes (see
+    /// [`Installs::mark_for_commit`]): the rebooted replica must show it.
+    commit_mark: Option<bool>,
     /// An install was begun and neither committed nor aborted.
     installing: bool,
     /// An install committed: the replica is rebooted before its next step.
@@ -174,8 +173,7 @@ impl TransferHost {
             receiver: None,
             wanted: None,
             frozen: false,
-            marked: false,
-            voter_op: None,
+            commit_mark: None,
             installing: false,
             installed: false,
             pending: VecDeque::new(),
@@ -557,7 +555,7 @@ impl Hosted {
             debug_assert!(completed, "the pipeline owns the batch");
         }
         for (hid, result) in done {
-            self.answer_transfer_op(io, hid, result);
+            self.answer_transfer_op(hid, result);
         }
         self.run_pending(io, installs, now_ms, quiet);
     }
@@ -638,11 +636,19 @@ impl Hosted {
         let mut done = Vec::new();
         let ready = match kind {
             Kind::Begin => self.prepare_install(io),
-            // At the commit point, not before: until the install commits,
-            // a crash reopens the old log, which holds every op the replica
-            // acked, so it reboots a voter (sim seed 31001553: one replica's
-            // disk lost, another crashed while staging, and neither voted).
-            Kind::Commit => self.mark_wiped(io, true),
+            Kind::Commit => {
+                // In the commit's own superblock write: until it lands, a
+                // crash reopens the old log, which holds every op the
+                // replica acked, so it reboots a voter (sim seed 31001553:
+                // a mark written apart, a crash between, one disk lost
+                // beside, and no quorum of voters was left).
+                let voter_op = (!self.replica.is_wiped()).then(|| self.replica.op());
+                let mark = installs.mark_for_commit(self.store.partition_id(), voter_op);
+                if let Some(x) = self.xfer.as_mut() {
+                    x.commit_mark = mark;
+                }
+                true
+            }
             Kind::Abort | Kind::Other => true,
         };
         if !ready {
@@ -657,14 +663,13 @@ impl Hosted {
                 .start(store, io, installs, (hid, &op), now_ms, &mut done);
         }
         for (hid, result) in done {
-            self.answer_transfer_op(io, hid, result);
+            self.answer_transfer_op(hid, result);
         }
     }
 
     /// Feeds the result of started op `hid` back to its machine.
     fn answer_transfer_op(
         &mut self,
-        io: &mut impl IoBackend,
         hid: IoId,
         result: Result<crate::transfer::IoOutcome, crate::transfer::Fault>,
     ) {
@@ -689,15 +694,10 @@ impl Hosted {
             Kind::Other => false,
         };
         if failed {
-            // The old log is in place: the replica resumes with it.
+            // The old log is in place, unmarked: the replica resumes with it.
             x.frozen = false;
-            if x.marked {
-                self.mark_wiped(io, false);
-            }
+            x.commit_mark = None;
         }
-        let Some(x) = self.xfer.as_mut() else {
-            return;
-        };
         let mut out = Outbox::new();
         x.step_machine(rx, id, result, &mut out);
         self.queue_outputs(rx, out);
@@ -716,60 +716,9 @@ impl Hosted {
         self.store.fenced().is_none()
     }
 
-    /// Marks the superblock wiped before an install commits, or unmarks it
-    /// after one that did not commit. False if the write failed.
-    fn mark_wiped(&mut self, io: &mut impl IoBackend, wiped: bool) -> bool {
-        debug_assert!(self.flushes.is_empty() || !wiped, "flushes answered first");
-        let durable = self.replica.durable();
-        let state = VsrState {
-            wiped: wiped || durable.wiped,
-            ..durable
-        };
-        let result = replica_io::execute(&mut self.store, io, &StorageOp::PersistVsr(state));
-        if let Err(e) = result {
-            let pid = self.store.partition_id();
-            tracing::error!(partition_id = pid, wiped, error = %e.reason, "transfer superblock mark failed");
-            return false;
-        }
-        let voter_op = (wiped && !self.replica.is_wiped()).then(|| self.replica.op());
-        if let Some(x) = self.xfer.as_mut() {
-            x.marked = wiped;
-            x.voter_op = voter_op;
-        }
-        true
-    }
-
-    /// After an install that covers the log the replica held when it was
-    /// marked (a voter then): unmarks the superblock, so the replica votes
-    /// again as one that is behind (`vsr` module docs). Returns the state
-    /// to boot from; kept wiped if the write fails (safe, only slower).
-    fn unmark_covered(
-        &mut self,
-        io: &mut impl IoBackend,
-        voter_op: Option<u64>,
-        rec: &replica_io::Recovered,
-    ) -> VsrState {
-        let installed_op = rec.headers.last().map_or(rec.base.op, |h| h.vsr_op);
-        if !rec.durable.wiped || voter_op.is_none_or(|op| installed_op < op) {
-            return rec.durable;
-        }
-        let state = VsrState {
-            wiped: false,
-            ..rec.durable
-        };
-        match replica_io::execute(&mut self.store, io, &StorageOp::PersistVsr(state)) {
-            Ok(_) => state,
-            Err(e) => {
-                let pid = self.store.partition_id();
-                tracing::warn!(partition_id = pid, error = %e.reason, "unmarking an installed replica failed; it stays wiped");
-                rec.durable
-            }
-        }
-    }
-
     /// The install committed: the replica reboots from the store on the
-    /// installed frontier, wiped unless [`Hosted::unmark_covered`] (the
-    /// transfer machines are kept: their counters, and the server's leases).
+    /// installed frontier, wiped as the commit marked it (the transfer
+    /// machines are kept: their counters, and the server's leases).
     fn reboot_installed(&mut self, io: &mut impl IoBackend) {
         let pid = self.store.partition_id();
         let (Some(x), Some(repl)) = (self.xfer.as_mut(), self.repl.as_ref()) else {
@@ -777,7 +726,7 @@ impl Hosted {
         };
         x.installed = false;
         x.seed = x.seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let voter_op = x.voter_op.take();
+        let mark = x.commit_mark.take();
         let cfg = repl.replica_config(pid, self.store.config());
         let seed = x.seed;
         let booted = replica_io::recover(
@@ -787,8 +736,9 @@ impl Hosted {
         )
         .map_err(|e| e.to_string())
         .and_then(|rec| {
-            let durable = self.unmark_covered(io, voter_op, &rec);
-            Replica::restart(cfg, seed, durable, rec.base, &rec.headers).map_err(|e| e.to_string())
+            debug_assert_eq!(Some(rec.durable.wiped), mark, "the commit's mark");
+            Replica::restart(cfg, seed, rec.durable, rec.base, &rec.headers)
+                .map_err(|e| e.to_string())
         });
         let replica = match booted {
             Ok(replica) => replica,
@@ -800,16 +750,16 @@ impl Hosted {
                 return;
             }
         };
-        debug_assert!(
-            replica.is_wiped() || voter_op.is_some(),
-            "an installed replica boots wiped unless it was a voter"
+        debug_assert_eq!(
+            Some(replica.is_wiped()),
+            mark,
+            "boots as the commit marked it"
         );
         self.replica = replica;
         self.flushes.clear();
         self.inputs.clear();
         if let Some(x) = self.xfer.as_mut() {
             x.frozen = false;
-            x.marked = false;
             x.installing = false;
             x.wanted = None;
         }

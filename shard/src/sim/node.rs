@@ -12,7 +12,7 @@
 //! wiped replica that crashes before its repair is done boots from its
 //! disk, wiped again by that flag.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::Path;
 
 use ringlog_protocol::BatchHeader;
@@ -98,9 +98,11 @@ pub struct Node {
     /// Op -> header checksum of every batch the store was given and not
     /// told to cut. Any op the store shows must be here with that checksum.
     pub model: BTreeMap<u64, u64>,
-    /// The durable part of `model` on the disk the last wipe lost: votes
-    /// this replica cast from that disk before the wipe still counted.
-    pub lost_disk: BTreeMap<u64, u64>,
+    /// (op, header checksum) of the durable part of `model` on every disk
+    /// a wipe lost: votes this replica cast from one before its wipe still
+    /// counted (a later wipe does not unsay them: sim seed 32009585, whose
+    /// second wipe forgot a vote the primary's ack rested on).
+    pub lost_disk: BTreeSet<(u64, u64)>,
     /// The highest durable VSR state the replica saw acknowledged by this
     /// disk: a reboot must not show less.
     pub durable_max: VsrState,
@@ -167,7 +169,7 @@ impl Node {
             crash_deadline_tick: None,
             crash_tears: false,
             model: BTreeMap::new(),
-            lost_disk: BTreeMap::new(),
+            lost_disk: BTreeSet::new(),
             durable_max: VsrState::default(),
             disk_faults: DiskFaults::default(),
             boots: 0,
@@ -385,7 +387,7 @@ impl Node {
         let durable = self.store.as_ref().map_or(0, |s| s.durable().last_op);
         let mut model = std::mem::take(&mut self.model);
         model.split_off(&(durable + 1));
-        self.lost_disk = model;
+        self.lost_disk.extend(model);
         self.store = None;
         self.io = SimBackend::new(seed ^ 0x5749_5045);
         let mut store = create_store(&mut self.io, &self.store_config)?;
@@ -495,7 +497,7 @@ impl DurableView for Node {
 
     fn voted_durably(&self, op: u64, checksum: u64) -> bool {
         self.holds_durably(op, checksum)
-            || self.lost_disk.get(&op) == Some(&checksum)
+            || self.lost_disk.contains(&(op, checksum))
             || self.purged_durably(op, checksum)
     }
 

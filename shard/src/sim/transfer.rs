@@ -7,10 +7,11 @@
 //! votes, see `vsr::Replica::is_transferring`): its vote may be the one a
 //! view change needs before anyone is Normal to offer a snapshot. It is
 //! frozen only from the offer taken to the install's end: its storage ops
-//! drain, the superblock is marked wiped, the install runs; a failed
-//! attempt unmarks it and steps it again, an install reboots it from its
-//! disk on the installed frontier, wiped until its log is whole (unmarked
-//! first if the install covers the log it had: `vsr` module docs). On with
+//! drain, the install runs, its commit marking the superblock wiped in
+//! the same write; a failed attempt steps it again on its old log, an
+//! install reboots it from its disk on the installed frontier, wiped until
+//! its log is whole (not marked if the install covers the log it had:
+//! `vsr` module docs). On with
 //! [`super::SimOptions::transfers`].
 
 use std::collections::VecDeque;
@@ -21,7 +22,7 @@ use crate::transfer::{
     Outbox as XOutbox, Output as XOutput, Receiver, ReceiverConfig, ReceiverInput, Server,
     ServerConfig, ServerInput, ServingState, Stale, TransferOp, Trigger,
 };
-use crate::vsr::{Replica, VsrState};
+use crate::vsr::Replica;
 use ringlog_storage::store::InstallBudget;
 
 use super::*;
@@ -45,11 +46,9 @@ pub struct NodeXfer {
     /// only its storage completions until its queue drains and the
     /// superblock is marked wiped.
     pub install_wanted: bool,
-    /// The superblock is marked wiped for an install.
-    pub marked: bool,
-    /// Marked for the install of a replica that was a voter: its log's op
-    /// then, the highest it may have acked (see `vsr` module docs).
-    pub voter_op: Option<u64>,
+    /// The wipe mark the starting install's commit writes (see
+    /// `Installs::mark_for_commit`).
+    pub commit_mark: Option<bool>,
     pub server: Server,
     pub installs: Installs,
     /// (for the receiver, id, op), in emission order.
@@ -64,8 +63,7 @@ impl NodeXfer {
             receiver: None,
             wanted: None,
             install_wanted: false,
-            marked: false,
-            voter_op: None,
+            commit_mark: None,
             server: Server::new(ServerConfig::default()),
             installs: Installs::new(INSTALLS_MAX, InstallBudget::new(INSTALL_BUDGET_BYTES)),
             pending: VecDeque::new(),
@@ -322,8 +320,8 @@ impl Cluster {
     }
 
     /// The install committed: the installed ops must be committed ones;
-    /// the replica reboots from its disk (wiped, it repairs onto them; a
-    /// voter whose log the install covers is unmarked first).
+    /// the replica reboots from its disk as the commit marked it (wiped, it
+    /// repairs onto them; a voter whose log the install covers votes).
     fn installed(&mut self, r: u8) -> Result<(), Violation> {
         self.counts.transfer_installs += 1;
         let seed = self.rng.next_u64();
@@ -331,7 +329,7 @@ impl Cluster {
         let node = &mut self.nodes[usize::from(r)];
         node.xfer.receiver = None;
         node.xfer.installing = false;
-        node.xfer.marked = false;
+        let mark = node.xfer.commit_mark.take();
         let Some(store) = node.store.as_mut() else {
             return Err(violation("store after an install", "no store".into()));
         };
@@ -359,41 +357,21 @@ impl Cluster {
                 ));
             }
         }
-        if !all.durable.wiped {
+        if Some(all.durable.wiped) != mark {
             let detail = format!(
-                "replica {r}: superblock {:?} after the install",
+                "replica {r}: superblock {:?} after an install marked {mark:?}",
                 all.durable
             );
-            return Err(violation("a wipe survives a crash", detail));
+            return Err(violation(
+                "an install's commit writes its wipe mark",
+                detail,
+            ));
         }
-        let installed_op = model.keys().next_back().copied().unwrap_or(0);
         node.model = model;
-        if node
-            .xfer
-            .voter_op
-            .take()
-            .is_some_and(|op| installed_op >= op)
-        {
-            // The install holds every op the replica may have acked: it
-            // is a voter that is behind again, not a wiped one.
-            let unmark = StorageOp::PersistVsr(VsrState {
-                wiped: false,
-                ..all.durable
-            });
-            node.unwipe_asked = true;
-            let result = replica_io::execute(store, &mut node.io, &unmark);
-            if node.io.is_crashed() {
-                return self.crash(r, Some(&unmark));
-            }
-            if let Err(e) = result {
-                return Err(violation("unmark after an install", e.reason));
-            }
-            node.wiped = false;
+        if all.durable.wiped {
+            node.wiped = true;
+            node.unwipe_asked = false;
         }
-        let node = &mut self.nodes[usize::from(r)];
-        let Some(store) = node.store.as_mut() else {
-            return Err(violation("store after an install", "no store".into()));
-        };
         let rec = replica_io::recover(
             store,
             &mut node.io,
@@ -421,15 +399,6 @@ impl Cluster {
             self.run_io(r)?;
             return Ok(true);
         }
-        // Marked at the commit point: a crash before it reopens the old
-        // log, a voter's (as the server's `transfer_host` does).
-        let commit = matches!(
-            self.nodes[usize::from(r)].xfer.pending.front(),
-            Some((_, _, TransferOp::CommitInstall))
-        );
-        if commit && !self.nodes[usize::from(r)].xfer.marked && !self.mark_wiped(r, true)? {
-            return Ok(true);
-        }
         let node = &mut self.nodes[usize::from(r)];
         let Some(store) = node.store.as_mut() else {
             return Ok(false);
@@ -437,6 +406,14 @@ impl Cluster {
         let Some((rx, id, op)) = node.xfer.pending.pop_front() else {
             return Ok(false);
         };
+        if matches!(op, TransferOp::CommitInstall) {
+            // Marked in the commit's own write, as the server's
+            // `transfer_host` does: a crash before it reopens a voter's log.
+            let replica = node.replica.as_ref();
+            let voter_op = replica.filter(|x| !x.is_wiped()).map(Replica::op);
+            let pid = store.partition_id();
+            node.xfer.commit_mark = node.xfer.installs.mark_for_commit(pid, voter_op);
+        }
         if matches!(op, TransferOp::BeginInstall { .. }) {
             node.accept_committed = self.checker.committed().clone();
         }
@@ -477,57 +454,14 @@ impl Cluster {
             TransferOp::AbortInstall => true,
             _ => false,
         };
-        if failed && node.xfer.marked && !node.xfer.install_wanted && !self.mark_wiped(r, false)? {
-            return Ok(true);
+        if failed {
+            node.xfer.commit_mark = None;
         }
         if rx {
             self.step_receiver(r, ReceiverInput::IoDone { id, result })?;
         } else {
             self.step_server(r, ServerInput::IoDone { id, result })?;
         }
-        Ok(true)
-    }
-
-    /// Marks `r`'s superblock wiped before an install commits (a crash from
-    /// there reboots the replica wiped), or unmarks it after one that did not
-    /// commit (the replica's own durable state again). False if the write
-    /// crashed or failed: the node is down.
-    fn mark_wiped(&mut self, r: u8, wiped: bool) -> Result<bool, Violation> {
-        let node = &mut self.nodes[usize::from(r)];
-        let (Some(replica), Some(store)) = (node.replica.as_ref(), node.store.as_mut()) else {
-            return Ok(true);
-        };
-        debug_assert!(node.pending.is_empty(), "the replica's ops drained first");
-        let durable = replica.durable();
-        let state = VsrState {
-            wiped: wiped || durable.wiped,
-            ..durable
-        };
-        let mark = StorageOp::PersistVsr(state);
-        if !state.wiped {
-            // Asked before the write: a crash inside it may leave it
-            // durable, and the reboot must not take that for a lost wipe.
-            node.unwipe_asked = true;
-        }
-        let result = replica_io::execute(store, &mut node.io, &mark);
-        if node.io.is_crashed() {
-            self.crash(r, Some(&mark))?;
-            return Ok(false);
-        }
-        if let Err(e) = result {
-            self.counts.write_failures += 1;
-            let what = if wiped { "mark" } else { "unmark" };
-            self.trace.line(
-                self.tick,
-                format_args!("R{r} transfer {what} failed: {}", e.reason),
-            );
-            self.power_off(r)?;
-            return Ok(false);
-        }
-        node.wiped = state.wiped;
-        node.unwipe_asked = !state.wiped;
-        node.xfer.marked = wiped;
-        node.xfer.voter_op = (wiped && !replica.is_wiped()).then(|| replica.op());
         Ok(true)
     }
 

@@ -98,6 +98,22 @@ impl Installs {
         &self.budget
     }
 
+    /// Before `partition_id`'s install commits: has the commit's superblock
+    /// mark the replica wiped unless the installed log reaches `voter_op`,
+    /// the op the frozen replica's log held (None: it was wiped already).
+    /// Such an install dropped nothing the replica acked, so it reboots a
+    /// voter that is behind (`vsr` module docs). One write carries the mark
+    /// and the install, so a crash never leaves the old log marked. Returns
+    /// the mark; None without an install.
+    pub fn mark_for_commit(&mut self, partition_id: u32, voter_op: Option<u64>) -> Option<bool> {
+        let install = self.active.get_mut(&partition_id)?;
+        let last_op = install.manifest().last_op;
+        let wiped = voter_op.is_none_or(|op| last_op < op);
+        install.mark_wiped(wiped);
+        debug_assert!(wiped || voter_op.is_some());
+        Some(wiped)
+    }
+
     /// Refuses a begin (transiently) with `installs_max` installs running.
     fn check_room(&self) -> Result<(), Fault> {
         if self.active() >= self.installs_max {

@@ -44,10 +44,11 @@
 //! `vsr::Replica::is_transferring`; once it is no longer transferring,
 //! `Cancel` the receiver); when the receiver emits `BeginInstall`, stop
 //! stepping the replica but for its storage completions, let its queued ops
-//! drain, then run the install, marking the superblock wiped just before
-//! its CommitInstall (a crash before that reopens the old log, whole for
-//! the acks it sent; an attempt that does not commit: unmark it and step
-//! the replica again); route SnapshotOffer and Chunk
+//! drain, then run the install, its CommitInstall marking the superblock
+//! wiped in the same write ([`io::Installs::mark_for_commit`]; a crash
+//! before that reopens the old log unmarked, whole for the acks it sent;
+//! an attempt that does not commit: step the replica again); route
+//! SnapshotOffer and Chunk
 //! to the receiver, RequestSnapshot, RequestChunks and ReleaseSnapshot to
 //! the `Server` (with `ServingState` from the replica's status and
 //! commit), a failed decode of either to `Undecodable { from }`, ticks to

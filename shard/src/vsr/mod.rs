@@ -87,8 +87,8 @@
 //! after its log is appended (the gap closed: the driver cancels the
 //! transfer) or it reboots onto an install. The driver steps it until an
 //! offer is taken; from then to the install's end it is frozen: its storage
-//! ops drain, the superblock is marked wiped, the install runs; on
-//! `Installed` it reboots ([`Replica::restart`]) on the installed frontier,
+//! ops drain, the install runs, its commit marking the superblock wiped;
+//! on `Installed` it reboots ([`Replica::restart`]) on the installed frontier,
 //! wiped (never votes, leads or acks) until its log is whole, unless the
 //! install covers its whole log from before (see below).
 //!
@@ -102,15 +102,18 @@
 //! It never leads, so the canonical log of any view it votes in is a peer's
 //! with the committed ops (quorum intersection as ever), and its missing
 //! ops never become "canonical by absence". The install, the one step that
-//! replaces its log (and could drop an acked op), happens with the
-//! superblock marked wiped: from there to a whole log it is a non-voter,
-//! also across a crash. An install whose last op is at or above the op
-//! the replica's log held when it was frozen (a replica that was a voter)
-//! dropped nothing it acked: every op it held is at or below the installed
-//! commit, so the driver unmarks the superblock before the reboot and the
-//! replica votes again as one that is behind (its view and log_view
-//! unchanged). Kept wiped, two such replicas beside one that lost its disk
-//! would leave no quorum of voters, and nobody Normal to make them whole. A repair from a rotated peer (not the primary, not
+//! replaces its log (and could drop an acked op), is committed by the same
+//! superblock write that marks the replica wiped: from there to a whole
+//! log it is a non-voter, also across a crash, while a crash before it
+//! reopens the old log unmarked (a mark written on its own, with a crash
+//! between, left a voter's old log marked: sim seed 31001553). An install
+//! whose last op is at or above the op the replica's log held when it was
+//! frozen (a replica that was a voter) dropped nothing it acked: every op
+//! it held is at or below the installed commit, so its commit does not
+//! mark it and the replica votes again as one that is behind (its view
+//! and log_view unchanged). Kept wiped, two such replicas beside one that
+//! lost its disk would leave no quorum of voters, and nobody Normal to
+//! make them whole. A repair from a rotated peer (not the primary, not
 //! the canonical DoViewChange's sender) takes only ops whose canonical
 //! header the StartView named: such a peer may hold uncommitted ops of an
 //! older view that link all the same.

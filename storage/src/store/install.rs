@@ -231,6 +231,8 @@ pub struct Install {
     allocations_due: Vec<Sqe>,
     /// Allocated bytes not yet written, lent by the budget.
     reservation: Reservation,
+    /// The commit's superblock marks the replica wiped ([`Install::mark_wiped`]).
+    mark_wiped: bool,
 }
 
 /// A batch of staged writes in flight: its ops (the writes, and the
@@ -260,6 +262,15 @@ pub enum ChunkCheck {
 impl Install {
     pub fn manifest(&self) -> &Manifest {
         &self.manifest
+    }
+
+    /// Has the superblock that commits this install mark the replica
+    /// wiped (`VsrState::wiped`), in the same write: a crash before it
+    /// reopens the old log unmarked, one after it the installed log
+    /// marked, never one log with the other's mark. A superblock already
+    /// marked stays marked either way.
+    pub fn mark_wiped(&mut self, wiped: bool) {
+        self.mark_wiped = wiped;
     }
 
     /// Chunks still to deliver, as (artifact, chunk), in order.
@@ -747,12 +758,15 @@ impl PartitionStore {
     /// state: its generation and table, an empty active segment at its end.
     fn installed_superblock(
         &self,
-        m: &Manifest,
+        install: &Install,
         generation: u64,
         table: TableRef,
         nonce: u64,
     ) -> Superblock {
+        let m = &install.manifest;
         let mut next = self.sb.successor();
+        next.vsr.wiped |= install.mark_wiped;
+        debug_assert!(next.vsr.wiped || !next.vsr.view_lost);
         next.live_generation = generation;
         next.purge_generation = next.purge_generation.max(m.purge_generation);
         next.vsr.commit = next.vsr.commit.max(m.commit);

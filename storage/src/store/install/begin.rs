@@ -292,6 +292,7 @@ impl PartitionStore {
             poisoned: None,
             _alive: alive,
             reservation,
+            mark_wiped: false,
         }
     }
 

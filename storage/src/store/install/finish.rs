@@ -364,10 +364,13 @@ impl PartitionStore {
     fn installed(&self, f: &Finishing) -> Superblock {
         let generation = self.sb.live_generation + 1;
         let table = f.table.as_ref().map(|(_, t)| *t).unwrap_or_default();
-        let m = f.install.as_ref().map(|i| &i.manifest);
-        debug_assert!(m.is_some(), "the install is held until the commit lands");
-        match m {
-            Some(m) => self.installed_superblock(m, generation, table, f.nonce),
+        let install = f.install.as_ref();
+        debug_assert!(
+            install.is_some(),
+            "the install is held until the commit lands"
+        );
+        match install {
+            Some(i) => self.installed_superblock(i, generation, table, f.nonce),
             None => self.sb.successor(),
         }
     }
