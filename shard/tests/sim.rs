@@ -253,6 +253,17 @@ fn pinned_crash_at_an_install_commit_beside_a_lost_disk() {
     sim::run(batch_opts(31_001_553)).unwrap_or_else(|f| panic!("seed 31001553: {f}"));
 }
 
+/// 32009585 (batch options, 5 replicas) failed 'acked op durable on a
+/// quorum', falsely: R0 voted for op 42, lost its disk, and lost it again
+/// while the primary's ack of op 42 rested on that first vote; the
+/// checker's record of votes cast from lost disks kept only the last
+/// disk's. It keeps every lost disk's now. Found by a fresh run of
+/// 32000000..32012900.
+#[test]
+fn pinned_votes_from_every_lost_disk_still_count() {
+    sim::run(batch_opts(32_009_585)).unwrap_or_else(|f| panic!("seed 32009585: {f}"));
+}
+
 /// 13001369 (batch options, 3 replicas) failed 'converges after healing':
 /// the new primary R2 held op 195 uncommitted; R0 had installed a snapshot
 /// ending at op 195, so op 195 was its log base, not a journal entry, and

@@ -480,6 +480,16 @@ impl Cluster {
             Ok(o) => self.counts.segments_retired += o.segments_removed as u64,
             Err(_) => self.counts.write_failures += 1,
         }
+        if store.fenced().is_some() {
+            // Fail-stop, as after a failed transfer write: the replica's
+            // own ops would fence it only at its next write, and until
+            // then it served from a store that refuses every read (sim
+            // seed 32003147: 'acked ops readable everywhere').
+            self.counts.fenced += 1;
+            self.trace
+                .line(self.tick, format_args!("R{r} fenced in retention"));
+            return self.power_off(r);
+        }
         Ok(())
     }
 }
