@@ -264,6 +264,21 @@ fn pinned_votes_from_every_lost_disk_still_count() {
     sim::run(batch_opts(32_009_585)).unwrap_or_else(|f| panic!("seed 32009585: {f}"));
 }
 
+/// 34004449 (batch options, 3 replicas) failed 'store reopens after a
+/// crash': a simulator defect, not the store's. A crashed install left its
+/// generation directory, whose segments the reopen renamed into the
+/// recycle pool; the next install's staging directory took the same name,
+/// and at the next fsync the sim's namespace replayed the old rename onto
+/// the new segment of that name. A rename now moves only the node it
+/// moved (`io::sim::names` test
+/// `a_reused_directory_name_keeps_entries_the_old_one_renamed_away`;
+/// `transfer_sim` crash points now also lose power after the fresh
+/// install). Found by a fresh run of 34003000..34006000.
+#[test]
+fn pinned_a_reused_generation_name_keeps_its_segments() {
+    sim::run(batch_opts(34_004_449)).unwrap_or_else(|f| panic!("seed 34004449: {f}"));
+}
+
 /// 13001369 (batch options, 3 replicas) failed 'converges after healing':
 /// the new primary R2 held op 195 uncommitted; R0 had installed a snapshot
 /// ending at op 195, so op 195 was its log base, not a journal entry, and

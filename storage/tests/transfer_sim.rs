@@ -248,6 +248,16 @@ fn crash_at_every_io(scenario: &Scenario) -> u64 {
                 state(&mut io, &mut dst) == new,
                 "{label}: fresh install differs"
             );
+            // The fresh install is durable whatever the crashed one left:
+            // power lost right after it, the store reopens on it.
+            drop(dst);
+            let mut io = io.reboot();
+            let mut dst = PartitionStore::open(&mut io, dir("/dst"), PID, small_config())
+                .unwrap_or_else(|e| panic!("{label}: reopen after the fresh install: {e}"));
+            assert!(
+                state(&mut io, &mut dst) == new,
+                "{label}: fresh install lost at a crash"
+            );
             points += 1;
         }
     }

@@ -490,6 +490,7 @@ impl SimBackend {
         self.ns.change(NameChange::Rename {
             from: from.to_path_buf(),
             to: to.to_path_buf(),
+            node,
         });
         if node == Node::Dir {
             self.ns.move_children(from, to);

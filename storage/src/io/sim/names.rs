@@ -27,9 +27,12 @@ pub(super) enum NameChange {
         path: PathBuf,
         node: Node,
     },
+    /// `node` is what `from` held when it was renamed: a later replay
+    /// moves only that (as for `Remove`).
     Rename {
         from: PathBuf,
         to: PathBuf,
+        node: Node,
     },
 }
 
@@ -38,7 +41,7 @@ impl NameChange {
         let parent_is = |p: &Path| p.parent() == Some(dir);
         match self {
             NameChange::Insert { path, .. } | NameChange::Remove { path, .. } => parent_is(path),
-            NameChange::Rename { from, to } => parent_is(from) || parent_is(to),
+            NameChange::Rename { from, to, .. } => parent_is(from) || parent_is(to),
         }
     }
 
@@ -70,9 +73,10 @@ impl NameChange {
                     names.remove(path);
                 }
             }
-            NameChange::Rename { from, to } => {
-                if let Some(node) = names.remove(from) {
-                    names.insert(to.clone(), node);
+            NameChange::Rename { from, to, node } => {
+                if names.get(from) == Some(node) {
+                    names.remove(from);
+                    names.insert(to.clone(), *node);
                 }
             }
         }
@@ -139,7 +143,7 @@ impl Namespace {
                 continue;
             }
             let needs: Vec<PathBuf> = match &pending[i] {
-                NameChange::Rename { from, to } => {
+                NameChange::Rename { from, to, .. } => {
                     vec![
                         from.clone(),
                         to.parent().map(Path::to_path_buf).unwrap_or_default(),
@@ -222,7 +226,7 @@ impl Namespace {
         // A directory rename that is lost takes its children back with it
         // (they moved with the directory when it was renamed).
         for change in self.pending[keep..].iter().rev() {
-            if let NameChange::Rename { from, to } = change {
+            if let NameChange::Rename { from, to, .. } = change {
                 let moved: Vec<PathBuf> = names
                     .keys()
                     .filter(|p| p.starts_with(to) && *p != to)
@@ -284,6 +288,7 @@ mod tests {
         ns.change(NameChange::Rename {
             from: p(from),
             to: p(to),
+            node: Node::Dir,
         });
         ns.move_children(Path::new(from), Path::new(to));
     }
@@ -316,6 +321,43 @@ mod tests {
                 "seed {seed}"
             );
             assert_eq!(after.get(Path::new("/s")), None, "seed {seed}");
+        }
+    }
+
+    /// Guards against a crash replaying, under a reused name, a rename out
+    /// of the directory that name used to hold (sim seed 34004449, found
+    /// through `transfer_sim`: a crashed install's generation directory had
+    /// its segments renamed into the recycle pool at reopen, then the next
+    /// install's staging directory took that name). The rename moved the
+    /// old `/d/f`; it must not move the new `/d/f` at the next boot.
+    #[test]
+    fn a_reused_directory_name_keeps_entries_the_old_one_renamed_away() {
+        let mut ns = Namespace::new();
+        insert(&mut ns, &[("/d", Node::Dir), ("/d/f", Node::File(1))]);
+        insert(&mut ns, &[("/r", Node::Dir)]);
+        insert(&mut ns, &[("/s", Node::Dir), ("/s/f", Node::File(2))]);
+        for dir in ["/", "/d", "/r", "/s"] {
+            ns.commit(Path::new(dir));
+        }
+        assert!(ns.pending.is_empty(), "everything durable so far");
+
+        ns.change(NameChange::Rename {
+            from: p("/d/f"),
+            to: p("/r/f"),
+            node: Node::File(1),
+        });
+        remove(&mut ns, &[("/d", Node::Dir)]);
+        rename_dir(&mut ns, "/s", "/d");
+        ns.commit(Path::new("/"));
+        for seed in 0..16 {
+            let after = ns.after_crash(&mut SimRng::new(seed));
+            assert_eq!(
+                after.get(Path::new("/d/f")),
+                Some(Node::File(2)),
+                "seed {seed}"
+            );
+            let moved = after.get(Path::new("/r/f"));
+            assert_ne!(moved, Some(Node::File(2)), "seed {seed}");
         }
     }
 
