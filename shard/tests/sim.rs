@@ -279,6 +279,19 @@ fn pinned_a_reused_generation_name_keeps_its_segments() {
     sim::run(batch_opts(34_004_449)).unwrap_or_else(|f| panic!("seed 34004449: {f}"));
 }
 
+/// 34001134 (batch options, 3 replicas) failed 'converges after healing':
+/// R0, the primary and the only holder of ops R1 lacked, lost its disk;
+/// R1 was transferring (repair stuck on those ops) and R2 too (its log
+/// below the purge R1 had applied), and a transferring replica passed its
+/// turn as primary, so the two voters passed turns for ever (view 327).
+/// One stuck on repair now leads at its turn: the new view's log is the
+/// DoViewChange quorum's, here its own. Found by a fresh run of
+/// 34000000..34003000.
+#[test]
+fn pinned_a_replica_stuck_on_repair_leads_at_its_turn() {
+    sim::run(batch_opts(34_001_134)).unwrap_or_else(|f| panic!("seed 34001134: {f}"));
+}
+
 /// 13001369 (batch options, 3 replicas) failed 'converges after healing':
 /// the new primary R2 held op 195 uncommitted; R0 had installed a snapshot
 /// ending at op 195, so op 195 was its log base, not a journal entry, and

@@ -85,7 +85,10 @@
 //! peer (another may still hold the ops), and refuses primaryship (at its
 //! turn it moves to the next view at once) and PrepareOk, until the next op
 //! after its log is appended (the gap closed: the driver cancels the
-//! transfer) or it reboots onto an install. The driver steps it until an
+//! transfer) or it reboots onto an install. One stuck on repair
+//! (RepairStuck) stops transferring at its turn as primary instead and
+//! leads: the stuck repair was of the old view's log, and the new one is
+//! the DoViewChange quorum's, which may be its own. The driver steps it until an
 //! offer is taken; from then to the install's end it is frozen: its storage
 //! ops drain, the install runs, its commit marking the superblock wiped;
 //! on `Installed` it reboots ([`Replica::restart`]) on the installed frontier,

@@ -116,6 +116,21 @@ impl Replica {
             return;
         }
         let primary = self.primary_of(self.view);
+        if primary == self.cfg.replica && self.transferring == Some(Trigger::RepairStuck) {
+            // Its repair was stuck on the old view's log; this view's log
+            // is the DoViewChange quorum's, which may be its own (sim seed
+            // 34001134: the primary holding what it lacked lost its disk,
+            // the other voter transferred too, and each passed its turn
+            // for ever). It leads; if it cannot repair the new log either,
+            // the stuck repair is raised again and passes the view. The
+            // host cancels the receiver once it is not transferring.
+            self.transferring = None;
+            self.repair_rounds_at = (self.log.op(), 0);
+            out.event(Event::Dropped {
+                what: "repair-stuck transfer",
+                reason: "leads the view change instead",
+            });
+        }
         if primary == self.cfg.replica && self.transferring.is_some() {
             // Refuses primaryship: the new log holds ops this one lacks
             // and no peer can repair. Pass the turn at once (the others
@@ -203,8 +218,9 @@ impl Replica {
         }
         // A DoViewChange implies its sender's StartViewChange.
         self.svc_votes |= 1 << from;
-        if self.transferring.is_some() {
-            // Never collected: at the quorum we pass the turn.
+        if self.transferring.is_some_and(|t| t != Trigger::RepairStuck) {
+            // Never collected: at the quorum we pass the turn (one stuck
+            // on repair leads instead, see `check_svc_quorum`).
             return self.check_svc_quorum(out);
         }
         self.dvcs.insert(from, dvc);
