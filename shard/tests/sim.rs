@@ -292,6 +292,22 @@ fn pinned_a_replica_stuck_on_repair_leads_at_its_turn() {
     sim::run(batch_opts(34_001_134)).unwrap_or_else(|f| panic!("seed 34001134: {f}"));
 }
 
+/// 35010082 (batch options, 5 replicas) failed 'store reopens after a
+/// crash': a simulator defect again. R3's installs crashed twice and were
+/// fenced once before one landed; a reopen renamed a crashed install's
+/// segments into the recycle pool, the next install's directory took the
+/// old generation's name, and the sim's path-keyed durable view lost the
+/// renamed-out segment that a later roll renamed back in. A directory
+/// renamed onto a freed name now settles that name's removal first
+/// (`io::sim::names` test
+/// `a_file_renamed_out_of_a_reused_directory_name_can_come_back`;
+/// `transfer_sim::two_crashed_installs_then_one_that_lands_survive_power_cuts`).
+/// Found by a fresh run of 35000000..35012000.
+#[test]
+fn pinned_a_segment_recycled_back_into_a_reused_generation_name_survives() {
+    sim::run(batch_opts(35_010_082)).unwrap_or_else(|f| panic!("seed 35010082: {f}"));
+}
+
 /// 13001369 (batch options, 3 replicas) failed 'converges after healing':
 /// the new primary R2 held op 195 uncommitted; R0 had installed a snapshot
 /// ending at op 195, so op 195 was its log base, not a journal entry, and

@@ -487,6 +487,9 @@ impl SimBackend {
         if node == Node::Dir && self.ns.get(to).is_some() {
             return Err(errno(libc::ENOTEMPTY));
         }
+        if node == Node::Dir {
+            self.ns.settle_removal_of(to);
+        }
         self.ns.change(NameChange::Rename {
             from: from.to_path_buf(),
             to: to.to_path_buf(),

@@ -133,11 +133,34 @@ impl Namespace {
     /// the removals that emptied a removed directory), in their original order, as a journaling filesystem
     /// commits them. Unrelated changes stay pending.
     pub fn commit(&mut self, dir: &Path) {
+        let seeds = (0..self.pending.len())
+            .filter(|&i| self.pending[i].touches_dir(dir))
+            .collect();
+        self.commit_with_needs(seeds);
+    }
+
+    /// Before a directory is renamed onto `to`, a name whose old directory's
+    /// removal is pending: that removal becomes durable, with the changes
+    /// that emptied it (a journaling filesystem commits them no later than
+    /// the rename). The durable view is keyed by path and cannot hold the
+    /// old directory's entries beside the new one's, which the rename moves
+    /// in at once (sim seed 35010082: a reopen renamed a crashed install's
+    /// segments out of its generation directory, the next install's staging
+    /// directory took that name, and the durable view lost a renamed-out
+    /// segment that a later roll renamed back in).
+    pub fn settle_removal_of(&mut self, to: &Path) {
+        let freed = (0..self.pending.len())
+            .rev()
+            .find(|&i| self.pending[i].frees(to));
+        if let Some(i) = freed {
+            self.commit_with_needs(vec![i]);
+        }
+    }
+
+    /// Makes the pending changes `seeds` durable with those they depend on.
+    fn commit_with_needs(&mut self, mut stack: Vec<usize>) {
         let pending = std::mem::take(&mut self.pending);
         let mut commit = vec![false; pending.len()];
-        let mut stack: Vec<usize> = (0..pending.len())
-            .filter(|&i| pending[i].touches_dir(dir))
-            .collect();
         while let Some(i) = stack.pop() {
             if std::mem::replace(&mut commit[i], true) {
                 continue;
@@ -195,6 +218,10 @@ impl Namespace {
     /// (a directory's entries go with it, durable or not, as on a real
     /// filesystem). The rename of `from` itself is a separate change.
     pub fn move_children(&mut self, from: &Path, to: &Path) {
+        debug_assert!(
+            !self.durable.keys().any(|p| p.parent() == Some(to)),
+            "durable entries of an old {to:?} would be overwritten"
+        );
         let children: Vec<(PathBuf, Node)> = self
             .names
             .range(from.to_path_buf()..)
@@ -285,6 +312,7 @@ mod tests {
 
     /// A directory rename as the sim backend makes it.
     fn rename_dir(ns: &mut Namespace, from: &str, to: &str) {
+        ns.settle_removal_of(Path::new(to));
         ns.change(NameChange::Rename {
             from: p(from),
             to: p(to),
@@ -358,6 +386,41 @@ mod tests {
             );
             let moved = after.get(Path::new("/r/f"));
             assert_ne!(moved, Some(Node::File(2)), "seed {seed}");
+        }
+    }
+
+    /// Guards against the durable view losing a file renamed out of a
+    /// directory whose name a renamed directory then took, when the file
+    /// comes back under that name (sim seed 35010082: a crashed install's
+    /// segment renamed to the recycle pool, the next install's directory
+    /// renamed onto the old name, the segment recycled into it by a roll).
+    #[test]
+    fn a_file_renamed_out_of_a_reused_directory_name_can_come_back() {
+        let mut ns = Namespace::new();
+        insert(&mut ns, &[("/d", Node::Dir), ("/d/f", Node::File(1))]);
+        insert(&mut ns, &[("/r", Node::Dir)]);
+        insert(&mut ns, &[("/s", Node::Dir), ("/s/f", Node::File(2))]);
+        for dir in ["/", "/d", "/r", "/s"] {
+            ns.commit(Path::new(dir));
+        }
+        ns.change(NameChange::Rename {
+            from: p("/d/f"),
+            to: p("/r/f"),
+            node: Node::File(1),
+        });
+        remove(&mut ns, &[("/d", Node::Dir)]);
+        rename_dir(&mut ns, "/s", "/d");
+        ns.commit(Path::new("/"));
+        ns.change(NameChange::Rename {
+            from: p("/r/f"),
+            to: p("/d/g"),
+            node: Node::File(1),
+        });
+        ns.commit(Path::new("/d"));
+        for seed in 0..16 {
+            let after = ns.after_crash(&mut SimRng::new(seed));
+            assert_eq!(after.get(Path::new("/d/g")), Some(Node::File(1)));
+            assert_eq!(after.get(Path::new("/d/f")), Some(Node::File(2)));
         }
     }
 
