@@ -412,3 +412,35 @@ fn a_rotated_repair_peer_gives_only_ops_the_canonical_headers_name() {
     assert_eq!(c.r(2).op(), 0, "nothing taken without a canonical header");
     assert!(c.r(2).is_transferring());
 }
+
+/// Guards against two transferring voters passing the primary's turn for
+/// ever (sim seed 34001134): the primary R0 is gone, R1 is transferring
+/// because its repair was stuck and R2 because its log is below a purge.
+/// R1 leads at its turn (its stuck repair was of the old view's log; the
+/// new one is the DoViewChange quorum's, here its own), and R2, still
+/// transferring, follows it without leading.
+#[test]
+fn a_replica_stuck_on_repair_leads_at_its_turn_beside_another_transferring() {
+    let mut c = Cluster::new(3);
+    for token in 1..=5 {
+        c.append(0, token, token as u8);
+        c.settle();
+    }
+    assert_eq!(c.r(1).op(), 5);
+    c.crash(0);
+    c.node(1).replica.transferring = Some(Trigger::RepairStuck);
+    c.node(2).replica.transferring = Some(Trigger::Purged);
+    let ticks_max = 4 * config(3, 1).view_change_escalate_ticks;
+    c.tick_until(ticks_max, |c| c.normal_primary(1));
+    assert!(!c.r(1).is_transferring(), "R1 stopped transferring to lead");
+    assert_eq!(c.r(1).op(), 5, "R1 leads with its whole log");
+    assert!(c.r(2).is_transferring(), "R2's transfer is its own");
+    assert!(!c.normal_primary(2), "a transferring replica never leads");
+    let dropped = |r: u8, reason: &str| {
+        c.nodes[usize::from(r)]
+            .events
+            .iter()
+            .any(|e| matches!(e, Event::Dropped { reason: x, .. } if *x == reason))
+    };
+    assert!(dropped(1, "leads the view change instead"));
+}
