@@ -174,6 +174,59 @@ const SCENARIOS: [Scenario; 3] = [
     },
 ];
 
+/// `scenario`'s offer, and what a clean install of it does to the
+/// receiver: its state before and after, and the I/Os of the receiver's
+/// setup and of the install.
+struct CleanRun {
+    offer: Offer,
+    old: State,
+    new: State,
+    setup_ops: u64,
+    install_ops: u64,
+}
+
+fn clean_run(scenario: &Scenario) -> CleanRun {
+    let mut src_io = SimBackend::new(99);
+    let mut src = (scenario.source)(&mut src_io);
+    let offer = take_offer(&mut src_io, &mut src);
+    let mut io = SimBackend::new(1);
+    let mut dst = (scenario.receiver)(&mut io);
+    let old = state(&mut io, &mut dst);
+    let setup_ops = io.ops_count();
+    install_marked(&mut io, &mut dst, &offer, true).unwrap();
+    let install_ops = io.ops_count() - setup_ops;
+    let new = state(&mut io, &mut dst);
+    CleanRun {
+        offer,
+        old,
+        new,
+        setup_ops,
+        install_ops,
+    }
+}
+
+/// Cuts the power and reopens the receiver's store.
+fn reboot_and_open(io: SimBackend, label: &str) -> (SimBackend, PartitionStore) {
+    let mut io = io.reboot();
+    let dst = PartitionStore::open(&mut io, dir("/dst"), PID, small_config())
+        .unwrap_or_else(|e| panic!("{label}: reopen: {e}"));
+    (io, dst)
+}
+
+/// Appends after an install roll segments, provisioned from the recycle
+/// pool a crashed install's leftovers may have filled; they too survive a
+/// power cut.
+fn appends_survive_a_power_cut(mut io: SimBackend, mut dst: PartitionStore, label: &str) {
+    append(&mut io, &mut dst, 200, 900, 7);
+    let grown = state(&mut io, &mut dst);
+    drop(dst);
+    let (mut io, mut dst) = reboot_and_open(io, label);
+    assert!(
+        state(&mut io, &mut dst) == grown,
+        "{label}: appends after the install lost at a crash"
+    );
+}
+
 /// Crashes (torn or not) at every I/O of `scenario`'s install; after each,
 /// the reopened store shows the old state or the new one (the new one if
 /// the install reported success), never a lower frontier, and no staging.
@@ -183,18 +236,13 @@ const SCENARIOS: [Scenario; 3] = [
 /// between them, left the old log of a voter marked, so it never voted).
 /// Returns the crash points checked.
 fn crash_at_every_io(scenario: &Scenario) -> u64 {
-    let mut src_io = SimBackend::new(99);
-    let mut src = (scenario.source)(&mut src_io);
-    let offer = take_offer(&mut src_io, &mut src);
-
-    // A clean run gives the old state, the new state and the I/O count.
-    let mut io = SimBackend::new(1);
-    let mut dst = (scenario.receiver)(&mut io);
-    let old = state(&mut io, &mut dst);
-    let setup_ops = io.ops_count();
-    install_marked(&mut io, &mut dst, &offer, true).unwrap();
-    let install_ops = io.ops_count() - setup_ops;
-    let new = state(&mut io, &mut dst);
+    let CleanRun {
+        offer,
+        old,
+        new,
+        setup_ops,
+        install_ops,
+    } = clean_run(scenario);
     assert_ne!(old, new, "{}: the install changes nothing", scenario.name);
     assert!(new.durable.next_offset >= old.durable.next_offset);
 
@@ -208,9 +256,8 @@ fn crash_at_every_io(scenario: &Scenario) -> u64 {
             // A crash among the removals after the commit point is only
             // logged (it leaves garbage), so the install reports success.
             let committed = install_marked(&mut io, &mut dst, &offer, true).is_ok();
-            let mut io = io.reboot();
-            let mut dst = PartitionStore::open(&mut io, dir("/dst"), PID, small_config())
-                .unwrap_or_else(|e| panic!("{label}: recovery failed: {e}"));
+            drop(dst);
+            let (mut io, mut dst) = reboot_and_open(io, &label);
             let got = state(&mut io, &mut dst);
             assert!(
                 !committed || got == new,
@@ -251,26 +298,12 @@ fn crash_at_every_io(scenario: &Scenario) -> u64 {
             // The fresh install is durable whatever the crashed one left:
             // power lost right after it, the store reopens on it.
             drop(dst);
-            let mut io = io.reboot();
-            let mut dst = PartitionStore::open(&mut io, dir("/dst"), PID, small_config())
-                .unwrap_or_else(|e| panic!("{label}: reopen after the fresh install: {e}"));
+            let (mut io, mut dst) = reboot_and_open(io, &label);
             assert!(
                 state(&mut io, &mut dst) == new,
                 "{label}: fresh install lost at a crash"
             );
-            // Appends after it roll segments, provisioned from the recycle
-            // pool the crashed install's leftovers may have filled; they
-            // too survive a power cut.
-            append(&mut io, &mut dst, 200, 900, 7);
-            let grown = state(&mut io, &mut dst);
-            drop(dst);
-            let mut io = io.reboot();
-            let mut dst = PartitionStore::open(&mut io, dir("/dst"), PID, small_config())
-                .unwrap_or_else(|e| panic!("{label}: reopen after appends: {e}"));
-            assert!(
-                state(&mut io, &mut dst) == grown,
-                "{label}: appends after the install lost at a crash"
-            );
+            appends_survive_a_power_cut(io, dst, &label);
             points += 1;
         }
     }
@@ -281,28 +314,22 @@ fn crash_at_every_io(scenario: &Scenario) -> u64 {
     points
 }
 
-/// Two installs crash in a row (at I/O `k` of the first, then at every
-/// I/O of the second), then one lands and the log grows past it; after
+/// Two installs crash in a row (at a grid of I/Os of the first and of the
+/// second), then one lands and the log grows past it; after
 /// each crash and after the appends the store reopens, on the old state or
 /// the new (sim seed 35010082: a replica's installs crashed twice and was
 /// fenced once before one landed, and the active segment it rolled to
 /// later was gone at the next reboot). Returns the crash points checked.
 fn crash_twice_then_install_and_grow(scenario: &Scenario) -> u64 {
-    let mut src_io = SimBackend::new(99);
-    let mut src = (scenario.source)(&mut src_io);
-    let offer = take_offer(&mut src_io, &mut src);
-    let mut io = SimBackend::new(1);
-    let mut dst = (scenario.receiver)(&mut io);
-    let old = state(&mut io, &mut dst);
-    let setup_ops = io.ops_count();
-    install(&mut io, &mut dst, &offer).unwrap();
-    let install_ops = io.ops_count() - setup_ops;
-    let new = state(&mut io, &mut dst);
-
+    let CleanRun {
+        offer,
+        old,
+        new,
+        install_ops,
+        ..
+    } = clean_run(scenario);
     let reopen = |io: SimBackend, label: &str| {
-        let mut io = io.reboot();
-        let mut dst = PartitionStore::open(&mut io, dir("/dst"), PID, small_config())
-            .unwrap_or_else(|e| panic!("{label}: reopen: {e}"));
+        let (mut io, mut dst) = reboot_and_open(io, label);
         let got = state(&mut io, &mut dst);
         assert!(got == old || got == new, "{label}: neither old nor new");
         (io, dst, got)
@@ -328,13 +355,7 @@ fn crash_twice_then_install_and_grow(scenario: &Scenario) -> u64 {
                 install(&mut io, &mut dst, &offer)
                     .unwrap_or_else(|e| panic!("{label}: the install after them: {e}"));
             }
-            append(&mut io, &mut dst, 200, 900, 7);
-            let grown = state(&mut io, &mut dst);
-            drop(dst);
-            let mut io = io.reboot();
-            let mut dst = PartitionStore::open(&mut io, dir("/dst"), PID, small_config())
-                .unwrap_or_else(|e| panic!("{label}: reopen after appends: {e}"));
-            assert!(state(&mut io, &mut dst) == grown, "{label}: appends lost");
+            appends_survive_a_power_cut(io, dst, &label);
             points += 1;
         }
     }

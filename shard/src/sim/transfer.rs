@@ -44,7 +44,7 @@ pub struct NodeXfer {
     pub wanted: Option<Trigger>,
     /// An offer was taken and its BeginInstall queued: the replica gets
     /// only its storage completions until its queue drains and the
-    /// superblock is marked wiped.
+    /// install begins.
     pub install_wanted: bool,
     /// The wipe mark the starting install's commit writes (see
     /// `Installs::mark_for_commit`).

@@ -110,7 +110,6 @@ impl Installs {
         let last_op = install.manifest().last_op;
         let wiped = voter_op.is_none_or(|op| last_op < op);
         install.mark_wiped(wiped);
-        debug_assert!(wiped || voter_op.is_some());
         Some(wiped)
     }
 

@@ -106,7 +106,7 @@ fn transfer_needed(node: &Node) -> Option<wire::RangeEvicted> {
 }
 
 /// What the driver does around a transfer of ops `..=SNAPSHOT_OP` from
-/// R0: it marks the superblock wiped before the install; after it the
+/// R0: the install's commit marks the superblock wiped; after it the
 /// store holds only the snapshot (its own ops are gone), the superblock
 /// the snapshot's commit, and the replica boots on the installed
 /// frontier.

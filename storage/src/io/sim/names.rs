@@ -310,6 +310,33 @@ mod tests {
         }
     }
 
+    fn rename_file(ns: &mut Namespace, from: &str, to: &str, inode: Inode) {
+        ns.change(NameChange::Rename {
+            from: p(from),
+            to: p(to),
+            node: Node::File(inode),
+        });
+    }
+
+    /// Durable `/d/f` (inode 1), `/r` and `/s/f` (inode 2); then `/d/f`
+    /// renamed to `/r/f`, `/d` removed, `/s` renamed to `/d` and `/`
+    /// fsynced.
+    fn old_dir_renamed_away_then_name_reused() -> Namespace {
+        let mut ns = Namespace::new();
+        insert(&mut ns, &[("/d", Node::Dir), ("/d/f", Node::File(1))]);
+        insert(&mut ns, &[("/r", Node::Dir)]);
+        insert(&mut ns, &[("/s", Node::Dir), ("/s/f", Node::File(2))]);
+        for dir in ["/", "/d", "/r", "/s"] {
+            ns.commit(Path::new(dir));
+        }
+        assert!(ns.pending.is_empty(), "everything durable so far");
+        rename_file(&mut ns, "/d/f", "/r/f", 1);
+        remove(&mut ns, &[("/d", Node::Dir)]);
+        rename_dir(&mut ns, "/s", "/d");
+        ns.commit(Path::new("/"));
+        ns
+    }
+
     /// A directory rename as the sim backend makes it.
     fn rename_dir(ns: &mut Namespace, from: &str, to: &str) {
         ns.settle_removal_of(Path::new(to));
@@ -360,23 +387,7 @@ mod tests {
     /// old `/d/f`; it must not move the new `/d/f` at the next boot.
     #[test]
     fn a_reused_directory_name_keeps_entries_the_old_one_renamed_away() {
-        let mut ns = Namespace::new();
-        insert(&mut ns, &[("/d", Node::Dir), ("/d/f", Node::File(1))]);
-        insert(&mut ns, &[("/r", Node::Dir)]);
-        insert(&mut ns, &[("/s", Node::Dir), ("/s/f", Node::File(2))]);
-        for dir in ["/", "/d", "/r", "/s"] {
-            ns.commit(Path::new(dir));
-        }
-        assert!(ns.pending.is_empty(), "everything durable so far");
-
-        ns.change(NameChange::Rename {
-            from: p("/d/f"),
-            to: p("/r/f"),
-            node: Node::File(1),
-        });
-        remove(&mut ns, &[("/d", Node::Dir)]);
-        rename_dir(&mut ns, "/s", "/d");
-        ns.commit(Path::new("/"));
+        let ns = old_dir_renamed_away_then_name_reused();
         for seed in 0..16 {
             let after = ns.after_crash(&mut SimRng::new(seed));
             assert_eq!(
@@ -396,26 +407,8 @@ mod tests {
     /// renamed onto the old name, the segment recycled into it by a roll).
     #[test]
     fn a_file_renamed_out_of_a_reused_directory_name_can_come_back() {
-        let mut ns = Namespace::new();
-        insert(&mut ns, &[("/d", Node::Dir), ("/d/f", Node::File(1))]);
-        insert(&mut ns, &[("/r", Node::Dir)]);
-        insert(&mut ns, &[("/s", Node::Dir), ("/s/f", Node::File(2))]);
-        for dir in ["/", "/d", "/r", "/s"] {
-            ns.commit(Path::new(dir));
-        }
-        ns.change(NameChange::Rename {
-            from: p("/d/f"),
-            to: p("/r/f"),
-            node: Node::File(1),
-        });
-        remove(&mut ns, &[("/d", Node::Dir)]);
-        rename_dir(&mut ns, "/s", "/d");
-        ns.commit(Path::new("/"));
-        ns.change(NameChange::Rename {
-            from: p("/r/f"),
-            to: p("/d/g"),
-            node: Node::File(1),
-        });
+        let mut ns = old_dir_renamed_away_then_name_reused();
+        rename_file(&mut ns, "/r/f", "/d/g", 1);
         ns.commit(Path::new("/d"));
         for seed in 0..16 {
             let after = ns.after_crash(&mut SimRng::new(seed));
